@@ -1,0 +1,270 @@
+"""Load the configuration: built-in configs/ < the user's file < VSTACK_* environment < CLI options.
+
+Loading (YAML files, `extends:`), layering (pydantic-settings sources) and validation (pydantic, then
+cross-references) are kept apart. Every error names where the value came from (a file, an environment
+variable, the command line), the key path, and a fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from stack.config.errors import Origins, format_validation_error, suggest
+from stack.config.schema import StackConfig
+from stack.errors import ConfigError
+
+SECTIONS = ("hardware", "models", "profiles")
+ENV_PREFIX = "VSTACK_"
+ENV_CONFIG_FILE = "VSTACK_CONFIG"
+ENV_CONFIG_DIR = "VSTACK_CONFIG_DIR"
+
+
+def builtin_config_dir() -> Path:
+    """configs/ of a source checkout, else the copy packaged inside the wheel."""
+    env = os.environ.get(ENV_CONFIG_DIR)
+    if env:
+        return Path(env)
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent / "configs", here / "_configs"):
+        if (candidate / "stack.yaml").is_file():
+            return candidate
+    raise ConfigError(
+        f"no built-in configs/ found next to {here}",
+        hint=f"reinstall vllm-stack, or point {ENV_CONFIG_DIR} at a folder with stack.yaml",
+    )
+
+
+def read_yaml(source: Path | str, *, label: str | None = None) -> Any:
+    """Parse YAML from a file (Path) or inline text (str); syntax errors name the file and line."""
+    name = label or (str(source) if isinstance(source, Path) else "<inline>")
+    try:
+        text = source.read_text() if isinstance(source, Path) else source
+        return yaml.safe_load(text)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{name}: file not found", hint="check the path given to --config or VSTACK_CONFIG") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{where}: invalid YAML: {problem}", hint="fix the YAML syntax at that line") from exc
+
+
+class ConfigLayer:
+    """One layer of raw configuration with, for every key path, the place it was written."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {section: {} for section in SECTIONS}
+        self.origins = Origins()
+
+    def add_entry(self, section: str, entry: Any, origin: str, fallback_name: str | None = None) -> None:
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{origin}: {section} entry must be a mapping, got {type(entry).__name__}")
+        name = entry.get("name") or fallback_name
+        if not name:
+            raise ConfigError(f"{origin}: {section} entry without a name", hint="add `name: ...`")
+        entry = {**entry, "name": str(name)}
+        existing = self.data[section].get(name)
+        self.data[section][name] = deep_merge(existing, entry) if existing else entry
+        self.origins.record((section, str(name)), entry, origin)
+
+    def add_top(self, mapping: Mapping[str, Any], origin: str) -> None:
+        for key, value in mapping.items():
+            if key in SECTIONS:
+                if not isinstance(value, dict):
+                    raise ConfigError(f"{origin}: {key}: must be a mapping of name -> entry")
+                for name, entry in value.items():
+                    self.add_entry(key, entry if entry is not None else {}, origin, fallback_name=str(name))
+            else:
+                self.data[key] = deep_merge(self.data.get(key), value)
+                self.origins.record((key,), value, origin)
+
+    def add_dir(self, root: Path) -> None:
+        stack_file = root / "stack.yaml"
+        if stack_file.is_file():
+            self.add_file(stack_file)
+        for section in SECTIONS:
+            for path in sorted((root / section).glob("*.y*ml")):
+                shown = display_path(path)
+                self.add_entry(section, read_yaml(path, label=shown) or {}, shown, fallback_name=path.stem)
+
+    def add_file(self, path: Path) -> None:
+        shown = display_path(path)
+        data = read_yaml(path, label=shown)
+        if data is None:
+            return
+        if not isinstance(data, dict):
+            raise ConfigError(f"{shown}: the top level must be a mapping (serve:, models:, profiles:, ...)")
+        self.add_top(data, shown)
+
+    def add_text(self, text: str, label: str = "<inline>") -> None:
+        data = read_yaml(text, label=label) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{label}: the top level must be a mapping")
+        self.add_top(data, label)
+
+
+def display_path(path: Path) -> str:
+    """Paths under the working directory are shown relative to it: shorter, still unambiguous."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def deep_merge(base: Any, override: Any) -> Any:
+    """Mappings merge key by key (the override wins); anything else is replaced whole."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        merged = dict(base)
+        for key, value in override.items():
+            merged[key] = deep_merge(base.get(key), value) if key in base else value
+        return merged
+    return override
+
+
+def resolve_extends(layer: ConfigLayer) -> None:
+    """Replace each entry that says `extends: NAME` by its parent merged with itself (same section)."""
+    for section in SECTIONS:
+        entries = layer.data[section]
+        done: dict[str, dict[str, Any]] = {}
+
+        def resolve(name: str, chain: tuple[str, ...], entries=entries, done=done, section=section) -> dict:
+            if name in done:
+                return done[name]
+            entry = entries[name]
+            parent = entry.get("extends")
+            if parent is None:
+                done[name] = entry
+                return entry
+            where = layer.origins.where((section, name, "extends"))
+            if not isinstance(parent, str):
+                raise ConfigError(f"{where}: {section}.{name}.extends: must be the name of another {section} entry")
+            if parent in chain or parent == name:
+                cycle = " -> ".join((*chain, name, parent))
+                raise ConfigError(f"{where}: {section}.{name}.extends: cycle {cycle}", hint="remove one `extends:`")
+            if parent not in entries:
+                raise ConfigError(
+                    f"{where}: {section}.{name}.extends: unknown {section} entry {parent!r}"
+                    + suggest(parent, entries),
+                    hint=f"extend one of: {', '.join(sorted(entries))}",
+                )
+            base = resolve(parent, (*chain, name))
+            child = {k: v for k, v in entry.items() if k != "extends"}
+            merged = deep_merge({k: v for k, v in base.items() if k not in ("name", "description")}, child)
+            layer.origins.inherit((section, parent), (section, name))
+            done[name] = merged
+            return merged
+
+        for entry_name in list(entries):
+            entries[entry_name] = resolve(entry_name, ())
+
+
+class _LayerSource(PydanticBaseSettingsSource):
+    """The merged YAML layers as a pydantic-settings source (below the environment and init values)."""
+
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]) -> None:
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+class StackSettings(BaseSettings, StackConfig):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+
+def _env_origins(origins: Origins) -> None:
+    for key in os.environ:
+        upper = key.upper()
+        if upper.startswith(ENV_PREFIX) and upper not in (ENV_CONFIG_FILE, ENV_CONFIG_DIR):
+            path = tuple(part.lower() for part in upper[len(ENV_PREFIX) :].split("__"))
+            origins.set(path, f"environment variable {key}")
+
+
+def load_config(
+    config: Path | str | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    text: str | None = None,
+    builtin_dir: Path | None = None,
+) -> StackConfig:
+    """Load and validate the whole configuration.
+
+    config: the user's file or folder (else $VSTACK_CONFIG); text: inline YAML (tests); overrides: values
+    from the command line, highest precedence.
+    """
+    layer = ConfigLayer()
+    layer.add_dir(builtin_dir or builtin_config_dir())
+    user = config or os.environ.get(ENV_CONFIG_FILE)
+    if user:
+        path = Path(user).expanduser()
+        if path.is_dir():
+            layer.add_dir(path)
+        elif path.is_file():
+            layer.add_file(path)
+        else:
+            source = "--config" if config else ENV_CONFIG_FILE
+            raise ConfigError(f"{path}: no such file or folder (from {source})", hint="give an existing YAML file")
+    if text is not None:
+        layer.add_text(text)
+    resolve_extends(layer)
+    _env_origins(layer.origins)
+    for key, value in (overrides or {}).items():
+        layer.origins.record((key,), value, "command line")
+
+    data = layer.data
+
+    class _Loaded(StackSettings):
+        @classmethod
+        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+            return (init_settings, env_settings, _LayerSource(settings_cls, data))
+
+    try:
+        loaded = _Loaded(**dict(overrides or {}))
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, layer.origins, StackConfig)) from None
+    except ValueError as exc:  # pydantic-settings: an env value that is not valid JSON for a nested field
+        raise ConfigError(f"environment: {exc}", hint="nested values in VSTACK_* variables must be JSON") from None
+    config_obj = StackConfig.model_validate(loaded.model_dump())
+    config_obj._origins = layer.origins
+    check_references(config_obj, layer.origins)
+    return config_obj
+
+
+def check_references(cfg: StackConfig, origins: Origins) -> None:
+    """Names that point at other entries must exist (with did-you-mean when they do not)."""
+    problems: list[str] = []
+
+    def missing(path: tuple[str, ...], kind: str, value: str, known: Mapping[str, Any]) -> None:
+        problems.append(
+            f"{origins.where(path)}: {'.'.join(path)}: unknown {kind} {value!r}{suggest(value, known)}"
+            f" (known: {', '.join(sorted(known)) or 'none'})"
+        )
+
+    for name, prof in cfg.profiles.items():
+        if prof.hardware not in cfg.hardware:
+            missing(("profiles", name, "hardware"), "hardware profile", prof.hardware, cfg.hardware)
+        if prof.model not in cfg.models:
+            missing(("profiles", name, "model"), "model", prof.model, cfg.models)
+    for name, hw in cfg.hardware.items():
+        if hw.recommended_model and hw.recommended_model not in cfg.models:
+            missing(("hardware", name, "recommended_model"), "model", hw.recommended_model, cfg.models)
+    if cfg.default_model not in cfg.models:
+        missing(("default_model",), "model", cfg.default_model, cfg.models)
+    if cfg.serve != "auto" and cfg.serve not in cfg.profiles and cfg.serve not in cfg.models:
+        known = {**cfg.profiles, **cfg.models, "auto": None}
+        missing(("serve",), "profile or model", cfg.serve, known)
+    if problems:
+        raise ConfigError(problems)

