@@ -1,0 +1,1 @@
+"""Upstream tracking: the patch ledger, applying source patches, runtime plugin patches, upgrade triage."""
