@@ -43,6 +43,19 @@ class CpuKvCache(_Strict):
         return self
 
 
+class PlannerFacts(_Strict):
+    """Per-GPU memory facts the fit planner needs (stack.planner; adr/0005-fit-planner.md)."""
+
+    usable_memory_gib: float | None = Field(None, gt=0, description="per GPU, the total CUDA reports")
+    reserved_gib: float = Field(0.5, ge=0, description="per GPU, held before vLLM starts: CUDA context, desktop")
+    runtime_overhead_gib: float = Field(
+        0.6, ge=0, description="per GPU, vLLM's own buffers besides weights, activations, KV cache, CUDA graphs"
+    )
+    default_max_num_batched_tokens: int = Field(2048, ge=1, description="vLLM's default on this device")
+    default_max_num_seqs: int = Field(256, ge=1, description="vLLM's default on this device")
+    host_overhead_gib: float = Field(2.0, ge=0, description="host RAM the engine's processes take themselves")
+
+
 class HardwareProfile(_Strict):
     name: str
     description: str = ""
@@ -55,6 +68,7 @@ class HardwareProfile(_Strict):
     fp8: bool = False
     recommended_model: str | None = None
     cpu_kv_cache: CpuKvCache | None = None
+    planner: PlannerFacts = Field(default_factory=PlannerFacts)
     engine: EngineOptions = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
 
