@@ -1,0 +1,131 @@
+"""/admin/*: model and engine state, and deployments registered or removed while the gateway runs.
+
+The CLI (`vstack status`) and the model manager use these. Guarded by the admin key, or by loopback
+when no admin key is configured.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Request
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from stack.gateway.auth import require_admin
+from stack.gateway.errors import InvalidRequest, ModelNotFound
+from stack.gateway.registry import Deployment
+from stack.gateway.settings import CloudDeployment
+from stack.gateway.state import get_state
+
+
+def admin_key(
+    request: Request,
+    authorization: str | None = Header(None, include_in_schema=False),
+    x_api_key: str | None = Header(None, include_in_schema=False),
+) -> str:
+    client = request.client.host if request.client else None
+    return require_admin(get_state(request).admin_keys, authorization, x_api_key, client)
+
+
+router = APIRouter(prefix="/admin", dependencies=[Depends(admin_key)])
+
+
+class NewDeployment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_group: str = Field(min_length=1)
+    kind: Literal["local", "cloud"] = "local"
+    id: str | None = Field(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9._:-]+$")
+    api_base: str | None = Field(None, description="local: http://HOST:PORT of an OpenAI-compatible server")
+    upstream_model: str | None = Field(None, description="local: the engine's served model name")
+    cloud: CloudDeployment | None = None
+    order: int = Field(1, ge=1)
+    context_window: int | None = Field(None, gt=0)
+    timeout_s: float | None = Field(None, gt=0)
+
+    @field_validator("api_base")
+    @classmethod
+    def _http(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError("api_base must be an http:// or https:// URL")
+        return v.rstrip("/").removesuffix("/v1") if v else v
+
+
+@router.get("/models")
+async def models(request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    cooling = state.routing.cooling_down()
+    out = []
+    for group, deps in sorted(state.registry.groups().items()):
+        ready = [d for d in deps if d.state == "ready" and d.id not in cooling]
+        status = (
+            "ready" if ready else ("starting" if any(d.state == "starting" for d in deps) else "unavailable")
+        )
+        out.append(
+            {
+                "model": group,
+                "state": status,
+                "aliases": sorted(a for a in state.routing.aliases if state.routing.aliases[a] == group),
+                "fallbacks": state.settings.fallbacks.get(group, []),
+                "context_window_fallbacks": state.settings.context_window_fallbacks.get(group, []),
+                "deployments": [{**d.public(), "cooling_down": d.id in cooling} for d in deps],
+            }
+        )
+    return {"default": state.routing.default_group, "models": out}
+
+
+@router.get("/engines")
+async def engines(request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    local = [d for d in state.registry.all() if d.kind == "local"]
+    return {"engines": [{**d.public(), "metrics_path": f"/metrics/engines/{d.id}"} for d in local]}
+
+
+@router.post("/deployments", status_code=201)
+async def add_deployment(spec: NewDeployment, request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    if spec.kind == "local":
+        if not spec.api_base:
+            raise InvalidRequest("a local deployment needs api_base", param="api_base")
+        dep = Deployment(
+            id=spec.id or state.registry.new_id("local"),
+            model_group=spec.model_group,
+            kind="local",
+            upstream_model=spec.upstream_model or spec.model_group,
+            api_base=spec.api_base,
+            order=spec.order,
+            context_window=spec.context_window,
+            timeout_s=spec.timeout_s,
+        )
+    else:
+        if spec.cloud is None:
+            raise InvalidRequest(
+                "a cloud deployment needs `cloud` (litellm_params, api_key_env)", param="cloud"
+            )
+        dep = cloud_deployment(spec.cloud, spec.id or state.registry.new_id("cloud"))
+        dep.model_group = spec.model_group
+    if state.registry.get(dep.id) is not None:
+        raise InvalidRequest(f"deployment {dep.id!r} exists; DELETE it first", param="id")
+    state.registry.add(dep)
+    return dep.public()
+
+
+@router.delete("/deployments/{dep_id}")
+async def remove_deployment(dep_id: str, request: Request) -> dict[str, Any]:
+    dep = get_state(request).registry.remove(dep_id)
+    if dep is None:
+        raise ModelNotFound(f"no deployment {dep_id!r}", param="id", code="deployment_not_found")
+    return {"removed": dep.id}
+
+
+def cloud_deployment(c: CloudDeployment, dep_id: str) -> Deployment:
+    return Deployment(
+        id=dep_id,
+        model_group=c.model_name,
+        kind="cloud",
+        upstream_model=str(c.litellm_params["model"]),
+        litellm_params=dict(c.litellm_params),
+        api_key_env=c.api_key_env,
+        order=c.order,
+        context_window=c.context_window,
+        timeout_s=c.timeout_s,
+    )

@@ -1,0 +1,147 @@
+"""create_app(): the gateway as a FastAPI app, everything it needs passed in (tests build their own)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
+
+import orjson
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from stack.gateway import admin_routes, openai_routes, ops_routes
+from stack.gateway.admin_routes import cloud_deployment
+from stack.gateway.auth import KeyRing
+from stack.gateway.cloud import CloudUpstream
+from stack.gateway.dispatch import Dispatcher
+from stack.gateway.errors import envelope, install_error_handlers
+from stack.gateway.local import LocalUpstream
+from stack.gateway.metrics import GatewayMetrics
+from stack.gateway.registry import DeploymentRegistry
+from stack.gateway.routing import Routing
+from stack.gateway.settings import GatewayConfig
+from stack.gateway.state import GatewayState
+
+log = logging.getLogger("stack.gateway")
+Hook = Callable[[GatewayState], Awaitable[None]]
+
+
+class BodyLimit:
+    """413 in OpenAI's shape for bodies over the limit, by Content-Length or while reading chunked ones."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for name, value in scope["headers"]:
+            if name == b"content-length" and (not value.isdigit() or int(value) > self.limit):
+                return await self._reject(send)
+        seen = 0
+        too_big = False
+
+        async def limited() -> Message:
+            nonlocal seen, too_big
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    too_big = True
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        body = orjson.dumps(
+            envelope(
+                f"Request body too large: the limit is {self.limit} bytes.",
+                "invalid_request_error",
+                None,
+                "request_too_large",
+            )
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(
+    settings: GatewayConfig,
+    *,
+    default_model: str,
+    registry: DeploymentRegistry | None = None,
+    on_startup: list[Hook] | None = None,
+    on_shutdown: list[Hook] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> FastAPI:
+    """default_model: the model group `default` (and /ready) refers to; registry: deployments known
+    so far (engines register theirs as they become ready); hooks: start and stop engines."""
+    registry = registry or DeploymentRegistry()
+    for i, c in enumerate(settings.cloud):
+        registry.add(cloud_deployment(c, f"cloud-{c.model_name}-{i + 1}"))
+    routing = Routing(settings, registry, default_model)
+    metrics = GatewayMetrics()
+    local = LocalUpstream(settings.connect_timeout_s, settings.request_timeout_s)
+    dispatcher = Dispatcher(settings, routing, metrics, local, CloudUpstream(settings.request_timeout_s))
+    state = GatewayState(
+        settings=settings,
+        registry=registry,
+        routing=routing,
+        metrics=metrics,
+        dispatcher=dispatcher,
+        keys=KeyRing.from_refs(settings.api_keys, environ),
+        admin_keys=KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await local.start()
+        for hook in on_startup or []:
+            await hook(state)
+        try:
+            yield
+        finally:
+            for hook in on_shutdown or []:
+                await hook(state)
+            await local.close()
+
+    app = FastAPI(
+        title="vllm-stack gateway",
+        version="1",
+        description="OpenAI-compatible endpoint in front of local vLLM engines, with cloud fallbacks.",
+        lifespan=lifespan,
+    )
+    app.state.gateway = state
+    install_error_handlers(app)
+    app.include_router(openai_routes.router)
+    app.include_router(admin_routes.router)
+    app.include_router(ops_routes.router)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST", "OPTIONS"],
+            allow_headers=["authorization", "content-type", "x-api-key"],
+            expose_headers=["x-vstack-deployment"],
+        )
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app

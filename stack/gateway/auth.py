@@ -1,0 +1,118 @@
+"""API keys: compared as SHA-256 digests in constant time; only the key's *name* is ever logged.
+
+Keys come from the config as hashes or from environment variables (hashed on load, the clear value is
+dropped). With no client key configured /v1/* is open; /admin/* then answers loopback clients only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import os
+from collections.abc import Mapping
+
+from stack.errors import ConfigError
+from stack.gateway.errors import Forbidden, Unauthorized
+from stack.gateway.settings import KeyRef
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class KeyRing:
+    """Named key digests. `check` compares against every entry so timing does not say which one matched."""
+
+    def __init__(self, digests: Mapping[str, bytes]) -> None:
+        self._digests = list(digests.items())
+
+    @classmethod
+    def from_refs(cls, refs: list[KeyRef], environ: Mapping[str, str] | None = None) -> KeyRing:
+        env = os.environ if environ is None else environ
+        digests: dict[str, bytes] = {}
+        for i, ref in enumerate(refs):
+            if ref.sha256:
+                digests[ref.name if ref.name not in digests else f"{ref.name}#{i}"] = bytes.fromhex(
+                    ref.sha256
+                )
+                continue
+            value = env.get(ref.env or "", "")
+            if not value:
+                if ref.optional:
+                    continue
+                raise ConfigError(
+                    f"gateway key {ref.name!r}: environment variable {ref.env} is not set",
+                    hint=f"export {ref.env}=... or mark the entry `optional: true`",
+                )
+            digests[ref.name if ref.name not in digests else f"{ref.name}#{i}"] = hashlib.sha256(
+                value.encode()
+            ).digest()
+        return cls(digests)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._digests)
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self._digests]
+
+    def check(self, presented: str | None) -> str | None:
+        """The matching key's name, or None."""
+        if presented is None:
+            return None
+        digest = hashlib.sha256(presented.encode()).digest()
+        found = None
+        for name, stored in self._digests:
+            if hmac.compare_digest(digest, stored) and found is None:
+                found = name
+        return found
+
+
+def bearer(authorization: str | None, api_key_header: str | None = None) -> str | None:
+    """The key from `Authorization: Bearer ...` (OpenAI clients) or `x-api-key` (Anthropic-style clients)."""
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    return api_key_header or None
+
+
+def require_client_key(ring: KeyRing, authorization: str | None, api_key_header: str | None) -> str | None:
+    if not ring.enabled:
+        return None
+    presented = bearer(authorization, api_key_header)
+    if presented is None:
+        raise Unauthorized(
+            "You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY`.",
+            code="missing_api_key",
+        )
+    name = ring.check(presented)
+    if name is None:
+        # Never echo the presented key (OpenAI echoes a masked one; we do not even do that).
+        raise Unauthorized("Incorrect API key provided.")
+    return name
+
+
+def is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def require_admin(
+    ring: KeyRing, authorization: str | None, api_key_header: str | None, client_host: str | None
+) -> str:
+    if not ring.enabled:
+        if is_loopback(client_host):
+            return "loopback"
+        raise Forbidden("the admin API answers loopback clients only unless gateway.admin_key is configured")
+    presented = bearer(authorization, api_key_header)
+    name = ring.check(presented)
+    if name is None:
+        raise Unauthorized("admin key required" if presented is None else "Incorrect admin key provided.")
+    return name

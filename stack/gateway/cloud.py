@@ -1,0 +1,116 @@
+"""Cloud deployments: LiteLLM translates the OpenAI request for the provider and back.
+
+The provider key is read from the environment at call time and handed to LiteLLM directly; it never
+enters the Router's model list, a log line or an error message (messages are scrubbed before they
+reach the client).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+
+from stack.gateway.errors import UpstreamError, envelope
+from stack.gateway.registry import Deployment
+
+_KEYISH = re.compile(r"(sk|pk|rk|key|token)[-_][A-Za-z0-9_\-*]{6,}", re.I)
+_CALLS = {"chat": "acompletion", "completions": "atext_completion", "embeddings": "aembedding"}
+
+
+def scrub(message: str, secret: str | None) -> str:
+    if secret:
+        message = message.replace(secret, "[redacted]")
+    return _KEYISH.sub("[redacted]", message)[:500]
+
+
+def classify(dep: Deployment, exc: Exception, secret: str | None) -> UpstreamError:
+    import litellm
+
+    status = int(getattr(exc, "status_code", 0) or 0)
+    message = scrub(str(getattr(exc, "message", "") or exc), secret)
+    if isinstance(exc, litellm.ContextWindowExceededError):
+        body = orjson.dumps(envelope(message, "invalid_request_error", "messages", "context_length_exceeded"))
+        return UpstreamError(
+            message, status=400, retryable=False, reason="context_window", upstream_body=body
+        )
+    if isinstance(exc, litellm.Timeout):
+        return UpstreamError(f"{dep.id} timed out", status=504, reason="timeout")
+    if isinstance(exc, litellm.APIConnectionError) and status in (0, 500):
+        return UpstreamError(f"{dep.id} is not reachable", status=502, reason="connect")
+    if status == 429:
+        return UpstreamError(f"{dep.id} is rate limited", status=429, reason="rate_limit")
+    if status in (401, 403):
+        # Our provider key is wrong, not the client's: a deployment failure, said without details.
+        return UpstreamError(f"{dep.id} refused our credentials", status=502, reason="auth")
+    if 400 <= status < 500:
+        body = orjson.dumps(envelope(message, "invalid_request_error", None, None))
+        return UpstreamError(message, status=status, retryable=False, reason="client", upstream_body=body)
+    return UpstreamError(f"{dep.id} failed ({type(exc).__name__})", status=502, reason="error")
+
+
+class CloudUpstream:
+    def __init__(self, request_timeout_s: float) -> None:
+        self.request_timeout_s = request_timeout_s
+
+    def _kwargs(self, dep: Deployment, endpoint: str, body: dict[str, Any]) -> tuple[str, dict, str | None]:
+        params = dict(dep.litellm_params)
+        secret = os.environ.get(dep.api_key_env) if dep.api_key_env else None
+        kwargs = {k: v for k, v in body.items() if k != "model"}
+        kwargs.update(params)
+        kwargs.update(num_retries=0, timeout=dep.timeout_s or self.request_timeout_s)
+        if secret:
+            kwargs["api_key"] = secret
+        return _CALLS[endpoint], kwargs, secret
+
+    async def call(self, dep: Deployment, endpoint: str, body: dict[str, Any]) -> Any:
+        import litellm
+
+        fn, kwargs, secret = self._kwargs(dep, endpoint, body)
+        try:
+            return await getattr(litellm, fn)(**kwargs)
+        except Exception as exc:  # LiteLLM maps every provider failure onto its exception types
+            raise classify(dep, exc, secret) from None
+
+    async def first_chunk(self, dep: Deployment, stream: Any) -> Any:
+        """Pull the first chunk before answering 200, so an early failure can still fall back."""
+        try:
+            return await stream.__anext__()
+        except StopAsyncIteration:
+            return None
+        except Exception as exc:
+            secret = os.environ.get(dep.api_key_env) if dep.api_key_env else None
+            raise classify(dep, exc, secret) from None
+
+
+def dump(obj: Any) -> bytes:
+    data = obj.model_dump(exclude_none=True) if hasattr(obj, "model_dump") else obj
+    return orjson.dumps(data, default=str)
+
+
+async def relay(
+    first: Any,
+    stream: Any,
+    *,
+    on_first: Callable[[], None],
+    on_usage: Callable[[dict], None],
+    on_error: Callable[[str], None],
+) -> AsyncIterator[bytes]:
+    """LiteLLM's stream chunks as OpenAI SSE events."""
+    try:
+        if first is not None:
+            on_first()
+            yield b"data: " + dump(first) + b"\n\n"
+        async for chunk in stream:
+            usage = getattr(chunk, "usage", None)
+            if usage is not None:
+                on_usage(usage.model_dump() if hasattr(usage, "model_dump") else dict(usage))
+            yield b"data: " + dump(chunk) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    except Exception as exc:  # mid-stream: the status is sent already; end with an error event
+        on_error(type(exc).__name__)
+        err = envelope("the provider failed while streaming", "server_error", None, "upstream_error")
+        yield b"data: " + orjson.dumps(err) + b"\n\n"

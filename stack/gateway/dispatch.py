@@ -1,0 +1,220 @@
+"""One request through the fallback plan: pick a deployment, try it, fall back, answer.
+
+Fallback is possible only until the first byte goes to the client; after that an upstream failure ends
+the stream with an error event. Per deployment: a connection refused moves on at once (a dead engine
+will not come back within a retry), timeouts and 5xx are retried `num_retries` times with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from stack.gateway import cloud, local
+from stack.gateway.errors import NoDeployment, RateLimited, UpstreamError
+from stack.gateway.metrics import GatewayMetrics
+from stack.gateway.registry import Deployment
+from stack.gateway.routing import Routing
+from stack.gateway.settings import GatewayConfig
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class Attempt:
+    dep: Deployment
+    group: str
+    fallback_reason: str | None
+    started: float
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        settings: GatewayConfig,
+        routing: Routing,
+        metrics: GatewayMetrics,
+        local_upstream: local.LocalUpstream,
+        cloud_upstream: cloud.CloudUpstream,
+    ) -> None:
+        self.settings = settings
+        self.routing = routing
+        self.metrics = metrics
+        self.local = local_upstream
+        self.cloud = cloud_upstream
+        self.in_flight = 0
+
+    async def handle(self, endpoint: str, body: dict[str, Any]) -> Response:
+        group = self.routing.resolve(body["model"])
+        if self.in_flight >= self.settings.max_in_flight:
+            raise RateLimited(
+                "the gateway is at its concurrent request limit; retry shortly", headers={"Retry-After": "1"}
+            )
+        self.in_flight += 1
+        gauge = self.metrics.in_flight.labels(group)
+        gauge.inc()
+        handed_over = False
+        try:
+            response = await self._route(endpoint, group, body)
+            handed_over = isinstance(response, StreamingResponse)
+            return response
+        except UpstreamError as err:
+            self.metrics.requests.labels(group, "-", str(err.status)).inc()
+            raise
+        except (NoDeployment, RateLimited) as err:
+            self.metrics.requests.labels(group, "-", str(err.status)).inc()
+            raise
+        finally:
+            if not handed_over:  # a stream releases its slot when it ends
+                self.in_flight -= 1
+                gauge.dec()
+
+    def _done(self, group: str) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.labels(group).dec()
+
+    async def _route(self, endpoint: str, group: str, body: dict[str, Any]) -> Response:
+        t0 = time.perf_counter()
+        steps = deque(self.routing.plan(group))
+        excluded: set[str] = set()
+        fails: dict[str, int] = {}
+        last: UpstreamError | None = None
+        previous: str | None = None
+        while steps:
+            step = steps.popleft()
+            while (dep := await self.routing.pick(step.group, excluded)) is not None:
+                reason = (
+                    None
+                    if last is None
+                    else ("context_window" if step.reason == "context_window" else last.reason)
+                )
+                if reason is not None:
+                    self.metrics.fallbacks.labels(previous or group, step.group, reason).inc()
+                try:
+                    return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0))
+                except UpstreamError as err:
+                    self.metrics.upstream_errors.labels(dep.id, err.reason).inc()
+                    last, previous = err, step.group
+                    if err.reason == "context_window":
+                        bigger = self.routing.context_plan(step.group)
+                        if not bigger:
+                            raise
+                        steps = deque(bigger)
+                        break
+                    if not err.retryable:
+                        raise
+                    self.routing.report_failure(dep, err, err.status)
+                    fails[dep.id] = fails.get(dep.id, 0) + 1
+                    if err.reason == "connect" or fails[dep.id] > self.settings.num_retries:
+                        excluded.add(dep.id)
+                    else:
+                        await asyncio.sleep(self.settings.retry_backoff_s * 2 ** (fails[dep.id] - 1))
+        retry_after = {"Retry-After": str(self.settings.retry_after_s)}
+        if last is not None and last.status == 429:
+            raise RateLimited(f"every deployment of `{group}` is rate limited", headers=retry_after)
+        starting = [d.id for d in self.routing.registry.groups().get(group, []) if d.state == "starting"]
+        why = (
+            f"`{group}` is starting"
+            if starting and last is None
+            else f"no deployment of `{group}` can serve now"
+        )
+        raise NoDeployment(f"{why}; retry later", headers=retry_after)
+
+    # -- one attempt ------------------------------------------------------------------------------
+    async def _attempt(self, endpoint: str, body: dict[str, Any], at: Attempt) -> Response:
+        headers = {"x-vstack-deployment": at.dep.id}
+        if at.fallback_reason:
+            headers["x-vstack-fallback"] = at.fallback_reason
+        if at.dep.kind == "cloud":
+            return await self._cloud(endpoint, body, at, headers)
+        stream = bool(body.get("stream"))
+        out = dict(body, model=at.dep.upstream_model)
+        strip_usage = False
+        if stream:
+            opts = dict(out.get("stream_options") or {})
+            if not opts.get("include_usage"):
+                opts["include_usage"], strip_usage = True, True  # counted by us, dropped before the client
+            out["stream_options"] = opts
+        resp = await self.local.open(at.dep, PATHS[endpoint], orjson.dumps(out))
+        if not stream or not resp.content_type.startswith("text/event-stream"):
+            raw = await self.local.read(resp, at.dep)
+            self._finish(at, "200", _usage(raw))
+            return Response(
+                raw, resp.status, headers=headers, media_type=resp.content_type or "application/json"
+            )
+        hooks = self._stream_hooks(at)
+        gen = local.relay(resp, strip_usage=strip_usage, **{k: v for k, v in hooks.items() if k != "on_end"})
+        return StreamingResponse(
+            _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
+        )
+
+    async def _cloud(
+        self, endpoint: str, body: dict[str, Any], at: Attempt, headers: dict[str, str]
+    ) -> Response:
+        result = await self.cloud.call(at.dep, endpoint, body)
+        if not body.get("stream") or endpoint == "embeddings":
+            usage = getattr(result, "usage", None)
+            self._finish(at, "200", usage.model_dump() if hasattr(usage, "model_dump") else None)
+            return Response(cloud.dump(result), 200, headers=headers, media_type="application/json")
+        first = await self.cloud.first_chunk(at.dep, result)
+        hooks = self._stream_hooks(at)
+        gen = cloud.relay(first, result, **{k: v for k, v in hooks.items() if k != "on_end"})
+        return StreamingResponse(
+            _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
+        )
+
+    def _stream_hooks(self, at: Attempt) -> dict[str, Any]:
+        m, group, dep_id = self.metrics, at.group, at.dep.id
+        state = {"status": "200", "usage": None}
+
+        def on_first() -> None:
+            m.ttft.labels(group, dep_id).observe(time.perf_counter() - at.started)
+
+        def on_usage(usage: dict) -> None:
+            state["usage"] = usage
+
+        def on_error(kind: str) -> None:
+            state["status"] = "stream_error"
+            m.upstream_errors.labels(dep_id, "stream").inc()
+
+        def on_end(cancelled: bool) -> None:
+            self._finish(at, "499" if cancelled else state["status"], state["usage"])
+            self._done(group)
+
+        return {"on_first": on_first, "on_usage": on_usage, "on_error": on_error, "on_end": on_end}
+
+    def _finish(self, at: Attempt, status: str, usage: dict | None) -> None:
+        m = self.metrics
+        m.requests.labels(at.group, at.dep.id, status).inc()
+        m.latency.labels(at.group, at.dep.id).observe(time.perf_counter() - at.started)
+        m.usage(at.group, at.dep.id, usage)
+
+
+async def _closing(gen: Any, on_end: Any) -> Any:
+    """Run on_end exactly once however the stream ends (done, failed, or client gone -> cancelled)."""
+    cancelled = True
+    try:
+        async for chunk in gen:
+            yield chunk
+        cancelled = False
+    finally:
+        await gen.aclose()
+        on_end(cancelled)
+
+
+def _usage(raw: bytes) -> dict | None:
+    if b'"usage"' not in raw:
+        return None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    return usage if isinstance(usage, dict) else None

@@ -1,0 +1,167 @@
+"""One error model for the gateway, rendered as OpenAI's error envelope with the right status.
+
+    {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+
+Every path that can reject a request raises a GatewayError (or lets FastAPI raise a validation error);
+the handlers installed by `install_error_handlers` are the only place that turns them into responses.
+Messages never include request headers or configuration values, so a key cannot leak through them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from stack.errors import StackError
+
+log = logging.getLogger("stack.gateway")
+
+
+class GatewayError(StackError):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code or type(self).code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return envelope(self.message, self.type, self.param, self.code)
+
+
+class InvalidRequest(GatewayError):
+    status, type = 400, "invalid_request_error"
+
+
+class ContextTooLong(InvalidRequest):
+    code = "context_length_exceeded"
+
+
+class Unauthorized(GatewayError):
+    status, type, code = 401, "authentication_error", "invalid_api_key"
+
+
+class Forbidden(GatewayError):
+    status, type = 403, "permission_error"
+
+
+class ModelNotFound(GatewayError):
+    status, type, code = 404, "invalid_request_error", "model_not_found"
+
+
+class BodyTooLarge(GatewayError):
+    status, type, code = 413, "invalid_request_error", "request_too_large"
+
+
+class RateLimited(GatewayError):
+    status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
+
+
+class NoDeployment(GatewayError):
+    """No deployment of the model (nor of its fallbacks) can serve now: 503 with Retry-After."""
+
+    status, type, code = 503, "server_error", "no_deployment_available"
+
+
+class UpstreamError(GatewayError):
+    """An engine or provider failed. `retryable` decides between falling back and answering the client."""
+
+    type = "upstream_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 502,
+        retryable: bool = True,
+        reason: str = "error",
+        upstream_body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, headers=headers)
+        self.status = status
+        self.retryable = retryable
+        self.reason = reason  # for metrics: error, timeout, rate_limit, context_window, connect
+        self.upstream_body = upstream_body
+        if status < 500:
+            self.type = "invalid_request_error" if status != 429 else "rate_limit_error"
+
+
+def envelope(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(exc: GatewayError) -> JSONResponse:
+    if isinstance(exc, UpstreamError) and exc.upstream_body and exc.status < 500:
+        # An engine's own 4xx is already OpenAI-shaped (vLLM renders the same envelope): pass it through.
+        from starlette.responses import Response
+
+        return Response(exc.upstream_body, exc.status, headers=exc.headers, media_type="application/json")
+    return JSONResponse(exc.body(), exc.status, headers=exc.headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errors = exc.errors()
+    if not errors:
+        return "Invalid request body.", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return (
+            "We could not parse the JSON body of your request. Make sure the body is valid JSON "
+            "and the Content-Type header is application/json.",
+            None,
+        )
+    if kind == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {param}", param
+    if kind == "missing":
+        return f"Missing required parameter: '{param}'.", param
+    if param is None:
+        return "The request body must be a JSON object (Content-Type: application/json).", None
+    # pydantic's message names the field and the rule; never echo the input (it may be large or private).
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return f"Invalid value for '{param}': {first.get('msg', 'invalid')}{more}", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def _gateway(_: Request, exc: GatewayError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(envelope(message, "invalid_request_error", param, None), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kinds = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error"}
+        message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        return JSONResponse(
+            envelope(message, kinds.get(exc.status_code, "invalid_request_error"), None, None),
+            exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # A bug of ours. Logged with its traceback; the client gets no internals.
+        log.exception("unhandled error in the gateway")
+        return JSONResponse(envelope("internal error in the gateway", "server_error", None, None), 500)

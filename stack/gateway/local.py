@@ -1,0 +1,161 @@
+"""The local fast path: a local engine's HTTP response streamed to the client byte for byte.
+
+No LiteLLM in the byte path (adr/0006): one pooled aiohttp connection per in-flight request, the
+engine's SSE events forwarded as they arrive. The only event we look into is the final usage event
+(to count tokens); when the client did not ask for usage, we asked for it on its behalf and drop it.
+Closing the upstream response on client disconnect makes vLLM abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Callable
+
+import aiohttp
+import orjson
+
+from stack.gateway.errors import UpstreamError, envelope
+from stack.gateway.registry import Deployment
+
+# vLLM 0.26-0.33: "This model's maximum context length is N tokens ..." / "... is too long"
+CONTEXT_RE = re.compile(
+    rb"maximum context length|context length is|prompt is too long|input is too long", re.I
+)
+
+
+def classify(dep: Deployment, status: int, body: bytes) -> UpstreamError:
+    """An engine's error answer -> fall back (5xx, 429) or hand to the client (4xx)."""
+    if status == 429:
+        return UpstreamError(f"{dep.id} is rate limited", status=429, reason="rate_limit", upstream_body=body)
+    if status >= 500:
+        return UpstreamError(f"{dep.id} answered {status}", status=502, reason="error")
+    if status == 400 and CONTEXT_RE.search(body):
+        return UpstreamError(
+            "context too long", status=400, retryable=False, reason="context_window", upstream_body=body
+        )
+    return UpstreamError(
+        f"{dep.id} rejected the request", status=status, retryable=False, reason="client", upstream_body=body
+    )
+
+
+class LocalUpstream:
+    def __init__(self, connect_timeout_s: float, request_timeout_s: float) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        # limit=0: the gateway's own max_in_flight bounds concurrency, not a pool size.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30, enable_cleanup_closed=True)
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:  # created in the app's lifespan; tests without one get it lazily
+            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._session
+
+    async def open(self, dep: Deployment, path: str, payload: bytes) -> aiohttp.ClientResponse:
+        timeout = aiohttp.ClientTimeout(
+            total=dep.timeout_s or self.request_timeout_s, connect=self.connect_timeout_s, sock_read=None
+        )
+        try:
+            resp = await self.session.post(
+                f"{dep.api_base}{path}",
+                data=payload,
+                headers={"Content-Type": "application/json"},
+                timeout=timeout,
+            )
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
+            raise UpstreamError(f"{dep.id} is not reachable", status=502, reason="connect") from exc
+        except TimeoutError as exc:
+            raise UpstreamError(f"{dep.id} timed out", status=504, reason="timeout") from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(f"{dep.id} failed: {type(exc).__name__}", status=502, reason="error") from exc
+        if resp.status >= 400:
+            body = await _read(resp)
+            raise classify(dep, resp.status, body)
+        return resp
+
+    async def read(self, resp: aiohttp.ClientResponse, dep: Deployment) -> bytes:
+        try:
+            return await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UpstreamError(f"{dep.id} failed while answering", status=502, reason="error") from exc
+        finally:
+            resp.release()
+
+
+async def _read(resp: aiohttp.ClientResponse) -> bytes:
+    try:
+        return await resp.read()
+    except (aiohttp.ClientError, TimeoutError):
+        return b""
+    finally:
+        resp.release()
+
+
+def _usage_of(event: bytes) -> tuple[dict | None, bool]:
+    """(usage, is_usage_only_event) for one SSE event."""
+    if not event.startswith(b"data: {"):
+        return None, False
+    try:
+        obj = orjson.loads(event[6:])
+    except orjson.JSONDecodeError:
+        return None, False
+    usage = obj.get("usage") if isinstance(obj, dict) else None
+    return (usage if isinstance(usage, dict) else None), not obj.get("choices")
+
+
+async def relay(
+    resp: aiohttp.ClientResponse,
+    *,
+    strip_usage: bool,
+    on_first: Callable[[], None],
+    on_usage: Callable[[dict], None],
+    on_error: Callable[[str], None],
+) -> AsyncIterator[bytes]:
+    """Forward SSE bytes; pick out usage; on a failure mid-stream, end with an error event."""
+    pending = b""
+    first = True
+    try:
+        async for chunk in resp.content.iter_any():
+            if first:
+                first = False
+                on_first()
+            # Fast path: whole events without usage go out untouched.
+            if not pending and b'"usage"' not in chunk and chunk.endswith(b"\n\n"):
+                yield chunk
+                continue
+            events = (pending + chunk).split(b"\n\n")
+            pending = events.pop()
+            out = []
+            for event in events:
+                if b'"usage"' in event:
+                    usage, usage_only = _usage_of(event)
+                    if usage:
+                        on_usage(usage)
+                    if usage_only and strip_usage:
+                        continue
+                out.append(event + b"\n\n")
+            if out:
+                yield b"".join(out)
+        if pending:
+            yield pending
+        resp.release()
+    except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError) as exc:
+        on_error(type(exc).__name__)
+        err = envelope("the model server failed while streaming", "server_error", None, "upstream_error")
+        yield b"data: " + orjson.dumps(err) + b"\n\n"
+    finally:
+        # Client gone (cancelled) or done: closing drops the connection, so vLLM aborts what is left.
+        resp.close()

@@ -1,0 +1,76 @@
+"""/v1/*: thin handlers. Validation is the schema's, routing is the dispatcher's."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Header, Request
+from starlette.responses import Response
+
+from stack.gateway.auth import require_client_key
+from stack.gateway.errors import InvalidRequest, ModelNotFound
+from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from stack.gateway.state import GatewayState, get_state
+
+
+def client_key(
+    request: Request,
+    authorization: str | None = Header(None, include_in_schema=False),
+    x_api_key: str | None = Header(None, include_in_schema=False),
+) -> str | None:
+    return require_client_key(get_state(request).keys, authorization, x_api_key)
+
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(client_key)])
+
+
+def _check_limits(state: GatewayState, max_tokens: int | None, param: str) -> None:
+    limit = state.settings.max_tokens_limit
+    if max_tokens is not None and max_tokens > limit:
+        raise InvalidRequest(
+            f"'{param}' is too large: {max_tokens} (this gateway allows at most {limit})", param=param
+        )
+
+
+async def _forward(request: Request, endpoint: str) -> Response:
+    # FastAPI parsed the JSON once (and cached it); forward that dict, not the validated model, so
+    # fields pass through exactly as the client sent them.
+    body = await request.json()
+    return await get_state(request).dispatcher.handle(endpoint, body)
+
+
+@router.post("/chat/completions")
+async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
+    state = get_state(request)
+    _check_limits(state, req.max_tokens, "max_tokens")
+    _check_limits(state, req.max_completion_tokens, "max_completion_tokens")
+    return await _forward(request, "chat")
+
+
+@router.post("/completions")
+async def completions(req: CompletionRequest, request: Request) -> Response:
+    _check_limits(get_state(request), req.max_tokens, "max_tokens")
+    return await _forward(request, "completions")
+
+
+@router.post("/embeddings")
+async def embeddings(req: EmbeddingRequest, request: Request) -> Response:
+    return await _forward(request, "embeddings")
+
+
+def _model_card(name: str, owner: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": owner}
+
+
+@router.get("/models")
+async def list_models(request: Request) -> dict:
+    state = get_state(request)
+    cards = state.model_cards()
+    return {"object": "list", "data": [_model_card(n, o, state.started) for n, o in cards.items()]}
+
+
+@router.get("/models/{model_id:path}")
+async def get_model(model_id: str, request: Request) -> dict:
+    state = get_state(request)
+    cards = state.model_cards()
+    if model_id not in cards:
+        raise ModelNotFound(f"The model `{model_id}` does not exist.", param="model")
+    return _model_card(model_id, cards[model_id], state.started)

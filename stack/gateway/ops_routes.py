@@ -1,0 +1,71 @@
+"""Liveness, readiness and metrics: open to scrapers and load balancers, no key needed."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.responses import Response
+
+from stack.gateway.errors import ModelNotFound, UpstreamError
+from stack.gateway.state import get_state
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    state = get_state(request)
+    group = state.routing.default_group
+    if state.default_ready():
+        return JSONResponse({"status": "ready", "model": group})
+    retry = str(state.settings.retry_after_s)
+    return JSONResponse({"status": "not ready", "model": group}, 503, headers={"Retry-After": retry})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    state = get_state(request)
+    for dep in state.registry.all():
+        state.metrics.deployment_up.labels(dep.model_group, dep.id, dep.kind).set(dep.state == "ready")
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/metrics/engines/{dep_id}")
+async def engine_metrics(dep_id: str, request: Request) -> Response:
+    """An engine's own vllm:* metrics, unchanged: engines listen on loopback, Prometheus scrapes here."""
+    state = get_state(request)
+    dep = state.registry.get(dep_id)
+    if dep is None or dep.kind != "local" or not dep.api_base:
+        raise ModelNotFound(f"no local engine {dep_id!r}", code="engine_not_found")
+    session = state.dispatcher.local.session
+    try:
+        async with session.get(f"{dep.api_base}/metrics") as resp:
+            body = await resp.read()
+            return Response(body, resp.status, media_type=resp.content_type or "text/plain")
+    except Exception as exc:
+        raise UpstreamError(f"{dep_id} metrics unavailable", status=502, retryable=False) from exc
+
+
+@router.get("/metrics/targets")
+async def targets(request: Request) -> list[dict]:
+    """Prometheus HTTP service discovery: one target per engine, scraped through this gateway."""
+    state = get_state(request)
+    host = request.headers.get("host", f"127.0.0.1:{state.settings.port}")
+    return [
+        {
+            "targets": [host],
+            "labels": {
+                "__metrics_path__": f"/metrics/engines/{d.id}",
+                "deployment": d.id,
+                "model_group": d.model_group,
+            },
+        }
+        for d in state.registry.all()
+        if d.kind == "local"
+    ]

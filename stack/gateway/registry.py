@@ -1,0 +1,118 @@
+"""The deployments the gateway can route to, added and removed while it runs.
+
+A deployment is one place a model group can be served: a local engine (an OpenAI-compatible server on
+loopback, usually vLLM) or a cloud model reached through a LiteLLM provider. Only `ready` deployments
+are known to LiteLLM's Router; the others (starting, failed, stopped) stay here so /admin/* can show
+them and so that a request for a starting model gets 503 + Retry-After, not 404. The model manager
+(switching, sleep) drives the states through `set_state`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Kind = Literal["local", "cloud"]
+State = Literal["starting", "ready", "sleeping", "failed", "stopped"]
+
+
+@dataclass
+class Deployment:
+    id: str
+    model_group: str  # the name clients ask for (or a fallback points at)
+    kind: Kind
+    upstream_model: str  # local: the engine's served name; cloud: LiteLLM's provider/model
+    api_base: str | None = None  # local: http://127.0.0.1:PORT (no /v1)
+    litellm_params: dict[str, Any] = field(default_factory=dict)  # cloud: without secrets
+    api_key_env: str | None = None
+    order: int = 1
+    context_window: int | None = None
+    timeout_s: float | None = None
+    state: State = "ready"
+    detail: str = ""  # why it is failed/stopped, engine pid, ...
+    since: float = field(default_factory=time.time)
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def router_entry(self) -> dict[str, Any]:
+        """The LiteLLM Router model_list entry: no key in it (cloud keys are read at call time)."""
+        if self.kind == "local":
+            params: dict[str, Any] = {
+                "model": f"hosted_vllm/{self.upstream_model}",
+                "api_base": f"{self.api_base}/v1",
+            }
+        else:
+            params = {k: v for k, v in self.litellm_params.items()}
+        params["order"] = self.order
+        if self.timeout_s:
+            params["timeout"] = self.timeout_s
+        info: dict[str, Any] = {"id": self.id, "vstack_kind": self.kind}
+        if self.context_window:
+            info["max_input_tokens"] = self.context_window
+        return {"model_name": self.model_group, "litellm_params": params, "model_info": info}
+
+    def public(self) -> dict[str, Any]:
+        shown = asdict(self)
+        shown.pop("litellm_params")
+        shown["provider_model"] = self.litellm_params.get("model") if self.kind == "cloud" else None
+        return shown
+
+
+Listener = Callable[[str, Deployment | None, Deployment | None], None]
+
+
+class DeploymentRegistry:
+    """Deployments by id; listeners (the router sync, metrics) hear every change (id, before, after)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, Deployment] = {}
+        self._listeners: list[Listener] = []
+        self._ids = itertools.count(1)
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def _notify(self, dep_id: str, before: Deployment | None, after: Deployment | None) -> None:
+        for listener in self._listeners:
+            listener(dep_id, before, after)
+
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}"
+
+    def add(self, dep: Deployment) -> Deployment:
+        before = self._items.get(dep.id)
+        self._items[dep.id] = dep
+        self._notify(dep.id, before, dep)
+        return dep
+
+    def remove(self, dep_id: str) -> Deployment | None:
+        before = self._items.pop(dep_id, None)
+        if before is not None:
+            self._notify(dep_id, before, None)
+        return before
+
+    def set_state(self, dep_id: str, state: State, detail: str = "") -> Deployment | None:
+        dep = self._items.get(dep_id)
+        if dep is None:
+            return None
+        before = Deployment(**{**dep.__dict__})
+        dep.state, dep.detail, dep.since = state, detail, time.time()
+        self._notify(dep_id, before, dep)
+        return dep
+
+    def get(self, dep_id: str) -> Deployment | None:
+        return self._items.get(dep_id)
+
+    def all(self) -> list[Deployment]:
+        return list(self._items.values())
+
+    def groups(self) -> dict[str, list[Deployment]]:
+        out: dict[str, list[Deployment]] = {}
+        for dep in self._items.values():
+            out.setdefault(dep.model_group, []).append(dep)
+        return out
+
+    def ready(self, group: str) -> list[Deployment]:
+        return [d for d in self._items.values() if d.model_group == group and d.state == "ready"]

@@ -1,0 +1,115 @@
+"""The `gateway:` section of the configuration: public port, aliases, cloud deployments, keys, limits.
+
+Secrets never live in this model as plain text: API keys are stored as SHA-256 hashes or as the *name*
+of an environment variable, cloud provider keys only as `api_key_env`. Rendering the config (`vstack
+config show`) therefore cannot leak one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# litellm_params keys that would carry a secret in clear text; the environment carries them instead.
+_SECRET_PARAMS = ("api_key", "aws_secret_access_key", "aws_session_token", "vertex_credentials")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class KeyRef(_Strict):
+    """One accepted key: its SHA-256 (hex) or the environment variable that holds it."""
+
+    name: str = Field("default", description="shown in logs and metrics instead of the key")
+    sha256: str | None = Field(None, description="hex SHA-256 of the key: `vstack gateway hash-key`")
+    env: str | None = Field(None, description="environment variable holding the key")
+    optional: bool = Field(
+        False, description="an unset `env` variable disables this entry instead of failing"
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> KeyRef:
+        if (self.sha256 is None) == (self.env is None):
+            raise ValueError("give exactly one of `sha256` (hash of the key) or `env` (variable holding it)")
+        if self.sha256 is not None:
+            self.sha256 = self.sha256.lower()
+            if not _HEX64.match(self.sha256):
+                raise ValueError("sha256 must be 64 hex digits (the SHA-256 of the key, not the key)")
+        return self
+
+
+class CloudDeployment(_Strict):
+    """A model reached through a LiteLLM provider (OpenAI, Anthropic, Bedrock, ...)."""
+
+    model_name: str = Field(description="the model group clients (or fallbacks) ask for")
+    litellm_params: dict[str, Any] = Field(
+        description="LiteLLM params: model: openai/gpt-4o-mini, api_base, ..."
+    )
+    api_key_env: str | None = Field(None, description="environment variable holding the provider key")
+    context_window: int | None = Field(None, gt=0, description="tokens; used for context-window fallbacks")
+    order: int = Field(2, ge=1, description="lower is tried first within a model group (local engines are 1)")
+    timeout_s: float | None = Field(None, gt=0)
+
+    @field_validator("litellm_params")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if "model" not in v:
+            raise ValueError("litellm_params needs `model` (provider/model, e.g. openai/gpt-4o-mini)")
+        leaked = [k for k in v if k in _SECRET_PARAMS]
+        if leaked:
+            raise ValueError(f"{', '.join(leaked)} must not be written in a config; set api_key_env instead")
+        return v
+
+
+class GatewayConfig(_Strict):
+    """The one public endpoint. Engines stay on loopback behind it."""
+
+    host: str = Field("0.0.0.0", description="where the gateway listens (engines stay on 127.0.0.1)")
+    port: int = Field(8000, ge=0, le=65535, description="0 picks a free port")
+    aliases: dict[str, str] = Field(
+        default_factory=dict,
+        description="name -> model group; `default` always exists and points at the served default model",
+    )
+    cloud: list[CloudDeployment] = Field(default_factory=list)
+    fallbacks: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="model group -> groups tried when it errors, times out or cools down",
+    )
+    context_window_fallbacks: dict[str, list[str]] = Field(
+        default_factory=dict, description="model group -> groups with a larger context window"
+    )
+    routing_strategy: Literal[
+        "simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2"
+    ] = "simple-shuffle"
+    api_keys: list[KeyRef] = Field(
+        default_factory=list, description="keys accepted on /v1/*; none configured means no key is required"
+    )
+    admin_key: KeyRef | None = Field(None, description="key for /admin/*; without one, only loopback clients")
+    cors_origins: list[str] = Field(default_factory=list, description="CORS is off unless origins are listed")
+    connect_timeout_s: float = Field(5, gt=0)
+    request_timeout_s: float = Field(600, gt=0, description="per attempt, first byte to last")
+    num_retries: int = Field(1, ge=0, le=10, description="retries of one deployment before falling back")
+    retry_backoff_s: float = Field(0.25, ge=0, description="first retry's wait; doubles each retry")
+    allowed_fails: int = Field(3, ge=0, description="failures per minute before a deployment cools down")
+    cooldown_s: float = Field(5, ge=0)
+    retry_after_s: int = Field(5, ge=1, description="Retry-After sent with 503 when nothing can serve")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_tokens_limit: int = Field(1_048_576, ge=1, description="larger max_tokens are rejected with 400")
+    max_in_flight: int = Field(4096, ge=1, description="concurrent requests before 429")
+    drain_grace_s: float = Field(30, ge=0, description="SIGTERM: how long in-flight streams may finish")
+    log_requests: bool = False
+
+    @model_validator(mode="after")
+    def _no_alias_cycles(self) -> GatewayConfig:
+        for start in self.aliases:
+            seen, name = {start}, self.aliases[start]
+            while name in self.aliases:
+                if name in seen:
+                    raise ValueError(f"aliases: cycle through {start!r}")
+                seen.add(name)
+                name = self.aliases[name]
+        return self

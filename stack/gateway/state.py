@@ -1,0 +1,53 @@
+"""What the routes share, hung on `app.state.gateway` (no module-level singletons)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from stack.gateway.auth import KeyRing
+from stack.gateway.dispatch import Dispatcher
+from stack.gateway.metrics import GatewayMetrics
+from stack.gateway.registry import DeploymentRegistry
+from stack.gateway.routing import Routing
+from stack.gateway.settings import GatewayConfig
+
+
+@dataclass
+class GatewayState:
+    settings: GatewayConfig
+    registry: DeploymentRegistry
+    routing: Routing
+    metrics: GatewayMetrics
+    dispatcher: Dispatcher
+    keys: KeyRing
+    admin_keys: KeyRing
+    started: int = field(default_factory=lambda: int(time.time()))
+
+    def model_cards(self) -> dict[str, str]:
+        """Names /v1/models lists (model groups with a ready deployment, and aliases to them) -> owner."""
+        cards: dict[str, str] = {}
+        for group, deps in sorted(self.registry.groups().items()):
+            ready = [d for d in deps if d.state == "ready"]
+            if ready:
+                cards[group] = "vstack" if any(d.kind == "local" for d in ready) else "cloud"
+        for alias in sorted(self.routing.aliases):
+            try:
+                target = self.routing.resolve(alias)
+            except Exception:
+                continue
+            if target in cards:
+                cards.setdefault(alias, cards[target])
+        return cards
+
+    def default_ready(self) -> bool:
+        group = self.routing.default_group
+        return bool(self.registry.ready(group)) and any(
+            d.id not in self.routing.cooling_down() for d in self.registry.ready(group)
+        )
+
+
+def get_state(request: Request) -> GatewayState:
+    return request.app.state.gateway
