@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
+from stack.gateway.settings import GatewayConfig
+
 EngineOptions = dict[str, Any]
 
 
@@ -160,6 +162,7 @@ class StackConfig(_Strict):
     hardware: dict[str, HardwareProfile] = Field(default_factory=dict)
     models: dict[str, ModelEntry] = Field(default_factory=dict)
     profiles: dict[str, Profile] = Field(default_factory=dict)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="the public endpoint (stack.gateway)")
 
     _keys = _engine_keys()
     # Where each key path was set (file, environment variable, command line): for error messages.
