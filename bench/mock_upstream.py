@@ -4,8 +4,9 @@ isolates a proxy's own cost in bench/gateway_overhead.py.
     python bench/mock_upstream.py --port 9100 [--chunks 20] [--delay-ms 0] [--name mock]
 
 Chat and text completions (streaming or not) answer `--chunks` chunks of one word each, `--delay-ms`
-apart; embeddings answer a fixed vector. Tests steer it per request with `extra_body`:
-`mock_status` (answer that HTTP status with OpenAI's error JSON). Built on aiohttp.web: a few thousand
+apart; embeddings answer a fixed vector. The requested model name steers failures (a gateway sends
+each deployment's own name): `status-503` answers that status with OpenAI's error JSON, `context-2048`
+answers 400 "maximum context length" like vLLM does. Built on aiohttp.web: a few thousand
 requests/s on one core, far more than any proxy in front of it.
 """
 
@@ -42,11 +43,17 @@ class Mock:
             body = json.loads(await request.read())
         except ValueError:
             return _error(400, "invalid JSON")
-        if body.get("mock_status"):
-            return _error(int(body["mock_status"]), f"mock answered {body['mock_status']}")
+        model = str(body.get("model", ""))
+        if model.startswith("status-"):
+            return _error(int(model.split("-")[1]), f"mock answered {model}")
+        if model.startswith("context-"):
+            limit = model.split("-")[1]
+            return _error(
+                400, f"This model's maximum context length is {limit} tokens. Please reduce the length."
+            )
         self.served += 1
         n = max(1, min(int(body.get("max_tokens") or self.chunks), self.chunks))
-        rid, created, model = f"mock-{self.served}", int(time.time()), body.get("model", self.name)
+        rid, created = f"mock-{self.served}", int(time.time())
         obj = "chat.completion" if chat else "text_completion"
         usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
         headers = {"x-mock-name": self.name}

@@ -1,0 +1,387 @@
+"""What the gateway adds to a request: direct vs our gateway vs LiteLLM's proxy server, in one run.
+
+    .venv/bin/python bench/gateway_overhead.py                      # mock upstreams only
+    .venv/bin/python bench/gateway_overhead.py --vllm-url http://127.0.0.1:8100 --vllm-model NAME
+
+Upstreams: a fast local OpenAI-compatible streaming server (bench/mock_upstream.py) that isolates the
+proxy's own cost, twice: paced like an engine (`--cadence-ms` between its `--chunks` chunks) for the
+added-latency figures, and unpaced for the max requests/s; and, when given, a real vLLM.
+Proxies: our gateway (`python -m stack.gateway`, local fast path) and `litellm --config` (1 worker),
+each in its own process, started and stopped here. Rounds are interleaved so drift hits all alike.
+
+Added latency = a percentile of end-to-end stream time through the proxy minus the same percentile
+direct. Targets (issue 3): <= 1 ms p50 and <= 5 ms p99 added at 32 concurrent streams; >= 3x LiteLLM's
+max requests/s. Results print as a table and go to results/gateway_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: no cost-map fetch
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+MASTER_KEY = "sk-bench-master"  # LiteLLM's proxy requires one; local only, nothing to protect
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Target:
+    name: str
+    url: str  # base, without /v1
+    model: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Sample:
+    e2e: list[float]
+    ttft: list[float]
+    errors: int
+    wall: float
+
+    @property
+    def rps(self) -> float:
+        return len(self.e2e) / self.wall if self.wall else 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+async def one_stream(session: aiohttp.ClientSession, t: Target, max_tokens: int) -> tuple[float, float]:
+    body = {
+        "model": t.model,
+        "messages": [{"role": "user", "content": "Say something."}],
+        "stream": True,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    start = time.perf_counter()
+    ttft = 0.0
+    async with session.post(f"{t.url}/v1/chat/completions", json=body, headers=t.headers) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{t.name}: HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for _ in resp.content.iter_any():
+            if not ttft:
+                ttft = time.perf_counter() - start
+    return time.perf_counter() - start, ttft
+
+
+async def load(
+    t: Target, concurrency: int, requests: int | None, seconds: float | None, max_tokens: int
+) -> Sample:
+    """Closed loop: `concurrency` clients, each sending its next request when the last one ended."""
+    e2e: list[float] = []
+    ttft: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + seconds if seconds else None
+    remaining = [requests or 0]
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=300)
+    ) as session:
+
+        async def client() -> None:
+            nonlocal errors
+            while True:
+                if deadline is not None and time.perf_counter() >= deadline:
+                    return
+                if deadline is None:
+                    if remaining[0] <= 0:
+                        return
+                    remaining[0] -= 1
+                try:
+                    total, first = await one_stream(session, t, max_tokens)
+                    e2e.append(total)
+                    ttft.append(first)
+                except (aiohttp.ClientError, RuntimeError, TimeoutError):
+                    errors += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    return Sample(e2e, ttft, errors, wall)
+
+
+# -- processes -------------------------------------------------------------------------------------
+class Procs:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.logdir = Path(tempfile.mkdtemp(prefix="vstack-bench-"))
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+async def wait_http(url: str, timeout: float, headers: dict[str, str] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, OSError):
+                async with s.get(url, headers=headers or {}) as r:
+                    if r.status < 500:
+                        return
+            await asyncio.sleep(0.25)
+    raise RuntimeError(f"{url} did not come up within {timeout:.0f} s")
+
+
+def litellm_config(upstreams: dict[str, tuple[str, str]], path: Path) -> None:
+    lines = ["model_list:"]
+    for model, (url, served) in upstreams.items():
+        lines += [
+            f"  - model_name: {model}",
+            "    litellm_params:",
+            f"      model: openai/{served}",
+            f"      api_base: {url}/v1",
+            "      api_key: none",
+        ]
+    lines += ["general_settings:", f"  master_key: {MASTER_KEY}", "litellm_settings:", "  drop_params: true"]
+    path.write_text("\n".join(lines) + "\n")
+
+
+# -- the run ---------------------------------------------------------------------------------------
+async def run(args: argparse.Namespace) -> dict:
+    procs = Procs()
+    try:
+        paced, fast = free_port(), free_port()
+        mock = [PY, "bench/mock_upstream.py", "--chunks", str(args.chunks)]
+        procs.start(
+            "mock-paced", [*mock, "--port", str(paced), "--delay-ms", str(args.cadence_ms), "--name", "paced"]
+        )
+        procs.start("mock-fast", [*mock, "--port", str(fast), "--name", "fast"])
+        upstreams = {
+            "paced": (f"http://127.0.0.1:{paced}", "paced"),
+            "fast": (f"http://127.0.0.1:{fast}", "fast"),
+        }
+        if args.vllm_url:
+            upstreams["vllm"] = (args.vllm_url.rstrip("/").removesuffix("/v1"), args.vllm_model)
+        gw, lt = free_port(), free_port()
+        gw_argv = [PY, "-m", "stack.gateway", "--port", str(gw)]
+        for model, (url, served) in upstreams.items():
+            gw_argv += ["--upstream", f"{model}={url}@{served}"]
+        procs.start("gateway", gw_argv)
+        cfg = procs.logdir / "litellm.yaml"
+        litellm_config(upstreams, cfg)
+        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+        litellm_bin = str(Path(PY).with_name("litellm"))
+        procs.start(
+            "litellm", [litellm_bin, "--config", str(cfg), "--port", str(lt), "--num_workers", "1"], env
+        )
+        auth = {"Authorization": f"Bearer {MASTER_KEY}"}
+        await wait_http(f"http://127.0.0.1:{paced}/health", 30)
+        await wait_http(f"http://127.0.0.1:{fast}/health", 30)
+        await wait_http(f"http://127.0.0.1:{gw}/health", 60)
+        await wait_http(f"http://127.0.0.1:{lt}/health/liveliness", 120, auth)
+
+        def targets(model: str) -> list[Target]:
+            url, served = upstreams[model]
+            return [
+                Target("direct", url, served),
+                Target("vstack", f"http://127.0.0.1:{gw}", model),
+                Target("litellm", f"http://127.0.0.1:{lt}", model, auth),
+            ]
+
+        for t in targets("fast"):  # warm-up: connections, JIT-free but caches and imports
+            await load(t, 4, 40, None, args.chunks)
+        results: dict = {"latency": [], "throughput": [], "vllm": []}
+        for c in args.concurrency:
+            per: dict[str, Sample] = {}
+            for _ in range(args.rounds):
+                for t in targets("paced"):
+                    s = await load(t, c, args.requests, None, args.chunks)
+                    prev = per.get(t.name)
+                    per[t.name] = (
+                        s
+                        if prev is None
+                        else Sample(
+                            prev.e2e + s.e2e, prev.ttft + s.ttft, prev.errors + s.errors, prev.wall + s.wall
+                        )
+                    )
+            results["latency"].append(summarise_latency(c, per))
+            print_row_latency(results["latency"][-1])
+        tp: dict[str, list[float]] = {}
+        for _ in range(args.rounds):
+            for t in targets("fast"):
+                s = await load(t, args.throughput_concurrency, None, args.throughput_seconds, args.chunks)
+                tp.setdefault(t.name, []).append(s.rps)
+                if s.errors:
+                    print(f"  ({t.name}: {s.errors} errors)")
+        results["throughput"] = {name: max(v) for name, v in tp.items()}
+        results["throughput"]["vstack_over_litellm"] = (
+            results["throughput"]["vstack"] / results["throughput"]["litellm"]
+        )
+        print_throughput(results["throughput"], args.throughput_concurrency)
+        if args.vllm_url:
+            for c in args.vllm_concurrency:
+                per = {}
+                for _ in range(args.rounds):
+                    for t in targets("vllm"):
+                        s = await load(t, c, args.vllm_requests, None, args.vllm_max_tokens)
+                        prev = per.get(t.name)
+                        per[t.name] = (
+                            s
+                            if prev is None
+                            else Sample(
+                                prev.e2e + s.e2e,
+                                prev.ttft + s.ttft,
+                                prev.errors + s.errors,
+                                prev.wall + s.wall,
+                            )
+                        )
+                results["vllm"].append(summarise_latency(c, per))
+                print_row_latency(results["vllm"][-1], label="vLLM")
+        return results
+    finally:
+        procs.stop_all()
+
+
+def summarise_latency(c: int, per: dict[str, Sample]) -> dict:
+    d = per["direct"]
+    row: dict = {
+        "concurrency": c,
+        "n": len(d.e2e),
+        "direct_p50_ms": pct(d.e2e, 50) * 1e3,
+        "direct_p99_ms": pct(d.e2e, 99) * 1e3,
+    }
+    for name in ("vstack", "litellm"):
+        s = per[name]
+        row[f"{name}_added_p50_ms"] = (pct(s.e2e, 50) - pct(d.e2e, 50)) * 1e3
+        row[f"{name}_added_p99_ms"] = (pct(s.e2e, 99) - pct(d.e2e, 99)) * 1e3
+        row[f"{name}_added_ttft_p50_ms"] = (pct(s.ttft, 50) - pct(d.ttft, 50)) * 1e3
+        row[f"{name}_errors"] = s.errors
+    row["direct_mean_ms"] = statistics.fmean(d.e2e) * 1e3 if d.e2e else float("nan")
+    return row
+
+
+def print_row_latency(r: dict, label: str = "paced mock") -> None:
+    print(
+        f"{label:10} c={r['concurrency']:<3} "
+        f"direct p50 {r['direct_p50_ms']:8.2f} ms p99 {r['direct_p99_ms']:8.2f} | "
+        f"vstack +{r['vstack_added_p50_ms']:6.2f} / +{r['vstack_added_p99_ms']:6.2f} ms | "
+        f"litellm +{r['litellm_added_p50_ms']:7.2f} / +{r['litellm_added_p99_ms']:7.2f} ms (p50 / p99 added)",
+        flush=True,
+    )
+
+
+def print_throughput(tp: dict, c: int) -> None:
+    print(
+        f"max req/s (fast mock, c={c}): direct {tp['direct']:.0f}, vstack {tp['vstack']:.0f}, "
+        f"litellm {tp['litellm']:.0f} -> vstack/litellm = {tp['vstack_over_litellm']:.1f}x",
+        flush=True,
+    )
+
+
+def machine() -> dict:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor(),
+    )
+    from importlib.metadata import version
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "litellm": version("litellm"),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    ap.add_argument("--requests", type=int, default=320, help="per target, concurrency and round (latency)")
+    ap.add_argument("--chunks", type=int, default=20)
+    ap.add_argument(
+        "--cadence-ms", type=float, default=10, help="paced mock: ms between chunks, like an engine"
+    )
+    ap.add_argument("--throughput-concurrency", type=int, default=32)
+    ap.add_argument("--throughput-seconds", type=float, default=8)
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (direct, vstack, litellm)")
+    ap.add_argument("--vllm-url")
+    ap.add_argument("--vllm-model")
+    ap.add_argument("--vllm-concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
+    ap.add_argument("--vllm-requests", type=int, default=12)
+    ap.add_argument("--vllm-max-tokens", type=int, default=16)
+    ap.add_argument("--out", default="results/gateway_overhead.json")
+    args = ap.parse_args()
+    if args.vllm_url and not args.vllm_model:
+        ap.error("--vllm-url needs --vllm-model (the engine's served model name)")
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    info = machine()
+    print(
+        f"# {info['date']} | {info['cpu']} x{info['cores']} | "
+        f"python {info['python']} | litellm {info['litellm']}"
+    )
+    results = asyncio.run(run(args))
+    results["machine"] = info
+    results["args"] = vars(args)
+    out = ROOT / args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    lat32 = next((r for r in results["latency"] if r["concurrency"] == 32), None)
+    if lat32:
+        ok = lat32["vstack_added_p50_ms"] <= 1 and lat32["vstack_added_p99_ms"] <= 5
+        print(f"target c=32 added <= 1 ms p50 / 5 ms p99: {'met' if ok else 'NOT met'}")
+    ratio = results["throughput"]["vstack_over_litellm"]
+    print(f"target >= 3x LiteLLM max req/s: {'met' if ratio >= 3 else 'NOT met'} ({ratio:.1f}x); wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

