@@ -1,0 +1,91 @@
+"""The planner's two entry points: `plan_profile` for `vstack up` (a resolved profile on the detected
+machine) and `plan_model` for `vstack plan` (any model on any hardware profile)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from stack.config.resolve import ResolvedProfile
+from stack.config.schema import HardwareProfile, StackConfig
+from stack.errors import ConfigError
+from stack.planner.decide import FitInput, decide
+from stack.planner.machine import Machine
+from stack.planner.plan import Plan, Request
+from stack.planner.sources import ModelFacts, load_facts
+
+QUANTIZED_MARKERS = re.compile(r"(awq|gptq|fp8|int4|int8|w4a16|w8a8|bnb|4bit|8bit)", re.IGNORECASE)
+
+
+def quantized_variants(cfg: StackConfig | None, hub_id: str | None) -> list[str]:
+    """Configured models that are quantized versions of this Hub repository (Qwen/X -> Qwen/X-AWQ)."""
+    if cfg is None or not hub_id:
+        return []
+    base = hub_id.lower()
+    return sorted(
+        name for name, entry in cfg.models.items()
+        if entry.source.hub and entry.source.hub.lower().startswith(base + "-")
+        and QUANTIZED_MARKERS.search(entry.source.hub[len(base):])
+    )
+
+
+def plan_profile(resolved: ResolvedProfile, hardware_info: Any | None = None, *, cfg: StackConfig | None = None,
+                 model_dir: Path | None = None, request: Request | None = None, token: str | None = None) -> Plan:
+    """Plan a resolved profile: decide what it leaves unset, or raise FitError with the numbers.
+
+    hardware_info: stack.hardware.HardwareInfo as detected (None: the hardware profile's own facts).
+    model_dir: the model's local folder when the launcher has it (exact bytes from safetensors headers).
+    The result's `engine_updates` (vLLM dest names) and `env_updates` hold only what the profile left
+    unset; merge them under the profile's own values.
+    """
+    source: Any = model_dir if model_dir is not None else resolved.model.source
+    facts = load_facts(source, resolved.model.name, token)
+    hw = resolved.hardware
+    machine = Machine.from_detected(hw, hardware_info) if hardware_info is not None else Machine.from_profile(hw)
+    return _plan(facts, hw, machine, resolved.engine, resolved.engine_origins, resolved.env,
+                 request or Request(), resolved.model.name, quantized_variants(cfg, resolved.model.source.hub))
+
+
+def plan_model(cfg: StackConfig, model: str, hardware: str, request: Request | None = None,
+               engine: dict[str, Any] | None = None, token: str | None = None,
+               hardware_info: Any | None = None) -> Plan:
+    """Plan `model` (a configured model name, a Hub repository id or a local folder) on a hardware profile.
+
+    Engine options come from the hardware profile, the model entry (when configured) and `engine`, in that
+    order of precedence, like a profile without overrides.
+    """
+    if hardware not in cfg.hardware:
+        known = ", ".join(sorted(cfg.hardware))
+        raise ConfigError(f"unknown hardware {hardware!r}", hint=f"use one of: {known}")
+    hw: HardwareProfile = cfg.hardware[hardware]
+    options: dict[str, Any] = dict(hw.engine)
+    origins = {k: f"hardware.{hardware}.engine.{k}" for k in hw.engine}
+    env = dict(hw.env)
+    hub_id: str | None = None
+    if model in cfg.models:
+        entry = cfg.models[model]
+        options.update(entry.engine)
+        origins.update({k: f"models.{model}.engine.{k}" for k in entry.engine})
+        facts = load_facts(entry.source, model, token)
+        hub_id, label = entry.source.hub, model
+    else:
+        facts = load_facts(model, model, token)
+        hub_id, label = (None if Path(model).is_dir() else model), model
+    for key, value in (engine or {}).items():
+        options[key] = value
+        origins[key] = "command line"
+    options = {k: v for k, v in options.items() if v is not None}
+    request = request or Request()
+    machine = (Machine.from_detected(hw, hardware_info) if hardware_info is not None
+               else Machine.from_profile(hw, request.gpus))
+    return _plan(facts, hw, machine, options, origins, env, request, label, quantized_variants(cfg, hub_id))
+
+
+def _plan(facts: ModelFacts, hw: HardwareProfile, machine: Machine, engine: dict[str, Any],
+          origins: dict[str, str], env: dict[str, str], request: Request, label: str,
+          alternatives: list[str]) -> Plan:
+    plan = decide(FitInput(facts.shape, facts.weights, hw, machine, dict(engine), dict(origins), dict(env),
+                           request, label, alternatives))
+    plan.notes.insert(0, f"config: {facts.config_source}; weights: {facts.weights.source}")
+    return plan

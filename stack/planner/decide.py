@@ -1,0 +1,339 @@
+"""Decisions for what a profile leaves unset, each with its reason, or a refusal that gives the numbers.
+
+Order matters and follows what constrains what: the GPU count (tensor_parallel_size) decides how much
+memory is left after the weights; the KV cache dtype decides how many tokens that memory holds; those two
+decide max_model_len; and max_num_seqs follows from the KV cache's size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from stack.config.schema import HardwareProfile
+from stack.planner.errors import FitError
+from stack.planner.machine import Machine
+from stack.planner.memory import (
+    GIB,
+    KV_DTYPE_BYTES,
+    KvGeometry,
+    block_size_for,
+    cpu_budget,
+    gpu_budget,
+)
+from stack.planner.model_meta import ModelShape
+from stack.planner.plan import Decision, Plan, Request
+from stack.planner.weights import Weights
+
+VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default (CacheConfig.gpu_memory_utilization)
+TP_CHOICES = (1, 2, 4, 8, 16)
+# A context shorter than this is not worth serving: refuse instead.
+MIN_CONTEXT = 1024
+# max_num_seqs is capped at the number of sequences of this length the KV cache holds.
+TYPICAL_SEQUENCE = 512
+CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+@dataclass
+class FitInput:
+    shape: ModelShape
+    weights: Weights
+    hardware: HardwareProfile
+    machine: Machine
+    engine: dict[str, Any]
+    origins: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    request: Request = field(default_factory=Request)
+    model_label: str = "the model"
+    alternatives: list[str] = field(default_factory=list)  # quantized variants in the configuration
+
+    def given(self, key: str) -> bool:
+        return self.engine.get(key) is not None
+
+    def kept(self, key: str, reason: str) -> Decision:
+        return Decision(key, self.engine[key], reason, "profile", self.origins.get(key, ""))
+
+
+class _Fit:
+    """One candidate: a tensor-parallel size and a KV cache dtype, with its budget."""
+
+    def __init__(self, inp: FitInput, tp: int, kv_dtype: str, num_seqs: int) -> None:
+        shape, hw, engine = inp.shape, inp.hardware, inp.engine
+        self.tp, self.kv_dtype, self.num_seqs = tp, kv_dtype, num_seqs
+        dtype_bytes = KV_DTYPE_BYTES.get(kv_dtype) or shape.dtype_bytes
+        self.kv = KvGeometry(shape, dtype_bytes, block_size_for(shape, inp.machine.accelerator,
+                                                                 engine.get("block_size")), tp)
+        self.batched = int(engine.get("max_num_batched_tokens") or hw.planner.default_max_num_batched_tokens)
+        self.weights = inp.weights.on_load(engine.get("quantization"))
+        if inp.machine.accelerator == "cpu":
+            self.budget = cpu_budget(weights_total=self.weights, kv_space=_cpu_kv_space(inp),
+                                     ram_total=inp.machine.ram_total,
+                                     host_overhead_gib=hw.planner.host_overhead_gib)
+        else:
+            self.budget = gpu_budget(
+                shape=shape, weights_total=self.weights, total_per_gpu=inp.machine.memory_per_gpu,
+                utilization=float(engine.get("gpu_memory_utilization") or VLLM_GPU_MEMORY_UTILIZATION),
+                tp=tp, batched_tokens=self.batched, num_seqs=num_seqs,
+                runtime_gib=hw.planner.runtime_overhead_gib, enforce_eager=bool(engine.get("enforce_eager")),
+                device=f"per GPU ({tp} of {max(tp, inp.machine.gpu_count)})" if tp > 1 else "per GPU")
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.budget.kv
+
+    def holds(self, length: int, concurrency: int) -> bool:
+        return self.kv_bytes > 0 and self.kv.bytes_per_request(length, self.batched) * concurrency <= self.kv_bytes
+
+    def longest(self, concurrency: int) -> int:
+        if self.kv_bytes <= 0:
+            return 0
+        step = 1024 if self.holds(MIN_CONTEXT, concurrency) else self.kv.block_size
+        return self.kv.longest_fitting(self.kv_bytes, concurrency, self.batched, step)
+
+
+def _cpu_kv_space(inp: FitInput) -> int:
+    if CPU_KV_ENV in inp.env:
+        return int(float(inp.env[CPU_KV_ENV]) * GIB)
+    if inp.given("kv_cache_memory_bytes"):
+        return int(inp.engine["kv_cache_memory_bytes"])
+    rule = inp.hardware.cpu_kv_cache
+    assert rule is not None  # a CPU profile always has one (schema default)
+    free = inp.machine.ram_available / GIB
+    # Whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE with int(); same rule as stack.hardware.cpu_kv_cache_gib.
+    return max(1, int(max(rule.min_gib, min(rule.max_gib, free * rule.fraction_of_free)))) * GIB
+
+
+def _target_length(inp: FitInput) -> int:
+    """The length a fit must hold: asked for, set by the profile, or (for choosing GPUs) a useful minimum."""
+    if inp.request.context:
+        return inp.request.context
+    if inp.given("max_model_len"):
+        return int(inp.engine["max_model_len"])
+    return min(inp.shape.max_context, 4096)
+
+
+def _tp_candidates(inp: FitInput) -> list[int]:
+    if inp.given("tensor_parallel_size"):
+        return [int(inp.engine["tensor_parallel_size"])]
+    count = inp.request.gpus or inp.machine.gpu_count or 1
+    return [tp for tp in TP_CHOICES if tp <= count and inp.shape.num_attention_heads % tp == 0] or [1]
+
+
+def _kv_dtypes(inp: FitInput) -> list[str]:
+    if inp.given("kv_cache_dtype"):
+        return [str(inp.engine["kv_cache_dtype"])]
+    return ["auto", "fp8"] if inp.hardware.fp8 and inp.machine.accelerator == "gpu" else ["auto"]
+
+
+def _default_seqs(inp: FitInput) -> int:
+    if inp.given("max_num_seqs"):
+        return int(inp.engine["max_num_seqs"])
+    return inp.hardware.planner.default_max_num_seqs
+
+
+def _with(inp: FitInput, **engine: Any) -> FitInput:
+    return FitInput(inp.shape, inp.weights, inp.hardware, inp.machine, {**inp.engine, **engine}, inp.origins,
+                    inp.env, inp.request, inp.model_label, inp.alternatives)
+
+
+def _refuse_weights(inp: FitInput, fit: _Fit) -> FitError:
+    """Not even the weights (plus vLLM's overhead) fit: say by how much, and what would."""
+    length = _target_length(inp)
+    options = list(inp.alternatives)
+    heads = inp.shape.num_attention_heads
+    more = next((tp for tp in TP_CHOICES if tp > fit.tp and heads % tp == 0
+                 and _Fit(inp, tp, fit.kv_dtype, fit.num_seqs).holds(length, 1)), None)
+    if more:
+        options.append(f"{more} GPUs" if not inp.given("tensor_parallel_size") else f"tensor_parallel_size {more}")
+    if inp.hardware.fp8 and not inp.engine.get("quantization") and inp.shape.quantization.bits >= 16:
+        fp8 = _with(inp, quantization="fp8")
+        if _Fit(fp8, fit.tp, fit.kv_dtype, fit.num_seqs).holds(length, 1):
+            options.append("quantization fp8 (weights quantized on load)")
+    advice = " or ".join(options) if options else "a larger GPU"
+    overhead = fit.budget.non_kv - fit.budget.weights
+    return FitError(f"weights need {gib(fit.weights)}; {inp.machine.describe(fit.tp)}: use {advice}",
+                    hint=f"{inp.model_label} needs {gib(fit.budget.weights)} of weights per GPU plus about "
+                    f"{gib(overhead)} of vLLM overhead before any KV cache; "
+                    f"{gib(fit.budget.requested)} is available per GPU")
+
+
+def _refuse_context(inp: FitInput, fit: _Fit, length: int, concurrency: int) -> FitError:
+    need = fit.kv.bytes_per_request(length, fit.batched) * concurrency
+    longest = fit.longest(concurrency)
+    who = f"{concurrency} requests of {length} tokens need" if concurrency > 1 else f"a {length}-token context needs"
+    with_fp8 = " (with an fp8 KV cache)" if fit.kv_dtype.startswith("fp8") else ""
+    device = inp.machine.describe(fit.tp).split(" has ")[0].split(" have ")[0]
+    msg = (f"{who} {gib(need)} of KV cache{with_fp8}; after the weights ({gib(fit.budget.weights)}) and vLLM's "
+           f"overhead ({gib(fit.budget.non_kv - fit.budget.weights)}) {gib(max(0, fit.kv_bytes))} is left on "
+           f"{device}")
+    options = [f"max_model_len {longest}" if longest >= MIN_CONTEXT else None]
+    if inp.hardware.fp8 and fit.kv_dtype == "auto" and not inp.given("kv_cache_dtype"):
+        options.append("kv_cache_dtype fp8")
+    if inp.machine.accelerator == "gpu":
+        # Headroom between what vLLM is allowed and what is free before it starts.
+        highest = int((inp.machine.free_per_gpu - GIB // 4) / fit.budget.total * 100) / 100
+        if highest > float(inp.engine.get("gpu_memory_utilization") or VLLM_GPU_MEMORY_UTILIZATION):
+            options.append(f"gpu_memory_utilization {highest}")
+    options += inp.alternatives
+    options.append("more GPUs" if inp.machine.accelerator == "gpu" else f"a larger {CPU_KV_ENV}")
+    return FitError(msg, hint="use " + " or ".join(o for o in options if o))
+
+
+def _explicit_length(inp: FitInput) -> bool:
+    return bool(inp.request.context or inp.given("max_model_len"))
+
+
+def _choose(inp: FitInput) -> _Fit:
+    """The smallest tensor-parallel size (then the KV cache dtype) that holds the target length; when no
+    length was asked for, one that holds at least MIN_CONTEXT tokens."""
+    length, concurrency = _target_length(inp), inp.request.concurrency
+    if length > inp.shape.max_context:
+        raise FitError(f"{inp.model_label} has a context of {inp.shape.max_context} tokens; "
+                       f"{length} was asked for", hint=f"ask for at most {inp.shape.max_context}")
+    seqs = _default_seqs(inp)
+    fits = [_Fit(inp, tp, kv_dtype, seqs) for tp in _tp_candidates(inp) for kv_dtype in _kv_dtypes(inp)]
+    targets = [length] if _explicit_length(inp) else [length, MIN_CONTEXT]
+    for target in targets:
+        for fit in fits:
+            if fit.holds(target, concurrency):
+                return fit
+    widest = fits[-1]
+    if inp.machine.accelerator == "cpu":
+        raise _refuse_ram(inp, widest) or _refuse_context(inp, widest, length, concurrency)
+    if not widest.holds(MIN_CONTEXT, 1):
+        raise _refuse_weights(inp, widest)
+    raise _refuse_context(inp, widest, length, concurrency)
+
+
+def _refuse_ram(inp: FitInput, fit: _Fit) -> FitError | None:
+    m = inp.machine
+    need = fit.budget.requested
+    if m.ram_available and need > m.ram_available:
+        return FitError(
+            f"weights need {gib(fit.weights)}, the KV cache {gib(fit.kv_bytes)} and vLLM's processes about "
+            f"{gib(fit.budget.runtime)}: {gib(need)} in all, and {gib(m.ram_available)} of RAM is free",
+            hint=f"use a smaller model, or a smaller {CPU_KV_ENV}")
+    return None
+
+
+def decide(inp: FitInput) -> Plan:
+    fit = _choose(inp)
+    if inp.machine.accelerator == "cpu" and (error := _refuse_ram(inp, fit)):
+        raise error
+    decisions = [_decide_tp(inp, fit), _decide_kv_dtype(inp, fit)]
+    length, length_decision = _decide_length(inp, fit)
+    decisions.append(length_decision)
+    seqs_decision = _decide_seqs(inp, fit, length)
+    if seqs_decision.value != fit.num_seqs:  # fewer sequences: a smaller sampler peak, more KV cache
+        fit = _Fit(inp, fit.tp, fit.kv_dtype, int(seqs_decision.value))
+    decisions.append(seqs_decision)
+    decisions += _decide_memory(inp, fit)
+    tokens, concurrency = fit.kv.capacity(fit.kv_bytes, length, fit.batched)
+    notes = _notes(inp, fit)
+    return Plan(inp.model_label, inp.hardware.name, inp.shape, inp.weights, fit.budget, fit.kv, length,
+                tokens, concurrency, [d for d in decisions if d is not None], notes)
+
+
+def _decide_tp(inp: FitInput, fit: _Fit) -> Decision | None:
+    if inp.machine.accelerator == "cpu":
+        return None
+    if inp.given("tensor_parallel_size"):
+        return inp.kept("tensor_parallel_size", f"set; weights take {gib(fit.budget.weights)} per GPU")
+    if fit.tp == 1:
+        reason = f"the weights ({gib(fit.weights)}) fit on one GPU"
+    else:
+        reason = (f"the smallest that fits: {gib(fit.weights)} of weights over {fit.tp} GPUs is "
+                  f"{gib(fit.budget.weights)} each")
+    return Decision("tensor_parallel_size", fit.tp, reason, "planner")
+
+
+def _decide_kv_dtype(inp: FitInput, fit: _Fit) -> Decision | None:
+    if inp.given("kv_cache_dtype"):
+        return inp.kept("kv_cache_dtype", f"set; {fit.kv.bytes_per_token} bytes per token")
+    if fit.kv_dtype == "fp8":
+        length = _target_length(inp)
+        return Decision("kv_cache_dtype", "fp8", f"only an fp8 KV cache holds {inp.request.concurrency} x "
+                        f"{length} tokens here ({fit.kv.bytes_per_token} bytes per token instead of "
+                        f"{fit.kv.bytes_per_token * 2})", "planner")
+    return None  # "auto" is vLLM's default: nothing to set
+
+
+def _decide_length(inp: FitInput, fit: _Fit) -> tuple[int, Decision]:
+    concurrency = inp.request.concurrency
+    if inp.given("max_model_len"):
+        length = int(inp.engine["max_model_len"])
+        if not fit.holds(length, concurrency):
+            raise _refuse_context(inp, fit, length, concurrency)
+        _, fitting = fit.kv.capacity(fit.kv_bytes, length, fit.batched)
+        return length, inp.kept("max_model_len", f"set; {fitting:.1f} requests of this length fit at once")
+    wanted = inp.request.context or inp.shape.max_context
+    if fit.holds(wanted, concurrency):
+        why = "asked for" if inp.request.context else "the model's own"
+        return wanted, Decision("max_model_len", wanted, f"{why}; {concurrency} request(s) of this length fit "
+                                f"in the {gib(fit.kv_bytes)} KV cache", "planner")
+    longest = min(fit.longest(concurrency), inp.shape.max_context)
+    if longest < MIN_CONTEXT:
+        raise _refuse_context(inp, fit, MIN_CONTEXT, concurrency)
+    return longest, Decision("max_model_len", longest, f"the model's own {inp.shape.max_context} does not fit: "
+                             f"the {gib(fit.kv_bytes)} KV cache holds {concurrency} request(s) of at most "
+                             f"{longest} tokens", "planner")
+
+
+def _decide_seqs(inp: FitInput, fit: _Fit, length: int) -> Decision:
+    default = inp.hardware.planner.default_max_num_seqs
+    if inp.given("max_num_seqs"):
+        return inp.kept("max_num_seqs", "set")
+    tokens, _ = fit.kv.capacity(fit.kv_bytes, length, fit.batched)
+    holds = tokens // TYPICAL_SEQUENCE
+    floor = max(inp.request.concurrency, 8)
+    if holds >= default:
+        return Decision("max_num_seqs", default, f"vLLM's default on this device; the KV cache holds "
+                        f"{holds} sequences of {TYPICAL_SEQUENCE} tokens", "vllm")
+    value = max(floor, 1 << max(0, holds.bit_length() - 1))
+    return Decision("max_num_seqs", value, f"the KV cache holds about {holds} sequences of {TYPICAL_SEQUENCE} "
+                    f"tokens; more would only wait for blocks, and each reserves sampler memory "
+                    f"(vLLM's default is {default})", "planner")
+
+
+def _decide_memory(inp: FitInput, fit: _Fit) -> list[Decision]:
+    if inp.machine.accelerator == "cpu":
+        if CPU_KV_ENV in inp.env:
+            return [Decision(CPU_KV_ENV, inp.env[CPU_KV_ENV], "set", "profile", "env")]
+        if inp.given("kv_cache_memory_bytes"):
+            return [inp.kept("kv_cache_memory_bytes", "set")]
+        rule = inp.hardware.cpu_kv_cache
+        return [Decision(CPU_KV_ENV, fit.kv_bytes // GIB,
+                         f"{rule.fraction_of_free:.0%} of the {gib(inp.machine.ram_available)} of RAM free, "
+                         f"within {rule.min_gib}-{rule.max_gib} GiB (never vLLM's 92% of all RAM)"
+                         if rule else "", "planner")]
+    util = float(inp.engine.get("gpu_memory_utilization") or VLLM_GPU_MEMORY_UTILIZATION)
+    requested, free = fit.budget.requested, inp.machine.free_per_gpu
+    if requested > free:
+        where = "free now" if inp.machine.detected else (
+            f"free once the CUDA context{' and desktop' if inp.hardware.planner.reserved_gib > 1 else ''} "
+            f"take {inp.hardware.planner.reserved_gib} GiB")
+        raise FitError(f"gpu_memory_utilization {util} asks vLLM for {gib(requested)} per GPU, but only "
+                       f"{gib(free)} is {where}; vLLM refuses to start",
+                       hint=f"set gpu_memory_utilization to {int(free / fit.budget.total * 100) / 100} or lower")
+    if inp.given("gpu_memory_utilization"):
+        return [inp.kept("gpu_memory_utilization", f"{gib(requested)} of {gib(fit.budget.total)} per GPU")]
+    return [Decision("gpu_memory_utilization", util, f"vLLM's default: {gib(requested)} of "
+                     f"{gib(fit.budget.total)} per GPU", "vllm")]
+
+
+def _notes(inp: FitInput, fit: _Fit) -> list[str]:
+    notes = []
+    if inp.engine.get("quantization") and fit.weights != inp.weights.total_bytes:
+        notes.append(f"weights quantized to {inp.engine['quantization']} on load: "
+                     f"{gib(inp.weights.total_bytes)} on disk, {gib(fit.weights)} on the GPU")
+    if "estimated" in inp.weights.source:
+        notes.append("weight bytes estimated from config.json (no safetensors metadata at hand)")
+    if inp.shape.is_mla and fit.tp > 1:
+        notes.append("MLA keeps the whole latent KV cache on every GPU: more GPUs do not add KV capacity per rank")
+    if inp.shape.num_kv_heads < fit.tp and not inp.shape.is_mla:
+        notes.append(f"{inp.shape.num_kv_heads} KV heads over {fit.tp} GPUs: vLLM replicates KV heads")
+    return notes
