@@ -86,7 +86,7 @@ class Patcher:
             return Row(patch, State.NOT_NEEDED, patch.why_not_needed(self.inst.dist, self.inst.version))
         if not self._entry_point_installed():
             return Row(patch, State.DISABLED, "vllm.general_plugins entry point not installed here")
-        return Row(patch, State.RUNTIME, "applied in each vLLM process (VSTACK_RUNTIME_PATCHES=0 turns off)")
+        return Row(patch, State.RUNTIME, "runs inside vLLM (off: VSTACK_RUNTIME_PATCHES=0)")
 
     def _entry_point_installed(self) -> bool:
         for dist in md.distributions(path=[str(self.inst.site)]):

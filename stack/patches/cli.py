@@ -54,7 +54,8 @@ def _patcher(site: Path | None, python: Path | None, ledger: Path | None) -> Pat
 
 def _table(p: Patcher, rows: list[Row]) -> None:
     t = Table(title=f"patches for {p.inst.describe()}", title_justify="left")
-    for col in ("id", "kind", "state", "upstream", "detail"):
+    t.add_column("id", no_wrap=True)
+    for col in ("kind", "state", "upstream", "detail"):
         t.add_column(col, overflow="fold")
     for r in rows:
         color = COLORS.get(r.state, "white")
