@@ -101,6 +101,9 @@ def test_git_range_triage_classifies_each_commit_by_its_rule(upstream_repo: Path
     md = to_markdown(report)
     assert "| high | 3 |" in md and "**needless**" in md and "(#55743)" in md and "high-bugfix-tag" in md
 
+    again = build(changes, rules, load_ledger(), None, None, [{"change": "#60003", "decision": "deferred"}])
+    assert again["buckets"]["medium"][0]["decided"].startswith("deferred")
+
     tracking = tmp_path / "tracking.yaml"
     tracking.write_text(
         yaml.safe_dump({"decisions": [{"change": "#60003", "decision": "deferred", "reason": "r"}]})

@@ -11,7 +11,14 @@ from rich.console import Console
 from stack.errors import StackError
 from stack.patches.ledger import load_ledger
 from stack.patches.triage import options as opts
-from stack.patches.triage.report import TRACKING_FILE, build, to_markdown, to_yaml, update_tracking
+from stack.patches.triage.report import (
+    TRACKING_FILE,
+    build,
+    load_decisions,
+    to_markdown,
+    to_yaml,
+    update_tracking,
+)
 from stack.patches.triage.rules import load_rules
 from stack.patches.triage.sources import git_range, release_range
 
@@ -54,7 +61,7 @@ def triage(
                 None,
                 f"No parser dump for {start} and {end} in {opts.ARGS_DIR}; options not compared.",
             )
-        report = build(changes, ruleset, led, option_changes, note)
+        report = build(changes, ruleset, led, option_changes, note, load_decisions(tracking))
     except StackError as e:
         console.print(f"[red]error:[/red] {e.message}", highlight=False)
         if e.hint:

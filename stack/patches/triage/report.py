@@ -13,7 +13,7 @@ from packaging.version import InvalidVersion, Version
 from stack.patches.diffs import applies
 from stack.patches.ledger import Kind, LoadedLedger, Status
 from stack.patches.triage.options import OptionChange
-from stack.patches.triage.rules import Bucket, RuleSet
+from stack.patches.triage.rules import Bucket, Change, RuleSet
 from stack.patches.triage.sources import Changes, Side
 
 TRACKING_FILE = Path(__file__).resolve().parents[3] / "patches" / "tracking.yaml"
@@ -66,11 +66,14 @@ def build(
     ledger: LoadedLedger,
     options: list[OptionChange] | None,
     options_note: str | None = None,
+    decisions: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     buckets: dict[str, list[dict[str, Any]]] = {b.value: [] for b in Bucket}
     for c in changes.changes:
         rule = rules.classify(c)
         item: dict[str, Any] = {"ref": c.ref, "title": c.title, "rule": rule.id, "why": rule.why}
+        if decided := _decided(c, decisions or []):
+            item["decided"] = decided
         if c.tags:
             item["tags"] = c.tags
         if c.prs:
@@ -96,6 +99,23 @@ def build(
             "all": [asdict(o) for o in options or []],
         },
     }
+
+
+def _decided(c: Change, decisions: list[dict[str, Any]]) -> str | None:
+    """An earlier decision (tracking file) that names this change by path, commit or PR: not triaged twice."""
+    keys = [c.ref, *(f"#{n}" for n in c.prs)]
+    for d in decisions:
+        text = str(d.get("change", ""))
+        if any(k and k in text for k in keys):
+            return f"{d.get('decision')}: {d.get('reason', '')}"
+    return None
+
+
+def load_decisions(path: Path = TRACKING_FILE) -> list[dict[str, Any]]:
+    try:
+        return list((yaml.safe_load(path.read_text()) or {}).get("decisions") or [])
+    except FileNotFoundError:
+        return []
 
 
 def to_yaml(report: dict[str, Any]) -> str:
@@ -155,7 +175,10 @@ def to_markdown(report: dict[str, Any], *, per_bucket_limit: int = 60) -> str:
         md += [f"## {bucket} ({len(items)})", ""]
         for it in items[:per_bucket_limit]:
             prs = " ".join(f"#{n}" for n in it.get("prs", []))
-            md.append(f"- `{it['ref']}` {it['title']}{' (' + prs + ')' if prs else ''} — _{it['rule']}_")
+            done = f" — **decided earlier**: {it['decided']}" if "decided" in it else ""
+            md.append(
+                f"- `{it['ref']}` {it['title']}{' (' + prs + ')' if prs else ''} — _{it['rule']}_{done}"
+            )
         if len(items) > per_bucket_limit:
             md.append(f"- … {len(items) - per_bucket_limit} more in the YAML report")
         md.append("")
