@@ -183,3 +183,11 @@ def cloud_entry(url: str, group: str = "cloud-small", order: int = 2) -> dict:
     """A gateway.cloud entry that reaches the stand-in through LiteLLM's OpenAI provider."""
     return {"model_name": group, "litellm_params": {"model": "openai/cloud-small", "api_base": f"{url}/v1"},
             "api_key_env": "VSTACK_TEST_CLOUD_KEY", "order": order}  # fmt: skip
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # LiteLLM's own import-time warnings (pydantic ReadOnly, its logging worker's loop) are not ours.
+    for item in items:
+        if "tests/gateway" in str(item.fspath):
+            item.add_marker(pytest.mark.filterwarnings("ignore::UserWarning"))
+            item.add_marker(pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"))
