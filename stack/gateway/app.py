@@ -40,23 +40,30 @@ class BodyLimit:
         for name, value in scope["headers"]:
             if name == b"content-length" and (not value.isdigit() or int(value) > self.limit):
                 return await self._reject(send)
-        seen = 0
-        too_big = False
-
-        async def limited() -> Message:
-            nonlocal seen, too_big
+        if any(name == b"content-length" for name, _ in scope["headers"]):
+            return await self.app(scope, receive, send)
+        # Chunked upload (no Content-Length): read it here, up to the limit, then replay it.
+        chunks, seen = [], 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    too_big = True
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":
+                return await self.app(scope, receive, send)
+            chunks.append(message.get("body", b""))
+            seen += len(chunks[-1])
+            if seen > self.limit:
+                return await self._reject(send)
+            if not message.get("more_body"):
+                break
+        replayed = False
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._reject(send)
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
 
     async def _reject(self, send: Send) -> None:
         body = orjson.dumps(
@@ -78,10 +85,6 @@ class BodyLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def create_app(
