@@ -29,11 +29,11 @@ class ResolvedProfile:
 def resolve_profile(cfg: StackConfig, name: str | None, detected_hardware: str) -> ResolvedProfile:
     """name: a profile, a model (served on the detected hardware), `auto`, or None for `serve:`."""
     target = name or cfg.serve
-    layers: list[tuple[str, dict[str, Any], str]] = []
+    layers: list[tuple[tuple[str, ...], dict[str, Any]]] = []
     if target in cfg.profiles:
         prof = cfg.profiles[target]
         hw_name, model_name, description = prof.hardware, prof.model, prof.description
-        profile_layer = [(f"profiles.{target}.engine", prof.engine, cfg.where("profiles", target, "engine"))]
+        profile_layer = [(("profiles", target, "engine"), prof.engine)]
         profile_env = prof.env
     elif target == "auto" or target in cfg.models:
         model_name = cfg.default_model if target == "auto" else target
@@ -52,10 +52,10 @@ def resolve_profile(cfg: StackConfig, name: str | None, detected_hardware: str) 
     if hw_name not in cfg.hardware:
         raise ConfigError(f"unknown hardware profile {hw_name!r}{suggest(hw_name, cfg.hardware)}")
     hardware, model = cfg.hardware[hw_name], cfg.models[model_name]
-    layers.append((f"hardware.{hw_name}.engine", hardware.engine, cfg.where("hardware", hw_name, "engine")))
-    layers.append((f"models.{model_name}.engine", model.engine, cfg.where("models", model_name, "engine")))
+    layers.append((("hardware", hw_name, "engine"), hardware.engine))
+    layers.append((("models", model_name, "engine"), model.engine))
     layers.extend(profile_layer)
-    layers.append(("engine", cfg.engine, cfg.where("engine")))
+    layers.append((("engine",), cfg.engine))
 
     engine: dict[str, Any] = {}
     origins: dict[str, str] = {}
@@ -63,12 +63,12 @@ def resolve_profile(cfg: StackConfig, name: str | None, detected_hardware: str) 
     if generation:
         engine["override_generation_config"] = generation
         origins["override_generation_config"] = f"{cfg.where('models', model_name, 'sampling')}: models.{model_name}.sampling"
-    for key_path, options, where in layers:
+    for path, options in layers:
         for key, value in options.items():
             if key == "override_generation_config" and isinstance(value, dict):
                 value = {**engine.get(key, {}), **value}
             engine[key] = value
-            origins[key] = f"{where}: {key_path}.{key}"
+            origins[key] = f"{cfg.where(*path, key)}: {'.'.join((*path, key))}"
     engine = {k: v for k, v in engine.items() if v is not None}
     env = {**hardware.env, **model.env, **profile_env, **cfg.env}
     return ResolvedProfile(target, description, hardware, model, engine, origins, env)

