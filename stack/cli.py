@@ -132,8 +132,8 @@ def _dump_catalog(path: Path | None) -> VllmCatalog | None:
 @config_app.command("validate")
 def config_validate(
     profile: Annotated[str | None, typer.Argument(help="profile or model; default: every profile")] = None,
-    options_dump: Annotated[Path | None, typer.Option(help="check against this vLLM options dump "
-                                                      "(../shared/vllm-args format) instead of the installed vLLM")] = None,
+    options_dump: Annotated[Path | None, typer.Option(
+        help="check against this vLLM options dump (../shared/vllm-args format) instead of the installed vLLM")] = None,
 ) -> None:
     """Validate the configuration and each profile's engine options against the installed vLLM."""
 
@@ -147,7 +147,8 @@ def config_validate(
             # The installed vLLM's own parser checks the one named profile; all profiles get the catalog check.
             check = profile is not None and catalog is None
             try:
-                plan = plan_engine(cfg, name, info, catalog=catalog, check=check, port=cfg.port or 8000)
+                plan = plan_engine(cfg, name, info, catalog=catalog, check=check, port=cfg.port or 8000,
+                                   for_launch=False)
                 if catalog is None:
                     catalog = plan.catalog
             except StackError as exc:
@@ -157,6 +158,9 @@ def config_validate(
                 continue
             out.print(f"[green]✓[/] {name} [dim]({plan.resolved.hardware.name} + {plan.resolved.model.name}, "
                       f"{plan.catalog.distribution} {plan.catalog.version})[/]")
+            for note in plan.notes:
+                if note.startswith("not servable here"):
+                    out.print(f"    [dim]{note}[/]", highlight=False)
             for warning in plan.rendered.warnings:
                 out.print(f"    [yellow]warning:[/] {warning}", highlight=False)
         if failed:
@@ -178,7 +182,8 @@ def config_render(
 
     def body() -> None:
         cfg = _load()
-        plan = plan_engine(cfg, profile, detect(), catalog=_dump_catalog(options_dump), check=False)
+        plan = plan_engine(cfg, profile, detect(), catalog=_dump_catalog(options_dump), check=False,
+                           for_launch=False)
         if as_json:
             secrets = plan.rendered.secret_values
             out.print_json(data={

@@ -237,7 +237,9 @@ def load_config(
 
     class _Loaded(StackSettings):
         @classmethod
-        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings):
+        def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                       file_secret_settings):
+            # CLI values > VSTACK_* environment > YAML (user file > built-in); no dotenv or secrets dir.
             return (init_settings, env_settings, _LayerSource(settings_cls, data))
 
     try:

@@ -62,7 +62,8 @@ def resolve_profile(cfg: StackConfig, name: str | None, detected_hardware: str) 
     generation = model.sampling.as_generation_config()
     if generation:
         engine["override_generation_config"] = generation
-        origins["override_generation_config"] = f"{cfg.where('models', model_name, 'sampling')}: models.{model_name}.sampling"
+        where = cfg.where("models", model_name, "sampling")
+        origins["override_generation_config"] = f"{where}: models.{model_name}.sampling"
     for path, options in layers:
         for key, value in options.items():
             if key == "override_generation_config" and isinstance(value, dict):

