@@ -217,7 +217,7 @@ def _argv(target: str, folder: Path, options: dict[str, Any]) -> list[str]:
         base = [sys.executable, "-m", "stack.engine.vllm_compat", "serve", str(folder)]
     else:
         base = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
-    argv = base + ["--load-format", "dummy", "--host", "127.0.0.1", "--port", str(_free_port())]
+    argv = [*base, "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(_free_port())]
     for key, value in options.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
@@ -274,7 +274,7 @@ def run_engine(
 def gpu_total_bytes() -> int:
     import torch
 
-    free, total = torch.cuda.mem_get_info()
+    _free, total = torch.cuda.mem_get_info()
     return int(total)
 
 
@@ -335,7 +335,8 @@ def predict(run: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     options = run["options"]
     shape = parse_config(run["config"], run["name"])
     weights = weights_from_config(shape).on_load(options.get("quantization"))
-    hardware = load_config().hardware["h100-80gb" if result["target"] == "gpu" else "cpu"]
+    name = "cpu" if result["target"] == "cpu" else "h200" if "H200" in result.get("device", "") else "h100-80gb"
+    hardware = load_config().hardware[name]
     dtype_bytes = KV_DTYPE_BYTES.get(options.get("kv_cache_dtype", "auto")) or shape.dtype_bytes
     accelerator = result["target"]
     kv = KvGeometry(shape, dtype_bytes, block_size_for(shape, accelerator, options.get("block_size")))
@@ -345,7 +346,7 @@ def predict(run: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
             shape=shape,
             weights_total=weights,
             total_per_gpu=result["total_bytes"],
-            utilization=float(options.get("gpu_memory_utilization", 0.9)),
+            utilization=float(options.get("gpu_memory_utilization", 0.92)),
             tp=1,
             batched_tokens=batched,
             num_seqs=int(options.get("max_num_seqs") or hardware.planner.default_max_num_seqs),

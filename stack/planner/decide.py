@@ -25,7 +25,7 @@ from stack.planner.model_meta import ModelShape
 from stack.planner.plan import Decision, Plan, Request
 from stack.planner.weights import Weights
 
-VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default (CacheConfig.gpu_memory_utilization)
+VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default, 0.26 to 0.32 (config/cache.py; seen in its log)
 TP_CHOICES = (1, 2, 4, 8, 16)
 # A context shorter than this is not worth serving: refuse instead.
 MIN_CONTEXT = 1024

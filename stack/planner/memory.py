@@ -23,15 +23,22 @@ from stack.planner.model_meta import ModelShape
 GIB = 1024**3
 KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
                   "fp8_inc": 1, "fp8_ds_mla": 1}
-# The dummy sampler pass keeps, per logit: the fp32 logits, the sorted values and their int64 indices for
-# top-k/top-p, and the probabilities. Calibrated against vLLM's measured peak (bench/planner_check.py).
-SAMPLER_BYTES_PER_LOGIT = 20
+# The figures below are calibrated against vLLM's own profile (bench/planner_check.py, H200, vLLM 0.26.0,
+# 2026-11-21: torch peak 0.88-1.13 GiB for dense 8-9B shapes at 8192 batched tokens, 1.04 GiB for a 7B at 2048
+# compiled, 2.68 GiB for a 128-expert MoE).
+# The dummy sampler pass holds about one fp32 copy of the logits (max_num_seqs rows x vocabulary).
+SAMPLER_BYTES_PER_LOGIT = 4
 # Forward pass, per token: the gated MLP's intermediate activations dominate (gate+up output, act output),
 # plus a few hidden-size buffers (residual, norm output, attention output, QKV).
 HIDDEN_BUFFERS_PER_TOKEN = 4
-# CUDA graphs: vLLM captures ~67 batch sizes; each graph's private pool holds per-layer intermediates.
-CUDAGRAPH_BASE_GIB = 0.15
-CUDAGRAPH_GIB_PER_LAYER = 0.01
+# Fused MoE keeps several hidden-size copies per routed token (permuted input, expert output, reduction).
+MOE_HIDDEN_COPIES = 4
+# A torch.compile'd profile pass peaked at ~1 GiB even at 2048 batched tokens (inductor buffers).
+COMPILED_PEAK_FLOOR_GIB = 1.0
+# CUDA graphs: vLLM 0.26 profiles their memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS) but deducted none
+# from the KV cache in every run measured; the graphs live in the headroom above gpu_memory_utilization.
+CUDAGRAPH_BASE_GIB = 0.0
+CUDAGRAPH_GIB_PER_LAYER = 0.0
 # NCCL and custom all-reduce buffers per GPU when tensor parallel.
 TP_COMM_GIB = 0.3
 
@@ -122,19 +129,21 @@ class KvGeometry:
         return low * step
 
 
-def activation_peak_bytes(shape: ModelShape, batched_tokens: int, num_seqs: int, tp: int) -> int:
+def activation_peak_bytes(shape: ModelShape, batched_tokens: int, num_seqs: int, tp: int,
+                          compiled: bool = False) -> int:
     """The transient peak vLLM measures in its profile run, per GPU."""
     b = shape.dtype_bytes
     mats = 3 if shape.gated_mlp else 2
     if shape.is_moe:
         inter = shape.experts_per_token * shape.moe_intermediate_size + shape.shared_expert_intermediate_size
-        extra = shape.experts_per_token * shape.hidden_size  # the fused-MoE output cache, per routed copy
+        extra = MOE_HIDDEN_COPIES * shape.experts_per_token * shape.hidden_size
     else:
         inter, extra = shape.intermediate_size, 0
     forward = batched_tokens * b * (mats * inter / tp + HIDDEN_BUFFERS_PER_TOKEN * shape.hidden_size + extra)
     # The dummy sampler pass takes min(max_num_seqs, max_num_batched_tokens) rows of logits (full vocab).
     sampler = min(num_seqs, batched_tokens) * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT
-    return int(max(forward, sampler))
+    floor = COMPILED_PEAK_FLOOR_GIB * GIB if compiled else 0
+    return int(max(forward, sampler, floor))
 
 
 def cudagraph_bytes(shape: ModelShape, enforce_eager: bool) -> int:
@@ -172,7 +181,7 @@ def gpu_budget(*, shape: ModelShape, weights_total: int, total_per_gpu: int, uti
     # Weights are split across ranks (embeddings and lm_head too: vocab-parallel); norms are replicated
     # but small.
     weights = math.ceil(weights_total / tp)
-    activation = activation_peak_bytes(shape, batched_tokens, num_seqs, tp)
+    activation = activation_peak_bytes(shape, batched_tokens, num_seqs, tp, compiled=not enforce_eager)
     runtime = int((runtime_gib + (TP_COMM_GIB if tp > 1 else 0)) * GIB)
     graphs = cudagraph_bytes(shape, enforce_eager)
     kv = requested - weights - activation - runtime - graphs
