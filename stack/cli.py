@@ -28,6 +28,7 @@ from stack.engine.state import EngineRecord, StateStore
 from stack.errors import EngineError, StackError
 from stack.hardware import GIB, detect, match_profile
 from stack.patches.cli import app as patches_app
+from stack.planner.cli import plan_command
 
 app = typer.Typer(help="vllm-stack: run open models on your own GPUs.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -36,6 +37,7 @@ models_app = typer.Typer(help="Model files: list, pull.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
 app.add_typer(patches_app, name="patches")
+app.command("plan")(plan_command)
 
 out = Console()
 err = Console(stderr=True)
