@@ -38,7 +38,8 @@ def test_context_that_does_not_fit_gives_the_longest_that_does(cfg: StackConfig)
     with pytest.raises(FitError) as err:
         plan_model(cfg, "meta-llama/Llama-3.1-8B-Instruct", "rtx4090", Request(context=131072),
                    engine={"kv_cache_dtype": "auto"})
-    assert err.value.message.startswith("a 131072-token context needs 16.0 GiB of KV cache; after the weights (15.0 GiB)")
+    assert err.value.message.startswith(
+        "a 131072-token context needs 16.0 GiB of KV cache; after the weights (15.0 GiB)")
     assert "max_model_len" in (err.value.hint or "") and "gpu_memory_utilization 0.92" in (err.value.hint or "")
 
 
