@@ -43,18 +43,26 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in {"1", "true", "yes"} or not _hub_reachable()
 
 
-@lru_cache(maxsize=1)
+def _endpoint() -> str | None:
+    # Read at call time (huggingface_hub reads HF_ENDPOINT once, at import): mirrors and test stand-ins.
+    return os.environ.get("HF_ENDPOINT") or None
+
+
 def _hub_reachable() -> bool:
+    return _reachable(_endpoint() or "https://huggingface.co")
+
+
+@lru_cache(maxsize=8)
+def _reachable(endpoint: str) -> bool:
     """One quick connection attempt: huggingface_hub retries for ~25 s before it gives up on a dead network."""
     if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return True  # the proxy decides; let huggingface_hub try
     from urllib.parse import urlparse
 
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
     try:
-        socket.create_connection((url.hostname or "huggingface.co", url.port or 443), timeout=3).close()
+        socket.create_connection((url.hostname or "huggingface.co", port), timeout=3).close()
     except OSError:
         return False
     return True
@@ -68,7 +76,7 @@ def _hub_config(repo_id: str, revision: str, token: str | None) -> tuple[dict[st
 
     try:
         path = hf_hub_download(repo_id, "config.json", revision=revision, token=token,
-                               local_files_only=_hub_offline())
+                               local_files_only=_hub_offline(), endpoint=_endpoint())
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, httpx.HTTPError):
         return None
     return _read_json(Path(path)), f"config.json of {repo_id}@{revision} (Hugging Face Hub)"
@@ -81,7 +89,7 @@ def _hub_weights(repo_id: str, revision: str, token: str | None) -> Weights | No
     from huggingface_hub.errors import HfHubHTTPError, NotASafetensorsRepoError
 
     try:
-        return weights_from_hub(repo_id, revision, token)
+        return weights_from_hub(repo_id, revision, token, endpoint=_endpoint())
     except (NotASafetensorsRepoError, HfHubHTTPError, OSError, httpx.HTTPError):
         return None
 
