@@ -29,23 +29,15 @@ def test_up_answers_paris_and_down_leaves_nothing(vstack: Vstack) -> None:
         )
         assert "Paris" in reply.choices[0].message.content
         assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+        # A second `up` must not start a twin next to the running engine.
+        second = vstack("up", timeout=120)
+        assert second.returncode != 0 and "already running" in second.stderr
+        assert len(vstack.status()) == 1
     finally:
         down = vstack("down", timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert alive(procs) == [], "vstack down left processes behind"
     assert vstack.status() == []
-
-
-def test_second_up_while_running_is_refused(vstack: Vstack) -> None:
-    # Runs after the first test's engine is gone: start, then a second `up` must not start a twin.
-    first = vstack("up")
-    assert first.returncode == 0, first.stderr
-    try:
-        second = vstack("up", timeout=120)
-        assert second.returncode != 0 and "already running" in second.stderr
-        assert len(vstack.status()) == 1
-    finally:
-        assert vstack("down", timeout=120).returncode == 0
 
 
 def test_failed_start_shows_the_log_and_leaves_nothing(vstack: Vstack, tmp_path: Path) -> None:
