@@ -25,7 +25,8 @@ ENV_PREFIX = "VSTACK_"
 ENV_CONFIG_FILE = "VSTACK_CONFIG"
 ENV_CONFIG_DIR = "VSTACK_CONFIG_DIR"
 # VSTACK_* variables that are not settings fields (read elsewhere on purpose).
-ENV_NOT_SETTINGS = {ENV_CONFIG_FILE, ENV_CONFIG_DIR, "VSTACK_FORCE_CPU"}
+ENV_NOT_SETTINGS = {ENV_CONFIG_FILE, ENV_CONFIG_DIR, "VSTACK_FORCE_CPU", "VSTACK_RUNTIME_PATCHES",
+                    "VSTACK_DISABLE_PATCHES", "VSTACK_VENV"}
 
 
 def builtin_config_dir() -> Path:
@@ -188,16 +189,19 @@ class StackSettings(BaseSettings, StackConfig):
 
 
 def _env_origins(origins: Origins) -> None:
-    """Record where env values come from; a VSTACK_ variable that names no setting is an error, not ignored."""
+    """Record where env values come from. A VSTACK_ variable that looks like a misspelt setting is an error;
+    others are left alone (configs name VSTACK_* variables that hold keys, e.g. VSTACK_API_KEY)."""
     problems = []
     for key in os.environ:
         upper = key.upper()
         if upper.startswith(ENV_PREFIX) and upper not in ENV_NOT_SETTINGS:
             path = tuple(part.lower() for part in upper[len(ENV_PREFIX) :].split("__"))
-            origins.set(path, f"environment variable {key}")
-            if path[0] not in StackConfig.model_fields:
-                problems.append(f"environment variable {key}: {path[0]}: unknown setting"
-                                f"{suggest(path[0], StackConfig.model_fields)}")
+            if path[0] in StackConfig.model_fields:
+                origins.set(path, f"environment variable {key}")
+                continue
+            near = suggest(path[0], StackConfig.model_fields)
+            if near:
+                problems.append(f"environment variable {key}: {path[0]}: unknown setting{near}")
     if problems:
         raise ConfigError(problems, hint="unset the variable or fix its name (VSTACK_<SETTING>[__<KEY>...])")
 

@@ -59,10 +59,17 @@ def test_bad_value_from_environment_names_the_variable(config_dir: Path, monkeyp
     assert "environment variable VSTACK_PORT: port:" in text
 
 
-def test_unknown_key_from_environment(config_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_misspelt_setting_in_environment_is_an_error(config_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VSTACK_STARTUP_TIMOUT_S", "5")
     text = _error(config_dir)
     assert "startup_timout_s" in text and "did you mean 'startup_timeout_s'" in text
+
+
+def test_key_holding_variables_are_not_settings(config_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Configs name VSTACK_* variables that hold secrets (VSTACK_API_KEY); those are not misspelt settings.
+    monkeypatch.setenv("VSTACK_API_KEY", "sk-local")
+    monkeypatch.setenv("VSTACK_RUNTIME_PATCHES", "0")
+    assert load_config(builtin_dir=config_dir).port == 8000
 
 
 def test_invalid_yaml_names_file_and_line(config_dir: Path) -> None:
