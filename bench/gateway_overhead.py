@@ -92,9 +92,7 @@ async def one_stream(session: aiohttp.ClientSession, t: Target, max_tokens: int)
     return time.perf_counter() - start, ttft
 
 
-async def load(
-    t: Target, concurrency: int, requests: int | None, seconds: float | None, max_tokens: int
-) -> Sample:
+async def load(t: Target, concurrency: int, requests: int | None, seconds: float | None, max_tokens: int) -> Sample:
     """Closed loop: `concurrency` clients, each sending its next request when the last one ended."""
     e2e: list[float] = []
     ttft: list[float] = []
@@ -102,9 +100,7 @@ async def load(
     deadline = time.perf_counter() + seconds if seconds else None
     remaining = [requests or 0]
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=300)
-    ) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
 
         async def client() -> None:
             nonlocal errors
@@ -192,9 +188,7 @@ async def run(args: argparse.Namespace) -> dict:
     try:
         paced, fast = free_port(), free_port()
         mock = [PY, "bench/mock_upstream.py", "--chunks", str(args.chunks)]
-        procs.start(
-            "mock-paced", [*mock, "--port", str(paced), "--delay-ms", str(args.cadence_ms), "--name", "paced"]
-        )
+        procs.start("mock-paced", [*mock, "--port", str(paced), "--delay-ms", str(args.cadence_ms), "--name", "paced"])
         procs.start("mock-fast", [*mock, "--port", str(fast), "--name", "fast"])
         upstreams = {
             "paced": (f"http://127.0.0.1:{paced}", "paced"),
@@ -211,9 +205,7 @@ async def run(args: argparse.Namespace) -> dict:
         litellm_config(upstreams, cfg)
         env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
         litellm_bin = str(Path(PY).with_name("litellm"))
-        procs.start(
-            "litellm", [litellm_bin, "--config", str(cfg), "--port", str(lt), "--num_workers", "1"], env
-        )
+        procs.start("litellm", [litellm_bin, "--config", str(cfg), "--port", str(lt), "--num_workers", "1"], env)
         auth = {"Authorization": f"Bearer {MASTER_KEY}"}
         await wait_http(f"http://127.0.0.1:{paced}/health", 30)
         await wait_http(f"http://127.0.0.1:{fast}/health", 30)
@@ -235,14 +227,12 @@ async def run(args: argparse.Namespace) -> dict:
             per: dict[str, Sample] = {}
             for _ in range(args.rounds):
                 for t in targets("paced"):
-                    s = await load(t, c, args.requests, None, args.chunks)
+                    s = await load(t, c, max(args.requests, args.requests_per_client * c), None, args.chunks)
                     prev = per.get(t.name)
                     per[t.name] = (
                         s
                         if prev is None
-                        else Sample(
-                            prev.e2e + s.e2e, prev.ttft + s.ttft, prev.errors + s.errors, prev.wall + s.wall
-                        )
+                        else Sample(prev.e2e + s.e2e, prev.ttft + s.ttft, prev.errors + s.errors, prev.wall + s.wall)
                     )
             results["latency"].append(summarise_latency(c, per))
             print_row_latency(results["latency"][-1])
@@ -341,11 +331,10 @@ def machine() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    ap.add_argument("--requests", type=int, default=320, help="per target, concurrency and round (latency)")
+    ap.add_argument("--requests", type=int, default=100, help="at least this many per target and round (latency)")
+    ap.add_argument("--requests-per-client", type=int, default=20, help="latency: requests = max(this x c, --requests)")
     ap.add_argument("--chunks", type=int, default=20)
-    ap.add_argument(
-        "--cadence-ms", type=float, default=10, help="paced mock: ms between chunks, like an engine"
-    )
+    ap.add_argument("--cadence-ms", type=float, default=10, help="paced mock: ms between chunks, like an engine")
     ap.add_argument("--throughput-concurrency", type=int, default=32)
     ap.add_argument("--throughput-seconds", type=float, default=8)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (direct, vstack, litellm)")
@@ -365,10 +354,7 @@ def main() -> None:
     except ImportError:
         pass
     info = machine()
-    print(
-        f"# {info['date']} | {info['cpu']} x{info['cores']} | "
-        f"python {info['python']} | litellm {info['litellm']}"
-    )
+    print(f"# {info['date']} | {info['cpu']} x{info['cores']} | python {info['python']} | litellm {info['litellm']}")
     results = asyncio.run(run(args))
     results["machine"] = info
     results["args"] = vars(args)
