@@ -6,6 +6,7 @@ Mounted by stack/cli.py as `app.command("plan")(plan_command)`; also runs alone:
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 import typer
@@ -93,7 +94,9 @@ def print_plan(plan: Plan, console: Console) -> None:
     for col in ("setting", "value", "from", "why"):
         table.add_column(col, overflow="fold")
     for d in plan.decisions:
-        source = d.source + (f" ({d.origin})" if d.origin else "")
+        # "configs/models/x.yaml: models.x.engine.max_model_len" -> "models.x": the row already names the key
+        where = re.sub(r"\.engine\.\w+$", "", d.origin.split(": ")[-1]) if d.origin else ""
+        source = d.source + (f" ({where})" if where else "")
         table.add_row(d.key, str(d.value), source, d.reason)
     console.print(table)
     for note in plan.notes:

@@ -330,8 +330,6 @@ def _notes(inp: FitInput, fit: _Fit) -> list[str]:
     if inp.engine.get("quantization") and fit.weights != inp.weights.total_bytes:
         notes.append(f"weights quantized to {inp.engine['quantization']} on load: "
                      f"{gib(inp.weights.total_bytes)} on disk, {gib(fit.weights)} on the GPU")
-    if "estimated" in inp.weights.source:
-        notes.append("weight bytes estimated from config.json (no safetensors metadata at hand)")
     if inp.shape.is_mla and fit.tp > 1:
         notes.append("MLA keeps the whole latent KV cache on every GPU: more GPUs do not add KV capacity per rank")
     if inp.shape.num_kv_heads < fit.tp and not inp.shape.is_mla:
