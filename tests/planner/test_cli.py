@@ -23,7 +23,7 @@ def test_prints_budget_and_decisions() -> None:
     result = runner.invoke(_app(), ["plan", "qwen2.5-7b-instruct", "--gpu", "rtx4090"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     for text in ("memory budget (per GPU)", "weights", "KV cache (free)", "57,344 bytes per token",
-                 "max_model_len", "hardware.rtx4090.engine.gpu_memory_utilization"):
+                 "max_model_len", "profile (hardware.rtx4090)"):
         assert text in result.output
 
 
