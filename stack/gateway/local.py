@@ -18,9 +18,10 @@ import orjson
 from stack.gateway.errors import UpstreamError, envelope
 from stack.gateway.registry import Deployment
 
-# vLLM 0.26-0.33: "This model's maximum context length is N tokens ..." / "... is too long"
+# vLLM 0.26-0.33: "This model's maximum context length is N tokens ...", "max_tokens=N cannot be greater
+# than max_model_len=M", "... is too long"
 CONTEXT_RE = re.compile(
-    rb"maximum context length|context length is|prompt is too long|input is too long", re.I
+    rb"maximum context length|context length is|greater than max_model_len|prompt is too long|input is too long", re.I
 )
 
 

@@ -32,9 +32,7 @@ def client(gw) -> openai.OpenAI:
 
 
 def test_chat_answers_from_the_engine(client) -> None:
-    raw = client.chat.completions.with_raw_response.create(
-        model="default", messages=ASK, max_tokens=20, temperature=0
-    )
+    raw = client.chat.completions.with_raw_response.create(model="default", messages=ASK, max_tokens=20, temperature=0)
     assert raw.headers["x-vstack-deployment"] == "engine"
     reply = raw.parse()
     assert reply.model == SERVED
@@ -60,13 +58,9 @@ def test_streaming_with_usage(client) -> None:
 def test_n_stop_seed(client) -> None:
     two = client.chat.completions.create(model=SERVED, messages=ASK, max_tokens=8, n=2, temperature=1, seed=7)
     assert len(two.choices) == 2
-    again = client.chat.completions.create(
-        model=SERVED, messages=ASK, max_tokens=8, n=2, temperature=1, seed=7
-    )
+    again = client.chat.completions.create(model=SERVED, messages=ASK, max_tokens=8, n=2, temperature=1, seed=7)
     assert [c.message.content for c in again.choices] == [c.message.content for c in two.choices]
-    stopped = client.chat.completions.create(
-        model=SERVED, messages=ASK, max_tokens=30, temperature=0, stop=[" "]
-    )
+    stopped = client.chat.completions.create(model=SERVED, messages=ASK, max_tokens=30, temperature=0, stop=[" "])
     assert " " not in stopped.choices[0].message.content.strip()
     assert stopped.choices[0].finish_reason == "stop"
 
@@ -95,9 +89,7 @@ def test_json_schema_output_parses_and_validates(client) -> None:
 
 
 def test_logprobs(client) -> None:
-    reply = client.chat.completions.create(
-        model=SERVED, messages=ASK, max_tokens=4, logprobs=True, top_logprobs=2
-    )
+    reply = client.chat.completions.create(model=SERVED, messages=ASK, max_tokens=4, logprobs=True, top_logprobs=2)
     first = reply.choices[0].logprobs.content[0]
     assert first.logprob <= 0 and len(first.top_logprobs) == 2
 
@@ -127,8 +119,11 @@ def test_completions_and_extra_vllm_params(client) -> None:
 
 
 def test_context_too_long_is_400(client) -> None:
-    with pytest.raises(openai.BadRequestError, match="context"):
+    with pytest.raises(openai.BadRequestError, match="max_model_len"):
         client.chat.completions.create(model=SERVED, messages=ASK, max_tokens=5000)
+    long = [{"role": "user", "content": "word " * 3000}]
+    with pytest.raises(openai.BadRequestError, match=r"context length|max_model_len|too long"):
+        client.chat.completions.create(model=SERVED, messages=long, max_tokens=5)
 
 
 def _running(engine_url: str) -> float:
