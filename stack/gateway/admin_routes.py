@@ -57,9 +57,7 @@ async def models(request: Request) -> dict[str, Any]:
     out = []
     for group, deps in sorted(state.registry.groups().items()):
         ready = [d for d in deps if d.state == "ready" and d.id not in cooling]
-        status = (
-            "ready" if ready else ("starting" if any(d.state == "starting" for d in deps) else "unavailable")
-        )
+        status = "ready" if ready else ("starting" if any(d.state == "starting" for d in deps) else "unavailable")
         out.append(
             {
                 "model": group,
@@ -98,9 +96,7 @@ async def add_deployment(spec: NewDeployment, request: Request) -> dict[str, Any
         )
     else:
         if spec.cloud is None:
-            raise InvalidRequest(
-                "a cloud deployment needs `cloud` (litellm_params, api_key_env)", param="cloud"
-            )
+            raise InvalidRequest("a cloud deployment needs `cloud` (litellm_params, api_key_env)", param="cloud")
         dep = cloud_deployment(spec.cloud, spec.id or state.registry.new_id("cloud"))
         dep.model_group = spec.model_group
     if state.registry.get(dep.id) is not None:

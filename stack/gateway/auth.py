@@ -33,9 +33,7 @@ class KeyRing:
         digests: dict[str, bytes] = {}
         for i, ref in enumerate(refs):
             if ref.sha256:
-                digests[ref.name if ref.name not in digests else f"{ref.name}#{i}"] = bytes.fromhex(
-                    ref.sha256
-                )
+                digests[ref.name if ref.name not in digests else f"{ref.name}#{i}"] = bytes.fromhex(ref.sha256)
                 continue
             value = env.get(ref.env or "", "")
             if not value:
@@ -104,9 +102,7 @@ def is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
-def require_admin(
-    ring: KeyRing, authorization: str | None, api_key_header: str | None, client_host: str | None
-) -> str:
+def require_admin(ring: KeyRing, authorization: str | None, api_key_header: str | None, client_host: str | None) -> str:
     if not ring.enabled:
         if is_loopback(client_host):
             return "loopback"

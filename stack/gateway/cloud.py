@@ -34,9 +34,7 @@ def classify(dep: Deployment, exc: Exception, secret: str | None) -> UpstreamErr
     message = scrub(str(getattr(exc, "message", "") or exc), secret)
     if isinstance(exc, litellm.ContextWindowExceededError):
         body = orjson.dumps(envelope(message, "invalid_request_error", "messages", "context_length_exceeded"))
-        return UpstreamError(
-            message, status=400, retryable=False, reason="context_window", upstream_body=body
-        )
+        return UpstreamError(message, status=400, retryable=False, reason="context_window", upstream_body=body)
     if isinstance(exc, litellm.Timeout):
         return UpstreamError(f"{dep.id} timed out", status=504, reason="timeout")
     if isinstance(exc, litellm.APIConnectionError) and status in (0, 500):

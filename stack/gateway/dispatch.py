@@ -91,9 +91,7 @@ class Dispatcher:
             step = steps.popleft()
             while (dep := await self.routing.pick(step.group, excluded)) is not None:
                 reason = (
-                    None
-                    if last is None
-                    else ("context_window" if step.reason == "context_window" else last.reason)
+                    None if last is None else ("context_window" if step.reason == "context_window" else last.reason)
                 )
                 if reason is not None:
                     self.metrics.fallbacks.labels(previous or group, step.group, reason).inc()
@@ -120,11 +118,7 @@ class Dispatcher:
         if last is not None and last.status == 429:
             raise RateLimited(f"every deployment of `{group}` is rate limited", headers=retry_after)
         starting = [d.id for d in self.routing.registry.groups().get(group, []) if d.state == "starting"]
-        why = (
-            f"`{group}` is starting"
-            if starting and last is None
-            else f"no deployment of `{group}` can serve now"
-        )
+        why = f"`{group}` is starting" if starting and last is None else f"no deployment of `{group}` can serve now"
         raise NoDeployment(f"{why}; retry later", headers=retry_after)
 
     # -- one attempt ------------------------------------------------------------------------------
@@ -146,18 +140,14 @@ class Dispatcher:
         if not stream or not resp.content_type.startswith("text/event-stream"):
             raw = await self.local.read(resp, at.dep)
             self._finish(at, "200", _usage(raw))
-            return Response(
-                raw, resp.status, headers=headers, media_type=resp.content_type or "application/json"
-            )
+            return Response(raw, resp.status, headers=headers, media_type=resp.content_type or "application/json")
         hooks = self._stream_hooks(at)
         gen = local.relay(resp, strip_usage=strip_usage, **{k: v for k, v in hooks.items() if k != "on_end"})
         return StreamingResponse(
             _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
         )
 
-    async def _cloud(
-        self, endpoint: str, body: dict[str, Any], at: Attempt, headers: dict[str, str]
-    ) -> Response:
+    async def _cloud(self, endpoint: str, body: dict[str, Any], at: Attempt, headers: dict[str, str]) -> Response:
         result = await self.cloud.call(at.dep, endpoint, body)
         if not body.get("stream") or endpoint == "embeddings":
             usage = getattr(result, "usage", None)

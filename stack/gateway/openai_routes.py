@@ -25,9 +25,7 @@ router = APIRouter(prefix="/v1", dependencies=[Depends(client_key)])
 def _check_limits(state: GatewayState, max_tokens: int | None, param: str) -> None:
     limit = state.settings.max_tokens_limit
     if max_tokens is not None and max_tokens > limit:
-        raise InvalidRequest(
-            f"'{param}' is too large: {max_tokens} (this gateway allows at most {limit})", param=param
-        )
+        raise InvalidRequest(f"'{param}' is too large: {max_tokens} (this gateway allows at most {limit})", param=param)
 
 
 async def _forward(request: Request, endpoint: str) -> Response:

@@ -27,9 +27,7 @@ class KeyRef(_Strict):
     name: str = Field("default", description="shown in logs and metrics instead of the key")
     sha256: str | None = Field(None, description="hex SHA-256 of the key: `vstack gateway hash-key`")
     env: str | None = Field(None, description="environment variable holding the key")
-    optional: bool = Field(
-        False, description="an unset `env` variable disables this entry instead of failing"
-    )
+    optional: bool = Field(False, description="an unset `env` variable disables this entry instead of failing")
 
     @model_validator(mode="after")
     def _one_source(self) -> KeyRef:
@@ -46,9 +44,7 @@ class CloudDeployment(_Strict):
     """A model reached through a LiteLLM provider (OpenAI, Anthropic, Bedrock, ...)."""
 
     model_name: str = Field(description="the model group clients (or fallbacks) ask for")
-    litellm_params: dict[str, Any] = Field(
-        description="LiteLLM params: model: openai/gpt-4o-mini, api_base, ..."
-    )
+    litellm_params: dict[str, Any] = Field(description="LiteLLM params: model: openai/gpt-4o-mini, api_base, ...")
     api_key_env: str | None = Field(None, description="environment variable holding the provider key")
     context_window: int | None = Field(None, gt=0, description="tokens; used for context-window fallbacks")
     order: int = Field(2, ge=1, description="lower is tried first within a model group (local engines are 1)")
@@ -82,9 +78,9 @@ class GatewayConfig(_Strict):
     context_window_fallbacks: dict[str, list[str]] = Field(
         default_factory=dict, description="model group -> groups with a larger context window"
     )
-    routing_strategy: Literal[
-        "simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2"
-    ] = "simple-shuffle"
+    routing_strategy: Literal["simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2"] = (
+        "simple-shuffle"
+    )
     api_keys: list[KeyRef] = Field(
         default_factory=list, description="keys accepted on /v1/*; none configured means no key is required"
     )

@@ -35,9 +35,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(
-    url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None
-) -> None:
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:

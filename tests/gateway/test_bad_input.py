@@ -26,9 +26,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory):
         max_tokens_limit=4096,
     )
     env = {"CI_KEY": "sk-ci-key-000003", "ADMIN_KEY": ADMIN}
-    with run_gateway(
-        settings, default_model="smol", deployments=[local("e1", mock.url, "smol")], environ=env
-    ) as g:
+    with run_gateway(settings, default_model="smol", deployments=[local("e1", mock.url, "smol")], environ=env) as g:
         yield g
     stop(mock.proc)
 

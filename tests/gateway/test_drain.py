@@ -18,9 +18,7 @@ def test_sigterm_lets_the_open_stream_finish(tmp_path) -> None:
     port = free_port()
     log = tmp_path / "gateway.log"
     argv = [sys.executable, "-m", "stack.gateway", "--port", str(port), "--upstream", f"smol={mock.url}"]
-    gw = subprocess.Popen(
-        argv, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True
-    )
+    gw = subprocess.Popen(argv, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 60, gw, log)
         body = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "stream": True}

@@ -32,9 +32,7 @@ def client(url: str, key: str = "unused") -> openai.OpenAI:
 
 def test_local_first_then_header_and_metrics(engine_mock, cloud_mock) -> None:
     settings = GatewayConfig(cloud=[cloud_entry(cloud_mock.url, group="smol", order=2)])
-    with run_gateway(
-        settings, default_model="smol", deployments=[local("local-a", engine_mock.url, "smol")]
-    ) as gw:
+    with run_gateway(settings, default_model="smol", deployments=[local("local-a", engine_mock.url, "smol")]) as gw:
         raw = client(gw.url).chat.completions.with_raw_response.create(model="default", messages=MSG)
         assert raw.headers["x-vstack-deployment"] == "local-a"
         stream = client(gw.url).chat.completions.create(model="smol", messages=MSG, stream=True)
@@ -42,10 +40,7 @@ def test_local_first_then_header_and_metrics(engine_mock, cloud_mock) -> None:
         assert all(c.usage is None for c in chunks)  # usage we asked for on the client's behalf is dropped
         metrics = httpx.get(f"{gw.url}/metrics").text
         assert 'vstack_gateway_requests_total{deployment="local-a",model="smol",status="200"} 2.0' in metrics
-        assert (
-            'vstack_gateway_tokens_total{deployment="local-a",direction="completion",model="smol"} 10.0'
-            in metrics
-        )
+        assert 'vstack_gateway_tokens_total{deployment="local-a",direction="completion",model="smol"} 10.0' in metrics
 
 
 def test_dead_engine_falls_back_to_cloud_without_client_error(cloud_mock) -> None:
@@ -59,17 +54,12 @@ def test_dead_engine_falls_back_to_cloud_without_client_error(cloud_mock) -> Non
         chunks = list(client(gw.url).chat.completions.create(model="smol", messages=MSG, stream=True))
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).startswith("tok")
         metrics = httpx.get(f"{gw.url}/metrics").text
-        assert (
-            'vstack_gateway_fallbacks_total{from_model="smol",reason="connect",to_model="cloud-small"}'
-            in metrics
-        )
+        assert 'vstack_gateway_fallbacks_total{from_model="smol",reason="connect",to_model="cloud-small"}' in metrics
 
 
 def test_no_fallback_gives_clean_503_with_retry_after() -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    with run_gateway(
-        GatewayConfig(), default_model="smol", deployments=[local("local-a", dead, "smol")]
-    ) as gw:
+    with run_gateway(GatewayConfig(), default_model="smol", deployments=[local("local-a", dead, "smol")]) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "smol", "messages": MSG})
         assert r.status_code == 503
         assert r.headers["retry-after"] == "5"
@@ -115,10 +105,7 @@ def test_upstream_429_everywhere_is_429(engine_mock) -> None:
 def test_aliases_models_list_and_runtime_registration(engine_mock) -> None:
     settings = GatewayConfig(aliases={"fast": "smol"})
     with run_gateway(settings, default_model="smol") as gw:
-        assert (
-            httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "fast", "messages": MSG}).status_code
-            == 404
-        )
+        assert httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "fast", "messages": MSG}).status_code == 404
         spec = {"model_group": "smol", "api_base": engine_mock.url, "id": "engine-1"}
         r = httpx.post(f"{gw.url}/admin/deployments", json=spec)
         assert r.status_code == 201, r.text
@@ -138,18 +125,14 @@ def test_aliases_models_list_and_runtime_registration(engine_mock) -> None:
 
 
 def test_engine_metrics_are_reachable_through_the_gateway(engine_mock) -> None:
-    with run_gateway(
-        GatewayConfig(), default_model="smol", deployments=[local("e1", engine_mock.url, "smol")]
-    ) as gw:
+    with run_gateway(GatewayConfig(), default_model="smol", deployments=[local("e1", engine_mock.url, "smol")]) as gw:
         assert "mock_served_total" in httpx.get(f"{gw.url}/metrics/engines/e1").text
         targets = httpx.get(f"{gw.url}/metrics/targets").json()
         assert targets[0]["labels"]["__metrics_path__"] == "/metrics/engines/e1"
 
 
 def test_completions_and_embeddings_pass_through(engine_mock) -> None:
-    with run_gateway(
-        GatewayConfig(), default_model="smol", deployments=[local("e1", engine_mock.url, "smol")]
-    ) as gw:
+    with run_gateway(GatewayConfig(), default_model="smol", deployments=[local("e1", engine_mock.url, "smol")]) as gw:
         c = client(gw.url)
         assert c.completions.create(model="smol", prompt="hi", max_tokens=3).choices[0].text == "tok tok tok "
         assert len(c.embeddings.create(model="smol", input=["a", "b"]).data) == 2

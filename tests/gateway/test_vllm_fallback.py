@@ -28,9 +28,7 @@ def test_engine_killed_fallback_serves_then_503_without_one(vllm_engine, cloud_m
                                                                    stream=stream)  # fmt: skip
             assert raw.status_code == 200
             assert raw.headers["x-vstack-deployment"].startswith("cloud-")
-    with run_gateway(
-        GatewayConfig(), default_model=SERVED, deployments=[local("engine", vllm_engine.url)]
-    ) as gw:
+    with run_gateway(GatewayConfig(), default_model=SERVED, deployments=[local("engine", vllm_engine.url)]) as gw:
         r = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": SERVED, "messages": ASK})
         assert r.status_code == 503 and r.headers["retry-after"]
         assert r.json()["error"]["type"] == "server_error"
