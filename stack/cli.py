@@ -18,6 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from stack import __version__
+from stack.bench.load_cli import app as bench_app
+from stack.bench.tune_cli import tune_command
 from stack.config import load_config
 from stack.config.schema import StackConfig
 from stack.config.vllm_options import VllmCatalog
@@ -38,6 +40,8 @@ app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
 app.add_typer(patches_app, name="patches")
 app.command("plan")(plan_command)
+app.add_typer(bench_app, name="bench")
+app.command("tune")(tune_command)
 
 out = Console()
 err = Console(stderr=True)

@@ -151,8 +151,18 @@ class Profile(_Strict):
     model: str
     engine: EngineOptions = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
+    slo: list[str] = Field(default_factory=list, description="objectives `vstack bench load` and `vstack tune` "
+                           "check when no --slo or scenario SLO is given, e.g. ['p95_ttft_ms<800']")
 
     _keys = _engine_keys()
+
+    @field_validator("slo")
+    @classmethod
+    def _slo_parses(cls, value: list[str]) -> list[str]:
+        from stack.bench.slo import parse_slo  # dependency-free; imported here to keep config import-light
+
+        parse_slo(value)
+        return value
 
 
 class StackConfig(_Strict):

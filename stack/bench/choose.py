@@ -1,0 +1,56 @@
+"""The rule `vstack tune` picks by: the highest-throughput candidate that meets the SLO; when none does,
+the one closest to meeting it (smallest summed relative shortfall), reported as such."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stack.bench.slo import Clause, ClauseResult, all_met, distance, evaluate
+
+
+@dataclass
+class Measured:
+    """One candidate's outcome: metrics when it ran, an error when it did not start or measure."""
+
+    key: str
+    label: str
+    overrides: dict[str, Any]
+    metrics: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.metrics is not None and self.error is None
+
+    @property
+    def throughput(self) -> float:
+        value = (self.metrics or {}).get("output_tokens_per_s")
+        return float(value) if value is not None else 0.0
+
+
+@dataclass
+class Choice:
+    winner: Measured | None
+    meets_slo: bool
+    checks: dict[str, list[ClauseResult]]  # key -> clause results, for every candidate that ran
+    reason: str
+
+
+def choose(measured: Sequence[Measured], clauses: Sequence[Clause]) -> Choice:
+    ran = [m for m in measured if m.ok]
+    checks = {m.key: evaluate(clauses, m.metrics or {}) for m in ran}
+    if not ran:
+        return Choice(None, False, checks, "no candidate could be measured")
+    passing = [m for m in ran if all_met(checks[m.key])]
+    if passing:
+        best = max(passing, key=lambda m: m.throughput)
+        others = len(passing) - 1
+        why = (f"highest output throughput ({best.throughput:,.1f} tok/s) of the {len(passing)} candidates "
+               f"that meet the SLO" if others else "the only candidate that meets the SLO")
+        return Choice(best, True, checks, why)
+    # Nobody meets it: the smallest shortfall wins; throughput breaks ties.
+    best = min(ran, key=lambda m: (distance(checks[m.key]), -m.throughput))
+    missed = "; ".join(r.describe() for r in checks[best.key] if not r.met)
+    return Choice(best, False, checks, f"no candidate meets the SLO; closest: {best.label} ({missed})")

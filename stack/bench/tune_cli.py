@@ -1,0 +1,109 @@
+"""`vstack tune`: the Typer command, with a live table of candidates; thin over stack.bench.tune."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from stack.bench.load_cli import config_path, run_body
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _table(rows: list[list[str]], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "candidate", "state", "result"):
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def tune_command(
+    ctx: typer.Context,
+    target: Annotated[str | None, typer.Argument(help="profile or model, as for `vstack up` (default: `serve:`)")
+                      ] = None,
+    scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in loadtests/scenarios, or a YAML path")
+                        ] = "chat",
+    slo: Annotated[str | None, typer.Option(help="e.g. 'p95_ttft_ms<800'; default: the scenario's, else the "
+                                                 "profile's")] = None,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="KEY=V1,V2 engine option values to try "
+                                                   "(repeat for a grid; null = vLLM's default)")] = None,
+    grid: Annotated[Path | None, typer.Option(help="YAML file: `grid:` (option -> list of values, every combination) "
+                                                   "and/or `candidates:` (a list of option mappings)")
+                    ] = None,
+    baseline: Annotated[bool, typer.Option(help="also measure the profile as it is")] = True,
+    method: Annotated[str, typer.Option(help="vllm-bench (vllm bench serve) or locust")] = "vllm-bench",
+    out_dir: Annotated[Path | None, typer.Option("--out", help="default: results/tune/PROFILE-SCENARIO")] = None,
+    restart: Annotated[bool, typer.Option(help="discard earlier measurements in --out instead of resuming")
+                       ] = False,
+) -> None:
+    """Find the engine settings that give the most throughput within an SLO, by measuring each candidate.
+
+    Starts the engine once per candidate (one at a time), measures it, and picks the highest-throughput
+    candidate that meets the SLO, else the closest one (said so). Rerunning the same command resumes.
+    """
+    from stack.bench.candidates import build_candidates
+    from stack.bench.machine import machine_facts
+    from stack.bench.tune import TuneEvent, TuneRequest, run_tune
+    from stack.bench.tune_output import tuned_profile_name, write_outputs
+    from stack.config import load_config
+    from stack.errors import ConfigError
+    from stack.hardware import detect, match_profile
+
+    def body() -> int:
+        if method not in ("vllm-bench", "locust"):
+            raise ConfigError(f"--method {method!r}: unknown", hint="use vllm-bench or locust")
+        cfg = load_config(config_path(ctx))
+        hardware = detect()
+        hw_profile, _why = match_profile(hardware, cfg)
+        candidates = build_candidates(sets or [], grid, hw_profile.accelerator, hw_profile.fp8, baseline)
+        name = (target or cfg.serve).replace("/", "-")
+        folder = out_dir or Path("results/tune") / f"{name}-{Path(scenario).stem}"
+        command = "vstack " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "vstack tune"
+        request = TuneRequest(target, scenario, candidates, folder, slo, method, restart, command)  # type: ignore[arg-type]
+        rows = [[str(i + 1), c.label, "waiting", ""] for i, c in enumerate(candidates)]
+        title = f"vstack tune: {len(candidates)} candidates, scenario {scenario}, results in {folder}"
+        err.print(f"[dim]checking the configuration and the model; candidates: "
+                  f"{', '.join(c.label for c in candidates)}[/]")
+        with Live(_table(rows, title), console=err, refresh_per_second=4) as live:
+            def on_event(ev: TuneEvent) -> None:
+                row = rows[ev.index]
+                colour = {"reused": "cyan", "done": "green", "failed": "red"}.get(ev.phase, "yellow")
+                state = ev.phase if ev.phase in ("reused", "done", "failed") else f"{ev.phase} {ev.elapsed_s:.0f} s"
+                row[2] = f"[{colour}]{state}[/]"
+                row[3] = ev.detail
+                live.update(Group(_table(rows, title), Text(f"{ev.index + 1}/{ev.total}", style="dim")))
+
+            outcome = run_tune(cfg, request, hardware, on_event)
+        files = write_outputs(outcome, folder, machine_facts(), command)
+        if outcome.reused:
+            out.print(f"[cyan]resumed:[/] {outcome.reused} of {len(candidates)} candidates measured earlier "
+                      f"({folder / 'tune-state.json'})")
+        out.print(Text(files["markdown"].read_text().split("\n| candidate")[0].strip()))
+        out.print(Text(_table_only(files["markdown"].read_text())))
+        choice = outcome.choice
+        if choice.winner is None:
+            err.print(f"[red]{choice.reason}[/]; engine logs in {folder / 'logs'}")
+            return 3
+        colour = "green" if choice.meets_slo else "yellow"
+        out.print(f"[{colour}]{'winner' if choice.meets_slo else 'closest (SLO not met)'}:[/] "
+                  f"[bold]{choice.winner.label}[/] - {choice.reason}", highlight=False)
+        out.print(f"profile override: {files['profile']}  (use: vstack -c {files['profile']} up "
+                  f"{tuned_profile_name(outcome)})")
+        return 0 if choice.meets_slo else 1
+
+    run_body(body)
+
+
+def _table_only(markdown: str) -> str:
+    return "\n".join(line for line in markdown.splitlines() if line.startswith("|"))
