@@ -1,0 +1,109 @@
+"""What `vstack up` runs: the gateway on the public port, owning the engine(s) it starts on loopback.
+
+    python -m stack.gateway.up [PROFILE] --port P [--config FILE] [--failure-file F]
+
+`vstack up` starts this in the background (or calls `serve` in the foreground with -f). If the default
+model's engine cannot start, the gateway exits with code 3 and writes the error (message, hint, engine
+log tail) to --failure-file so the CLI can show it as if it had started the engine itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+import uvicorn
+
+from stack.config.schema import StackConfig
+from stack.engine.launch import EnginePlan, free_port, log_path_for
+from stack.engine.process import EngineProcess, EngineSpec
+from stack.gateway.app import create_app
+from stack.gateway.engines import EngineSupervisor, ManagedEngine
+from stack.gateway.serve import uvicorn_config
+from stack.gateway.state import GatewayState
+
+ENGINE_FAILED = 3
+
+
+def engine_for(cfg: StackConfig, plan: EnginePlan) -> EngineProcess:
+    name = plan.resolved.served_name
+    spec = EngineSpec(
+        name=name, profile=plan.resolved.name, argv=plan.argv(), env=plan.env, host=plan.host, port=plan.port,
+        log_path=log_path_for(cfg, plan), display_argv=plan.display().split(" "),
+    )  # fmt: skip
+    return EngineProcess(spec)
+
+
+def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | None = None) -> int:
+    """Run the gateway with the planned engine until SIGTERM/SIGINT; 3 if the engine failed to start."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    engine = engine_for(cfg, plan)
+    served = plan.resolved.served_name
+    sup = EngineSupervisor([ManagedEngine(engine, served, served)], cfg.startup_timeout_s, cfg.stop_grace_s)
+    failed: dict[str, str] = {}
+    server: uvicorn.Server | None = None
+
+    async def start(state: GatewayState) -> None:
+        await sup.start(state)
+
+        async def watch_start() -> None:
+            # The default model's engine failing to *start* ends `up` (a later crash only marks it failed).
+            while (dep := state.registry.get(sup.engines[0].deployment_id)) and dep.state == "starting":
+                await asyncio.sleep(0.5)
+            if dep is not None and dep.state == "failed" and server is not None:
+                failed.update(message=dep.detail)
+                server.should_exit = True
+
+        asyncio.get_running_loop().create_task(watch_start())
+
+    app = create_app(cfg.gateway, default_model=served, on_startup=[start], on_shutdown=[sup.stop])
+    server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info"))
+    server.run()
+    if failed:
+        if failure_file is not None:
+            from stack.engine.diagnose import log_tail
+
+            tail = log_tail(engine.spec.log_path)
+            failure_file.write_text(json.dumps({"message": f"engine {served!r} {failed['message']}",
+                                                "log_tail": tail, "log": str(engine.spec.log_path)}))  # fmt: skip
+        return ENGINE_FAILED
+    return 0
+
+
+def plan_for_gateway(cfg: StackConfig, profile: str | None, on_status=print) -> EnginePlan:
+    """Plan the engine on a free loopback port (the gateway owns the public one) and fetch its model."""
+    from stack.engine.launch import plan_engine, prepare_model
+    from stack.hardware import detect
+
+    plan = plan_engine(cfg, profile, detect(), port=free_port())
+    return prepare_model(cfg, plan, on_status=on_status)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m stack.gateway.up")
+    ap.add_argument("profile", nargs="?")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--config")
+    ap.add_argument("--failure-file", type=Path)
+    args = ap.parse_args()
+    from stack.config import load_config
+    from stack.errors import StackError
+
+    try:
+        cfg = load_config(args.config)
+        plan = plan_for_gateway(cfg, args.profile, on_status=lambda s: print(s, flush=True))
+    except StackError as exc:
+        if args.failure_file:
+            args.failure_file.write_text(json.dumps({"message": exc.message, "hint": exc.hint,
+                                                     "log_tail": getattr(exc, "log_tail", "")}))  # fmt: skip
+        print(f"vstack gateway: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    sys.exit(serve(cfg, plan, args.port, args.failure_file))
+
+
+if __name__ == "__main__":
+    main()
