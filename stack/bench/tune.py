@@ -52,6 +52,7 @@ class TuneRequest:
     method: Method = "vllm-bench"
     restart: bool = False
     command: str = ""  # how it was invoked, for the written profile
+    stop_on_error: bool = False  # a failed candidate ends the run (costly machines: do not start the rest)
 
 
 @dataclass
@@ -135,6 +136,8 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
         measured.append(result)
         on_event(TuneEvent(index, total, cand, "done" if result.ok else "failed",
                            detail=_brief(result) if result.ok else (result.error or "")))
+        if not result.ok and req.stop_on_error:
+            break
     return TuneOutcome(scenario, clauses, slo_source, measured, choose(measured, clauses), base, reused, fp)
 
 

@@ -46,6 +46,7 @@ def tune_command(
     out_dir: Annotated[Path | None, typer.Option("--out", help="default: results/tune/PROFILE-SCENARIO")] = None,
     restart: Annotated[bool, typer.Option(help="discard earlier measurements in --out instead of resuming")
                        ] = False,
+    stop_on_error: Annotated[bool, typer.Option(help="end the run at the first candidate that fails")] = False,
 ) -> None:
     """Find the engine settings that give the most throughput within an SLO, by measuring each candidate.
 
@@ -70,7 +71,8 @@ def tune_command(
         name = (target or cfg.serve).replace("/", "-")
         folder = out_dir or Path("results/tune") / f"{name}-{Path(scenario).stem}"
         command = "vstack " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "vstack tune"
-        request = TuneRequest(target, scenario, candidates, folder, slo, method, restart, command)  # type: ignore[arg-type]
+        request = TuneRequest(target, scenario, candidates, folder, slo, method, restart, command,  # type: ignore[arg-type]
+                              stop_on_error)
         rows = [[str(i + 1), c.label, "waiting", ""] for i, c in enumerate(candidates)]
         title = f"vstack tune: {len(candidates)} candidates, scenario {scenario}, results in {folder}"
         err.print(f"[dim]checking the configuration and the model; candidates: "
