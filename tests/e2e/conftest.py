@@ -30,7 +30,9 @@ class Vstack:
 
 @pytest.fixture
 def vstack(tmp_path: Path) -> Vstack:
-    return Vstack(tmp_path / "state", {"VSTACK_PORT": "0"})
+    # The gateway on a free port (the engine always takes a free loopback port behind it).
+    env = {"VSTACK_PORT": "0", "VSTACK_GATEWAY__PORT": "0", "VSTACK_GATEWAY__HOST": "127.0.0.1"}
+    return Vstack(tmp_path / "state", env)
 
 
 def family(pid: int) -> list[psutil.Process]:

@@ -17,7 +17,7 @@ def test_up_answers_paris_and_down_leaves_nothing(vstack: Vstack) -> None:
     proc = vstack("up")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OpenAI base URL" in proc.stdout and "curl " in proc.stdout
-    [engine] = vstack.status()
+    [engine] = vstack.status()  # one model behind the gateway; pid is the gateway's, the engine its child
     assert engine["state"] == "ready" and engine["name"] == "smollm2-135m-instruct"
     procs = family(engine["pid"])
     assert procs, "the engine process should be running"
@@ -28,7 +28,8 @@ def test_up_answers_paris_and_down_leaves_nothing(vstack: Vstack) -> None:
             messages=[{"role": "user", "content": "What is the capital of France?"}],
         )
         assert "Paris" in reply.choices[0].message.content
-        assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct"]
+        assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct", "default"]
+        assert engine["deployments"] == ["engine-smollm2-135m-instruct"]
         # A second `up` must not start a twin next to the running engine.
         second = vstack("up", timeout=120)
         assert second.returncode != 0 and "already running" in second.stderr
