@@ -25,7 +25,7 @@ class KeyRef(_Strict):
     """One accepted key: its SHA-256 (hex) or the environment variable that holds it."""
 
     name: str = Field("default", description="shown in logs and metrics instead of the key")
-    sha256: str | None = Field(None, description="hex SHA-256 of the key: `vstack gateway hash-key`")
+    sha256: str | None = Field(None, description="hex SHA-256 of the key (`printf %s KEY | sha256sum`)")
     env: str | None = Field(None, description="environment variable holding the key")
     optional: bool = Field(False, description="an unset `env` variable disables this entry instead of failing")
 
