@@ -50,7 +50,11 @@ class Machine:
         if hw.accelerator == "cpu" or not gpus:
             return cls("cpu", _label(hw), 0, 0, 0,
                        int(info.ram_total), int(info.ram_available), detected=True)
-        return cls("gpu", gpus[0].name, len(gpus), min(g.memory_total for g in gpus),
+        total = min(g.memory_total for g in gpus)
+        if hw.planner.usable_memory_gib:
+            # NVML counts memory CUDA never hands out (H200: 140.4 GiB vs 139.8 GiB); vLLM sizes from CUDA's.
+            total = min(total, int(hw.planner.usable_memory_gib * GIB))
+        return cls("gpu", gpus[0].name, len(gpus), total,
                    min(g.memory_free for g in gpus), int(getattr(info, "ram_total", 0)),
                    int(getattr(info, "ram_available", 0)), detected=True, nominal_gib=hw.memory_gib or 0)
 
