@@ -171,7 +171,7 @@ class StackConfig(_Strict):
     serve: str = "auto"
     default_model: str = "smollm2-135m-instruct"
     host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535, description="0 picks a free port")
+    port: int = Field(0, ge=0, le=65535, description="engine port; 0 picks a free one (the gateway has its own)")
     state_dir: Path = Field(default_factory=lambda: Path.home() / ".local" / "state" / "vstack")
     cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "vstack")
     engine_python: str | None = Field(None, description="the Python that runs vLLM; default: this one")

@@ -64,7 +64,8 @@ class CloudDeployment(_Strict):
 class GatewayConfig(_Strict):
     """The one public endpoint. Engines stay on loopback behind it."""
 
-    host: str = Field("0.0.0.0", description="where the gateway listens (engines stay on 127.0.0.1)")
+    host: str = Field("127.0.0.1", description="where the gateway listens; 0.0.0.0 to serve other machines "
+                      "(then set API keys). Engines stay on 127.0.0.1")
     port: int = Field(8000, ge=0, le=65535, description="0 picks a free port")
     aliases: dict[str, str] = Field(
         default_factory=dict,

@@ -60,6 +60,7 @@ def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | No
 
         asyncio.get_running_loop().create_task(watch_start())
 
+    warn_if_open(cfg)
     app = create_app(cfg.gateway, default_model=served, on_startup=[start], on_shutdown=[sup.stop])
     server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info"))
     server.run()
@@ -72,6 +73,17 @@ def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | No
                                                 "log_tail": tail, "log": str(engine.spec.log_path)}))  # fmt: skip
         return ENGINE_FAILED
     return 0
+
+
+def warn_if_open(cfg: StackConfig) -> None:
+    """A gateway on a public address without client keys serves anyone who can reach it: say so loudly."""
+    from stack.gateway.auth import KeyRing, is_loopback
+
+    if not is_loopback(cfg.gateway.host) and not KeyRing.from_refs(cfg.gateway.api_keys).enabled:
+        logging.getLogger("stack.gateway").warning(
+            "listening on %s without API keys: anyone who can reach it can use the models; set VSTACK_API_KEY",
+            cfg.gateway.host,
+        )
 
 
 def plan_for_gateway(cfg: StackConfig, profile: str | None, on_status=print) -> EnginePlan:

@@ -69,7 +69,7 @@ def test_key_holding_variables_are_not_settings(config_dir: Path, monkeypatch: p
     # Configs name VSTACK_* variables that hold secrets (VSTACK_API_KEY); those are not misspelt settings.
     monkeypatch.setenv("VSTACK_API_KEY", "sk-local")
     monkeypatch.setenv("VSTACK_RUNTIME_PATCHES", "0")
-    assert load_config(builtin_dir=config_dir).port == 8000
+    assert load_config(builtin_dir=config_dir).port == 0
 
 
 def test_invalid_yaml_names_file_and_line(config_dir: Path) -> None:
