@@ -171,6 +171,8 @@ def config_validate(
             for note in plan.notes:
                 if note.startswith("not servable here"):
                     out.print(f"    [dim]{note}[/]", highlight=False)
+                elif note.startswith("fit: ") and "not planned" not in note:
+                    out.print(f"    [yellow]warning:[/] {note}", highlight=False)
             for warning in plan.rendered.warnings:
                 out.print(f"    [yellow]warning:[/] {warning}", highlight=False)
         if failed:
@@ -359,10 +361,13 @@ def up(
     profile: Annotated[str | None, typer.Argument(help="profile or model (default: `serve:` in stack.yaml)")] = None,
     port: Annotated[int | None, typer.Option(help="the gateway's port (default gateway.port); 0 = a free one")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", "-f", help="stay attached; Ctrl-C stops")] = False,
+    force: Annotated[bool, typer.Option("--force", help="start even when the fit planner says it will not fit")] = False,
 ) -> None:
     """Start the gateway (one OpenAI endpoint) and the engine it owns; wait until the default model is ready."""
 
     def body() -> int:
+        if force:
+            os.environ["VSTACK_FIT_CHECK"] = "warn"  # the gateway process it starts reads it too
         cfg = _load()
         return _start(cfg, profile, cfg.gateway.port if port is None else port, foreground)
 

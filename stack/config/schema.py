@@ -176,6 +176,8 @@ class StackConfig(_Strict):
     cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "vstack")
     engine_python: str | None = Field(None, description="the Python that runs vLLM; default: this one")
     startup_timeout_s: float = Field(900, gt=0)
+    fit_check: Literal["refuse", "warn"] = Field(
+        "refuse", description="a model the planner says cannot fit: refuse before starting, or warn and start")
     stop_grace_s: float = Field(20, ge=0)
     hf_token: SecretStr | None = None
     engine: EngineOptions = Field(default_factory=dict, description="overrides for the served profile")

@@ -13,7 +13,7 @@ from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
 from stack.config.vllm_args import RenderedArgs, render_engine_args
 from stack.config.vllm_options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
-from stack.errors import ConfigError, EngineError
+from stack.errors import ConfigError, EngineError, StackError
 from stack.hardware import HardwareInfo, cpu_kv_cache_gib, match_profile
 from stack.models import ModelFiles, find_local, pull
 
@@ -104,16 +104,17 @@ def plan_engine(
         notes.append(f"not servable here: {mismatch.message}")
     if resolved.hardware.accelerator == "cpu" and hardware.gpus:
         notes.append("serving on the CPU although a GPU is present (the profile asks for cpu)")
-    rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
-    env = dict(resolved.env)
-    if resolved.hardware.accelerator == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in env \
+    if resolved.hardware.accelerator == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in resolved.env \
             and "kv_cache_memory_bytes" not in resolved.engine:
         gib = cpu_kv_cache_gib(hardware, resolved.hardware)
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+        resolved.env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
         notes.append(f"KV cache: {gib} GiB (VLLM_CPU_KVCACHE_SPACE) from {hardware.ram_available / 2**30:.1f} GiB free")
+    files = model_files or find_local(resolved.model, cfg)
+    apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch)
+    rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
+    env = dict(resolved.env)
     if cfg.hf_token:
         env["HF_TOKEN"] = cfg.hf_token.get_secret_value()
-    files = model_files or find_local(resolved.model, cfg)
     model_arg = str(files.path) if files else (resolved.model.source.path or resolved.model.source.hub or "")
     host = cfg.host
     chosen_port = cfg.port if port is None else port
@@ -125,6 +126,45 @@ def plan_engine(
         if error:
             raise ConfigError(f"vLLM {catalog.version} rejects the rendered command: {error}",
                               hint="`vstack config render` shows the command; fix the option it names")
+    return plan
+
+
+def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInfo | None,
+                   files: ModelFiles | None, notes: list[str], refuse: bool) -> None:
+    """Let the fit planner decide what the profile left unset (tensor parallel size, context, KV dtype, ...).
+
+    A model that cannot fit is refused before anything starts (fit_check: refuse), unless asked to only warn.
+    """
+    from stack.planner import FitError, plan_profile
+
+    token = cfg.hf_token.get_secret_value() if cfg.hf_token else None
+    try:
+        fit = plan_profile(resolved, hardware, cfg=cfg, model_dir=files.path if files else None, token=token)
+    except FitError as exc:
+        if refuse and cfg.fit_check == "refuse":
+            raise
+        notes.append(f"fit: {exc.message} (fit_check: {cfg.fit_check}, starting anyway)")
+        return
+    except StackError as exc:  # no config.json to plan from (offline, unknown model): vLLM decides alone
+        notes.append(f"fit: not planned ({exc.message})")
+        return
+    for key, value in fit.engine_updates.items():
+        if key not in resolved.engine:
+            resolved.engine[key] = value
+            resolved.engine_origins[key] = f"planner: {key}"
+    for key, value in fit.env_updates.items():
+        resolved.env.setdefault(key, value)
+    notes.extend(f"plan: {line}" for line in fit.log_lines())
+
+
+def plan_and_prepare(cfg: StackConfig, profile: str | None, hardware: HardwareInfo, port: int | None,
+                     on_status: Callable[[str], None]) -> EnginePlan:
+    """Everything before an engine starts: validate fast (before any download), fetch the model, plan the
+    fit from its real files, and check the final command with the installed vLLM's own parser."""
+    first = plan_engine(cfg, profile, hardware, port=port, check=False)
+    files = pull(first.resolved.model, cfg, on_status)
+    plan = plan_engine(cfg, profile, hardware, model_files=files, port=first.port, catalog=first.catalog)
+    plan.notes.append(f"model: {files.path} ({files.origin})")
     return plan
 
 

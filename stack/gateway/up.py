@@ -88,11 +88,10 @@ def warn_if_open(cfg: StackConfig) -> None:
 
 def plan_for_gateway(cfg: StackConfig, profile: str | None, on_status=print) -> EnginePlan:
     """Plan the engine on a free loopback port (the gateway owns the public one) and fetch its model."""
-    from stack.engine.launch import plan_engine, prepare_model
+    from stack.engine.launch import plan_and_prepare
     from stack.hardware import detect
 
-    plan = plan_engine(cfg, profile, detect(), port=free_port())
-    return prepare_model(cfg, plan, on_status=on_status)
+    return plan_and_prepare(cfg, profile, detect(), port=free_port(), on_status=on_status)
 
 
 def main() -> None:
