@@ -361,7 +361,7 @@ def up(
     profile: Annotated[str | None, typer.Argument(help="profile or model (default: `serve:` in stack.yaml)")] = None,
     port: Annotated[int | None, typer.Option(help="the gateway's port (default gateway.port); 0 = a free one")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", "-f", help="stay attached; Ctrl-C stops")] = False,
-    force: Annotated[bool, typer.Option("--force", help="start even when the fit planner says it will not fit")] = False,
+    force: Annotated[bool, typer.Option(help="start even when the fit planner says it will not fit")] = False,
 ) -> None:
     """Start the gateway (one OpenAI endpoint) and the engine it owns; wait until the default model is ready."""
 
