@@ -1,0 +1,233 @@
+"""The compose deployment for real, in order: build, `up` (cpu profile), a chat answered by SmolLM2 through
+the gateway with the official client, Prometheus having scraped the gateway and the engine (its HTTP API),
+every dashboard query evaluating there, Grafana healthy with the dashboard provisioned (where a Grafana
+image exists locally), a model switch through the admin API onto an engine container started with the
+Docker SDK (stack.engine.docker_runtime), then `down -v` leaving no container, network or volume behind."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.docker.conftest import MODEL, ROOT, Compose, build_env, write_env_file
+from tests.docker.test_files import dashboard_queries
+
+pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
+PROJECT = "vstack-test"
+SERVICES_WITHOUT_GRAFANA = ["model-pull-cpu", "engine-cpu", "gateway", "prometheus"]
+
+
+@dataclass
+class Deployment:
+    compose: Compose
+    env: dict[str, str]
+    gateway: str
+    grafana: bool
+    started_s: float
+
+    @property
+    def api_key(self) -> str:
+        return self.env["VSTACK_API_KEY"]
+
+    def admin(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.env['VSTACK_ADMIN_KEY']}"}
+
+
+def _image_present(client: Any, name: str) -> bool:
+    import docker.errors
+
+    try:
+        client.images.get(name)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def _wait(what: str, check, timeout: float, every: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, KeyError, IndexError, ValueError):
+            last = check()
+            if last:
+                return last
+        time.sleep(every)
+    raise AssertionError(f"{what}: not after {timeout:.0f} s (last: {last!r})")
+
+
+@pytest.fixture(scope="module")
+def deployment(built_images, docker_settings, docker_client, tmp_path_factory) -> Iterator[Deployment]:
+    env_file = tmp_path_factory.mktemp("compose") / ".env"
+    port = 18000
+    eager = docker_settings.get("VSTACK_DOCKER_ENFORCE_EAGER", "1") == "1"
+    extra = {"GATEWAY_PORT": str(port), "GATEWAY_BIND": "127.0.0.1", "GRAFANA_PORT": "13000"}
+    if eager:
+        extra["VSTACK_ENGINE__ENFORCE_EAGER"] = "true"
+    env = write_env_file(env_file, **extra)
+    compose = Compose(PROJECT, env_file, build_env(docker_settings, None))
+    grafana_image = compose.env.get("GRAFANA_IMAGE", "grafana/grafana-oss:12.2.1")
+    grafana = _image_present(docker_client, grafana_image)
+    compose.run("down", "-v", "--remove-orphans", check=False)  # a previous run killed half-way
+    started = time.monotonic()
+    services = [] if grafana else SERVICES_WITHOUT_GRAFANA
+    try:
+        # `up` returns once the engine is healthy and everything after it has started (depends_on chain).
+        compose.run("up", "-d", "--no-build", "--pull", "never", *services, timeout=1200)
+        yield Deployment(compose, env, f"http://127.0.0.1:{port}", grafana, time.monotonic() - started)
+    except AssertionError:
+        for svc in ("model-pull-cpu", "engine-cpu", "gateway", "prometheus"):
+            print(f"--- {svc} ---\n{compose.logs(svc)}")
+        raise
+    finally:
+        compose.run("down", "-v", "--remove-orphans", "--timeout", "20", check=False, timeout=300)
+
+
+def test_chat_through_the_gateway_gets_a_real_answer(deployment: Deployment) -> None:
+    from openai import AuthenticationError, OpenAI
+
+    print(f"compose up to healthy: {deployment.started_s:.0f} s")
+    client = OpenAI(base_url=f"{deployment.gateway}/v1", api_key=deployment.api_key, timeout=180, max_retries=0)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24, temperature=0,
+    )
+    text = reply.choices[0].message.content or ""
+    assert "Paris" in text, text
+    assert reply.usage and reply.usage.completion_tokens > 0
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices).strip()
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=f"{deployment.gateway}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def _prometheus(deployment: Deployment, docker_client: Any) -> str:
+    """Prometheus publishes no port: reach it at its address on the monitoring network (Linux hosts)."""
+    container = docker_client.containers.get(f"{PROJECT}-prometheus-1")
+    ip = container.attrs["NetworkSettings"]["Networks"][f"{PROJECT}_monitoring"]["IPAddress"]
+    return f"http://{ip}:9090"
+
+
+def _query(prom: str, expr: str) -> list[dict]:
+    body = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10).json()
+    assert body["status"] == "success", (expr, body)
+    return body["data"]["result"]
+
+
+def test_prometheus_scraped_the_gateway_and_the_engine(deployment: Deployment, docker_client: Any) -> None:
+    prom = _prometheus(deployment, docker_client)
+    _wait("gateway target up", lambda: _query(prom, 'up{job="gateway"} == 1'), 60)
+    served = _wait("gateway request counter scraped",
+                   lambda: _query(prom, f'sum(vstack_gateway_requests_total{{model="{MODEL}",status="200"}})'), 60)
+    assert float(served[0]["value"][1]) >= 2
+    # The engine is scraped through the gateway (/metrics/targets service discovery): vLLM's own metrics.
+    engine = _wait("engine metrics scraped through the gateway",
+                   lambda: _query(prom, f'vllm:generation_tokens_total{{model_name="{MODEL}"}} > 0'), 90)
+    assert engine[0]["metric"]["job"] == "engines"
+    targets = httpx.get(f"{prom}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+    assert {t["labels"]["job"]: t["health"] for t in targets} == {"gateway": "up", "engines": "up"}
+
+
+def test_every_dashboard_query_evaluates_in_prometheus(deployment: Deployment, docker_client: Any) -> None:
+    prom = _prometheus(deployment, docker_client)
+    empty = []
+    for expr in dashboard_queries():
+        if not _query(prom, expr.replace("$__rate_interval", "1m")):
+            empty.append(expr)
+    # Fallbacks, upstream errors and sleep state have nothing to show on a healthy CPU deployment.
+    expected_empty = ("fallbacks_total", "upstream_errors_total", "engine_sleep_state", 'status!~"2.."')
+    assert [e for e in empty if not any(word in e for word in expected_empty)] == []
+
+
+def test_grafana_is_healthy_with_the_dashboard_provisioned(deployment: Deployment) -> None:
+    if not deployment.grafana:
+        pytest.skip("no Grafana image on this machine and no registry to pull one from: set "
+                    "VSTACK_DOCKER_GRAFANA_IMAGE to a local image; the dashboard's queries are checked above")
+    auth = ("admin", deployment.env["GRAFANA_ADMIN_PASSWORD"])
+    base = "http://127.0.0.1:13000"
+    _wait("grafana healthy", lambda: httpx.get(f"{base}/api/health", timeout=5).json()["database"] == "ok", 120)
+    found = _wait("dashboard provisioned",
+                  lambda: httpx.get(f"{base}/api/search", params={"query": "vllm-stack"}, auth=auth, timeout=5).json(),
+                  60)
+    assert "vllm-stack" in {d["uid"] for d in found}
+    ds = httpx.get(f"{base}/api/datasources/uid/vstack-prometheus/health", auth=auth, timeout=10).json()
+    assert ds["status"] == "OK", ds
+
+
+def test_switch_to_an_engine_container_through_the_admin_api(
+    deployment: Deployment, built_images: dict[str, str], docker_client: Any
+) -> None:
+    """What the model manager will do: start an engine container (Docker SDK), register it through the admin
+    API, take the old deployment out, check the traffic moved; then sleep/wake over HTTP, stop, remove."""
+    from openai import OpenAI
+
+    from stack.engine.docker_runtime import ContainerSpec, DockerEngine
+
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if "VSTACK_ENGINE__ENFORCE_EAGER" in deployment.env:
+        env["VSTACK_ENGINE__ENFORCE_EAGER"] = "true"
+    spec = ContainerSpec(name=f"{PROJECT}-engine-b", image=built_images["engine"], serve=MODEL,
+                         network=f"{PROJECT}_engines", cache_volume=f"{PROJECT}_models",
+                         config_source=str(ROOT / "configs"), env=env, reach="ip",
+                         labels={"com.docker.compose.project": PROJECT})
+    engine = DockerEngine(spec, docker_client)
+    http = httpx.Client(base_url=deployment.gateway, headers=deployment.admin(), timeout=30)
+    try:
+        engine.start()
+        seconds = engine.wait_ready(900)
+        print(f"engine container started by the Docker SDK ready in {seconds:.0f} s")
+        before = http.get("/admin/models").json()
+        old = [d["id"] for m in before["models"] if m["model"] == MODEL for d in m["deployments"]]
+        added = http.post("/admin/deployments", json={
+            "id": "engine-b", "model_group": MODEL, "api_base": spec.base_url, "upstream_model": MODEL})
+        assert added.status_code == 201, added.text
+        for dep_id in old:
+            assert http.delete(f"/admin/deployments/{dep_id}").status_code == 200
+        now = http.get("/admin/models").json()
+        assert [d["id"] for m in now["models"] if m["model"] == MODEL for d in m["deployments"]] == ["engine-b"]
+
+        client = OpenAI(base_url=f"{deployment.gateway}/v1", api_key=deployment.api_key, timeout=180, max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=24, temperature=0)
+        assert raw.headers["x-vstack-deployment"] == "engine-b"
+        assert "Paris" in (raw.parse().choices[0].message.content or "")
+
+        # Sleep mode over HTTP (on CPU vLLM answers the endpoints in dev mode but frees nothing).
+        engine.sleep(level=1)
+        assert engine.is_sleeping() is True
+        engine.wake_up()
+        assert engine.is_sleeping() is False
+    finally:
+        http.close()
+        assert engine.stop(grace=10) == []
+    import docker.errors
+
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(spec.name)
+
+
+def test_down_leaves_no_container_network_or_volume(deployment: Deployment, docker_client: Any) -> None:
+    deployment.compose.run("down", "-v", "--remove-orphans", "--timeout", "20", timeout=300)
+    label = {"label": f"com.docker.compose.project={PROJECT}"}
+    assert docker_client.containers.list(all=True, filters=label) == []
+    assert docker_client.networks.list(filters=label) == []
+    assert docker_client.volumes.list(filters=label) == []
+    leftovers = [c.name for c in docker_client.containers.list(all=True) if c.name.startswith(PROJECT)]
+    assert leftovers == []
+
+
+def test_env_file_is_not_in_any_image(built_images: dict[str, str], docker_client: Any, tmp_path: Path) -> None:
+    """The keys of this run must not appear in image config (env, labels, history)."""
+    for image in built_images.values():
+        attrs = docker_client.images.get(image).attrs
+        text = str(attrs["Config"]) + str(docker_client.api.history(image))
+        assert "sk-test-" not in text and "adm-test-" not in text
+        assert not any(k in text for k in ("VSTACK_API_KEY=", "VSTACK_ADMIN_KEY=", "HF_TOKEN="))
