@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from stack.gateway.settings import GatewayConfig
+from stack.manager.settings import ManagerConfig
 
 EngineOptions = dict[str, Any]
 
@@ -186,6 +187,7 @@ class StackConfig(_Strict):
     models: dict[str, ModelEntry] = Field(default_factory=dict)
     profiles: dict[str, Profile] = Field(default_factory=dict)
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="the public endpoint (stack.gateway)")
+    manager: ManagerConfig = Field(default_factory=ManagerConfig, description="model switching (stack.manager)")
 
     _keys = _engine_keys()
     # Where each key path was set (file, environment variable, command line): for error messages.

@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from starlette.responses import Response, StreamingResponse
@@ -33,6 +33,19 @@ class Attempt:
     group: str
     fallback_reason: str | None
     started: float
+    ticket: Ticket | None = None
+
+
+class Ticket(Protocol):
+    def release(self) -> None: ...
+
+
+class Admission(Protocol):
+    """The model manager (stack.manager): waits until the group's model is ready (it may switch models
+    meanwhile) and returns a ticket to release when the answer is complete; None: serve it from the
+    group's fallbacks while the switch runs."""
+
+    async def admit(self, group: str, can_spill: bool = False) -> Ticket | None: ...
 
 
 class Dispatcher:
@@ -50,6 +63,7 @@ class Dispatcher:
         self.local = local_upstream
         self.cloud = cloud_upstream
         self.in_flight = 0
+        self.admission: Admission | None = None  # set by the model manager when it starts
 
     async def handle(self, endpoint: str, body: dict[str, Any]) -> Response:
         group = self.routing.resolve(body["model"])
@@ -61,8 +75,12 @@ class Dispatcher:
         gauge = self.metrics.in_flight.labels(group)
         gauge.inc()
         handed_over = False
+        ticket: Ticket | None = None
         try:
-            response = await self._route(endpoint, group, body)
+            if self.admission is not None:
+                ticket = await self.admission.admit(group, can_spill=len(self.routing.plan(group)) > 1)
+            response = await self._route(endpoint, group, body, ticket, spilled=self.admission is not None
+                                         and ticket is None)  # fmt: skip
             handed_over = isinstance(response, StreamingResponse)
             return response
         except UpstreamError as err:
@@ -75,12 +93,17 @@ class Dispatcher:
             if not handed_over:  # a stream releases its slot when it ends
                 self.in_flight -= 1
                 gauge.dec()
+                if ticket is not None:
+                    ticket.release()
 
-    def _done(self, group: str) -> None:
+    def _done(self, group: str, ticket: Ticket | None = None) -> None:
         self.in_flight -= 1
         self.metrics.in_flight.labels(group).dec()
+        if ticket is not None:
+            ticket.release()
 
-    async def _route(self, endpoint: str, group: str, body: dict[str, Any]) -> Response:
+    async def _route(self, endpoint: str, group: str, body: dict[str, Any], ticket: Ticket | None = None,
+                     spilled: bool = False) -> Response:
         t0 = time.perf_counter()
         steps = deque(self.routing.plan(group))
         excluded: set[str] = set()
@@ -93,10 +116,12 @@ class Dispatcher:
                 reason = (
                     None if last is None else ("context_window" if step.reason == "context_window" else last.reason)
                 )
+                if reason is None and spilled and step.group != group:
+                    reason = "switching"  # the model is being switched in; its fallback serves meanwhile
                 if reason is not None:
                     self.metrics.fallbacks.labels(previous or group, step.group, reason).inc()
                 try:
-                    return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0))
+                    return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0, ticket))
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(dep.id, err.reason).inc()
                     last, previous = err, step.group
@@ -176,7 +201,7 @@ class Dispatcher:
 
         def on_end(cancelled: bool) -> None:
             self._finish(at, "499" if cancelled else state["status"], state["usage"])
-            self._done(group)
+            self._done(group, at.ticket)
 
         return {"on_first": on_first, "on_usage": on_usage, "on_error": on_error, "on_end": on_end}
 

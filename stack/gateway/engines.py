@@ -1,86 +1,94 @@
-"""The gateway owns its engines: start them, register each as a deployment when ready, watch, stop.
+"""The gateway owns its engines through the model manager (stack.manager): register, start, watch, stop.
 
-An engine is registered as `starting` at once (requests for its model get 503 + Retry-After, not 404),
-`ready` after /health answers, `failed` when it exits or never comes up. Blocking process work
-(EngineProcess.start / wait_ready / stop) runs in threads so the gateway keeps serving meanwhile.
+Each engine is a deployment in the registry, in the manager's state (stopped, starting, ready, sleeping,
+stopping, failed): requests for a model that is not ready wait for it (or get 503 + Retry-After), not
+404. Only `ready` deployments reach LiteLLM's Router. Blocking process work runs in threads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from stack.errors import EngineError
-from stack.gateway.registry import Deployment, DeploymentRegistry
+from stack.engine.runtime import Runtime
+from stack.gateway.registry import Deployment
 from stack.gateway.state import GatewayState
+from stack.manager.manager import ModelManager
+from stack.manager.memory import MemoryProbe
+from stack.manager.policy import Capacity
+from stack.manager.settings import ManagerConfig
+from stack.manager.slot import Slot
+from stack.manager.states import ModelState
+from stack.manager.supervise import watch
 
 log = logging.getLogger("stack.gateway.engines")
-
-
-class Engine(Protocol):
-    """What stack.engine.process.EngineProcess offers (spec.name, spec.base_url, start/wait_ready/stop)."""
-
-    spec: object
-
-    def start(self) -> int: ...
-    def exit_code(self) -> int | None: ...
-    def wait_ready(self, timeout: float) -> float: ...
-    def stop(self, grace: float = 20) -> list[int]: ...
+Engine = Runtime  # the name the gateway's tests and callers know
 
 
 @dataclass
 class ManagedEngine:
-    engine: Engine
+    engine: Runtime
     model_group: str  # the name clients ask for (the model's api_name)
     served_name: str  # what the engine calls it (--served-model-name)
     deployment_id: str = ""
-    task: asyncio.Task | None = field(default=None, repr=False)
+    factory: Callable[[], Runtime] | None = field(default=None, repr=False)  # fresh engine per cold start
+    need: int | None = None  # bytes while awake (stack.manager.memory.engine_need)
+    need_source: str = ""
+    can_sleep: bool = False
+    preload: bool = True
+
+
+# Without manager settings the supervisor behaves as it always did: every engine starts at once, shares
+# the machine, and one that dies is marked failed (no restarts, no idle unloading).
+PLAIN = ManagerConfig(restart_max=0, idle_ttl_s=0, sleep="off", spill_to_fallback=True)
 
 
 class EngineSupervisor:
-    def __init__(self, engines: list[ManagedEngine], startup_timeout_s: float, stop_grace_s: float) -> None:
+    def __init__(self, engines: list[ManagedEngine], startup_timeout_s: float, stop_grace_s: float,
+                 settings: ManagerConfig | None = None, capacity: Capacity | None = None,
+                 probe: MemoryProbe | None = None) -> None:  # fmt: skip
         self.engines = engines
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
-        self._stopping = False
+        self.settings = settings or PLAIN
+        self.capacity = capacity or Capacity(total=1 << 62, sleep_supported=False)
+        self.probe = probe
+        self.manager: ModelManager | None = None
+        self._watch: asyncio.Task | None = None
 
-    async def start(self, state: GatewayState) -> None:
-        """on_startup hook: register every engine as starting and bring them up in the background."""
+    async def start(self, state: GatewayState) -> ModelManager:
+        """on_startup hook: register every engine, start the preloaded ones in the background, watch."""
+        slots = []
         for m in self.engines:
             m.deployment_id = m.deployment_id or f"engine-{m.model_group}"
             spec = m.engine.spec
             state.registry.add(Deployment(
                 id=m.deployment_id, model_group=m.model_group, kind="local", upstream_model=m.served_name,
-                api_base=spec.base_url, state="starting", labels={"engine": spec.name},
+                api_base=spec.base_url, state="stopped", labels={"engine": spec.name, "managed": "1"},
             ))  # fmt: skip
-            m.task = asyncio.create_task(self._run(m, state.registry), name=f"engine {spec.name}")
-
-    async def _run(self, m: ManagedEngine, registry: DeploymentRegistry) -> None:
-        try:
-            pid = await asyncio.to_thread(m.engine.start)
-            registry.set_state(m.deployment_id, "starting", f"pid {pid}")
-            seconds = await asyncio.to_thread(m.engine.wait_ready, self.startup_timeout_s)
-        except EngineError as exc:
-            log.error("engine %s failed to start: %s", m.engine.spec.name, exc.message)
-            registry.set_state(m.deployment_id, "failed", exc.message)
-            return
-        registry.set_state(m.deployment_id, "ready", f"pid {pid}, ready in {seconds:.0f} s")
-        log.info("engine %s ready in %.0f s", m.engine.spec.name, seconds)
-        while not self._stopping:  # watch: an engine that dies leaves the Router at once
-            code = m.engine.exit_code()
-            if code is not None:
-                log.error("engine %s exited with code %s", m.engine.spec.name, code)
-                registry.set_state(m.deployment_id, "failed", f"exited with code {code}")
-                return
-            await asyncio.sleep(1)
+            slots.append(Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep,
+                              m.deployment_id))  # fmt: skip
+        self.manager = manager = ModelManager(
+            slots, self.settings, state.registry, self.capacity, metrics=state.metrics, probe=self.probe,
+            startup_timeout_s=self.startup_timeout_s, stop_grace_s=self.stop_grace_s,
+            retry_after_s=state.settings.retry_after_s,
+        )  # fmt: skip
+        state.manager = manager
+        state.dispatcher.admission = manager
+        for m in self.engines:
+            if m.preload:  # registered as starting at once: a request now waits instead of 404/503
+                manager.move(manager.slots[m.model_group], ModelState.STARTING, "starting")
+        for m in self.engines:
+            if m.preload:
+                manager.request_switch(m.model_group)
+        self._watch = asyncio.create_task(watch(manager), name="manager watch")
+        return manager
 
     async def stop(self, state: GatewayState) -> None:
         """on_shutdown hook (after uvicorn drained the in-flight requests): stop every engine."""
-        self._stopping = True
-        for m in self.engines:
-            if m.task is not None:
-                m.task.cancel()
-            state.registry.set_state(m.deployment_id, "stopped", "gateway shutting down")
-        await asyncio.gather(*(asyncio.to_thread(m.engine.stop, self.stop_grace_s) for m in self.engines))
+        if self._watch is not None:
+            self._watch.cancel()
+        if self.manager is not None:
+            await self.manager.shutdown()

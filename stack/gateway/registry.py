@@ -4,7 +4,7 @@ A deployment is one place a model group can be served: a local engine (an OpenAI
 loopback, usually vLLM) or a cloud model reached through a LiteLLM provider. Only `ready` deployments
 are known to LiteLLM's Router; the others (starting, failed, stopped) stay here so /admin/* can show
 them and so that a request for a starting model gets 503 + Retry-After, not 404. The model manager
-(switching, sleep) drives the states through `set_state`.
+(stack.manager: switching, sleep, restarts) drives the states through `set_state` and `update`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Kind = Literal["local", "cloud"]
-State = Literal["starting", "ready", "sleeping", "failed", "stopped"]
+State = Literal["starting", "ready", "sleeping", "stopping", "failed", "stopped"]
 
 
 @dataclass
@@ -99,6 +99,17 @@ class DeploymentRegistry:
             return None
         before = Deployment(**{**dep.__dict__})
         dep.state, dep.detail, dep.since = state, detail, time.time()
+        self._notify(dep_id, before, dep)
+        return dep
+
+    def update(self, dep_id: str, **fields: Any) -> Deployment | None:
+        """Change other fields (a restarted engine's api_base); listeners hear it like a state change."""
+        dep = self._items.get(dep_id)
+        if dep is None:
+            return None
+        before = Deployment(**{**dep.__dict__})
+        for key, value in fields.items():
+            setattr(dep, key, value)
         self._notify(dep_id, before, dep)
         return dep
 

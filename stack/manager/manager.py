@@ -1,0 +1,353 @@
+"""ModelManager: the one owner of every managed engine. Admits requests, switches models, one at a time.
+
+- Admission (`admit`): a ready model admits at once (no lock, no await: the resident path costs ~µs).
+  Otherwise the request waits in a bounded per-model queue, up to `queue_timeout_s`, or spills to the
+  model's fallbacks while the switch runs.
+- Single flight (`request_switch`): one switch task per model however many requests wait for it; and
+  one switch at a time overall (`_lock`), so two switches never evict each other's model.
+- Anti-thrash: a switch waits until the models it evicts are drained and past their minimum residency;
+  meanwhile those models stop admitting new requests once their residency is over (`closing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+from stack.engine.runtime import logs_of
+from stack.errors import EngineError
+from stack.gateway.errors import NoDeployment
+from stack.gateway.metrics import GatewayMetrics
+from stack.gateway.registry import DeploymentRegistry
+from stack.manager.memory import MemoryProbe, NoProbe
+from stack.manager.policy import (
+    Capacity,
+    Evict,
+    EvictionOrder,
+    SwitchKind,
+    closes,
+    evictable,
+    plan_switch,
+    sleep_freed_enough,
+)
+from stack.manager.settings import ManagerConfig
+from stack.manager.slot import Slot
+from stack.manager.states import ModelState
+
+log = logging.getLogger("stack.manager")
+S = ModelState
+
+
+class Ticket:
+    """One admitted request; `release` when its answer is complete (streams: when the stream ends)."""
+
+    __slots__ = ("_done", "_manager", "_slot")
+
+    def __init__(self, manager: ModelManager | None, slot: Slot | None) -> None:
+        self._manager, self._slot, self._done = manager, slot, False
+
+    def release(self) -> None:
+        if self._done or self._slot is None or self._manager is None:
+            return
+        self._done = True
+        self._slot.in_flight -= 1
+        self._slot.last_used = self._manager.clock()
+        self._manager.bump()
+
+
+UNMANAGED = Ticket(None, None)
+
+
+class ModelManager:
+    def __init__(self, slots: list[Slot], settings: ManagerConfig, registry: DeploymentRegistry,
+                 capacity: Capacity, *, metrics: GatewayMetrics | None = None, probe: MemoryProbe | None = None,
+                 startup_timeout_s: float = 900, stop_grace_s: float = 20, retry_after_s: int = 5,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.slots = {s.name: s for s in slots}
+        self.settings = settings
+        self.registry = registry
+        self.capacity = capacity
+        self.metrics = metrics or GatewayMetrics()
+        self.probe = probe or NoProbe()
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_grace_s = stop_grace_s
+        self.retry_after = {"Retry-After": str(retry_after_s)}
+        self.clock = clock
+        self._lock = asyncio.Lock()
+        self._flights: dict[str, asyncio.Task] = {}
+        self._event = asyncio.Event()
+        self._last_group: str | None = None
+        self.decisions: list[dict] = []  # the last switch decisions with their reasons, for /admin/models
+        self.stopping = False
+
+    # -- state changes: one place, so registry, metrics and waiters always agree --------------------
+    def bump(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    def move(self, slot: Slot, state: ModelState, detail: str = "") -> None:
+        before = slot.state
+        slot.move(state, detail)
+        if state != S.READY:
+            slot.closing = False
+        self.registry.set_state(slot.deployment_id, str(state), detail)  # type: ignore[arg-type]
+        self.metrics.model_state.labels(slot.name, str(before)).set(0)
+        self.metrics.model_state.labels(slot.name, str(state)).set(1)
+        if before != state:
+            log.info("model %s: %s -> %s %s", slot.name, before, state, f"({detail})" if detail else "")
+        self.bump()
+
+    async def changed(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout)
+
+    # -- admission ------------------------------------------------------------------------------------
+    def manages(self, group: str) -> bool:
+        return group in self.slots
+
+    async def admit(self, group: str, can_spill: bool = False) -> Ticket | None:
+        """A ticket once `group` is ready; None: serve it from its fallbacks (a switch runs meanwhile)."""
+        slot = self.slots.get(group)
+        if slot is None:
+            return UNMANAGED
+        if slot.state == S.READY and not slot.closing:
+            return self._admit_now(slot, SwitchKind.RESIDENT)
+        self._refuse_failed(slot)
+        if can_spill and self.settings.spill_to_fallback:
+            self.request_switch(group)
+            return None
+        if slot.waiting >= self.settings.queue_max:
+            raise NoDeployment(f"`{group}` is switching and its queue is full; retry later", headers=self.retry_after)
+        slot.waiting += 1
+        self.metrics.queue_length.labels(group).set(slot.waiting)
+        t0 = self.clock()
+        try:
+            return await asyncio.wait_for(self._wait_admission(slot, t0), self.settings.queue_timeout_s)
+        except TimeoutError:
+            raise NoDeployment(
+                f"`{group}` was not ready within {self.settings.queue_timeout_s:.0f} s "
+                f"({slot.state}: {slot.detail}); retry later",
+                headers=self.retry_after,
+            ) from None
+        finally:
+            slot.waiting -= 1
+            self.metrics.queue_length.labels(group).set(slot.waiting)
+            self.metrics.queue_wait.labels(group).observe(self.clock() - t0)
+
+    def _admit_now(self, slot: Slot, kind: SwitchKind) -> Ticket:
+        slot.in_flight += 1
+        slot.last_used = self.clock()
+        if self._last_group != slot.name:
+            if kind == SwitchKind.RESIDENT and self._last_group is not None:
+                self.metrics.switches.labels(slot.name, str(kind)).inc()
+            self._last_group = slot.name
+        return Ticket(self, slot)
+
+    def _refuse_failed(self, slot: Slot, since: float | None = None) -> None:
+        if slot.state != S.FAILED:
+            return
+        recent = self.clock() - slot.failed_at < self.settings.retry_failed_s
+        if (since is not None and slot.failed_at >= since) or (since is None and recent):
+            raise NoDeployment(f"`{slot.name}` failed: {slot.detail} (see /admin/models)", headers=self.retry_after)
+
+    async def _wait_admission(self, slot: Slot, since: float) -> Ticket:
+        while True:
+            event = self._event
+            if slot.state == S.READY and not slot.closing:
+                return self._admit_now(slot, SwitchKind(slot.last_switch.get("kind", "cold")))
+            self._refuse_failed(slot, since)
+            if self.stopping:
+                raise NoDeployment("the gateway is shutting down", headers=self.retry_after)
+            if slot.state != S.READY:
+                self.request_switch(slot.name)
+            await event.wait()
+
+    # -- switching --------------------------------------------------------------------------------------
+    def request_switch(self, name: str, *, delay: float = 0.0, force: bool = False) -> asyncio.Task:
+        """The one switch task for `name` (started if none runs)."""
+        flight = self._flights.get(name)
+        if flight is not None and not flight.done():
+            return flight
+        flight = asyncio.get_running_loop().create_task(self._switch(name, delay, force), name=f"switch {name}")
+        self._flights[name] = flight
+        flight.add_done_callback(_consume)
+        return flight
+
+    async def _switch(self, name: str, delay: float = 0.0, force: bool = False) -> None:
+        if delay:
+            await asyncio.sleep(delay)  # restart backoff, outside the lock
+        slot = self.slots[name]
+        async with self._lock:
+            if self.stopping or slot.state == S.READY:
+                return
+            if slot.state == S.FAILED and not force and self.clock() - slot.failed_at < self.settings.retry_failed_s:
+                return
+            t0 = self.clock()
+            try:
+                plan = await self._make_room(slot)
+                kind = plan.kind
+                if slot.state == S.SLEEPING and not await self._wake(slot):
+                    kind = SwitchKind.COLD
+                if slot.state != S.READY:
+                    await self._cold_start(slot)
+            finally:
+                for other in self.slots.values():
+                    other.closing = False
+                self.bump()
+            seconds = self.clock() - t0
+            slot.last_switch = {"kind": str(kind), "seconds": round(seconds, 3), "reason": plan.reason}
+            self.metrics.switches.labels(name, str(kind)).inc()
+            self.metrics.switch_seconds.labels(str(kind)).observe(seconds)
+            log.info("switched to %s (%s) in %.2f s: %s", name, kind, seconds, plan.reason)
+
+    async def _make_room(self, slot: Slot):
+        """Plan, wait until the models to evict may go (drained, residency over), evict them."""
+        started = self.clock()
+        limit = self.settings.min_residency_s + self.settings.drain_timeout_s
+        while True:
+            target = slot.view()
+            if slot.state in (S.STARTING, S.FAILED):  # a pending (re)start holds nothing yet
+                target = dataclasses.replace(target, state=S.STOPPED)
+            others = [s.view() for s in self.slots.values() if s is not slot]
+            plan = plan_switch(target, others, self.capacity, EvictionOrder(self.settings.eviction))
+            now = self.clock()
+            blocked = [self.slots[e.name] for e in plan.evict
+                       if not evictable(self.slots[e.name].view(), now, self.settings.min_residency_s,
+                                        self.settings.quiet_s)]  # fmt: skip
+            if not blocked or now - started > limit:
+                break
+            for victim in blocked:
+                if closes(victim.view(), now, self.settings.min_residency_s):
+                    victim.closing = True  # its queued requests are served, new ones wait for its turn
+            await self.changed(0.25)
+        self._record(slot.name, plan.kind, plan.reason, plan.evict)
+        if not plan.fits:
+            detail = f"does not fit: {plan.reason}"
+            slot.failed_at = self.clock()
+            self.move(slot, S.FAILED, detail)
+            raise EngineError(f"model {slot.name!r} {detail}")
+        for e in plan.evict:
+            await self.evict(self.slots[e.name], e.action)
+        return plan
+
+    def _record(self, name: str, kind: SwitchKind, reason: str, evict: tuple) -> None:
+        entry = {"model": name, "kind": str(kind), "reason": reason, "at": time.time(),
+                 "evict": [f"{e.action} {e.name}" for e in evict]}  # fmt: skip
+        self.decisions = [*self.decisions[-19:], entry]
+        log.info("switch decision for %s: %s (%s)", name, kind, reason)
+
+    async def evict(self, victim: Slot, action: Evict) -> None:
+        if victim.state not in (S.READY, S.SLEEPING):
+            return
+        self.metrics.evictions.labels(victim.name, str(action)).inc()
+        if action == Evict.SLEEP and victim.state == S.READY:
+            before = self.probe.used()
+            self.move(victim, S.SLEEPING, f"sleep level {self.settings.sleep_level}")
+            try:
+                await asyncio.to_thread(victim.runtime.sleep, self.settings.sleep_level)
+                after = self.probe.used()
+                if sleep_freed_enough(before, after, victim.need, self.settings.sleep_min_freed):
+                    victim.residue = max(0, (victim.need or 0) - (before - after))  # type: ignore[operator]
+                    self.move(victim, S.SLEEPING, f"asleep, {(before - after) / 2**30:.1f} GiB freed")  # type: ignore[operator]
+                    return
+                log.warning("sleep of %s freed too little (used %s -> %s): stopping it", victim.name, before, after)
+            except EngineError as exc:
+                log.warning("sleep of %s failed (%s): stopping it", victim.name, exc.message)
+        await self.stop_engine(victim, "evicted" if action == Evict.STOP else "sleep did not free memory; stopped")
+
+    async def stop_engine(self, slot: Slot, why: str) -> None:
+        self.move(slot, S.STOPPING, why)
+        await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
+        slot.residue = 0
+        self.move(slot, S.STOPPED, why)
+
+    async def _wake(self, slot: Slot) -> bool:
+        self.move(slot, S.STARTING, "waking up")
+        try:
+            await asyncio.to_thread(slot.runtime.wake_up)
+            await asyncio.to_thread(slot.runtime.wait_ready, 60.0)
+        except EngineError as exc:
+            log.warning("wake-up of %s failed (%s): cold start instead", slot.name, exc.message)
+            await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
+            return False
+        self._ready(slot, "woken up")
+        return True
+
+    async def _cold_start(self, slot: Slot) -> None:
+        if slot.factory is not None:
+            slot.runtime = slot.factory()  # a fresh free port each time
+            self.registry.update(slot.deployment_id, api_base=slot.runtime.spec.base_url)
+        self.move(slot, S.STARTING, "cold start")
+        try:
+            pid = await asyncio.to_thread(slot.runtime.start)
+            self.move(slot, S.STARTING, f"cold start, pid {pid}")
+            seconds = await asyncio.to_thread(slot.runtime.wait_ready, self.startup_timeout_s)
+        except EngineError as exc:
+            slot.log_tail = exc.log_tail or logs_of(slot.runtime)
+            slot.failed_at = self.clock()
+            self.move(slot, S.FAILED, exc.message)
+            raise
+        self._ready(slot, f"pid {pid}, ready in {seconds:.1f} s")
+
+    def _ready(self, slot: Slot, detail: str) -> None:
+        now = self.clock()
+        slot.ready_since = slot.last_used = now
+        slot.residue, slot.log_tail = 0, ""
+        self.move(slot, S.READY, detail)
+
+    # -- admin ------------------------------------------------------------------------------------------
+    async def load(self, name: str) -> Slot:
+        slot = self.slots[name]
+        await self.request_switch(name, force=True)
+        return slot
+
+    async def unload(self, name: str, sleep: bool = False) -> Slot:
+        """Stop (or put to sleep) a model after its in-flight requests finish (up to drain_timeout_s)."""
+        slot = self.slots[name]
+        async with self._lock:
+            slot.closing = slot.state == S.READY
+            deadline = self.clock() + self.settings.drain_timeout_s
+            while slot.in_flight and self.clock() < deadline:
+                await self.changed(0.25)
+            can = sleep and slot.can_sleep and self.capacity.sleep_supported
+            if slot.state in (S.READY, S.SLEEPING):
+                await self.evict(slot, Evict.SLEEP if can and slot.state == S.READY else Evict.STOP)
+            elif slot.state == S.FAILED:
+                self.move(slot, S.STOPPED, "unloaded")
+        return slot
+
+    async def switch(self, name: str) -> Slot:
+        """Make `name` the one awake model: load it, then put every other awake model to sleep or stop it."""
+        slot = await self.load(name)
+        for other in self.slots.values():
+            if other is not slot and other.state == S.READY:
+                await self.unload(other.name, sleep=True)
+        return slot
+
+    def status(self) -> dict:
+        now = self.clock()
+        return {
+            "capacity_gib": round(self.capacity.total / 2**30, 2), "sleep_mode": self.capacity.sleep_supported,
+            "models": {n: s.public(now) for n, s in self.slots.items()}, "decisions": self.decisions,
+        }  # fmt: skip
+
+    async def shutdown(self) -> None:
+        self.stopping = True
+        for flight in self._flights.values():
+            flight.cancel()
+        self.bump()
+        await asyncio.gather(*(asyncio.to_thread(s.runtime.stop, self.stop_grace_s) for s in self.slots.values()))
+        for slot in self.slots.values():
+            self.registry.set_state(slot.deployment_id, "stopped", "gateway shutting down")
+
+
+def _consume(task: asyncio.Task) -> None:
+    # A failed switch is reported through the slot's state (failed + log tail), not as a stray exception.
+    if not task.cancelled() and task.exception() is not None:
+        exc = task.exception()
+        if not isinstance(exc, EngineError):
+            log.error("switch task %s crashed", task.get_name(), exc_info=exc)

@@ -1,0 +1,78 @@
+"""How much memory each engine needs (from the fit planner) and how much the engines may use together.
+
+On a GPU an engine takes `gpu_memory_utilization` x the device whatever the model (vLLM sizes its KV
+cache to fill it), so its need is the planner's `requested`; on the CPU build it is weights + the KV
+space it was given + the engine's own overhead. NVML tells whether a sleep really freed the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+from stack.manager.settings import ManagerConfig
+
+log = logging.getLogger("stack.manager")
+GIB = 1024**3
+
+
+class MemoryProbe(Protocol):
+    def used(self) -> int | None: ...
+
+
+class NvmlProbe:
+    """Bytes used on the GPUs the engines share (all visible devices, summed)."""
+
+    def used(self) -> int | None:
+        try:
+            import pynvml
+        except ImportError:
+            return None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError:
+            return None
+        try:
+            total = 0
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                total += pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
+            return total
+        finally:
+            pynvml.nvmlShutdown()
+
+
+class NoProbe:
+    def used(self) -> int | None:
+        return None
+
+
+def capacity_bytes(settings: ManagerConfig, hardware: object) -> int:
+    """What the engines may hold together: the configured budget, else GPU memory, else free RAM x headroom."""
+    if settings.memory_budget_gib:
+        return int(settings.memory_budget_gib * GIB)
+    gpus = list(getattr(hardware, "gpus", []) or [])
+    if gpus:
+        return sum(g.memory_total for g in gpus)
+    available = getattr(hardware, "ram_available", 0) or psutil.virtual_memory().available
+    return int(available * settings.memory_headroom)
+
+
+def engine_need(cfg: object, plan: object, hardware: object) -> tuple[int | None, str]:
+    """(bytes, how we know) for a planned engine (stack.engine.launch.EnginePlan); None when the planner
+    cannot tell (the manager then treats the model as needing the whole machine: never co-resident)."""
+    from stack.planner.api import plan_profile
+
+    resolved = plan.resolved  # type: ignore[attr-defined]
+    try:
+        # The launcher's decisions (VLLM_CPU_KVCACHE_SPACE) are what the engine will really get.
+        resolved = dataclasses.replace(resolved, env={**resolved.env, **plan.env})  # type: ignore[attr-defined]
+        model_dir = Path(plan.model_arg)  # type: ignore[attr-defined]
+        fit = plan_profile(resolved, hardware, cfg=cfg, model_dir=model_dir if model_dir.is_dir() else None)
+    except Exception as exc:  # a planner refusal or a missing model: not a reason to refuse to try
+        log.info("memory need of %s unknown (%s): it will not share the machine", resolved.name, exc)
+        return None, f"unknown ({type(exc).__name__})"
+    return fit.budget.requested, f"planner: {fit.budget.device} {fit.budget.requested / GIB:.1f} GiB"

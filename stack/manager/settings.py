@@ -1,0 +1,65 @@
+"""The `manager:` section of the configuration: which models the gateway may switch between, and how.
+
+Defaults follow what users of llama-swap and Ollama expect (a model loads on its first request and is
+unloaded when idle), with the two guards they lack: a minimum residency (no A-B-A-B thrash) and a
+bounded queue with a time limit (a request never waits forever behind a switch).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ManagerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[str] = Field(
+        default_factory=list,
+        description="models or profiles the gateway may serve and switch between; empty: only the served one",
+    )
+    preload: list[str] | None = Field(
+        None, description="started when the gateway starts (default: the served model only)"
+    )
+    min_residency_s: float = Field(
+        20, ge=0, description="a model that is in use stays loaded at least this long before another evicts it"
+    )
+    quiet_s: float = Field(
+        2, ge=0, description="a model without a request for this long may be evicted before min_residency_s"
+    )
+    queue_max: int = Field(64, ge=0, description="requests per model waiting for a switch; more get 503")
+    queue_timeout_s: float = Field(120, gt=0, description="how long a request waits for its model, then 503")
+    drain_timeout_s: float = Field(
+        60, ge=0, description="how long a switch waits for the evicted model's in-flight requests"
+    )
+    spill_to_fallback: bool = Field(
+        True, description="while a model switches, serve its requests from its configured fallbacks (if any)"
+    )
+    idle_ttl_s: float = Field(600, ge=0, description="an idle model sleeps (GPU) or stops (CPU) after this; 0: never")
+    sleep_ttl_s: float = Field(3600, ge=0, description="a sleeping model is stopped after this long asleep; 0: never")
+    sleep: Literal["auto", "off"] = Field(
+        "auto", description="auto: engines on a GPU start with --enable-sleep-mode and are put to sleep to switch"
+    )
+    sleep_level: Literal[1, 2] = Field(1, description="vLLM sleep level: 1 offloads weights to RAM, 2 drops them")
+    sleep_min_freed: float = Field(
+        0.5, gt=0, le=1, description="after a sleep NVML must show this fraction of the engine's memory freed"
+    )
+    eviction: Literal["lru", "largest"] = Field("lru", description="which resident model gives way first")
+    memory_budget_gib: float | None = Field(
+        None, gt=0, description="memory the engines may use together (default: what is free when the gateway starts)"
+    )
+    memory_headroom: float = Field(
+        0.85, gt=0, le=1, description="CPU: the fraction of free RAM engines may use together"
+    )
+    restart_max: int = Field(3, ge=0, description="restarts of a crashed engine within restart_window_s")
+    restart_window_s: float = Field(600, gt=0)
+    restart_backoff_s: float = Field(2, ge=0, description="first restart's delay; doubles each time")
+    retry_failed_s: float = Field(30, ge=0, description="a failed model is tried again on a request after this")
+
+    @model_validator(mode="after")
+    def _preload_subset(self) -> ManagerConfig:
+        extra = [m for m in self.preload or [] if self.models and m not in self.models]
+        if extra:
+            raise ValueError(f"preload names {', '.join(extra)}, which `models` does not list")
+        return self

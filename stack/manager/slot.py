@@ -1,0 +1,54 @@
+"""One managed model: its engine, its state (changed only through `move`), and its counters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from stack.engine.runtime import Runtime
+from stack.manager.policy import ModelView
+from stack.manager.states import ModelState, check_move
+
+
+@dataclass
+class Slot:
+    name: str  # the model group clients ask for
+    runtime: Runtime
+    factory: Callable[[], Runtime] | None = None  # a fresh engine (new free port) for each cold start
+    need: int | None = None
+    need_source: str = ""
+    can_sleep: bool = False
+    deployment_id: str = ""
+    state: ModelState = ModelState.STOPPED
+    detail: str = ""
+    since: float = field(default_factory=time.monotonic)
+    ready_since: float = 0.0
+    last_used: float = 0.0
+    in_flight: int = 0
+    waiting: int = 0  # requests queued for this model (not yet admitted)
+    closing: bool = False  # a switch waits to evict it: new requests queue instead of being admitted
+    residue: int = 0
+    restarts: list[float] = field(default_factory=list)  # monotonic times of recent restarts
+    failed_at: float = 0.0
+    log_tail: str = ""
+    last_switch: dict = field(default_factory=dict)  # kind, seconds, reason of the last switch to it
+
+    def move(self, state: ModelState, detail: str = "") -> None:
+        check_move(self.name, self.state, state)
+        self.state, self.detail, self.since = state, detail, time.monotonic()
+
+    def view(self) -> ModelView:
+        return ModelView(self.name, self.state, self.need, self.last_used, self.ready_since,
+                         self.in_flight, self.can_sleep, self.residue)  # fmt: skip
+
+    def public(self, now: float) -> dict:
+        return {
+            "state": str(self.state), "detail": self.detail, "for_s": round(now - self.since, 1),
+            "need_gib": None if self.need is None else round(self.need / 1024**3, 2), "need_source": self.need_source,
+            "can_sleep": self.can_sleep, "in_flight": self.in_flight, "queued": self.waiting,
+            "idle_s": round(now - self.last_used, 1) if self.last_used else None,
+            "restarts": len(self.restarts), "last_switch": self.last_switch,
+            "log_tail": self.log_tail if self.state == ModelState.FAILED else "",
+            "engine": getattr(self.runtime.spec, "base_url", None),
+        }  # fmt: skip
