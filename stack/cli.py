@@ -39,7 +39,8 @@ from stack.planner.cli import plan_command
 app = typer.Typer(help="vllm-stack: run open models on your own GPUs.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 config_app = typer.Typer(help="Check and show configuration.", no_args_is_help=True)
-models_app = typer.Typer(help="Model files: list, pull.", no_args_is_help=True)
+models_app = typer.Typer(help="Models: their states behind the running gateway (no subcommand), files (list, pull).",
+                         invoke_without_command=True)
 app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
 app.add_typer(patches_app, name="patches")
@@ -214,6 +215,87 @@ def config_render(
 
 
 # --- models -------------------------------------------------------------------------------------
+
+
+@models_app.callback()
+def models_states(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Without a subcommand: each model behind the running gateway, its state and last switch."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from stack.manager.client import admin, model_rows
+
+    def body() -> None:
+        rows = model_rows(admin(_load().state_dir, "GET", "/admin/models"))
+        if as_json:
+            out.print_json(data=rows)
+            return
+        table = Table(title="Models behind the gateway")
+        for col in ("model", "state", "detail", "need", "in flight", "queued", "idle", "restarts", "last switch"):
+            table.add_column(col)
+        colour = {"ready": "green", "starting": "yellow", "sleeping": "cyan", "failed": "red"}
+        for r in rows:
+            table.add_row(r["model"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]", Text(r["detail"][:60]),
+                          "-" if r["need_gib"] is None else f"{r['need_gib']} GiB", str(r["in_flight"]),
+                          str(r["queued"]), "-" if r["idle_s"] is None else f"{r['idle_s']:.0f} s",
+                          str(r["restarts"]), r["last_switch"])  # fmt: skip
+        out.print(table)
+        for r in rows:
+            if r["state"] == "failed" and r["log_tail"]:
+                err.print(f"[red]{r['model']}[/] failed; last engine log lines:")
+                err.print(Text(r["log_tail"]))
+
+    run(body)
+
+
+def _model_action(model: str, action: str, timeout: float, wait: bool) -> None:
+    from stack.manager.client import admin
+
+    def body() -> int:
+        cfg = _load()
+        path = f"/admin/models/{model}/{action}"
+        with err.status(f"{action} {model} ..."):
+            result = admin(cfg.state_dir, "POST", path, timeout=timeout, wait=str(wait).lower())
+        if not wait:
+            out.print(f"[green]✓[/] {action} {model}: accepted (watch with `vstack models`)")
+            return 0
+        state = result.get("state", "?")
+        last = result.get("last_switch") or {}
+        how = f" ({last['kind']}, {last['seconds']:.2f} s)" if last and action in ("load", "switch") else ""
+        if state == "failed":
+            err.print(f"[red]✗[/] {model}: failed: {result.get('detail', '')}")
+            if result.get("log_tail"):
+                err.print(Text(result["log_tail"]))
+            return 3
+        out.print(f"[green]✓[/] {model}: {state}{how}")
+        return 0
+
+    run(body)
+
+
+WaitOpt = Annotated[bool, typer.Option("--wait/--no-wait", help="wait until the change is done")]
+TimeoutOpt = Annotated[float, typer.Option(help="seconds to wait for the gateway")]
+
+
+@app.command()
+def switch(model: Annotated[str, typer.Argument(help="model (or alias) behind the gateway")],
+           wait: WaitOpt = True, timeout: TimeoutOpt = 900) -> None:
+    """Make MODEL the awake one: load it, then put every other model to sleep (GPU) or stop it."""
+    _model_action(model, "switch", timeout, wait)
+
+
+@app.command()
+def load(model: Annotated[str, typer.Argument(help="model (or alias) behind the gateway")],
+         wait: WaitOpt = True, timeout: TimeoutOpt = 900) -> None:
+    """Load MODEL next to the others if it fits, else evict the least recently used."""
+    _model_action(model, "load", timeout, wait)
+
+
+@app.command()
+def unload(model: Annotated[str, typer.Argument(help="model (or alias) behind the gateway")],
+           sleep: Annotated[bool, typer.Option("--sleep", help="put it to sleep (GPU) instead of stopping")] = False,
+           wait: WaitOpt = True, timeout: TimeoutOpt = 120) -> None:
+    """Stop MODEL (after its in-flight requests finish), or put it to sleep with --sleep."""
+    _model_action(model, "sleep" if sleep else "unload", timeout, wait)
 
 
 @models_app.command("list")

@@ -6,11 +6,14 @@ when no admin key is configured.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from stack.errors import StackError
 from stack.gateway.auth import require_admin
 from stack.gateway.errors import InvalidRequest, ModelNotFound
 from stack.gateway.registry import Deployment
@@ -68,7 +71,44 @@ async def models(request: Request) -> dict[str, Any]:
                 "deployments": [{**d.public(), "cooling_down": d.id in cooling} for d in deps],
             }
         )
+    manager = state.manager
+    if manager is not None:
+        status = manager.status()
+        for entry in out:
+            entry["manager"] = status["models"].get(entry["model"])
+        return {"default": state.routing.default_group, "models": out,
+                "manager": {k: v for k, v in status.items() if k != "models"}}  # fmt: skip
     return {"default": state.routing.default_group, "models": out}
+
+
+Action = Literal["load", "unload", "switch", "sleep"]
+
+
+@router.post("/models/{model:path}/{action}")
+async def model_action(model: str, action: Action, request: Request, wait: bool = True) -> dict[str, Any]:
+    """load: make it ready (co-resident if it fits, else evicting others); switch: load it and put every
+    other model to sleep or stop it; unload: stop it; sleep: put it to sleep (GPU), else stop it.
+    wait=false answers at once (202-like) and the change runs in the background."""
+    state = get_state(request)
+    manager = state.manager
+    if manager is None:
+        raise InvalidRequest("this gateway has no model manager (it serves fixed deployments)", param="model")
+    group = state.routing.resolve(model)
+    if not manager.manages(group):
+        raise ModelNotFound(f"`{group}` is not a model this gateway starts", param="model")
+    work = {
+        "load": lambda: manager.load(group),
+        "switch": lambda: manager.switch(group),
+        "unload": lambda: manager.unload(group),
+        "sleep": lambda: manager.unload(group, sleep=True),
+    }[action]
+    if not wait:
+        task = asyncio.get_running_loop().create_task(work())
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return {"model": group, "action": action, "accepted": True}
+    with contextlib.suppress(StackError):  # a failed start is reported in the model's state below
+        await work()
+    return {"model": group, "action": action, **manager.status()["models"][group]}
 
 
 @router.get("/engines")

@@ -1,0 +1,62 @@
+"""The CLI's side of the model manager: `vstack models`, `switch`, `load`, `unload` call the running
+gateway's admin API (with VSTACK_ADMIN_KEY when it is set). No printing here: the CLI prints."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from stack.engine.state import StateStore
+from stack.errors import EngineError
+
+GATEWAY = "gateway"  # the state record `vstack up` writes
+
+
+def gateway_url(state_dir: Any) -> str:
+    record = StateStore(state_dir).get(GATEWAY)
+    if record is None or not record.alive():
+        raise EngineError("vstack is not running", hint="start it with `vstack up`")
+    return record.base_url
+
+
+def _headers() -> dict[str, str]:
+    key = os.environ.get("VSTACK_ADMIN_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def admin(state_dir: Any, method: str, path: str, timeout: float = 10, **params: Any) -> dict[str, Any]:
+    url = gateway_url(state_dir) + path
+    try:
+        resp = httpx.request(method, url, headers=_headers(), params=params or None, timeout=timeout)
+    except httpx.TimeoutException as exc:
+        raise EngineError(f"the gateway did not answer {path} within {timeout:.0f} s",
+                          hint="the change goes on in the background; watch it with `vstack models`") from exc
+    except httpx.HTTPError as exc:
+        raise EngineError(f"the gateway at {url} is not reachable: {type(exc).__name__}") from exc
+    try:
+        body = resp.json()
+    except ValueError:
+        body = {}
+    if resp.status_code >= 400:
+        message = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
+        hint = "set VSTACK_ADMIN_KEY" if resp.status_code in (401, 403) else None
+        raise EngineError(f"{path}: {resp.status_code} {message or resp.text[:200]}", hint=hint)
+    return body
+
+
+def model_rows(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per model: the manager's view where it has one, else the deployments' summary."""
+    rows = []
+    for m in body.get("models", []):
+        mgr = m.get("manager") or {}
+        last = mgr.get("last_switch") or {}
+        rows.append({
+            "model": m["model"], "state": mgr.get("state") or m["state"], "detail": mgr.get("detail", ""),
+            "need_gib": mgr.get("need_gib"), "in_flight": mgr.get("in_flight", 0), "queued": mgr.get("queued", 0),
+            "idle_s": mgr.get("idle_s"), "restarts": mgr.get("restarts", 0),
+            "last_switch": f"{last['kind']} {last['seconds']:.2f} s" if last else "",
+            "log_tail": mgr.get("log_tail", ""), "managed": bool(mgr),
+        })  # fmt: skip
+    return rows
