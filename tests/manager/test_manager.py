@@ -1,0 +1,241 @@
+"""The real ModelManager driven by in-memory stand-in engines: single flight, queue, anti-thrash,
+sleep with its NVML check and fallbacks, crashes and restarts, failed starts, idle unloading."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stack.gateway.errors import NoDeployment
+from stack.manager.settings import ManagerConfig
+from stack.manager.states import ModelState
+from stack.manager.supervise import on_crash, put_away_idle, watch
+
+from .conftest import GIB, FakeGpu, StandIn, build, counter, run
+
+S = ModelState
+
+
+async def serve(manager, name: str, hold: float = 0.0) -> None:
+    ticket = await manager.admit(name)
+    await asyncio.sleep(hold)
+    ticket.release()
+
+
+def test_concurrent_requests_start_a_model_once() -> None:
+    a = StandIn("a", start_s=0.2)
+    mgr = build([a])
+
+    async def body() -> None:
+        await asyncio.gather(*(serve(mgr, "a") for _ in range(20)))
+
+    run(body())
+    assert a.starts == 1 and mgr.slots["a"].state == S.READY
+    assert counter(mgr.metrics, "vstack_manager_switches_total", model="a", kind="cold") == 1
+    assert mgr.registry.get("engine-a").state == "ready"
+
+
+def test_co_resident_models_never_evict_each_other() -> None:
+    a, b = StandIn("a", need=2 * GIB), StandIn("b", need=2 * GIB)
+    mgr = build([a, b], capacity_gib=5)
+
+    async def body() -> None:
+        for name in "abababab":
+            await serve(mgr, name)
+
+    run(body())
+    assert (a.starts, b.starts) == (1, 1)
+    assert mgr.slots["a"].state == mgr.slots["b"].state == S.READY
+
+
+def test_alternating_requests_swap_at_most_once_per_residency() -> None:
+    """8 concurrent clients alternate A, B, A, B (llama-swap's thrash pattern) on a machine that holds one
+    model: with a 0.5 s residency and requests of 50 ms, swaps are bounded by time, not by requests."""
+    a, b = StandIn("a", need=4 * GIB, start_s=0.1), StandIn("b", need=4 * GIB, start_s=0.1)
+    settings = ManagerConfig(min_residency_s=0.5, quiet_s=0.3, queue_timeout_s=30)
+    mgr = build([a, b], settings, capacity_gib=5)
+    loop_time = {}
+
+    async def client(i: int) -> None:
+        for k in range(10):
+            await serve(mgr, "ab"[(i + k) % 2], hold=0.05)
+
+    async def body() -> None:
+        t0 = asyncio.get_running_loop().time()
+        await asyncio.gather(*(client(i) for i in range(8)))
+        loop_time["s"] = asyncio.get_running_loop().time() - t0
+
+    run(body())
+    swaps = a.starts + b.starts
+    bound = 1 + loop_time["s"] / settings.min_residency_s
+    assert swaps <= bound, (swaps, loop_time)
+    assert swaps < 80 / 4  # llama-swap without residency: up to one swap per request
+
+
+def test_queue_is_bounded_and_times_out_with_retry_after() -> None:
+    a = StandIn("a", start_s=1.0)
+    mgr = build([a], ManagerConfig(queue_max=2, queue_timeout_s=0.3, min_residency_s=0))
+
+    async def body() -> list:
+        return await asyncio.gather(*(mgr.admit("a") for _ in range(3)), return_exceptions=True)
+
+    results = run(body())
+    errors = [r for r in results if isinstance(r, NoDeployment)]
+    assert len(errors) == 3  # one refused at once (queue full), two timed out
+    assert any("queue is full" in e.message for e in errors)
+    assert all(e.headers.get("Retry-After") for e in errors)
+
+
+def test_spill_returns_none_and_switches_in_the_background() -> None:
+    a = StandIn("a", start_s=0.1)
+    mgr = build([a])
+
+    async def body() -> None:
+        assert await mgr.admit("a", can_spill=True) is None
+        await asyncio.sleep(0.3)
+        assert mgr.slots["a"].state == S.READY
+
+    run(body())
+
+
+def test_gpu_switch_sleeps_the_other_and_wakes_it_back() -> None:
+    gpu = FakeGpu()
+    a, b = StandIn("a", need=70 * GIB, gpu=gpu), StandIn("b", need=70 * GIB, gpu=gpu)
+    mgr = build([a, b], capacity_gib=80, sleep=True, gpu=gpu)
+
+    async def body() -> None:
+        await serve(mgr, "a")
+        await serve(mgr, "b")
+        assert mgr.slots["a"].state == S.SLEEPING and a.sleeps == 1
+        await serve(mgr, "a")
+
+    run(body())
+    assert a.starts == 1 and a.wakes == 1 and mgr.slots["b"].state == S.SLEEPING
+    assert mgr.slots["a"].last_switch["kind"] == "sleeping"
+    assert counter(mgr.metrics, "vstack_manager_evictions_total", model="a", action="sleep") == 1
+
+
+def test_sleep_that_frees_nothing_falls_back_to_stop() -> None:
+    gpu = FakeGpu()
+    a, b = StandIn("a", need=70 * GIB, gpu=gpu), StandIn("b", need=70 * GIB, gpu=gpu)
+    a.stuck_sleep = True  # the vLLM bug: /sleep answers 200, memory stays
+    mgr = build([a, b], capacity_gib=80, sleep=True, gpu=gpu)
+
+    async def body() -> None:
+        await serve(mgr, "a")
+        await serve(mgr, "b")
+
+    run(body())
+    assert mgr.slots["a"].state == S.STOPPED and not a.running and mgr.slots["b"].state == S.READY
+
+
+def test_failed_wake_falls_back_to_cold_start() -> None:
+    gpu = FakeGpu()
+    a, b = StandIn("a", need=70 * GIB, gpu=gpu), StandIn("b", need=70 * GIB, gpu=gpu)
+    mgr = build([a, b], capacity_gib=80, sleep=True, gpu=gpu)
+
+    async def body() -> None:
+        await serve(mgr, "a")
+        await serve(mgr, "b")
+        a.fail_wake = True
+        await serve(mgr, "a")
+
+    run(body())
+    assert a.starts == 2 and mgr.slots["a"].state == S.READY and mgr.slots["a"].last_switch["kind"] == "cold"
+
+
+def test_failed_start_reports_log_tail_and_leaves_the_other_model_alone() -> None:
+    a, bad = StandIn("a"), StandIn("bad")
+    bad.fail_start = True
+    mgr = build([a, bad])
+
+    async def body() -> None:
+        await serve(mgr, "a")
+        with pytest.raises(NoDeployment, match="failed"):
+            await mgr.admit("bad")
+        with pytest.raises(NoDeployment, match="failed"):  # within retry_failed_s: refused at once
+            await mgr.admit("bad")
+        await serve(mgr, "a")
+
+    run(body())
+    slot = mgr.slots["bad"]
+    assert slot.state == S.FAILED and "config.json" in slot.log_tail
+    assert mgr.registry.get("engine-bad").state == "failed" and mgr.slots["a"].state == S.READY
+    assert mgr.status()["models"]["bad"]["log_tail"]
+
+
+def test_crash_restarts_with_backoff_then_fails_with_log_tail() -> None:
+    a = StandIn("a")
+    mgr = build([a], ManagerConfig(restart_max=2, restart_backoff_s=0.05, min_residency_s=0))
+
+    async def body() -> None:
+        await serve(mgr, "a")
+        for _ in range(2):
+            a.crash()
+            await on_crash(mgr, mgr.slots["a"])
+            assert mgr.slots["a"].state == S.STARTING
+            await serve(mgr, "a")  # waits for the restart
+        a.crash()
+        await on_crash(mgr, mgr.slots["a"])
+
+    run(body())
+    assert a.starts == 3 and mgr.slots["a"].state == S.FAILED
+    assert "RuntimeError" in mgr.slots["a"].log_tail
+    assert counter(mgr.metrics, "vstack_manager_restarts_total", model="a") == 2
+
+
+def test_watch_notices_a_crash_within_a_second() -> None:
+    a = StandIn("a")
+    mgr = build([a], ManagerConfig(restart_max=1, restart_backoff_s=0, min_residency_s=0))
+
+    async def body() -> None:
+        await serve(mgr, "a")
+        task = asyncio.create_task(watch(mgr, interval=0.1))
+        a.crash()
+        for _ in range(20):
+            await asyncio.sleep(0.05)
+            if a.starts == 2 and mgr.slots["a"].state == S.READY:
+                break
+        mgr.stopping = True
+        await task
+
+    run(body())
+    assert a.starts == 2 and mgr.slots["a"].state == S.READY
+
+
+def test_idle_models_sleep_on_gpu_and_stop_on_cpu() -> None:
+    now = [0.0]
+    gpu = FakeGpu()
+    a = StandIn("a", gpu=gpu)
+    mgr = build([a], ManagerConfig(idle_ttl_s=60, sleep_ttl_s=600), sleep=True, gpu=gpu, clock=lambda: now[0])
+    cpu = build([StandIn("c")], ManagerConfig(idle_ttl_s=60), clock=lambda: now[0])
+
+    async def body() -> None:
+        await serve(mgr, "a")
+        await serve(cpu, "c")
+        now[0] = 61
+        await put_away_idle(mgr)
+        await put_away_idle(cpu)
+        assert mgr.slots["a"].state == S.SLEEPING and cpu.slots["c"].state == S.STOPPED
+        now[0] = 700
+        await put_away_idle(mgr)
+
+    run(body())
+    assert mgr.slots["a"].state == S.STOPPED
+
+
+def test_unload_waits_for_in_flight_requests() -> None:
+    a = StandIn("a")
+    mgr = build([a])
+
+    async def body() -> None:
+        ticket = await mgr.admit("a")
+        unload = asyncio.create_task(mgr.unload("a"))
+        await asyncio.sleep(0.3)
+        assert a.running  # still serving
+        ticket.release()
+        await unload
+
+    run(body())
+    assert mgr.slots["a"].state == S.STOPPED and not a.running
