@@ -45,6 +45,9 @@ def managed(cfg: StackConfig, plan: EnginePlan, hardware: object, preload: bool)
     engine = engine_for(cfg, plan)
     spec = engine.spec
     need, source = engine_need(cfg, plan, hardware)
+    if not Path(plan.model_arg).is_dir():
+        # Its files could not be fetched: it will fail at once, so it must not evict a working model.
+        need, source = 0, "model files missing"
     served = plan.resolved.served_name
     return ManagedEngine(engine, served, served, factory=lambda: LocalEngine(with_port(spec, free_port())),
                          need=need, need_source=source, can_sleep=sleep_mode(cfg, plan), preload=preload)  # fmt: skip

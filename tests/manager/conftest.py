@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import sys
@@ -169,4 +170,67 @@ def engine_argv(model: Path | str, served: str, port: int) -> list[str]:
             "--max-num-seqs", "8", "--dtype", "float32"]  # fmt: skip
 
 
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1"}
+
+
+# -- a gateway in a thread of this process (the registry and manager stay reachable) ------------------
+@dataclass
+class Gateway:
+    url: str
+    app: object
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def state(self):
+        return self.app.state.gateway
+
+    def call(self, coro, timeout: float = 600):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def gateway_with(supervisor, default_model: str, settings=None):
+    """create_app with the supervisor's start/stop hooks, as stack.gateway.up does, on a free port."""
+    import uvicorn
+
+    from stack.gateway.app import create_app
+    from stack.gateway.settings import GatewayConfig
+
+    app = create_app(settings or GatewayConfig(), default_model=default_model, on_startup=[supervisor.start],
+                     on_shutdown=[supervisor.stop], environ={})  # fmt: skip
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           access_log=False, timeout_graceful_shutdown=5))  # fmt: skip
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield Gateway(f"http://127.0.0.1:{port}", app, loop)
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        loop.close()
+
+
+def local_engine(model: Path | str, served: str, log_dir: Path, need_gib: float, preload: bool = True):
+    from stack.engine.process import EngineSpec
+    from stack.engine.runtime import LocalEngine, with_port
+    from stack.gateway.engines import ManagedEngine
+
+    port = free_port()
+    argv = engine_argv(model, served, port)
+    spec = EngineSpec(name=served, profile="test", argv=argv, env=ENGINE_ENV, host="127.0.0.1", port=port,
+                      log_path=log_dir / f"{served}.log", display_argv=argv)  # fmt: skip
+    return ManagedEngine(LocalEngine(spec), served, served, factory=lambda: LocalEngine(with_port(spec, free_port())),
+                         need=int(need_gib * GIB), preload=preload)  # fmt: skip

@@ -1,0 +1,317 @@
+"""Switch time: from a request for model B while A is active to B's first token, per kind, next to plain
+vLLM doing the same, measured in one run (issue 4, item 7).
+
+    kinds   ours (vstack manager)                              plain vLLM
+    cold    A ready, one fits: request B -> A stopped (CPU)    `vllm serve B` start -> first token
+            or put to sleep (GPU), B started, first token
+    sleep   A ready, B asleep: request B -> A sleeps, B wakes  POST A/sleep + POST B/wake_up + first token
+    resident A and B ready: request B after A -> first token   first token of B, straight to its engine
+
+    python bench/switch_time.py --model-a DIR --model-b DIR [--gpu] [--through gateway|manager] --out F.json
+
+--through gateway (default where LiteLLM is installed) sends every request through the real gateway (the
+manager admits it, the dispatcher streams it); --through manager asks the manager for admission and then
+streams from the engine itself (the lent GPU machine has no LiteLLM; the gateway adds ~1-2 ms, see
+bench/gateway_overhead.py). CPU: no sleep mode, so the `sleep` kind is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shlex
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+GIB = 1024**3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Setup:
+    launcher: list[str]
+    extra: list[str]
+    env: dict[str, str]
+    logs: Path
+    gpu: bool
+
+    def argv(self, model: str, served: str, port: int) -> list[str]:
+        return [*self.launcher, "serve", model, "--host", "127.0.0.1", "--port", str(port),
+                "--served-model-name", served, *self.extra]  # fmt: skip
+
+
+def first_token(base: str, served: str, timeout: float = 900) -> float:
+    """Seconds until the first streamed token of a completion (the first SSE data event with a choice)."""
+    t0 = time.perf_counter()
+    body = {"model": served, "prompt": "Hello", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"choices"' in line:
+                return time.perf_counter() - t0
+    raise RuntimeError(f"{served}: the stream ended without a token")
+
+
+def wait_health(base: str, proc: subprocess.Popen, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"engine exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        time.sleep(0.1)
+    raise TimeoutError(base)
+
+
+def spawn(setup: Setup, model: str, served: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = open(setup.logs / f"plain-{served}-{port}.log", "wb")  # noqa: SIM115 - lives as long as the engine
+    proc = subprocess.Popen(setup.argv(model, served, port), stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **setup.env}, start_new_session=True)  # fmt: skip
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def kill(proc: subprocess.Popen) -> None:
+    from stack.engine.process import stop_process_tree
+
+    stop_process_tree(proc.pid, 15)
+
+
+# -- plain vLLM --------------------------------------------------------------------------------------
+def plain(setup: Setup, a: str, b: str, repeat: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    t0 = time.perf_counter()
+    proc_b, url_b = spawn(setup, b, "b")
+    try:
+        wait_health(url_b, proc_b)
+        first_token(url_b, "b")
+        out["cold"] = [time.perf_counter() - t0]
+        out["resident"] = [first_token(url_b, "b") for _ in range(repeat)]
+        if not setup.gpu:
+            return out
+        httpx.post(f"{url_b}/sleep", params={"level": "1"}, timeout=300).raise_for_status()
+        proc_a, url_a = spawn(setup, a, "a")
+        try:
+            wait_health(url_a, proc_a)
+            first_token(url_a, "a")
+            urls, names, times = [url_a, url_b], ["a", "b"], []
+            for i in range(repeat * 2):  # A -> B, B -> A, ...
+                cur, nxt = i % 2, (i + 1) % 2
+                t = time.perf_counter()
+                httpx.post(f"{urls[cur]}/sleep", params={"level": "1"}, timeout=300).raise_for_status()
+                httpx.post(f"{urls[nxt]}/wake_up", timeout=300).raise_for_status()
+                first_token(urls[nxt], names[nxt])
+                times.append(time.perf_counter() - t)
+            out["sleep"] = times
+        finally:
+            kill(proc_a)
+    finally:
+        kill(proc_b)
+    return out
+
+
+# -- ours ----------------------------------------------------------------------------------------------
+class Ours:
+    """The manager (and, through=gateway, the whole gateway) in a thread with its own event loop."""
+
+    def __init__(self, setup: Setup, a: str, b: str, through: str) -> None:
+        from stack.engine.process import EngineSpec
+        from stack.engine.runtime import LocalEngine, with_port
+        from stack.manager.memory import NoProbe, NvmlProbe
+        from stack.manager.policy import Capacity
+        from stack.manager.settings import ManagerConfig
+
+        self.through = through
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        engines = []
+        for model, served in ((a, "a"), (b, "b")):
+            port = free_port()
+            spec = EngineSpec(served, "bench", setup.argv(model, served, port), setup.env, "127.0.0.1", port,
+                              setup.logs / f"ours-{served}.log", [])  # fmt: skip
+            engines.append((served, spec, lambda s=spec: LocalEngine(with_port(s, free_port()))))
+        # One model at a time at first (each needs 60% of the budget); `resident` widens the budget.
+        settings = ManagerConfig(min_residency_s=0, quiet_s=0, idle_ttl_s=0, queue_timeout_s=900, restart_max=0)
+        self.capacity = Capacity(10 * GIB, sleep_supported=setup.gpu)
+        probe = NvmlProbe() if setup.gpu else NoProbe()
+        if through == "gateway":
+            self._gateway(engines, settings, probe)
+        else:
+            self._manager(engines, settings, probe)
+
+    def _gateway(self, engines, settings, probe) -> None:
+        import uvicorn
+
+        from stack.gateway.app import create_app
+        from stack.gateway.engines import EngineSupervisor, ManagedEngine
+        from stack.gateway.settings import GatewayConfig
+
+        managed = [ManagedEngine(f(), n, n, factory=f, need=6 * GIB, can_sleep=self.capacity.sleep_supported,
+                                 preload=n == "a") for n, _, f in engines]  # fmt: skip
+        self.sup = EngineSupervisor(managed, 900, 15, settings, self.capacity, probe)
+        app = create_app(GatewayConfig(), default_model="a", on_startup=[self.sup.start], on_shutdown=[self.sup.stop],
+                         environ={})  # fmt: skip
+        port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        asyncio.run_coroutine_threadsafe(self.server.serve(), self.loop)
+        while not self.server.started:
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{port}"
+        self.manager = app.state.gateway.manager
+
+    def _manager(self, engines, settings, probe) -> None:
+        from stack.gateway.metrics import GatewayMetrics
+        from stack.gateway.registry import Deployment, DeploymentRegistry
+        from stack.manager.manager import ModelManager
+        from stack.manager.slot import Slot
+
+        registry = DeploymentRegistry()
+        slots = []
+        for n, spec, f in engines:
+            registry.add(Deployment(f"engine-{n}", n, "local", n, spec.base_url, state="stopped"))
+            slots.append(Slot(n, f(), f, 6 * GIB, "bench", self.capacity.sleep_supported, f"engine-{n}"))
+        self.manager = ModelManager(slots, settings, registry, self.capacity, metrics=GatewayMetrics(), probe=probe,
+                                    startup_timeout_s=900, stop_grace_s=15)  # fmt: skip
+        self.server = None
+
+    def call(self, coro, timeout: float = 1800):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def ready(self, name: str) -> None:
+        self.call(self.manager.load(name))
+
+    def request(self, name: str) -> float:
+        """A request for `name`, timed from send to first token (the manager switches as needed)."""
+        if self.through == "gateway":
+            return first_token(self.url, name)
+        t0 = time.perf_counter()
+
+        async def admit():
+            return await self.manager.admit(name)
+
+        ticket = self.call(admit())
+        try:
+            first_token(self.manager.slots[name].runtime.spec.base_url, name)
+        finally:
+            self.loop.call_soon_threadsafe(ticket.release)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+            time.sleep(1)
+            self.call(self.sup.stop(None))  # no-op if the server's shutdown already ran
+        else:
+            self.call(self.manager.shutdown())
+
+
+def ours(setup: Setup, a: str, b: str, repeat: int, through: str) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    o = Ours(setup, a, b, through)
+    try:
+        o.ready("a")
+        o.request("a")
+        out["cold"] = [o.request("b")]  # A is stopped (CPU) or put to sleep (GPU), B cold-starts
+        if setup.gpu:  # A asleep, B awake: alternate, each switch sleeps one and wakes the other
+            out["sleep"] = [o.request("a" if i % 2 == 0 else "b") for i in range(repeat * 2)]
+        o.manager.capacity = type(o.capacity)(100 * GIB, setup.gpu)  # now both fit: co-resident
+        if not setup.gpu:
+            o.ready("a")
+            times = []
+            for _ in range(repeat):
+                o.request("a")
+                times.append(o.request("b"))  # B resident, A was the active one
+            out["resident"] = times
+        out["decisions"] = o.manager.decisions  # type: ignore[assignment]
+    finally:
+        o.close()
+    return out
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if s else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-a", required=True)
+    ap.add_argument("--model-b", required=True)
+    ap.add_argument("--gpu", action="store_true", help="sleep mode (GPU): --enable-sleep-mode, VLLM_SERVER_DEV_MODE")
+    ap.add_argument("--launcher", default=f"{sys.executable} -m stack.engine.vllm_compat")
+    ap.add_argument("--engine-args", default="--enforce-eager --max-model-len 512 --max-num-seqs 8 --dtype float32")
+    ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the engines")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--through", choices=["gateway", "manager", "auto"], default="auto")
+    ap.add_argument("--logs", type=Path, default=Path("/tmp/vstack-switch-bench"))
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    through = args.through
+    if through == "auto":
+        try:
+            import litellm  # noqa: F401
+
+            through = "gateway"
+        except ImportError:
+            through = "manager"
+    env = dict(kv.split("=", 1) for kv in args.env)
+    extra = shlex.split(args.engine_args)
+    if args.gpu:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        extra.append("--enable-sleep-mode")
+    else:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    args.logs.mkdir(parents=True, exist_ok=True)
+    setup = Setup(shlex.split(args.launcher), extra, env, args.logs, args.gpu)
+    started = time.strftime("%Y-%m-%d %H:%M")
+    p = plain(setup, args.model_a, args.model_b, args.repeat)
+    print("plain vLLM:", {k: [round(x, 3) for x in v] for k, v in p.items()}, flush=True)
+    o = ours(setup, args.model_a, args.model_b, args.repeat, through)
+    decisions = o.pop("decisions", [])
+    print("vstack:", {k: [round(x, 3) for x in v] for k, v in o.items()}, flush=True)
+    rows = []
+    for kind in ("resident", "sleep", "cold"):
+        if kind in o and kind in p:
+            rows.append({"kind": kind, "vstack_s": round(median(o[kind]), 3), "plain_vllm_s": round(median(p[kind]), 3),
+                         "ratio": round(median(o[kind]) / median(p[kind]), 3), "runs": len(o[kind])})  # fmt: skip
+    result = {"date": started, "machine": machine(), "through": through, "launcher": args.launcher,
+              "engine_args": extra, "models": [args.model_a, args.model_b], "rows": rows,
+              "raw": {"vstack": o, "plain": p}, "decisions": decisions}  # fmt: skip
+    print(json.dumps(rows, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+def machine() -> str:
+    desc = f"{platform.node()} {os.cpu_count()} cores"
+    with contextlib.suppress(Exception):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()  # fmt: skip
+        if out:
+            desc += f", {out.splitlines()[0]} x{len(out.splitlines())}"
+    return desc
+
+
+if __name__ == "__main__":
+    main()
