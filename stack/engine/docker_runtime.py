@@ -270,20 +270,19 @@ class DockerEngine:
 # --- inside the engine image ----------------------------------------------------------------------------
 
 
-def serve(target: str | None, port: int, check: bool = True) -> None:
+def serve(target: str | None, port: int) -> None:
     """Plan, fetch the model into the cache, and exec vLLM bound to the container's network address."""
     from stack.config import load_config
-    from stack.engine.launch import plan_engine, prepare_model
+    from stack.engine.launch import plan_and_prepare
     from stack.hardware import detect
 
     def say(line: str) -> None:
         print(f"vstack: {line}", flush=True)
 
     cfg = load_config()
-    plan = plan_engine(cfg, target, detect(), port=port, check=check)
+    plan = plan_and_prepare(cfg, target, detect(), port=port, on_status=say)
     for note in plan.notes:
         say(note)
-    plan = prepare_model(cfg, plan, on_status=say)
     plan.host = "0.0.0.0"  # the container's own address on its (internal) network; no port is published
     argv = plan.argv()
     say(plan.display())
@@ -297,12 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("serve", help="run vLLM in this container for a profile or model (default: `serve:`)")
     run.add_argument("target", nargs="?", default=None)
     run.add_argument("--port", type=int, default=8000)
-    run.add_argument("--no-check", action="store_true", help="skip the check against vLLM's own parser")
     args = ap.parse_args(argv)
     from stack.errors import StackError
 
     try:
-        serve(None if args.target in (None, "", "auto") else args.target, args.port, check=not args.no_check)
+        serve(None if args.target in (None, "", "auto") else args.target, args.port)
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code

@@ -6,6 +6,7 @@ from the environment, else from the file docker/ci-setup.sh writes ($VSTACK_DOCK
   VSTACK_DOCKER_PROMETHEUS_IMAGE  stands in for prom/prometheus where no registry is reachable
   VSTACK_DOCKER_GRAFANA_IMAGE     a Grafana image present locally (else the Grafana checks skip)
   VSTACK_DOCKER_WHEELS            a folder with torch 2.13.0+cpu, served on loopback during the build
+  VSTACK_DOCKER_WHEELS_PORT       its loopback port (default 18765)
   VSTACK_DOCKER_ENFORCE_EAGER     1 (default) skips torch.compile in the test engines: minutes on 2 cores
 """
 
@@ -83,10 +84,12 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serve_folder(folder: str) -> Iterator[str]:
-    """Serve a wheel folder on loopback: `docker build --network host` reaches it as a pip find-links page."""
+def serve_folder(folder: str, port: int) -> Iterator[str]:
+    """Serve a wheel folder on loopback: `docker build --network host` reaches it as a pip find-links page.
+    A fixed port: the URL is a build argument, and a new one each run would rebuild every layer."""
     handler = functools.partial(_QuietHandler, directory=folder)
-    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler) as server:
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    with socketserver.ThreadingTCPServer(("127.0.0.1", port), handler) as server:
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
@@ -169,9 +172,10 @@ def built_images(docker_settings: dict[str, str], tmp_path_factory: pytest.TempP
     write_env_file(env_file)
     wheels = docker_settings.get("VSTACK_DOCKER_WHEELS")
     with contextlib.ExitStack() as stack:
-        url = stack.enter_context(serve_folder(wheels)) if wheels else None
+        port = int(docker_settings.get("VSTACK_DOCKER_WHEELS_PORT", "18765"))
+        url = stack.enter_context(serve_folder(wheels, port)) if wheels else None
         env = build_env(docker_settings, url)
-        compose = Compose("vstack-build", env_file, env)
+        compose = Compose("vstack-build", env_file, env, profile="static-cpu")
         started = time.monotonic()
         compose.run("build", "gateway", "engine-cpu", timeout=1500)
         print(f"images built in {time.monotonic() - started:.0f} s")

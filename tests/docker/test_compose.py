@@ -1,12 +1,15 @@
-"""The compose deployment for real, in order: build, `up` (cpu profile), a chat answered by SmolLM2 through
-the gateway with the official client, Prometheus having scraped the gateway and the engine (its HTTP API),
-every dashboard query evaluating there, Grafana healthy with the dashboard provisioned (where a Grafana
-image exists locally), a model switch through the admin API onto an engine container started with the
-Docker SDK (stack.engine.docker_runtime), then `down -v` leaving no container, network or volume behind."""
+"""The compose deployment for real, in order: build, `up` (cpu profile: the gateway owning its engines), a
+chat answered by SmolLM2 through the gateway with the official client, Prometheus having scraped the
+gateway and the engine (its HTTP API), every dashboard query evaluating there, Grafana healthy with the
+dashboard provisioned (where a Grafana image exists locally), a model switch through the admin API (the
+model manager), an engine container started with the Docker SDK (stack.engine.docker_runtime) routed
+to through the admin API, then `down -v` leaving no container, network or volume behind."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +24,14 @@ from tests.docker.test_files import dashboard_queries
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 PROJECT = "vstack-test"
-SERVICES_WITHOUT_GRAFANA = ["model-pull-cpu", "engine-cpu", "gateway", "prometheus"]
+SERVICES_WITHOUT_GRAFANA = ["vstack-cpu", "prometheus"]
+OTHER = "smollm2-b"  # a second model for the switch: SmolLM2's files under another name
+OTHER_MODEL_YAML = f"""name: {OTHER}
+extends: {MODEL}
+description: SmolLM2 again under another name, so that a CPU machine without the Hub has two models
+served_name: {OTHER}
+source: {{path: /cache/models/{MODEL}}}
+"""
 
 
 @dataclass
@@ -64,10 +74,16 @@ def _wait(what: str, check, timeout: float, every: float = 2.0) -> Any:
 
 @pytest.fixture(scope="module")
 def deployment(built_images, docker_settings, docker_client, tmp_path_factory) -> Iterator[Deployment]:
-    env_file = tmp_path_factory.mktemp("compose") / ".env"
+    work = tmp_path_factory.mktemp("compose")
+    env_file = work / ".env"
+    configs = work / "configs"  # the repository's configs/ plus a second model (CONFIG_DIR mounts it)
+    shutil.copytree(ROOT / "configs", configs)
+    (configs / "models" / f"{OTHER}.yaml").write_text(OTHER_MODEL_YAML)
     port = 18000
     eager = docker_settings.get("VSTACK_DOCKER_ENFORCE_EAGER", "1") == "1"
-    extra = {"GATEWAY_PORT": str(port), "GATEWAY_BIND": "127.0.0.1", "GRAFANA_PORT": "13000"}
+    extra = {"GATEWAY_PORT": str(port), "GATEWAY_BIND": "127.0.0.1", "GRAFANA_PORT": "13000",
+             "CONFIG_DIR": str(configs), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+             "VSTACK_MANAGER__MODELS": json.dumps([MODEL, OTHER])}
     if eager:
         extra["VSTACK_ENGINE__ENFORCE_EAGER"] = "true"
     env = write_env_file(env_file, **extra)
@@ -82,7 +98,7 @@ def deployment(built_images, docker_settings, docker_client, tmp_path_factory) -
         compose.run("up", "-d", "--no-build", "--pull", "never", *services, timeout=1200)
         yield Deployment(compose, env, f"http://127.0.0.1:{port}", grafana, time.monotonic() - started)
     except AssertionError:
-        for svc in ("model-pull-cpu", "engine-cpu", "gateway", "prometheus"):
+        for svc in SERVICES_WITHOUT_GRAFANA:
             print(f"--- {svc} ---\n{compose.logs(svc)}")
         raise
     finally:
@@ -161,13 +177,37 @@ def test_grafana_is_healthy_with_the_dashboard_provisioned(deployment: Deploymen
     assert ds["status"] == "OK", ds
 
 
-def test_switch_to_an_engine_container_through_the_admin_api(
-    deployment: Deployment, built_images: dict[str, str], docker_client: Any
-) -> None:
-    """What the model manager will do: start an engine container (Docker SDK), register it through the admin
-    API, take the old deployment out, check the traffic moved; then sleep/wake over HTTP, stop, remove."""
+def _chat(deployment: Deployment, model: str):
     from openai import OpenAI
 
+    client = OpenAI(base_url=f"{deployment.gateway}/v1", api_key=deployment.api_key, timeout=300, max_retries=0)
+    return client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24, temperature=0)
+
+
+def test_switch_models_through_the_admin_api(deployment: Deployment) -> None:
+    """The model manager in the container: switch to the other model (stops the first: one at a time on
+    this CPU), answer with it, and the first is no longer running."""
+    http = httpx.Client(base_url=deployment.gateway, headers=deployment.admin(), timeout=900)
+    started = time.monotonic()
+    done = http.post(f"/admin/models/{OTHER}/switch")
+    assert done.status_code == 200, done.text
+    print(f"switch {MODEL} -> {OTHER}: {time.monotonic() - started:.0f} s")
+    models = {m["model"]: m for m in http.get("/admin/models").json()["models"]}
+    assert models[OTHER]["state"] == "ready", models[OTHER]
+    assert models[MODEL]["state"] != "ready", models[MODEL]
+    raw = _chat(deployment, OTHER)
+    assert raw.parse().model == OTHER and "Paris" in (raw.parse().choices[0].message.content or "")
+    http.close()
+
+
+def test_an_engine_container_started_with_the_docker_sdk_serves_through_the_gateway(
+    deployment: Deployment, built_images: dict[str, str], docker_client: Any
+) -> None:
+    """What the model manager's Docker runtime does (the wiring into the manager is not there yet): an
+    engine container on the internal network, registered through the admin API, answering through the
+    gateway; sleep/wake over HTTP; stopped and removed."""
     from stack.engine.docker_runtime import ContainerSpec, DockerEngine
 
     env = {"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -175,7 +215,7 @@ def test_switch_to_an_engine_container_through_the_admin_api(
         env["VSTACK_ENGINE__ENFORCE_EAGER"] = "true"
     spec = ContainerSpec(name=f"{PROJECT}-engine-b", image=built_images["engine"], serve=MODEL,
                          network=f"{PROJECT}_engines", cache_volume=f"{PROJECT}_models",
-                         config_source=str(ROOT / "configs"), env=env, reach="ip",
+                         config_source=deployment.env["CONFIG_DIR"], env=env, reach="ip",
                          labels={"com.docker.compose.project": PROJECT})
     engine = DockerEngine(spec, docker_client)
     http = httpx.Client(base_url=deployment.gateway, headers=deployment.admin(), timeout=30)
@@ -183,22 +223,13 @@ def test_switch_to_an_engine_container_through_the_admin_api(
         engine.start()
         seconds = engine.wait_ready(900)
         print(f"engine container started by the Docker SDK ready in {seconds:.0f} s")
-        before = http.get("/admin/models").json()
-        old = [d["id"] for m in before["models"] if m["model"] == MODEL for d in m["deployments"]]
         added = http.post("/admin/deployments", json={
-            "id": "engine-b", "model_group": MODEL, "api_base": spec.base_url, "upstream_model": MODEL})
+            "id": "engine-b", "model_group": "smollm2-docker", "api_base": spec.base_url, "upstream_model": MODEL})
         assert added.status_code == 201, added.text
-        for dep_id in old:
-            assert http.delete(f"/admin/deployments/{dep_id}").status_code == 200
-        now = http.get("/admin/models").json()
-        assert [d["id"] for m in now["models"] if m["model"] == MODEL for d in m["deployments"]] == ["engine-b"]
-
-        client = OpenAI(base_url=f"{deployment.gateway}/v1", api_key=deployment.api_key, timeout=180, max_retries=0)
-        raw = client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=24, temperature=0)
+        raw = _chat(deployment, "smollm2-docker")
         assert raw.headers["x-vstack-deployment"] == "engine-b"
         assert "Paris" in (raw.parse().choices[0].message.content or "")
+        assert http.delete("/admin/deployments/engine-b").status_code == 200
 
         # Sleep mode over HTTP (on CPU vLLM answers the endpoints in dev mode but frees nothing).
         engine.sleep(level=1)

@@ -63,27 +63,56 @@ def _config(tmp_path: Path, profile: str) -> dict:
 
 
 @pytest.mark.parametrize("profile", ["cpu", "gpu"])
-def test_compose_only_the_gateway_is_published_beyond_loopback(tmp_path: Path, profile: str) -> None:
+def test_compose_the_gateway_owns_its_engines_and_is_the_one_public_port(tmp_path: Path, profile: str) -> None:
     cfg = _config(tmp_path, profile)
     services = cfg["services"]
-    assert {f"engine-{profile}", f"model-pull-{profile}", "gateway", "prometheus", "grafana"} == set(services)
-    for name, svc in services.items():
-        for port in svc.get("ports", []):
-            if name != "gateway":
-                assert port.get("host_ip") == "127.0.0.1", f"{name} publishes {port} beyond loopback"
-    engine = services[f"engine-{profile}"]
+    assert set(services) == {f"vstack-{profile}", "prometheus", "grafana"}
+    _only_gateway_published(services, f"vstack-{profile}")
+    vstack = services[f"vstack-{profile}"]
+    assert vstack["command"][:3] == ["python", "-m", "stack.gateway.up"]
+    assert vstack["healthcheck"]["test"][-1].count("/ready")
+    assert services["prometheus"]["depends_on"][f"vstack-{profile}"]["condition"] == "service_healthy"
+    _configs_read_only(vstack)
+    if profile == "gpu":
+        _gpu_reserved(vstack)
+
+
+@pytest.mark.parametrize("profile", ["static-cpu", "static-gpu"])
+def test_compose_static_engines_sit_on_an_internal_network(tmp_path: Path, profile: str) -> None:
+    cfg = _config(tmp_path, profile)
+    services = cfg["services"]
+    kind = profile.removeprefix("static-")
+    assert {f"engine-{kind}", f"model-pull-{kind}", "gateway", "prometheus", "grafana"} == set(services)
+    _only_gateway_published(services, "gateway")
+    engine = services[f"engine-{kind}"]
     assert "ports" not in engine and set(engine["networks"]) == {"engines"}
     assert cfg["networks"]["engines"]["internal"] is True
     assert cfg["networks"]["monitoring"]["internal"] is True
-    assert services["gateway"]["depends_on"][f"engine-{profile}"]["condition"] == "service_healthy"
-    assert engine["depends_on"][f"model-pull-{profile}"]["condition"] == "service_completed_successfully"
+    assert services["gateway"]["depends_on"][f"engine-{kind}"]["condition"] == "service_healthy"
+    assert engine["depends_on"][f"model-pull-{kind}"]["condition"] == "service_completed_successfully"
     for svc in (engine, services["gateway"]):
-        mounts = {v["target"]: v for v in svc["volumes"]}
-        assert mounts["/etc/vstack/configs"]["read_only"] is True
-        assert Path(mounts["/etc/vstack/configs"]["source"]) == ROOT / "configs"
-    if profile == "gpu":
-        devices = engine["deploy"]["resources"]["reservations"]["devices"]
-        assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
+        _configs_read_only(svc)
+    if kind == "gpu":
+        _gpu_reserved(engine)
+
+
+def _only_gateway_published(services: dict, gateway: str) -> None:
+    for name, svc in services.items():
+        for port in svc.get("ports", []):
+            if name != gateway:
+                assert port.get("host_ip") == "127.0.0.1", f"{name} publishes {port} beyond loopback"
+    assert [p["target"] for p in services[gateway]["ports"]] == [8000]
+
+
+def _configs_read_only(svc: dict) -> None:
+    mounts = {v["target"]: v for v in svc["volumes"]}
+    assert mounts["/etc/vstack/configs"]["read_only"] is True
+    assert Path(mounts["/etc/vstack/configs"]["source"]) == ROOT / "configs"
+
+
+def _gpu_reserved(svc: dict) -> None:
+    devices = svc["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
 
 
 def test_compose_secrets_come_only_from_the_env_file(tmp_path: Path) -> None:
