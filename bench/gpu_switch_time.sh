@@ -9,7 +9,7 @@ export PYTHONPATH=/tmp/site:/tmp/extra:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB
 python3 .gpux/make_model.py /tmp/m8 llama8b
 python3 .gpux/make_model.py /tmp/m3 llama3b
 out=${OUT:-/tmp/out}
-python3 bench/switch_time.py --gpu --through manager --model-a /tmp/m8 --model-b /tmp/m3 --repeat 3 \
+python3 bench/switch_time.py --gpu --through manager --model-a /tmp/m8 --model-b /tmp/m3 --repeat 2 \
   --launcher "python3 -m vllm.entrypoints.cli.main" --logs "$out/logs" \
   --env VLLM_USE_FLASHINFER_SAMPLER=0 --env HF_HUB_OFFLINE=1 \
   --engine-args "--load-format dummy --enforce-eager --max-model-len 2048 --gpu-memory-utilization 0.8" \

@@ -98,6 +98,9 @@ def kill(proc: subprocess.Popen) -> None:
 
 # -- plain vLLM --------------------------------------------------------------------------------------
 def plain(setup: Setup, a: str, b: str, repeat: int) -> dict[str, list[float]]:
+    """The same moves by hand: B cold (nothing else running), then A started beside it; CPU: B's first token
+    right after a request to A (both awake, as ours); GPU: B put to sleep first, then sleep one and wake
+    the other by the raw endpoints."""
     out: dict[str, list[float]] = {}
     t0 = time.perf_counter()
     proc_b, url_b = spawn(setup, b, "b")
@@ -105,14 +108,19 @@ def plain(setup: Setup, a: str, b: str, repeat: int) -> dict[str, list[float]]:
         wait_health(url_b, proc_b)
         first_token(url_b, "b")
         out["cold"] = [time.perf_counter() - t0]
-        out["resident"] = [first_token(url_b, "b") for _ in range(repeat)]
-        if not setup.gpu:
-            return out
-        httpx.post(f"{url_b}/sleep", params={"level": "1"}, timeout=300).raise_for_status()
+        if setup.gpu:  # two engines of 0.8 x the GPU do not fit awake together
+            httpx.post(f"{url_b}/sleep", params={"level": "1"}, timeout=300).raise_for_status()
         proc_a, url_a = spawn(setup, a, "a")
         try:
             wait_health(url_a, proc_a)
             first_token(url_a, "a")
+            if not setup.gpu:
+                times = []
+                for _ in range(repeat):
+                    first_token(url_a, "a")
+                    times.append(first_token(url_b, "b"))
+                out["resident"] = times
+                return out
             urls, names, times = [url_a, url_b], ["a", "b"], []
             for i in range(repeat * 2):  # A -> B, B -> A, ...
                 cur, nxt = i % 2, (i + 1) % 2
