@@ -72,7 +72,9 @@ def fingerprint(plan: EnginePlan, scenario: Scenario, method: str, hardware: Har
     return {
         "profile": plan.resolved.name,
         "engine": plan.resolved.engine,
-        "env": {k: v for k, v in plan.env.items() if k != "HF_TOKEN"},
+        # The configured env only: what the stack derives at each start (the CPU KV cache size from free RAM)
+        # varies run to run and is recorded with each candidate's command instead.
+        "env": dict(plan.resolved.env),
         "vllm": f"{plan.catalog.distribution} {plan.catalog.version}",
         "hardware": [g.name for g in hardware.gpus] or [f"cpu x{hardware.cpu_count}"],
         "scenario": scenario.model_dump(include={"load", "requests", "tune"}, mode="json"),
