@@ -71,6 +71,8 @@ def test_compose_the_gateway_owns_its_engines_and_is_the_one_public_port(tmp_pat
     vstack = services[f"vstack-{profile}"]
     assert vstack["command"][:3] == ["python", "-m", "stack.gateway.up"]
     assert vstack["healthcheck"]["test"][-1].count("/ready")
+    # Inside the container: every interface (configs/stack.yaml's loopback default would be unreachable).
+    assert vstack["environment"]["VSTACK_GATEWAY__HOST"] == "0.0.0.0"
     assert services["prometheus"]["depends_on"][f"vstack-{profile}"]["condition"] == "service_healthy"
     _configs_read_only(vstack)
     if profile == "gpu":
