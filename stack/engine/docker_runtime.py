@@ -141,12 +141,21 @@ class DockerEngine:
         import docker.errors
 
         self._remove_stale()
+        kwargs = self.spec.run_kwargs()
+        kwargs.pop("detach")
         try:
-            self.container = self.client.containers.run(**self.spec.run_kwargs())
+            # create + start, not run: run() would pull a missing image (gigabytes, in the middle of a switch).
+            self.container = self.client.containers.create(**kwargs)
+            self.container.start()
         except docker.errors.ImageNotFound as exc:
-            raise EngineError(f"engine image {self.spec.image!r} not found",
-                              hint="build it: docker compose -f docker/docker-compose.yml --profile cpu build") from exc
+            raise EngineError(f"engine image {self.spec.image!r} not found on this Docker host",
+                              hint="build it (docker compose -f docker/docker-compose.yml --profile cpu build) "
+                              "or docker pull it") from exc
         except docker.errors.APIError as exc:
+            if self.container is not None:  # created, but it would not start: leave nothing behind
+                with contextlib.suppress(docker.errors.APIError):
+                    self.container.remove(force=True)
+                self.container = None
             raise EngineError(f"Docker refused to start engine {self.spec.name!r}: {exc.explanation or exc}",
                               hint="check the network and volume names, and that the image exists") from exc
         self.container.reload()
