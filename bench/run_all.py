@@ -66,10 +66,21 @@ def gateway(quick: bool, out: Path) -> dict[str, Any]:
 
 
 def switch(quick: bool, out: Path) -> dict[str, Any]:
-    result = _script("switch_time.py", out, [], 900)
+    """bench/switch_time.py with the default model as both A and B (served under two names)."""
+    from stack.config import load_config
+    from stack.models import find_local
+
+    cfg = load_config()
+    files = find_local(cfg.models[cfg.default_model], cfg)
+    if files is None:
+        return {"status": "skipped", "why": f"{cfg.default_model} is not here (vstack models pull {cfg.default_model})"}
+    model = str(files.path)
+    result = _script("switch_time.py", out, ["--model-a", model, "--model-b", model,
+                                             "--repeat", "1" if quick else "3"], 1500)
     data = _load(out)
-    if data:
-        result["headline"] = data.get("headline") or json.dumps(data.get("summary", ""))[:200]
+    if data and data.get("rows"):
+        result["headline"] = "; ".join(f"{r['kind']}: vstack {r['vstack_s']:.2f} s vs plain vLLM "
+                                       f"{r['plain_vllm_s']:.2f} s ({r['ratio']:.2f}x)" for r in data["rows"])
     return result
 
 
@@ -152,6 +163,9 @@ def main() -> int:
         ap.error(f"unknown benchmark(s) {', '.join(unknown)}; use {', '.join(ALIASES)}")
     RESULTS.mkdir(exist_ok=True)
     summary: dict[str, Any] = {"machine": machine_facts(), "quick": args.quick, "benchmarks": {}}
+    earlier = _load(args.out) if args.only else None
+    if earlier and earlier.get("quick") == args.quick:  # --only reruns some: keep the others' last results
+        summary["benchmarks"] = earlier.get("benchmarks", {})
     for name in wanted:  # one at a time: they share 2 cores and must not disturb each other
         print(f"==> {name}", flush=True)
         started = time.monotonic()
