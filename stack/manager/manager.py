@@ -116,10 +116,12 @@ class ModelManager:
             return UNMANAGED
         if slot.state == S.READY and not slot.closing:
             return self._admit_now(slot, SwitchKind.RESIDENT)
-        self._refuse_failed(slot)
         if can_spill and self.settings.spill_to_fallback:
-            self.request_switch(group)
+            # Its fallbacks serve meanwhile; a failed model is retried only after retry_failed_s.
+            if slot.state != S.FAILED or self.clock() - slot.failed_at >= self.settings.retry_failed_s:
+                self.request_switch(group)
             return None
+        self._refuse_failed(slot)
         if slot.waiting >= self.settings.queue_max:
             raise NoDeployment(f"`{group}` is switching and its queue is full; retry later", headers=self.retry_after)
         slot.waiting += 1

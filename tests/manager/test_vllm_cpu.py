@@ -26,11 +26,11 @@ pytestmark = pytest.mark.e2e
 ASK = [{"role": "user", "content": "Say something."}]
 
 
-def wait_state(gw, model: str, state: str, timeout: float) -> dict:
+def wait_state(gw, model: str, state: str, timeout: float, restarts: int = 0) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         slot = gw.state.manager.slots[model]
-        if str(slot.state) == state:
+        if str(slot.state) == state and len(slot.restarts) >= restarts:
             return slot.public(time.monotonic())
         time.sleep(0.25)
     raise AssertionError(f"{model} not {state} after {timeout} s: {gw.state.manager.status()['models'][model]}")
@@ -117,7 +117,7 @@ def test_kill_9_mid_stream_clean_error_then_the_engine_comes_back(pair) -> None:
         error = exc
     # Either the stream ended early (error event) or the client raised: never a silent full answer.
     assert error is not None or got < 400, (got, error)
-    info = wait_state(pair, "tiny-a", "ready", 300)
+    info = wait_state(pair, "tiny-a", "ready", 300, restarts=1)  # noticed, restarted, ready again
     assert info["restarts"] == 1
     again = client.chat.completions.create(model="tiny-a", messages=ASK, max_tokens=2)
     assert again.choices
