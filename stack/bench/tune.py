@@ -67,14 +67,21 @@ class TuneOutcome:
     fingerprint: dict[str, Any] = field(default_factory=dict)
 
 
-def fingerprint(plan: EnginePlan, scenario: Scenario, method: str, hardware: HardwareInfo) -> dict[str, Any]:
+def configured_env(cfg: StackConfig, plan: EnginePlan) -> dict[str, str]:
+    """The env the user configured (hardware < model < profile < stack), without what the stack derives at each
+    start (the CPU KV cache size from free RAM varies run to run; each candidate's command records it)."""
+    r = plan.resolved
+    profile = cfg.profiles.get(r.name)
+    return {**r.hardware.env, **r.model.env, **(profile.env if profile else {}), **cfg.env}
+
+
+def fingerprint(cfg: StackConfig, plan: EnginePlan, scenario: Scenario, method: str, hardware: HardwareInfo
+                ) -> dict[str, Any]:
     """What a measurement depends on besides the candidate; the SLO is not in it (it only decides)."""
     return {
         "profile": plan.resolved.name,
         "engine": plan.resolved.engine,
-        # The configured env only: what the stack derives at each start (the CPU KV cache size from free RAM)
-        # varies run to run and is recorded with each candidate's command instead.
-        "env": dict(plan.resolved.env),
+        "env": configured_env(cfg, plan),
         "vllm": f"{plan.catalog.distribution} {plan.catalog.version}",
         "hardware": [g.name for g in hardware.gpus] or [f"cpu x{hardware.cpu_count}"],
         "scenario": scenario.model_dump(include={"load", "requests", "tune"}, mode="json"),
@@ -120,7 +127,7 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     base = plan_engine(cfg, req.target, hardware, port=0)
     clauses, slo_source = choose_slo(req.slo, scenario, cfg, base.resolved.name)
     base = prepare_model(cfg, base, on_status=lambda _s: None)
-    fp = fingerprint(base, scenario, req.method, hardware)
+    fp = fingerprint(cfg, base, scenario, req.method, hardware)
     state = TuneState(req.out_dir, fp, req.restart)
     measured: list[Measured] = []
     reused = 0
