@@ -28,9 +28,8 @@ from stack.engine.diagnose import explain_failure
 from stack.errors import EngineError
 
 if TYPE_CHECKING:
-    from docker.models.containers import Container
-
     from docker import DockerClient
+    from docker.models.containers import Container
 
 LABEL = "org.vllm-stack.engine"  # every engine container carries it: stale ones can be found and removed
 CACHE_MOUNT = "/cache"  # the model cache volume: converted models, Hub downloads, vLLM's compile cache
