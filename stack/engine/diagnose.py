@@ -6,6 +6,8 @@ from pathlib import Path
 
 # (substring of the log, message, fix) — first match wins; the log tail is always shown as well.
 KNOWN_FAILURES: list[tuple[str, str, str]] = [
+    ("vllm serve: error: argument", "vLLM's argument parser rejected an engine option (named in the log below)",
+     "fix that option in the profile; `vstack config validate PROFILE` runs the same check without starting"),
     ("CUDA out of memory", "the GPU ran out of memory",
      "lower max_model_len or max_num_seqs, or gpu_memory_utilization; `vstack plan MODEL` shows the budget"),
     ("OutOfMemoryError", "out of memory",

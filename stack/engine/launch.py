@@ -159,11 +159,17 @@ def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: Hardwa
 
 def plan_and_prepare(cfg: StackConfig, profile: str | None, hardware: HardwareInfo, port: int | None,
                      on_status: Callable[[str], None]) -> EnginePlan:
-    """Everything before an engine starts: validate fast (before any download), fetch the model, plan the
-    fit from its real files, and check the final command with the installed vLLM's own parser."""
+    """Everything before an engine starts: validate (before any download), fetch the model, plan the fit
+    from its real files.
+
+    Options are checked against the catalog read from the installed vLLM's parser. The extra pass through
+    that parser in a subprocess (check=True, as `vstack config validate PROFILE` does) costs ~10 s of
+    importing vLLM, and the engine runs the very same parser first thing when it starts: a value it rejects
+    ends the start within seconds with vLLM's own message (stack.engine.diagnose), so `up` skips it."""
     first = plan_engine(cfg, profile, hardware, port=port, check=False)
     files = pull(first.resolved.model, cfg, on_status)
-    plan = plan_engine(cfg, profile, hardware, model_files=files, port=first.port, catalog=first.catalog)
+    plan = plan_engine(cfg, profile, hardware, model_files=files, port=first.port, catalog=first.catalog,
+                       check=False)
     plan.notes.append(f"model: {files.path} ({files.origin})")
     return plan
 

