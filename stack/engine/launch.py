@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 import socket
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,7 @@ from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
 from stack.config.vllm_args import RenderedArgs, render_engine_args
 from stack.config.vllm_options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
-from stack.errors import ConfigError, EngineError, StackError
+from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, cpu_kv_cache_gib, match_profile
 from stack.models import ModelFiles, find_local, pull
 
@@ -182,19 +181,5 @@ def prepare_model(cfg: StackConfig, plan: EnginePlan, on_status: Callable[[str],
     return plan
 
 
-def check_port(plan: EnginePlan) -> None:
-    if not port_is_free(plan.host, plan.port):
-        raise EngineError(f"port {plan.port} on {plan.host} is already in use",
-                          hint="stop what uses it (`vstack status`), or start with --port 0 for a free port")
-
-
 def log_path_for(cfg: StackConfig, plan: EnginePlan) -> Path:
     return cfg.state_dir / "logs" / f"{plan.resolved.served_name}.log"
-
-
-def stack_python_path() -> str:
-    return str(Path(__file__).resolve().parents[2])
-
-
-def current_python() -> str:
-    return sys.executable
