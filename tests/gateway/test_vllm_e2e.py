@@ -132,13 +132,26 @@ def _running(engine_url: str) -> float:
     return sum(float(v) for v in found)
 
 
+def _wait_for(check, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
 def test_client_disconnect_stops_generation(gw, vllm_engine) -> None:
     body = {"model": SERVED, "messages": ASK, "max_tokens": 1500, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, timeout=60) as r:
-        for i, _ in enumerate(r.iter_lines()):
-            if i >= 3:
-                break
-        assert _running(vllm_engine.url) >= 1
+        # Keep the line iterator alive: leaving a `for` over it closes the generator, and httpcore then drops the
+        # connection at once, which would be the disconnect itself.
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(lines)
+        # vLLM publishes the gauge from its stats loop, a step or two behind: poll while the stream is open.
+        seen = _wait_for(lambda: _running(vllm_engine.url) >= 1, seconds=15)
+        assert seen, "the engine never reported the streaming request as running"
     deadline = time.monotonic() + 15  # 1500 tokens would take far longer on this CPU
     while _running(vllm_engine.url) > 0 and time.monotonic() < deadline:
         time.sleep(0.2)
