@@ -380,7 +380,7 @@ def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path) -
 def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -> int:
     """The gateway on the public port, owning the engine (on a free loopback port)."""
     from stack.engine.launch import free_port, port_is_free
-    from stack.gateway.up import plan_for_gateway, serve
+    from stack.gateway.up import docker_site, plan_for_gateway, serve
 
     store = StateStore(cfg.state_dir)
     existing = store.get(GATEWAY)
@@ -397,12 +397,13 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     logs = cfg.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     if foreground:
-        plan = plan_for_gateway(cfg, profile, on_status=lambda s: err.print(f"[dim]{s}[/]"))
+        site = docker_site(cfg)
+        plan = plan_for_gateway(cfg, profile, on_status=lambda s: err.print(f"[dim]{s}[/]"), site=site)
         store.save(EngineRecord(GATEWAY, plan.resolved.name, os.getpid(), _local_host(host), port, ""))
         out.print(f"  OpenAI base URL: [bold]{url}/v1[/] (engine starting; /ready says when)")
         out.print("  [dim]running in the foreground; Ctrl-C stops it[/]")
         try:
-            return serve(cfg, plan, port)
+            return serve(cfg, plan, port, site=site)
         finally:
             store.remove(GATEWAY)
     failure = cfg.state_dir / "gateway-failure.json"

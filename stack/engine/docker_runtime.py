@@ -68,11 +68,12 @@ class ContainerSpec:
     labels: dict[str, str] = field(default_factory=dict)
     health_interval_s: float = 2.0
     reach: str = "name"  # how this process reaches the engine: "name" (on the network) or "ip" (from the host)
+    address: str | None = None  # with reach="ip": the container's address, known once it started
 
     @property
     def base_url(self) -> str:
-        """The engine as peers on its network (the gateway) reach it."""
-        return f"http://{self.name}:{self.port}"
+        """The engine as the gateway reaches it: by name on the shared network, or by IP from the host."""
+        return f"http://{self.address or self.name}:{self.port}"
 
     def command(self) -> list[str]:
         return ["python", "-m", "stack.engine.docker_runtime", "serve", self.serve, "--port", str(self.port)]
@@ -111,6 +112,8 @@ class ContainerSpec:
 class DockerEngine:
     """One engine container, driven like stack.engine.process.EngineProcess."""
 
+    runtime_kind = "docker"  # shown in the deployment's labels (/admin/models)
+
     def __init__(self, spec: ContainerSpec, client: DockerClient | None = None) -> None:
         self.spec = spec
         self._client = client
@@ -126,19 +129,14 @@ class DockerEngine:
 
     @property
     def control_url(self) -> str:
-        """Where this process sends /health, /sleep, /wake_up: by name on the network, or the container's IP."""
-        if self.spec.reach == "ip" and self.container is not None:
-            self.container.reload()
-            nets = self.container.attrs["NetworkSettings"]["Networks"]
-            ip = nets.get(self.spec.network, {}).get("IPAddress")
-            if ip:
-                return f"http://{ip}:{self.spec.port}"
+        """Where this process sends /health, /sleep, /wake_up (and the gateway its requests)."""
         return self.spec.base_url
 
     def start(self) -> int:
         """Create and start the container; returns its main process id on the host."""
         import docker.errors
 
+        self.spec.address = None
         self._remove_stale()
         kwargs = self.spec.run_kwargs()
         kwargs.pop("detach")
@@ -158,6 +156,9 @@ class DockerEngine:
             raise EngineError(f"Docker refused to start engine {self.spec.name!r}: {exc.explanation or exc}",
                               hint="check the network and volume names, and that the image exists") from exc
         self.container.reload()
+        if self.spec.reach == "ip":
+            nets = self.container.attrs["NetworkSettings"]["Networks"]
+            self.spec.address = nets.get(self.spec.network, {}).get("IPAddress") or None
         return int(self.container.attrs["State"]["Pid"])
 
     def _remove_stale(self) -> None:

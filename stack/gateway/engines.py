@@ -66,7 +66,8 @@ class EngineSupervisor:
             spec = m.engine.spec
             state.registry.add(Deployment(
                 id=m.deployment_id, model_group=m.model_group, kind="local", upstream_model=m.served_name,
-                api_base=spec.base_url, state="stopped", labels={"engine": spec.name, "managed": "1"},
+                api_base=spec.base_url, state="stopped", labels={"engine": spec.name, "managed": "1",
+                        "runtime": getattr(m.engine, "runtime_kind", "process")},
             ))  # fmt: skip
             slots.append(Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep,
                               m.deployment_id))  # fmt: skip

@@ -107,6 +107,8 @@ class DeploymentRegistry:
         dep = self._items.get(dep_id)
         if dep is None:
             return None
+        if all(getattr(dep, key) == value for key, value in fields.items()):
+            return dep  # nothing changed: no router rebuild
         before = Deployment(**{**dep.__dict__})
         for key, value in fields.items():
             setattr(dep, key, value)

@@ -14,18 +14,25 @@ import asyncio
 import json
 import logging
 import sys
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 
 from stack.config.schema import StackConfig
 from stack.engine.launch import EnginePlan, free_port, log_path_for
 from stack.engine.process import EngineSpec
-from stack.engine.runtime import LocalEngine, with_port
+from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
+from stack.errors import StackError
 from stack.gateway.app import create_app
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.serve import uvicorn_config
 from stack.gateway.state import GatewayState
+
+if TYPE_CHECKING:
+    from stack.engine.docker_site import Site
 
 ENGINE_FAILED = 3
 
@@ -39,18 +46,47 @@ def engine_for(cfg: StackConfig, plan: EnginePlan) -> LocalEngine:
     return LocalEngine(spec)
 
 
-def managed(cfg: StackConfig, plan: EnginePlan, hardware: object, preload: bool) -> ManagedEngine:
+def serve_target(cfg: StackConfig, plan: EnginePlan) -> str:
+    """What an engine container is told to serve: the profile, or the model on the hardware it detects."""
+    return plan.resolved.name if plan.resolved.name in cfg.profiles else plan.resolved.model.name
+
+
+def runtime_pair(cfg: StackConfig, plan: EnginePlan, site: Site | None) -> tuple[Runtime, Callable[[], Runtime]]:
+    """The engine for this plan and a factory of fresh ones (each cold start): a child process on a free
+    loopback port, or (manager.runtime: docker) a container placed by `site`."""
+    if site is None:
+        spec = engine_for(cfg, plan).spec
+        return LocalEngine(spec), lambda: LocalEngine(with_port(spec, free_port()))
+    from stack.engine.docker_runtime import DockerEngine
+
+    gpu = plan.resolved.hardware.accelerator == "gpu"
+    container = site.container_for(serve_target(cfg, plan), plan.resolved.served_name, gpu, sleep_mode(cfg, plan))
+    container.health_interval_s = 5.0
+    return DockerEngine(container, site.client), lambda: DockerEngine(replace(container), site.client)
+
+
+def docker_site(cfg: StackConfig) -> Site | None:
+    """manager.runtime: docker: where engine containers go, checked before anything starts."""
+    if cfg.manager.runtime != "docker":
+        return None
+    from stack.config.loader import builtin_config_dir
+    from stack.engine.docker_site import connect, discover
+
+    return discover(cfg.manager.docker, connect(), builtin_config_dir(), cfg.cache_dir)
+
+
+def managed(cfg: StackConfig, plan: EnginePlan, hardware: object, preload: bool,
+            site: Site | None = None) -> ManagedEngine:  # fmt: skip
     from stack.manager.memory import engine_need
 
-    engine = engine_for(cfg, plan)
-    spec = engine.spec
+    engine, factory = runtime_pair(cfg, plan, site)
     need, source = engine_need(cfg, plan, hardware)
-    if not Path(plan.model_arg).is_dir():
+    if fetches_models(site) and not Path(plan.model_arg).is_dir():
         # Its files could not be fetched: it will fail at once, so it must not evict a working model.
         need, source = 0, "model files missing"
     served = plan.resolved.served_name
-    return ManagedEngine(engine, served, served, factory=lambda: LocalEngine(with_port(spec, free_port())),
-                         need=need, need_source=source, can_sleep=sleep_mode(cfg, plan), preload=preload)  # fmt: skip
+    return ManagedEngine(engine, served, served, factory=factory, need=need, need_source=source,
+                         can_sleep=sleep_mode(cfg, plan), preload=preload)  # fmt: skip
 
 
 def sleep_mode(cfg: StackConfig, plan: EnginePlan) -> bool:
@@ -67,16 +103,16 @@ def with_sleep(cfg: StackConfig, hardware: object) -> StackConfig:
                                   "env": {**cfg.env, "VLLM_SERVER_DEV_MODE": "1"}})  # fmt: skip
 
 
-def plan_others(cfg: StackConfig, default: EnginePlan, hardware: object, on_status=print) -> list[EnginePlan]:
+def plan_others(cfg: StackConfig, default: EnginePlan, hardware: object, site: Site | None = None,
+                on_status=print) -> list[EnginePlan]:  # fmt: skip
     """Plans for the other models the manager may switch to. A model whose files cannot be fetched is
     still planned: its engine then fails to start, and /admin/models shows why, without stopping `up`."""
-    from stack.engine.launch import plan_and_prepare, plan_engine
-    from stack.errors import StackError
+    from stack.engine.launch import plan_engine
 
     plans = []
     for name in cfg.manager.models:
         try:
-            plan = plan_and_prepare(cfg, name, hardware, port=free_port(), on_status=on_status)  # type: ignore[arg-type]
+            plan = plan_model(cfg, name, hardware, fetches_models(site), on_status)
         except StackError as exc:
             logging.getLogger("stack.gateway").error("model %s cannot be prepared: %s", name, exc.message)
             plan = plan_engine(cfg, name, hardware, port=free_port(), check=False)  # type: ignore[arg-type]
@@ -85,17 +121,16 @@ def plan_others(cfg: StackConfig, default: EnginePlan, hardware: object, on_stat
     return plans
 
 
-def supervisor(cfg: StackConfig, plan: EnginePlan, hardware: object) -> EngineSupervisor:
+def supervisor(cfg: StackConfig, plan: EnginePlan, hardware: object, site: Site | None = None) -> EngineSupervisor:
     from stack.manager.memory import NvmlProbe, capacity_bytes
     from stack.manager.policy import Capacity
 
-    others = plan_others(cfg, plan, hardware) if cfg.manager.models else []
+    others = plan_others(cfg, plan, hardware, site) if cfg.manager.models else []
     preload = set(cfg.manager.preload or [])
-    names = {plan.resolved.served_name: plan.resolved.name}
     wanted = lambda p: not preload or p.resolved.served_name in preload or p.resolved.model.name in preload  # noqa: E731
-    engines = [managed(cfg, plan, hardware, True)] + [managed(cfg, p, hardware, bool(preload) and wanted(p))
-                                                      for p in others]  # fmt: skip
-    names.update({p.resolved.served_name: p.resolved.name for p in others})
+    engines = [managed(cfg, plan, hardware, True, site)] + [
+        managed(cfg, p, hardware, bool(preload) and wanted(p), site) for p in others
+    ]
     sleep = any(e.can_sleep for e in engines)
     capacity = Capacity(capacity_bytes(cfg.manager, hardware), sleep_supported=sleep)
     return EngineSupervisor(engines, cfg.startup_timeout_s, cfg.stop_grace_s, cfg.manager, capacity,
@@ -103,15 +138,15 @@ def supervisor(cfg: StackConfig, plan: EnginePlan, hardware: object) -> EngineSu
 
 
 def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | None = None,
-          hardware: object | None = None) -> int:
+          hardware: object | None = None, site: Site | None = None) -> int:
     """Run the gateway with the planned engine (and the manager's other models) until SIGTERM/SIGINT;
-    3 if the default model's engine failed to start."""
+    3 if the default model's engine failed to start. `site`: from docker_site(cfg) (manager.runtime: docker)."""
     from stack.hardware import detect
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     hardware = hardware or detect()
     cfg = with_sleep(cfg, hardware)
-    sup = supervisor(cfg, plan, hardware)
+    sup = supervisor(cfg, plan, hardware, site if site is not None else docker_site(cfg))
     engine = sup.engines[0].engine
     served = plan.resolved.served_name
     failed: dict[str, str] = {}
@@ -136,11 +171,9 @@ def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | No
     server.run()
     if failed:
         if failure_file is not None:
-            from stack.engine.diagnose import log_tail
-
-            tail = log_tail(engine.spec.log_path)
+            log = getattr(engine.spec, "log_path", None) or f"docker logs {engine.spec.name}"
             failure_file.write_text(json.dumps({"message": f"engine {served!r} {failed['message']}",
-                                                "log_tail": tail, "log": str(engine.spec.log_path)}))  # fmt: skip
+                                                "log_tail": logs_of(engine), "log": str(log)}))  # fmt: skip
         return ENGINE_FAILED
     return 0
 
@@ -156,13 +189,27 @@ def warn_if_open(cfg: StackConfig) -> None:
         )
 
 
-def plan_for_gateway(cfg: StackConfig, profile: str | None, on_status=print) -> EnginePlan:
+def plan_for_gateway(cfg: StackConfig, profile: str | None, on_status=print, site: Site | None = None) -> EnginePlan:
     """Plan the engine on a free loopback port (the gateway owns the public one) and fetch its model."""
-    from stack.engine.launch import plan_and_prepare
     from stack.hardware import detect
 
     hardware = detect()
-    return plan_and_prepare(with_sleep(cfg, hardware), profile, hardware, port=free_port(), on_status=on_status)
+    return plan_model(with_sleep(cfg, hardware), profile, hardware, fetches_models(site), on_status)
+
+
+def fetches_models(site: Site | None) -> bool:
+    """Engines that are child processes, or containers sharing the gateway's /cache volume, use the files
+    the gateway fetched. Engine containers with a cache of their own (a gateway on a host) fetch for
+    themselves: a second copy on the host would be dead weight."""
+    return site is None or site.shares_cache
+
+
+def plan_model(cfg: StackConfig, name: str | None, hardware: object, fetch: bool, on_status=print) -> EnginePlan:
+    from stack.engine.launch import plan_and_prepare, plan_engine
+
+    if fetch:
+        return plan_and_prepare(cfg, name, hardware, port=free_port(), on_status=on_status)  # type: ignore[arg-type]
+    return plan_engine(cfg, name, hardware, port=free_port(), check=False)  # type: ignore[arg-type]
 
 
 def main() -> None:
@@ -173,18 +220,17 @@ def main() -> None:
     ap.add_argument("--failure-file", type=Path)
     args = ap.parse_args()
     from stack.config import load_config
-    from stack.errors import StackError
-
     try:
         cfg = load_config(args.config)
-        plan = plan_for_gateway(cfg, args.profile, on_status=lambda s: print(s, flush=True))
+        site = docker_site(cfg)  # manager.runtime: docker: checked before any model is fetched
+        plan = plan_for_gateway(cfg, args.profile, on_status=lambda s: print(s, flush=True), site=site)
     except StackError as exc:
         if args.failure_file:
             args.failure_file.write_text(json.dumps({"message": exc.message, "hint": exc.hint,
                                                      "log_tail": getattr(exc, "log_tail", "")}))  # fmt: skip
         print(f"vstack gateway: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    sys.exit(serve(cfg, plan, args.port, args.failure_file))
+    sys.exit(serve(cfg, plan, args.port, args.failure_file, site=site))
 
 
 if __name__ == "__main__":

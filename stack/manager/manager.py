@@ -293,6 +293,8 @@ class ModelManager:
             slot.failed_at = self.clock()
             self.move(slot, S.FAILED, exc.message)
             raise
+        # A container reached by IP has its address only now that it started.
+        self.registry.update(slot.deployment_id, api_base=slot.runtime.spec.base_url)
         self._ready(slot, f"pid {pid}, ready in {seconds:.1f} s")
 
     def _ready(self, slot: Slot, detail: str) -> None:

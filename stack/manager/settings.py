@@ -11,6 +11,42 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# What an engine container gets from the gateway's environment (values never logged): Hub access and the
+# engine overrides an operator set for the gateway (VSTACK_ENGINE__* are passed whole, by prefix).
+PASS_ENV = ["HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
+            "VSTACK_ENGINE__*"]
+
+
+class DockerRuntimeConfig(BaseModel):
+    """Where engine containers go when `manager.runtime` is docker. Every default is read from the container
+    the gateway runs in (its image, its network, its /cache and configs mounts), so that a compose deployment
+    needs none of these; a gateway on a host names at least the image and the network."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str | None = Field(None, description="engine image (default: the image the gateway's container runs)")
+    network: str = Field(
+        "engines", description="network the engines join: its name, or the compose network key of the gateway's "
+        "project (engines -> <project>_engines); the gateway must be on it, or reach engines by IP from the host",
+    )
+    cache_volume: str | None = Field(
+        None, description="volume or host path mounted at /cache (default: the gateway's /cache; on a host: "
+        "vstack-models)",
+    )
+    config_source: str | None = Field(
+        None, description="host path or volume with configs/, mounted read-only (default: the gateway's own; on a "
+        "host: the configs folder in use)",
+    )
+    name_prefix: str | None = Field(None, description="container names (default: <project>-engine or vstack-engine)")
+    gpus: Literal["auto", "none", "all"] | int = Field(
+        "auto", description="GPUs per engine container: auto (all when the hardware profile is a GPU), none, all, N"
+    )
+    pass_env: list[str] = Field(
+        default_factory=lambda: list(PASS_ENV),
+        description="variables copied from the gateway's environment into engine containers (NAME or PREFIX*)",
+    )
+    shm_size: str = Field("2g", description="/dev/shm of an engine container (vLLM's workers share tensors there)")
+
 
 class ManagerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -56,6 +92,11 @@ class ManagerConfig(BaseModel):
     restart_window_s: float = Field(600, gt=0)
     restart_backoff_s: float = Field(2, ge=0, description="first restart's delay; doubles each time")
     retry_failed_s: float = Field(30, ge=0, description="a failed model is tried again on a request after this")
+    runtime: Literal["local", "docker"] = Field(
+        "local", description="local: engines are child processes of the gateway; docker: engine containers started "
+        "through the Docker socket (manager.docker says where)",
+    )
+    docker: DockerRuntimeConfig = Field(default_factory=DockerRuntimeConfig)
 
     @model_validator(mode="after")
     def _preload_subset(self) -> ManagerConfig:
