@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from stack.engine.diagnose import explain_failure
+from stack.engine.runtime import control_post, is_sleeping
 from stack.errors import EngineError
 
 if TYPE_CHECKING:
@@ -255,25 +256,13 @@ class DockerEngine:
     # --- sleep mode (GPU engines started with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1) -------------
 
     def sleep(self, level: int = 1, timeout: float = 120) -> None:
-        self._post("/sleep", {"level": str(level)}, timeout)
+        control_post(self.control_url, self.spec.name, "/sleep", {"level": str(level)}, timeout)
 
     def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
-        self._post("/wake_up", {"tags": tags} if tags else {}, timeout)
+        control_post(self.control_url, self.spec.name, "/wake_up", {"tags": tags} if tags else {}, timeout)
 
     def is_sleeping(self) -> bool:
-        resp = httpx.get(f"{self.control_url}/is_sleeping", timeout=10)
-        resp.raise_for_status()
-        return bool(resp.json().get("is_sleeping"))
-
-    def _post(self, path: str, params: dict[str, Any], timeout: float) -> None:
-        try:
-            resp = httpx.post(f"{self.control_url}{path}", params=params, timeout=timeout)
-        except httpx.HTTPError as exc:
-            raise EngineError(f"engine {self.spec.name!r}: POST {path} failed: {exc}") from exc
-        if resp.status_code != 200:
-            raise EngineError(f"engine {self.spec.name!r}: POST {path} answered {resp.status_code}: "
-                              f"{resp.text[:200]}", hint="sleep mode needs --enable-sleep-mode and "
-                              "VLLM_SERVER_DEV_MODE=1 on the engine (GPU only)")
+        return is_sleeping(self.control_url)
 
 
 # --- inside the engine image ----------------------------------------------------------------------------

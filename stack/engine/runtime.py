@@ -35,15 +35,13 @@ class LocalEngine(EngineProcess):
     VLLM_SERVER_DEV_MODE=1, which is why the engine must stay on loopback)."""
 
     def sleep(self, level: int = 1, timeout: float = 120) -> None:
-        _post(self.spec, "/sleep", {"level": str(level)}, timeout)
+        control_post(self.spec.base_url, self.spec.name, "/sleep", {"level": str(level)}, timeout)
 
     def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
-        _post(self.spec, "/wake_up", {"tags": tags} if tags else {}, timeout)
+        control_post(self.spec.base_url, self.spec.name, "/wake_up", {"tags": tags} if tags else {}, timeout)
 
     def is_sleeping(self) -> bool:
-        resp = httpx.get(f"{self.spec.base_url}/is_sleeping", timeout=10)
-        resp.raise_for_status()
-        return bool(resp.json().get("is_sleeping"))
+        return is_sleeping(self.spec.base_url)
 
     def logs(self, lines: int = 40) -> str:
         return log_tail(self.spec.log_path, lines)
@@ -58,16 +56,23 @@ def logs_of(runtime: object, lines: int = 40) -> str:
     return log_tail(spec.log_path, lines) if spec is not None and hasattr(spec, "log_path") else ""
 
 
-def _post(spec: EngineSpec, path: str, params: dict[str, Any], timeout: float) -> None:
+def control_post(base_url: str, name: str, path: str, params: dict[str, Any], timeout: float) -> None:
+    """POST to one of vLLM's sleep endpoints; anything but 200 is an EngineError saying what the engine needs."""
     try:
-        resp = httpx.post(f"{spec.base_url}{path}", params=params, timeout=timeout)
+        resp = httpx.post(f"{base_url}{path}", params=params, timeout=timeout)
     except httpx.HTTPError as exc:
-        raise EngineError(f"engine {spec.name!r}: POST {path} failed: {type(exc).__name__}") from exc
+        raise EngineError(f"engine {name!r}: POST {path} failed: {type(exc).__name__}") from exc
     if resp.status_code != 200:
         raise EngineError(
-            f"engine {spec.name!r}: POST {path} answered {resp.status_code}: {resp.text[:200]}",
-            hint="sleep mode needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 (GPU only)",
+            f"engine {name!r}: POST {path} answered {resp.status_code}: {resp.text[:200]}",
+            hint="sleep mode needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 on the engine (GPU only)",
         )
+
+
+def is_sleeping(base_url: str) -> bool:
+    resp = httpx.get(f"{base_url}/is_sleeping", timeout=10)
+    resp.raise_for_status()
+    return bool(resp.json().get("is_sleeping"))
 
 
 def with_port(spec: EngineSpec, port: int) -> EngineSpec:

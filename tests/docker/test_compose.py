@@ -1,14 +1,15 @@
-"""The compose deployment for real, in order: build, `up` (cpu profile: the gateway owning its engines), a
-chat answered by SmolLM2 through the gateway with the official client, Prometheus having scraped the
-gateway and the engine (its HTTP API), every dashboard query evaluating there, Grafana healthy with the
-dashboard provisioned (where a Grafana image exists locally), a model switch through the admin API (the
-model manager), an engine container started with the Docker SDK (stack.engine.docker_runtime) routed
-to through the admin API, then `down -v` leaving no container, network or volume behind."""
+"""The compose deployment for real, in order: build, `up` (cpu profile: the gateway whose model manager
+runs each model's engine as a container, through the Docker socket), a chat answered by SmolLM2 through
+the gateway with the official client, Prometheus having scraped the gateway and the engine (its HTTP API),
+every dashboard query evaluating there, Grafana healthy with the dashboard provisioned (where a Grafana
+image exists locally), a model switch through the admin API (a new engine container, the old one gone),
+then `down -v` leaving no container, network or volume behind."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ from tests.docker.test_files import dashboard_queries
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 PROJECT = "vstack-test"
 SERVICES_WITHOUT_GRAFANA = ["vstack-cpu", "prometheus"]
+SOCKET = "/var/run/docker.sock"
+ENGINE_PREFIX = f"{PROJECT}-engine-"  # the manager's engine containers: <project>-engine-<served name>
 OTHER = "smollm2-b"  # a second model for the switch: SmolLM2's files under another name
 OTHER_MODEL_YAML = f"""name: {OTHER}
 extends: {MODEL}
@@ -83,7 +86,7 @@ def deployment(built_images, docker_settings, docker_client, tmp_path_factory) -
     eager = docker_settings.get("VSTACK_DOCKER_ENFORCE_EAGER", "1") == "1"
     extra = {"GATEWAY_PORT": str(port), "GATEWAY_BIND": "127.0.0.1", "GRAFANA_PORT": "13000",
              "CONFIG_DIR": str(configs), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-             "VSTACK_MANAGER__MODELS": json.dumps([MODEL, OTHER])}
+             "VSTACK_MANAGER__MODELS": json.dumps([MODEL, OTHER]), "DOCKER_GID": str(os.stat(SOCKET).st_gid)}
     if eager:
         extra["VSTACK_ENGINE__ENFORCE_EAGER"] = "true"
     env = write_env_file(env_file, **extra)
@@ -100,9 +103,31 @@ def deployment(built_images, docker_settings, docker_client, tmp_path_factory) -
     except AssertionError:
         for svc in SERVICES_WITHOUT_GRAFANA:
             print(f"--- {svc} ---\n{compose.logs(svc)}")
+        for engine in _engine_containers(docker_client):
+            print(f"--- {engine.name} ---\n{engine.logs(tail=60).decode(errors='replace')}")
         raise
     finally:
         compose.run("down", "-v", "--remove-orphans", "--timeout", "20", check=False, timeout=300)
+
+
+def _engine_containers(client: Any) -> list[Any]:
+    return [c for c in client.containers.list(all=True) if c.name.startswith(ENGINE_PREFIX)]
+
+
+def test_the_engine_is_a_container_the_manager_started(deployment: Deployment, docker_client: Any) -> None:
+    """On the internal network only, nothing published, the shared model volume, labelled as ours and as
+    the project's (so `down --remove-orphans` would find one a killed gateway left)."""
+    (engine,) = _engine_containers(docker_client)
+    assert engine.name == f"{ENGINE_PREFIX}{MODEL}" and engine.status == "running"
+    assert list(engine.attrs["NetworkSettings"]["Networks"]) == [f"{PROJECT}_engines"]
+    assert not engine.ports and engine.labels["com.docker.compose.project"] == PROJECT
+    mounts = {m["Destination"]: m for m in engine.attrs["Mounts"]}
+    assert mounts["/cache"]["Name"] == f"{PROJECT}_models" and mounts["/etc/vstack/configs"]["RW"] is False
+    gateway = docker_client.containers.get(f"{PROJECT}-vstack-cpu-1")
+    assert engine.image.id == gateway.image.id
+    models = httpx.get(f"{deployment.gateway}/admin/models", headers=deployment.admin(), timeout=10).json()
+    dep = next(m for m in models["models"] if m["model"] == MODEL)["deployments"][0]
+    assert dep["api_base"] == f"http://{engine.name}:8000" and dep["labels"]["runtime"] == "docker"
 
 
 def test_chat_through_the_gateway_gets_a_real_answer(deployment: Deployment) -> None:
@@ -197,9 +222,9 @@ def _chat(deployment: Deployment, model: str):
         max_tokens=24, temperature=0)
 
 
-def test_switch_models_through_the_admin_api(deployment: Deployment) -> None:
-    """The model manager in the container: switch to the other model (stops the first: one at a time on
-    this CPU), answer with it, and the first is no longer running."""
+def test_switch_models_through_the_admin_api(deployment: Deployment, docker_client: Any) -> None:
+    """The model manager switches to the other model: a new engine container starts (the first is stopped
+    and removed: one at a time on this CPU) and answers."""
     http = httpx.Client(base_url=deployment.gateway, headers=deployment.admin(), timeout=900)
     started = time.monotonic()
     done = http.post(f"/admin/models/{OTHER}/switch")
@@ -211,49 +236,7 @@ def test_switch_models_through_the_admin_api(deployment: Deployment) -> None:
     raw = _chat(deployment, OTHER)
     assert raw.parse().model == OTHER and "Paris" in (raw.parse().choices[0].message.content or "")
     http.close()
-
-
-def test_an_engine_container_started_with_the_docker_sdk_serves_through_the_gateway(
-    deployment: Deployment, built_images: dict[str, str], docker_client: Any
-) -> None:
-    """What the model manager's Docker runtime does (the wiring into the manager is not there yet): an
-    engine container on the internal network, registered through the admin API, answering through the
-    gateway; sleep/wake over HTTP; stopped and removed."""
-    from stack.engine.docker_runtime import ContainerSpec, DockerEngine
-
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    if "VSTACK_ENGINE__ENFORCE_EAGER" in deployment.env:
-        env["VSTACK_ENGINE__ENFORCE_EAGER"] = "true"
-    spec = ContainerSpec(name=f"{PROJECT}-engine-b", image=built_images["engine"], serve=MODEL,
-                         network=f"{PROJECT}_engines", cache_volume=f"{PROJECT}_models",
-                         config_source=deployment.env["CONFIG_DIR"], env=env, reach="ip",
-                         labels={"com.docker.compose.project": PROJECT})
-    engine = DockerEngine(spec, docker_client)
-    http = httpx.Client(base_url=deployment.gateway, headers=deployment.admin(), timeout=30)
-    try:
-        engine.start()
-        seconds = engine.wait_ready(900)
-        print(f"engine container started by the Docker SDK ready in {seconds:.0f} s")
-        added = http.post("/admin/deployments", json={
-            "id": "engine-b", "model_group": "smollm2-docker", "api_base": spec.base_url, "upstream_model": MODEL})
-        assert added.status_code == 201, added.text
-        raw = _chat(deployment, "smollm2-docker")
-        assert raw.headers["x-vstack-deployment"] == "engine-b"
-        assert "Paris" in (raw.parse().choices[0].message.content or "")
-        assert http.delete("/admin/deployments/engine-b").status_code == 200
-
-        # Sleep mode over HTTP (on CPU vLLM answers the endpoints in dev mode but frees nothing).
-        engine.sleep(level=1)
-        assert engine.is_sleeping() is True
-        engine.wake_up()
-        assert engine.is_sleeping() is False
-    finally:
-        http.close()
-        assert engine.stop(grace=10) == []
-    import docker.errors
-
-    with pytest.raises(docker.errors.NotFound):
-        docker_client.containers.get(spec.name)
+    assert [(c.name, c.status) for c in _engine_containers(docker_client)] == [(f"{ENGINE_PREFIX}{OTHER}", "running")]
 
 
 def test_down_leaves_no_container_network_or_volume(deployment: Deployment, docker_client: Any) -> None:
