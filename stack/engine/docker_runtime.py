@@ -77,7 +77,7 @@ class ContainerSpec:
         return f"http://{self.address or self.name}:{self.port}"
 
     def command(self) -> list[str]:
-        return ["python", "-m", "stack.engine.docker_runtime", "serve", self.serve, "--port", str(self.port)]
+        return ["python3", "-m", "stack.engine.docker_runtime", "serve", self.serve, "--port", str(self.port)]
 
     def run_kwargs(self) -> dict[str, Any]:
         """Arguments for `client.containers.run` (docker SDK)."""
@@ -99,7 +99,7 @@ class ContainerSpec:
             "init": True,  # tini as PID 1: signals reach vLLM, its children are reaped
             "detach": True,
             "healthcheck": {
-                "test": ["CMD", "python", "-c", _HEALTH_CMD % self.port],
+                "test": ["CMD", "python3", "-c", _HEALTH_CMD % self.port],
                 "interval": int(self.health_interval_s * _NS),
                 "timeout": 3 * _NS,
                 "retries": 3,

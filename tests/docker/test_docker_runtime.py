@@ -25,7 +25,7 @@ def test_container_is_on_the_internal_network_with_nothing_published() -> None:
     kw = _spec(config_source="/srv/configs", env={"HF_TOKEN": "hf_x"}).run_kwargs()
     assert kw["network"] == "vllm-stack_engines" and kw["hostname"] == "engine-a"
     assert "ports" not in kw and "publish_all_ports" not in kw
-    assert kw["command"] == ["python", "-m", "stack.engine.docker_runtime", "serve", "smollm2-135m-instruct",
+    assert kw["command"] == ["python3", "-m", "stack.engine.docker_runtime", "serve", "smollm2-135m-instruct",
                              "--port", "8000"]
     assert kw["volumes"] == {"vstack-models": {"bind": CACHE_MOUNT, "mode": "rw"},
                              "/srv/configs": {"bind": CONFIG_MOUNT, "mode": "ro"}}

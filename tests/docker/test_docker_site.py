@@ -52,7 +52,8 @@ def test_sleep_mode_and_gpus_reach_the_container() -> None:
     assert _site(gpus=2).container_for("m", "m", gpu=True, can_sleep=False, environ={}).gpus == 2
     assert _site(gpus="none").container_for("m", "m", gpu=True, can_sleep=False, environ={}).gpus is None
     # From the host, engines are reached by IP and may fetch their own model: no forced offline mode.
-    host = _site(reach="ip", labels={}, shares_cache=False).container_for("m", "m", gpu=False, can_sleep=False, environ={})
+    host = _site(reach="ip", labels={}, shares_cache=False)
+    host = host.container_for("m", "m", gpu=False, can_sleep=False, environ={})
     assert host.env == {} and host.labels == {}
 
 

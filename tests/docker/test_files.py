@@ -51,13 +51,14 @@ def test_images_run_as_a_numeric_non_root_user(path: Path) -> None:
     assert users[-1].split(":")[0].isdigit() and users[-1].split(":")[0] != "0"
 
 
-def _config(tmp_path: Path, profile: str) -> dict:
+def _config(tmp_path: Path, profile: str, *overrides: Path) -> dict:
     if not compose_available():
         pytest.skip("`docker compose` (v2) is not installed (docker/ci-setup.sh links it)")
     env_file = tmp_path / ".env"
     write_env_file(env_file)
-    proc = subprocess.run(["docker", "compose", "-f", str(COMPOSE_FILE), "--env-file", str(env_file), "--profile",
-                           profile, "config", "--format", "json"], capture_output=True, text=True, check=False)
+    files = [arg for f in (COMPOSE_FILE, *overrides) for arg in ("-f", str(f))]
+    proc = subprocess.run(["docker", "compose", *files, "--env-file", str(env_file), "--profile", profile,
+                           "config", "--format", "json"], capture_output=True, text=True, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -69,11 +70,16 @@ def test_compose_the_gateway_owns_its_engines_and_is_the_one_public_port(tmp_pat
     assert set(services) == {f"vstack-{profile}", "prometheus", "grafana"}
     _only_gateway_published(services, f"vstack-{profile}")
     vstack = services[f"vstack-{profile}"]
-    assert vstack["command"][:3] == ["python", "-m", "stack.gateway.up"]
+    assert vstack["command"][:3] == ["python3", "-m", "stack.gateway.up"]
     assert vstack["healthcheck"]["test"][-1].count("/ready")
     # Inside the container: every interface (configs/stack.yaml's loopback default would be unreachable).
     assert vstack["environment"]["VSTACK_GATEWAY__HOST"] == "0.0.0.0"
     assert services["prometheus"]["depends_on"][f"vstack-{profile}"]["condition"] == "service_healthy"
+    # The model manager's Docker runtime: the socket, its group for the non-root user, time to stop engines.
+    assert vstack["environment"]["VSTACK_MANAGER__RUNTIME"] == "docker"
+    mounts = {v["target"]: v for v in vstack["volumes"]}
+    assert mounts["/var/run/docker.sock"]["source"] == "/var/run/docker.sock"
+    assert vstack["group_add"] and vstack["stop_grace_period"] == "1m30s"
     _configs_read_only(vstack)
     if profile == "gpu":
         _gpu_reserved(vstack)
@@ -94,8 +100,26 @@ def test_compose_static_engines_sit_on_an_internal_network(tmp_path: Path, profi
     assert engine["depends_on"][f"model-pull-{kind}"]["condition"] == "service_completed_successfully"
     for svc in (engine, services["gateway"]):
         _configs_read_only(svc)
+        assert "/var/run/docker.sock" not in {v["target"] for v in svc["volumes"]}
+    assert "--manage" in services["gateway"]["command"]  # the manager sleeps and wakes, never starts or stops
     if kind == "gpu":
         _gpu_reserved(engine)
+
+
+def test_compose_static_two_models_each_its_own_service(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "static-gpu", DOCKER_DIR / "docker-compose.static-models.yml")
+    services = cfg["services"]
+    assert {"engine-gpu", "engine-gpu-b", "model-pull-gpu-b", "gateway"} <= set(services)
+    aliases = {name: services[name]["networks"]["engines"]["aliases"] for name in ("engine-gpu", "engine-gpu-b")}
+    assert aliases == {"engine-gpu": ["engine"], "engine-gpu-b": ["engine-b"]}
+    upstreams = [a for a in services["gateway"]["command"] if a.startswith("--upstream=")]
+    assert [u.split("=", 2)[2].split("@")[0] for u in upstreams] == ["http://engine:8000", "http://engine-b:8000"]
+    for name in ("engine-gpu", "engine-gpu-b"):
+        env = services[name]["environment"]
+        assert env["VSTACK_ENGINE__ENABLE_SLEEP_MODE"] == "true" and env["VLLM_SERVER_DEV_MODE"] == "1"
+        assert env["VSTACK_ENGINE__GPU_MEMORY_UTILIZATION"] == "0.45" and "ports" not in services[name]
+        _gpu_reserved(services[name])
+    assert services["gateway"]["depends_on"]["engine-gpu-b"]["condition"] == "service_healthy"
 
 
 def _only_gateway_published(services: dict, gateway: str) -> None:
