@@ -27,6 +27,7 @@ class AttachedSpec:
 
 class AttachedEngine:
     runtime_kind = "attached"
+    owns_process = False  # the manager cannot stop it instead of a sleep that freed too little
 
     def __init__(self, spec: AttachedSpec) -> None:
         self.spec = spec

@@ -60,7 +60,8 @@ async def models(request: Request) -> dict[str, Any]:
     out = []
     for group, deps in sorted(state.registry.groups().items()):
         ready = [d for d in deps if d.state == "ready" and d.id not in cooling]
-        status = "ready" if ready else ("starting" if any(d.state == "starting" for d in deps) else "unavailable")
+        states = {d.state for d in deps}
+        status = "ready" if ready else next((s for s in ("starting", "sleeping") if s in states), "unavailable")
         out.append(
             {
                 "model": group,

@@ -256,6 +256,10 @@ class ModelManager:
                     victim.residue = max(0, (victim.need or 0) - (before - after))  # type: ignore[operator]
                     self.move(victim, S.SLEEPING, f"asleep, {(before - after) / 2**30:.1f} GiB freed")  # type: ignore[operator]
                     return
+                if not getattr(victim.runtime, "owns_process", True):
+                    # An attached engine cannot be stopped instead: asleep is the most we can do.
+                    self.move(victim, S.SLEEPING, "asleep (freed memory not verified)")
+                    return
                 log.warning("sleep of %s freed too little (used %s -> %s): stopping it", victim.name, before, after)
             except EngineError as exc:
                 log.warning("sleep of %s failed (%s): stopping it", victim.name, exc.message)

@@ -13,10 +13,8 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,14 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.app_thread import app_in_thread, free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SERVED = "smollm2-135m-instruct"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
@@ -141,8 +135,6 @@ class Gateway:
 
 @contextlib.contextmanager
 def run_gateway(settings, *, default_model: str, deployments=(), environ=None) -> Iterator[Gateway]:
-    import uvicorn
-
     from stack.gateway.app import create_app
     from stack.gateway.registry import DeploymentRegistry
 
@@ -150,22 +142,8 @@ def run_gateway(settings, *, default_model: str, deployments=(), environ=None) -
     for dep in deployments:
         registry.add(dep)
     app = create_app(settings, default_model=default_model, registry=registry, environ=environ or {})
-    port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=2)  # fmt: skip
-    server = uvicorn.Server(config)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield Gateway(f"http://127.0.0.1:{port}", app, loop)
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        loop.close()
+    with app_in_thread(app) as (url, loop):
+        yield Gateway(url, app, loop)
 
 
 def local(dep_id: str, url: str, group: str = SERVED, upstream: str | None = None, order: int = 1):

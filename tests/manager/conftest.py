@@ -28,6 +28,7 @@ from stack.manager.manager import ModelManager
 from stack.manager.policy import Capacity
 from stack.manager.settings import ManagerConfig
 from stack.manager.slot import Slot
+from tests.app_thread import app_in_thread, free_port
 
 GIB = 1024**3
 SMOL = Path.home() / ".cache" / "vstack" / "models" / "smollm2-135m-instruct"
@@ -188,39 +189,16 @@ class Gateway:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def gateway_with(supervisor, default_model: str, settings=None):
     """create_app with the supervisor's start/stop hooks, as stack.gateway.up does, on a free port."""
-    import uvicorn
-
     from stack.gateway.app import create_app
     from stack.gateway.settings import GatewayConfig
 
     app = create_app(settings or GatewayConfig(), default_model=default_model, on_startup=[supervisor.start],
                      on_shutdown=[supervisor.stop], environ={})  # fmt: skip
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=5))  # fmt: skip
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        yield Gateway(f"http://127.0.0.1:{port}", app, loop)
-    finally:
-        server.should_exit = True
-        thread.join(60)
-        loop.close()
+    with app_in_thread(app, graceful_s=5, start_s=60, join_s=60) as (url, loop):
+        yield Gateway(url, app, loop)
 
 
 def local_engine(model: Path | str, served: str, log_dir: Path, need_gib: float, preload: bool = True):
