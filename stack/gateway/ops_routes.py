@@ -11,6 +11,7 @@ from stack.gateway.errors import ModelNotFound, UpstreamError
 from stack.gateway.state import get_state
 
 router = APIRouter()
+SCRAPABLE = ("ready", "sleeping")  # deployment states whose engine answers /metrics (a sleeping one does)
 
 
 @router.get("/health")
@@ -54,7 +55,9 @@ async def engine_metrics(dep_id: str, request: Request) -> Response:
 
 @router.get("/metrics/targets")
 async def targets(request: Request) -> list[dict]:
-    """Prometheus HTTP service discovery: one target per engine, scraped through this gateway."""
+    """Prometheus HTTP service discovery: one target per running engine, scraped through this gateway.
+    A stopped or starting engine answers no /metrics: listed, it would only show as a down target (its state
+    is in vstack_gateway_deployment_up)."""
     state = get_state(request)
     host = request.headers.get("host", f"127.0.0.1:{state.settings.port}")
     return [
@@ -67,5 +70,5 @@ async def targets(request: Request) -> list[dict]:
             },
         }
         for d in state.registry.all()
-        if d.kind == "local"
+        if d.kind == "local" and d.state in SCRAPABLE
     ]

@@ -129,6 +129,8 @@ def test_engine_metrics_are_reachable_through_the_gateway(engine_mock) -> None:
         assert "mock_served_total" in httpx.get(f"{gw.url}/metrics/engines/e1").text
         targets = httpx.get(f"{gw.url}/metrics/targets").json()
         assert targets[0]["labels"]["__metrics_path__"] == "/metrics/engines/e1"
+        gw.call(gw.state.registry.set_state, "e1", "stopped")  # a stopped engine is no scrape target
+        assert httpx.get(f"{gw.url}/metrics/targets").json() == []
 
 
 def test_completions_and_embeddings_pass_through(engine_mock) -> None:
