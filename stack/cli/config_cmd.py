@@ -1,0 +1,95 @@
+"""`vstack config validate|render`: is the configuration valid, and what `vllm serve` does a profile become."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from stack.cli.shell import cli_config, err, out, run
+from stack.config.vllm_options import VllmCatalog
+from stack.engine.launch import plan_engine
+from stack.errors import StackError
+from stack.hardware import detect
+
+config_app = typer.Typer(help="Check and show configuration.", no_args_is_help=True)
+
+
+def _dump_catalog(path: Path | None) -> VllmCatalog | None:
+    return VllmCatalog.load(path) if path else None
+
+
+@config_app.command("validate")
+def config_validate(
+    profile: Annotated[str | None, typer.Argument(help="profile or model; default: every profile")] = None,
+    options_dump: Annotated[Path | None, typer.Option(
+        help="check against this vLLM options dump (../shared/vllm-args format) instead of the installed vLLM")] = None,
+) -> None:
+    """Validate the configuration and each profile's engine options against the installed vLLM."""
+
+    def body() -> int:
+        cfg = cli_config()
+        info = detect()
+        catalog = _dump_catalog(options_dump)
+        names = [profile] if profile else [*sorted(cfg.profiles), "auto"]
+        failed = 0
+        for name in names:
+            # The installed vLLM's own parser checks the one named profile; all profiles get the catalog check.
+            check = profile is not None and catalog is None
+            try:
+                plan = plan_engine(cfg, name, info, catalog=catalog, check=check, port=cfg.port or 8000,
+                                   for_launch=False)
+                if catalog is None:
+                    catalog = plan.catalog
+            except StackError as exc:
+                failed += 1
+                out.print(f"[red]✗[/] {name}")
+                out.print(Text("    " + str(exc).replace("\n", "\n    ")))
+                continue
+            out.print(f"[green]✓[/] {name} [dim]({plan.resolved.hardware.name} + {plan.resolved.model.name}, "
+                      f"{plan.catalog.distribution} {plan.catalog.version})[/]")
+            for note in plan.notes:
+                if note.startswith("not servable here"):
+                    out.print(f"    [dim]{note}[/]", highlight=False)
+                elif note.startswith("fit: ") and "not planned" not in note:
+                    out.print(f"    [yellow]warning:[/] {note}", highlight=False)
+            for warning in plan.rendered.warnings:
+                out.print(f"    [yellow]warning:[/] {warning}", highlight=False)
+        if failed:
+            err.print(f"[red]{failed} of {len(names)} invalid[/]")
+            return 2
+        out.print(f"configuration valid ({len(names)} checked)")
+        return 0
+
+    run(body)
+
+
+@config_app.command("render")
+def config_render(
+    profile: Annotated[str | None, typer.Argument(help="profile or model; default: what `serve:` names")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="argv and env as JSON")] = False,
+    options_dump: Annotated[Path | None, typer.Option(help="render for this vLLM options dump")] = None,
+) -> None:
+    """Show the exact `vllm serve` command a profile becomes (secrets redacted)."""
+
+    def body() -> None:
+        cfg = cli_config()
+        plan = plan_engine(cfg, profile, detect(), catalog=_dump_catalog(options_dump), check=False,
+                           for_launch=False)
+        if as_json:
+            secrets = plan.rendered.secret_values
+            out.print_json(data={
+                "profile": plan.resolved.name, "vllm": f"{plan.catalog.distribution} {plan.catalog.version}",
+                "argv": ["vllm", "serve", *["***" if a in secrets else a for a in plan.vllm_args()]],
+                "env": {k: ("***" if any(w in k.upper() for w in ("TOKEN", "KEY", "SECRET")) else v)
+                        for k, v in plan.env.items()},
+                "warnings": plan.rendered.warnings, "notes": plan.notes,
+            })
+            return
+        for warning in plan.rendered.warnings:
+            err.print(f"[yellow]warning:[/] {warning}", highlight=False)
+        out.print(Text(plan.display()), soft_wrap=True)
+
+    run(body)

@@ -1,0 +1,92 @@
+"""`vstack`: a thin shell. It parses, calls the library, prints with rich, and picks the exit code.
+
+Each command group lives in its own module (config_cmd, models_cmd, lifecycle); this one assembles them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from stack import __version__
+from stack.bench.load_cli import app as bench_app
+from stack.bench.tune_cli import tune_command
+from stack.cli.config_cmd import config_app
+from stack.cli.lifecycle import down, status, up
+from stack.cli.models_cmd import load, models_app, switch, unload
+from stack.cli.shell import ConfigOpt, Invocation, cli_config, out, run
+from stack.hardware import GIB, detect, match_profile
+from stack.patches.cli import app as patches_app
+from stack.planner.cli import plan_command
+
+app = typer.Typer(help="vllm-stack: run open models on your own GPUs.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+for command in (up, down, status, switch, load, unload):
+    app.command()(command)
+app.add_typer(config_app, name="config")
+app.add_typer(models_app, name="models")
+app.add_typer(patches_app, name="patches")
+app.command("plan")(plan_command)
+app.add_typer(bench_app, name="bench")
+app.command("tune")(tune_command)
+
+
+@app.callback()
+def _main(config: ConfigOpt = None) -> None:
+    Invocation.config_path = config
+
+
+@app.command()
+def version() -> None:
+    """Show the versions of vllm-stack and of the installed vLLM."""
+    from stack.config.vllm_options import engine_python, installed_version
+
+    def body() -> None:
+        cfg = cli_config()
+        dist, ver = installed_version(engine_python(cfg.engine_python))
+        out.print(f"vllm-stack {__version__}, {dist} {ver}")
+
+    run(body)
+
+
+# --- hardware -----------------------------------------------------------------------------------
+
+
+@app.command()
+def hw(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Show the hardware found and the hardware profile that applies."""
+
+    def body() -> None:
+        cfg = cli_config()
+        info = detect()
+        profile, why = match_profile(info, cfg)
+        if as_json:
+            out.print_json(data={
+                "accelerator": info.accelerator, "profile": profile.name, "reason": why,
+                "gpus": [g.__dict__ for g in info.gpus], "cpu_count": info.cpu_count,
+                "ram_total": info.ram_total, "ram_available": info.ram_available,
+            })
+            return
+        table = Table(title="Hardware", show_header=False)
+        if info.gpus:
+            for g in info.gpus:
+                table.add_row(f"GPU {g.index}", f"{g.name}, {g.memory_total / GIB:.1f} GiB "
+                              f"({g.memory_free / GIB:.1f} free), compute {g.compute_capability}")
+            table.add_row("driver", info.driver or "?")
+        else:
+            table.add_row("GPU", "none" + (f" ({info.nvml_error})" if info.nvml_error else ""))
+        table.add_row("CPU", f"{info.cpu_count} cores")
+        table.add_row("RAM", f"{info.ram_total / GIB:.1f} GiB ({info.ram_available / GIB:.1f} available)")
+        table.add_row("profile", f"[bold]{profile.name}[/]: {profile.description}")
+        table.add_row("why", why)
+        if profile.recommended_model:
+            table.add_row("suggested model", profile.recommended_model)
+        out.print(table)
+
+    run(body)
+
+
+
+def main() -> None:
+    app()
