@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from stack.engine.runtime import control_post, is_sleeping
+from stack.engine.runtime import SleepEndpoints
 from stack.errors import EngineError
 
 
@@ -25,7 +25,7 @@ class AttachedSpec:
     base_url: str  # http://engine:8000, no /v1
 
 
-class AttachedEngine:
+class AttachedEngine(SleepEndpoints):
     runtime_kind = "attached"
     owns_process = False  # the manager cannot stop it instead of a sleep that freed too little
 
@@ -72,12 +72,3 @@ class AttachedEngine:
             return httpx.get(f"{self.spec.base_url}/is_sleeping", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
-
-    def sleep(self, level: int = 1, timeout: float = 120) -> None:
-        control_post(self.spec.base_url, self.spec.name, "/sleep", {"level": str(level)}, timeout)
-
-    def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
-        control_post(self.spec.base_url, self.spec.name, "/wake_up", {"tags": tags} if tags else {}, timeout)
-
-    def is_sleeping(self) -> bool:
-        return is_sleeping(self.spec.base_url)

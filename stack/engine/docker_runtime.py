@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from stack.engine.diagnose import explain_failure
-from stack.engine.runtime import control_post, is_sleeping
+from stack.engine.runtime import SleepEndpoints
 from stack.errors import EngineError
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class ContainerSpec:
         return kwargs
 
 
-class DockerEngine:
+class DockerEngine(SleepEndpoints):
     """One engine container, driven like stack.engine.process.EngineProcess."""
 
     runtime_kind = "docker"  # shown in the deployment's labels (/admin/models)
@@ -127,11 +127,6 @@ class DockerEngine:
 
             self._client = docker.from_env()
         return self._client
-
-    @property
-    def control_url(self) -> str:
-        """Where this process sends /health, /sleep, /wake_up (and the gateway its requests)."""
-        return self.spec.base_url
 
     def start(self) -> int:
         """Create and start the container; returns its main process id on the host."""
@@ -232,7 +227,7 @@ class DockerEngine:
 
     def _answers(self, http: httpx.Client) -> bool:
         try:
-            return http.get(f"{self.control_url}/health").status_code == 200
+            return http.get(f"{self.spec.base_url}/health").status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -252,17 +247,6 @@ class DockerEngine:
             self.container.reload()
             return [int(self.container.attrs["State"]["Pid"])]
         return []
-
-    # --- sleep mode (GPU engines started with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1) -------------
-
-    def sleep(self, level: int = 1, timeout: float = 120) -> None:
-        control_post(self.control_url, self.spec.name, "/sleep", {"level": str(level)}, timeout)
-
-    def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
-        control_post(self.control_url, self.spec.name, "/wake_up", {"tags": tags} if tags else {}, timeout)
-
-    def is_sleeping(self) -> bool:
-        return is_sleeping(self.control_url)
 
 
 # --- inside the engine image ----------------------------------------------------------------------------

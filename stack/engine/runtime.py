@@ -30,9 +30,11 @@ class Runtime(Protocol):
     def logs(self, lines: int = 40) -> str: ...
 
 
-class LocalEngine(EngineProcess):
-    """EngineProcess plus vLLM's sleep endpoints (they exist only with --enable-sleep-mode and
-    VLLM_SERVER_DEV_MODE=1, which is why the engine must stay on loopback)."""
+class SleepEndpoints:
+    """vLLM's sleep endpoints, for any runtime whose `spec` has a name and a base_url. They exist only with
+    --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1: never where more than the gateway can reach them."""
+
+    spec: Any
 
     def sleep(self, level: int = 1, timeout: float = 120) -> None:
         control_post(self.spec.base_url, self.spec.name, "/sleep", {"level": str(level)}, timeout)
@@ -41,7 +43,13 @@ class LocalEngine(EngineProcess):
         control_post(self.spec.base_url, self.spec.name, "/wake_up", {"tags": tags} if tags else {}, timeout)
 
     def is_sleeping(self) -> bool:
-        return is_sleeping(self.spec.base_url)
+        resp = httpx.get(f"{self.spec.base_url}/is_sleeping", timeout=10)
+        resp.raise_for_status()
+        return bool(resp.json().get("is_sleeping"))
+
+
+class LocalEngine(SleepEndpoints, EngineProcess):
+    """EngineProcess plus vLLM's sleep endpoints (which is why the engine must stay on loopback)."""
 
     def logs(self, lines: int = 40) -> str:
         return log_tail(self.spec.log_path, lines)
@@ -67,12 +75,6 @@ def control_post(base_url: str, name: str, path: str, params: dict[str, Any], ti
             f"engine {name!r}: POST {path} answered {resp.status_code}: {resp.text[:200]}",
             hint="sleep mode needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 on the engine (GPU only)",
         )
-
-
-def is_sleeping(base_url: str) -> bool:
-    resp = httpx.get(f"{base_url}/is_sleeping", timeout=10)
-    resp.raise_for_status()
-    return bool(resp.json().get("is_sleeping"))
 
 
 def with_port(spec: EngineSpec, port: int) -> EngineSpec:
