@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.docker.conftest import MODEL, ROOT, Compose, build_env, write_env_file
+from tests.gateway.conftest import wait_http
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
 PROJECT = "vstack-static-test"
@@ -36,7 +37,8 @@ def static(built_images, docker_settings, tmp_path_factory) -> Iterator[tuple[Co
     started = time.monotonic()
     try:
         compose.run("up", "-d", "--no-build", "--pull", "never", "gateway", timeout=1200)
-        _wait_ready(f"http://127.0.0.1:{PORT}", 120)  # `up -d` returns once the gateway's container started
+        # `up -d` returns once the gateway's container started; /ready is 503 until its engine answers.
+        wait_http(f"http://127.0.0.1:{PORT}/ready", 120)
         print(f"static-cpu up (model pulled, engine healthy, gateway started): {time.monotonic() - started:.0f} s")
         yield compose, env
     except AssertionError:
@@ -45,18 +47,6 @@ def static(built_images, docker_settings, tmp_path_factory) -> Iterator[tuple[Co
         raise
     finally:
         compose.run("down", "-v", "--remove-orphans", "--timeout", "20", check=False, timeout=300)
-
-
-def _wait_ready(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/ready", timeout=3).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"the gateway at {url} was not ready after {timeout:.0f} s")
 
 
 def _state(env: dict[str, str]) -> dict[str, Any]:

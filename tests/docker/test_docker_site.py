@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -93,20 +92,6 @@ def test_on_a_host_the_image_and_network_must_exist(docker_client: Any, built_im
     assert site.shares_cache is False  # a gateway on a host leaves the engines' volume to them
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the gateway exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise AssertionError(f"not ready after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.mark.docker
 @pytest.mark.timeout(900)
 def test_a_gateway_on_the_host_runs_its_engine_as_a_container(
@@ -114,7 +99,7 @@ def test_a_gateway_on_the_host_runs_its_engine_as_a_container(
 ) -> None:
     from openai import OpenAI
 
-    from tests.gateway.conftest import free_port
+    from tests.gateway.conftest import free_port, wait_http
 
     tag = uuid.uuid4().hex[:8]
     network = docker_client.networks.create(f"vstack-test-{tag}", internal=True)
@@ -133,7 +118,7 @@ def test_a_gateway_on_the_host_runs_its_engine_as_a_container(
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc, log, 600)
+        wait_http(f"{url}/ready", 600, proc, log)  # 503 while the engine starts, 200 once it answers
         container = docker_client.containers.get(name)
         assert container.labels["org.vllm-stack.engine"] == name and not container.ports
         models = httpx.get(f"{url}/admin/models", timeout=10).json()["models"]
