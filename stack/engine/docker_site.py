@@ -41,7 +41,7 @@ class Site:
     name_prefix: str
     reach: str  # "name": the gateway shares the network; "ip": the gateway is on the host
     gpus: str | int
-    shm_size: str
+    shm_size: str | None
     pass_env: list[str]
     labels: dict[str, str] = field(default_factory=dict)
     shares_cache: bool = False  # the gateway's cache dir is the engines' /cache volume: it fetches models for them
@@ -58,7 +58,8 @@ class Site:
         labels = {**self.labels, SERVICE_LABEL: name} if PROJECT_LABEL in self.labels else dict(self.labels)
         return ContainerSpec(
             name=name, image=self.image, serve=serve, network=self.network, cache_volume=self.cache_volume,
-            config_source=self.config_source, env=env, gpus=_gpu_count(self.gpus, gpu), shm_size=self.shm_size,
+            config_source=self.config_source, env=env, gpus=_gpu_count(self.gpus, gpu),
+            shm_size=self.shm_size or ("16g" if gpu else "2g"),
             labels=labels, reach=self.reach,
         )  # fmt: skip
 

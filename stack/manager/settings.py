@@ -45,7 +45,10 @@ class DockerRuntimeConfig(BaseModel):
         default_factory=lambda: list(PASS_ENV),
         description="variables copied from the gateway's environment into engine containers (NAME or PREFIX*)",
     )
-    shm_size: str = Field("2g", description="/dev/shm of an engine container (vLLM's workers share tensors there)")
+    shm_size: str | None = Field(
+        None, description="/dev/shm of an engine container, where vLLM's workers share tensors (default: 2g on "
+        "CPU, 16g for GPU engines, whose tensor-parallel workers exchange through it)",
+    )
 
 
 class ManagerConfig(BaseModel):

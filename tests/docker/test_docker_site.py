@@ -25,7 +25,7 @@ from tests.docker.conftest import MODEL, ROOT
 def _site(**over: Any) -> Site:
     base: dict[str, Any] = dict(image="img:1", network="proj_engines", cache_volume="proj_models",
                                 config_source="/srv/configs", name_prefix="proj-engine", reach="name", gpus="auto",
-                                shm_size="2g", pass_env=DockerRuntimeConfig().pass_env,
+                                shm_size=None, pass_env=DockerRuntimeConfig().pass_env,
                                 labels={PROJECT_LABEL: "proj"}, shares_cache=True)  # fmt: skip
     return Site(**{**base, **over})
 
@@ -39,6 +39,7 @@ def test_an_engine_container_gets_hub_access_and_engine_overrides_but_no_gateway
     assert spec.name == "proj-engine-org-model_7b" and spec.serve == "cpu-smollm2"
     assert spec.env == {"HF_TOKEN": "hf_secret", "VSTACK_ENGINE__MAX_MODEL_LEN": "4096", "HF_HUB_OFFLINE": "1"}
     assert spec.network == "proj_engines" and spec.cache_volume == "proj_models" and spec.gpus is None
+    assert spec.shm_size == "2g"
     assert spec.labels == {PROJECT_LABEL: "proj", SERVICE_LABEL: "proj-engine-org-model_7b"}
     assert spec.base_url == "http://proj-engine-org-model_7b:8000"
 
@@ -47,7 +48,7 @@ def test_sleep_mode_and_gpus_reach_the_container() -> None:
     spec = _site().container_for("h100/llama", "llama", gpu=True, can_sleep=True, environ={"HF_HUB_OFFLINE": "0"})
     assert spec.env == {"HF_HUB_OFFLINE": "0", "VSTACK_ENGINE__ENABLE_SLEEP_MODE": "true",
                         "VLLM_SERVER_DEV_MODE": "1"}  # fmt: skip
-    assert spec.gpus == -1
+    assert spec.gpus == -1 and spec.shm_size == "16g"
     assert _site(gpus=2).container_for("m", "m", gpu=True, can_sleep=False, environ={}).gpus == 2
     assert _site(gpus="none").container_for("m", "m", gpu=True, can_sleep=False, environ={}).gpus is None
     # From the host, engines are reached by IP and may fetch their own model: no forced offline mode.
