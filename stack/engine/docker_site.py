@@ -45,6 +45,7 @@ class Site:
     pass_env: list[str]
     labels: dict[str, str] = field(default_factory=dict)
     shares_cache: bool = False  # the gateway's cache dir is the engines' /cache volume: it fetches models for them
+    warnings: list[str] = field(default_factory=list)  # logged when the gateway starts
     client: Any = field(default=None, repr=False)
 
     def container_for(self, serve: str, served_name: str, gpu: bool, can_sleep: bool,
@@ -142,28 +143,34 @@ def discover(settings: DockerRuntimeConfig, client: DockerClient, config_dir: Pa
         raise EngineError(f"engine image {image!r} (manager.docker.image) is not on this Docker host",
                           hint="build it: docker compose -f docker/docker-compose.yml --profile cpu build") from exc
 
-    network, reach = _network(settings.network, client, me, project)
+    network, reach, internal = _network(settings.network, client, me, project)
     own_cache = _mount_source(me, CACHE_MOUNT) if me is not None else None
     cache = settings.cache_volume or own_cache or "vstack-models"
     shares = bool(own_cache) and cache == own_cache and cache_dir is not None and Path(cache_dir) == Path(CACHE_MOUNT)
     configs = settings.config_source or (me is not None and _mount_source(me, CONFIG_MOUNT)) or None
     if configs is None and me is None and config_dir is not None:
         configs = str(config_dir.resolve())
+    warnings = []
+    if me is None and internal:
+        warnings.append(f"network {network!r} is internal: engine containers cannot download their models; the "
+                        f"volume {cache!r} must already hold them (`vstack models pull` in a container with it)")
     prefix = settings.name_prefix or (f"{project}-engine" if project else "vstack-engine")
     return Site(image=image, network=network, cache_volume=cache, config_source=configs, name_prefix=prefix,
                 reach=reach, gpus=settings.gpus, shm_size=settings.shm_size, pass_env=settings.pass_env,
-                labels={PROJECT_LABEL: project} if project else {}, shares_cache=shares, client=client)  # fmt: skip
+                labels={PROJECT_LABEL: project} if project else {}, shares_cache=shares, warnings=warnings,
+                client=client)  # fmt: skip
 
 
-def _network(wanted: str, client: DockerClient, me: Container | None, project: str | None) -> tuple[str, str]:
-    """(the network's full name, how the gateway reaches engines on it)."""
+def _network(wanted: str, client: DockerClient, me: Container | None, project: str | None
+             ) -> tuple[str, str, bool]:  # fmt: skip
+    """(the network's full name, how the gateway reaches engines on it, whether it is internal)."""
     import docker.errors
 
     if me is not None:
         mine = list(me.attrs["NetworkSettings"]["Networks"])
         for name in (wanted, f"{project}_{wanted}" if project else None):
             if name in mine:
-                return name, "name"
+                return name, "name", True  # internal or not, the gateway fetches models for its engines
         raise EngineError(
             f"the gateway's container is not on network {wanted!r} (manager.docker.network); it is on "
             f"{', '.join(sorted(mine))}",
@@ -171,12 +178,12 @@ def _network(wanted: str, client: DockerClient, me: Container | None, project: s
             "VSTACK_MANAGER__DOCKER__NETWORK to one of those",
         )
     try:
-        client.networks.get(wanted)
+        network = client.networks.get(wanted)
     except docker.errors.NotFound as exc:
         raise EngineError(f"Docker network {wanted!r} (manager.docker.network) does not exist",
                           hint=f"docker network create --internal {wanted}  (engines need no route out once "
                           "their model is in the cache volume)") from exc  # fmt: skip
-    return wanted, "ip"
+    return wanted, "ip", bool(network.attrs.get("Internal"))
 
 
 def _reason(exc: Exception) -> str:

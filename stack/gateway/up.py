@@ -72,7 +72,10 @@ def docker_site(cfg: StackConfig) -> Site | None:
     from stack.config.loader import builtin_config_dir
     from stack.engine.docker_site import connect, discover
 
-    return discover(cfg.manager.docker, connect(), builtin_config_dir(), cfg.cache_dir)
+    site = discover(cfg.manager.docker, connect(), builtin_config_dir(), cfg.cache_dir)
+    for warning in site.warnings:
+        logging.getLogger("stack.gateway").warning("%s", warning)
+    return site
 
 
 def managed(cfg: StackConfig, plan: EnginePlan, hardware: object, preload: bool,

@@ -91,6 +91,8 @@ def test_on_a_host_the_image_and_network_must_exist(docker_client: Any, built_im
     assert (site.network, site.reach, site.cache_volume) == (name, "ip", "vstack-models")
     assert site.config_source == str((ROOT / "configs").resolve()) and site.name_prefix == "vstack-engine"
     assert site.shares_cache is False  # a gateway on a host leaves the engines' volume to them
+    (warning,) = site.warnings  # ... which on an internal network cannot download anything
+    assert "internal" in warning and "vstack-models" in warning
 
 
 @pytest.mark.docker
