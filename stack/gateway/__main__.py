@@ -42,7 +42,7 @@ def main() -> None:
     upstreams = [parse_upstream(spec) for spec in args.upstream]
     default = upstreams[0][0] if upstreams else "default"
     if args.manage:
-        sup = attached_supervisor(upstreams, manager, settings)
+        sup = attached_supervisor(upstreams, manager)
         app = create_app(settings, default_model=default, on_startup=[sup.start], on_shutdown=[sup.stop])
     else:
         registry = DeploymentRegistry()
@@ -62,8 +62,7 @@ def parse_upstream(spec: str) -> tuple[str, str, str]:
     return model, url.rstrip("/").removesuffix("/v1"), served or model
 
 
-def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerConfig,
-                        settings: GatewayConfig) -> EngineSupervisor:  # fmt: skip
+def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerConfig) -> EngineSupervisor:
     """Each upstream an attached engine of the model manager; it may sleep if the engine says it can."""
     from stack.engine.attached import AttachedEngine, AttachedSpec
     from stack.manager.policy import Capacity

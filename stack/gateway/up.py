@@ -55,8 +55,8 @@ def runtime_pair(cfg: StackConfig, plan: EnginePlan, site: Site | None) -> tuple
     """The engine for this plan and a factory of fresh ones (each cold start): a child process on a free
     loopback port, or (manager.runtime: docker) a container placed by `site`."""
     if site is None:
-        spec = engine_for(cfg, plan).spec
-        return LocalEngine(spec), lambda: LocalEngine(with_port(spec, free_port()))
+        engine = engine_for(cfg, plan)
+        return engine, lambda: LocalEngine(with_port(engine.spec, free_port()))
     from stack.engine.docker_runtime import DockerEngine
 
     gpu = plan.resolved.hardware.accelerator == "gpu"

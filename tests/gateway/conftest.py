@@ -29,6 +29,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVED = "smollm2-135m-instruct"
 
 
+def wait_for(predicate, timeout: float = 30, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not met in time"
+        time.sleep(0.1)
+
+
 def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

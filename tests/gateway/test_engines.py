@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import time
 
 import httpx
 import pytest
@@ -14,7 +13,7 @@ from stack.engine.process import EngineProcess, EngineSpec
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.settings import GatewayConfig
 
-from .conftest import ROOT, free_port, run_gateway
+from .conftest import ROOT, free_port, run_gateway, wait_for
 
 
 def mock_engine(tmp_path, argv_tail=()) -> EngineProcess:
@@ -23,13 +22,6 @@ def mock_engine(tmp_path, argv_tail=()) -> EngineProcess:
     spec = EngineSpec(name="smol", profile="test", argv=argv, env={}, host="127.0.0.1", port=port,
                       log_path=tmp_path / "engine.log", display_argv=argv)  # fmt: skip
     return EngineProcess(spec)
-
-
-def wait_for(predicate, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def test_engine_lifecycle_through_the_gateway(tmp_path) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from stack.gateway.settings import GatewayConfig
 
-from .conftest import SERVED, cloud_entry, local, run_gateway
+from .conftest import SERVED, cloud_entry, local, run_gateway, wait_for
 
 pytestmark = pytest.mark.e2e
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -132,15 +132,6 @@ def _running(engine_url: str) -> float:
     return sum(float(v) for v in found)
 
 
-def _wait_for(check, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return check()
-
-
 def test_client_disconnect_stops_generation(gw, vllm_engine) -> None:
     body = {"model": SERVED, "messages": ASK, "max_tokens": 1500, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, timeout=60) as r:
@@ -150,8 +141,7 @@ def test_client_disconnect_stops_generation(gw, vllm_engine) -> None:
         for _ in range(3):
             next(lines)
         # vLLM publishes the gauge from its stats loop, a step or two behind: poll while the stream is open.
-        seen = _wait_for(lambda: _running(vllm_engine.url) >= 1, seconds=15)
-        assert seen, "the engine never reported the streaming request as running"
+        wait_for(lambda: _running(vllm_engine.url) >= 1, 15, "the engine reports the streaming request as running")
     deadline = time.monotonic() + 15  # 1500 tokens would take far longer on this CPU
     while _running(vllm_engine.url) > 0 and time.monotonic() < deadline:
         time.sleep(0.2)
