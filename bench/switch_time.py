@@ -142,11 +142,11 @@ class Ours:
     """The manager (and, through=gateway, the whole gateway) in a thread with its own event loop."""
 
     def __init__(self, setup: Setup, a: str, b: str, through: str) -> None:
+        from stack.config.sections.manager import ManagerConfig
         from stack.engine.process import EngineSpec
         from stack.engine.runtime import LocalEngine, with_port
         from stack.manager.memory import NoProbe, NvmlProbe
         from stack.manager.policy import Capacity
-        from stack.manager.settings import ManagerConfig
 
         self.through = through
         self.loop = asyncio.new_event_loop()
@@ -169,9 +169,9 @@ class Ours:
     def _gateway(self, engines, settings, probe) -> None:
         import uvicorn
 
+        from stack.config.sections.gateway import GatewayConfig
         from stack.gateway.app import create_app
         from stack.gateway.engines import EngineSupervisor, ManagedEngine
-        from stack.gateway.settings import GatewayConfig
 
         managed = [ManagedEngine(f(), n, n, factory=f, need=6 * GIB, can_sleep=self.capacity.sleep_supported,
                                  preload=n == "a") for n, _, f in engines]  # fmt: skip

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stack.bench.slo import Clause, ClauseResult, all_met, distance, evaluate
+from stack.config.slo import Clause, ClauseResult, all_met, distance, evaluate
 
 
 @dataclass

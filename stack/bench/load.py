@@ -15,8 +15,8 @@ from stack.bench.machine import machine_facts
 from stack.bench.records import read_records
 from stack.bench.report import build_report
 from stack.bench.scenario import Scenario, find_scenario, load_scenario_file
-from stack.bench.slo import Clause, parse_slo
 from stack.config.schema import StackConfig
+from stack.config.slo import Clause, parse_slo
 from stack.errors import ConfigError
 
 

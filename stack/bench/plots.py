@@ -6,8 +6,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from stack.bench.slo import Clause
 from stack.bench.summary import Window
+from stack.config.slo import Clause
 
 TITLES = {"ttft": "time to first token", "itl": "inter-token latency", "e2e": "end-to-end latency"}
 

@@ -11,8 +11,8 @@ from typing import Any
 from stack.bench.plots import latency_plot, throughput_plot
 from stack.bench.records import RequestRecord
 from stack.bench.scenario import Scenario
-from stack.bench.slo import LATENCIES, Clause, all_met, evaluate
 from stack.bench.summary import by_model, errors_by_kind, over_time, summarize
+from stack.config.slo import LATENCIES, Clause, all_met, evaluate
 
 LABELS = {"ttft": "TTFT", "itl": "ITL", "tpot": "TPOT", "e2e": "E2E"}
 

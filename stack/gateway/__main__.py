@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 
+from stack.config.sections.gateway import GatewayConfig
+from stack.config.sections.manager import ManagerConfig
 from stack.gateway.app import create_app
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.serve import run
-from stack.gateway.settings import GatewayConfig
-from stack.manager.settings import ManagerConfig
 
 ATTACHED_READY_S = 900.0  # a restarted engine service compiling or loading a large model: minutes
 

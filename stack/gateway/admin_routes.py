@@ -13,11 +13,11 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from stack.config.sections.gateway import CloudDeployment
 from stack.errors import StackError
 from stack.gateway.auth import require_admin
 from stack.gateway.errors import InvalidRequest, ModelNotFound
 from stack.gateway.registry import Deployment
-from stack.gateway.settings import CloudDeployment
 from stack.gateway.state import get_state
 
 

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from stack.config.sections.gateway import GatewayConfig
 from stack.gateway import admin_routes, openai_routes, ops_routes
 from stack.gateway.admin_routes import cloud_deployment
 from stack.gateway.auth import KeyRing
@@ -21,7 +22,6 @@ from stack.gateway.local import LocalUpstream
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.routing import Routing
-from stack.gateway.settings import GatewayConfig
 from stack.gateway.state import GatewayState
 
 log = logging.getLogger("stack.gateway")

@@ -12,9 +12,9 @@ import ipaddress
 import os
 from collections.abc import Mapping
 
+from stack.config.sections.gateway import KeyRef
 from stack.errors import ConfigError
 from stack.gateway.errors import Forbidden, Unauthorized
-from stack.gateway.settings import KeyRef
 
 
 def hash_key(key: str) -> str:

@@ -16,12 +16,12 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response, StreamingResponse
 
+from stack.config.sections.gateway import GatewayConfig
 from stack.gateway import cloud, local
 from stack.gateway.errors import NoDeployment, RateLimited, UpstreamError
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import Deployment
 from stack.gateway.routing import Routing
-from stack.gateway.settings import GatewayConfig
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

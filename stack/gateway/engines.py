@@ -12,13 +12,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stack.config.sections.manager import ManagerConfig
 from stack.engine.runtime import Runtime
 from stack.gateway.registry import Deployment
 from stack.gateway.state import GatewayState
 from stack.manager.manager import ModelManager
 from stack.manager.memory import MemoryProbe
 from stack.manager.policy import Capacity
-from stack.manager.settings import ManagerConfig
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
 from stack.manager.supervise import watch

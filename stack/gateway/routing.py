@@ -14,9 +14,9 @@ import os
 import time
 from dataclasses import dataclass
 
+from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.errors import ModelNotFound
 from stack.gateway.registry import Deployment, DeploymentRegistry
-from stack.gateway.settings import GatewayConfig
 
 log = logging.getLogger("stack.gateway.routing")
 

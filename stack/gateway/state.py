@@ -8,12 +8,12 @@ from typing import Any
 
 from starlette.requests import Request
 
+from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.auth import KeyRing
 from stack.gateway.dispatch import Dispatcher
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.routing import Routing
-from stack.gateway.settings import GatewayConfig
 
 
 @dataclass

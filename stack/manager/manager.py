@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from stack.config.sections.manager import ManagerConfig
 from stack.engine.runtime import logs_of
 from stack.errors import EngineError
 from stack.gateway.errors import NoDeployment
@@ -34,7 +35,6 @@ from stack.manager.policy import (
     plan_switch,
     sleep_freed_enough,
 )
-from stack.manager.settings import ManagerConfig
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
 

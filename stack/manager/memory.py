@@ -14,7 +14,7 @@ from typing import Protocol
 
 import psutil
 
-from stack.manager.settings import ManagerConfig
+from stack.config.sections.manager import ManagerConfig
 
 log = logging.getLogger("stack.manager")
 GIB = 1024**3

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from stack.config.sections.manager import DockerRuntimeConfig
 from stack.engine.docker_site import PROJECT_LABEL, SERVICE_LABEL, Site, connect, discover, passed_env
 from stack.errors import EngineError
-from stack.manager.settings import DockerRuntimeConfig
 from tests.docker.conftest import MODEL, ROOT
 
 

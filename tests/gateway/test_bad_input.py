@@ -6,9 +6,9 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
+from stack.config.sections.gateway import GatewayConfig, KeyRef
 from stack.gateway.app import create_app
 from stack.gateway.auth import hash_key
-from stack.gateway.settings import GatewayConfig, KeyRef
 
 from .conftest import local, run_gateway, start_mock, stop
 

@@ -9,9 +9,9 @@ import sys
 import httpx
 import pytest
 
+from stack.config.sections.gateway import GatewayConfig
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
-from stack.gateway.settings import GatewayConfig
 
 from .conftest import ROOT, free_port, run_gateway, wait_for
 

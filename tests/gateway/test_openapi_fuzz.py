@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.gateway.settings import GatewayConfig
+from stack.config.sections.gateway import GatewayConfig
 
 from .conftest import ROOT, SERVED, local, run_gateway
 

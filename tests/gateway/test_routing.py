@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from stack.gateway.settings import GatewayConfig
+from stack.config.sections.gateway import GatewayConfig
 
 from .conftest import cloud_entry, free_port, local, run_gateway, start_mock, stop
 

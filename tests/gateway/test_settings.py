@@ -7,9 +7,9 @@ import hashlib
 import pytest
 
 from stack.config import load_config
+from stack.config.sections.gateway import GatewayConfig, KeyRef
 from stack.errors import ConfigError
 from stack.gateway.auth import KeyRing, hash_key
-from stack.gateway.settings import GatewayConfig, KeyRef
 
 
 def test_shipped_config_has_a_gateway_on_port_8000() -> None:

@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from stack.gateway.settings import GatewayConfig
+from stack.config.sections.gateway import GatewayConfig
 
 from .conftest import SERVED, cloud_entry, local, run_gateway, wait_for
 

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from stack.gateway.settings import GatewayConfig
+from stack.config.sections.gateway import GatewayConfig
 
 from .conftest import SERVED, cloud_entry, local, run_gateway, stop
 

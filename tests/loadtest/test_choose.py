@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stack.bench.choose import Measured, choose
-from stack.bench.slo import parse_slo
+from stack.config.slo import parse_slo
 
 
 def m(key: str, tok_s: float, ttft: float, error: str | None = None) -> Measured:

@@ -12,8 +12,8 @@ from PIL import Image
 from stack.bench.records import RecordWriter, read_records
 from stack.bench.report import build_report
 from stack.bench.scenario import parse_scenario
-from stack.bench.slo import parse_slo
 from stack.bench.summary import over_time, percentile, summarize
+from stack.config.slo import parse_slo
 from tests.loadtest.conftest import record
 
 MACHINE = {"date": "2026-11-21", "time_utc": "2026-11-21T00:00:00Z", "host": "h", "cpu": "c", "cpu_cores": 2,

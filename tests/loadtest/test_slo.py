@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from stack.bench.slo import Clause, SloError, all_met, distance, evaluate, parse_slo
+from stack.config.slo import Clause, SloError, all_met, distance, evaluate, parse_slo
 
 
 def test_parse_forms() -> None:

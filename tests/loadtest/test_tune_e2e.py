@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from stack.bench.choose import Measured, choose
-from stack.bench.slo import parse_slo
 from stack.config import load_config
 from stack.config.resolve import resolve_profile
+from stack.config.slo import parse_slo
 from tests.loadtest.conftest import Vstack, serving_processes, write_scenario
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")

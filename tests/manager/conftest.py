@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from stack.config.sections.manager import ManagerConfig
 from stack.errors import EngineError
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.manager.manager import ModelManager
 from stack.manager.policy import Capacity
-from stack.manager.settings import ManagerConfig
 from stack.manager.slot import Slot
 from tests.app_thread import app_in_thread, free_port
 
@@ -192,8 +192,8 @@ class Gateway:
 @contextlib.contextmanager
 def gateway_with(supervisor, default_model: str, settings=None):
     """create_app with the supervisor's start/stop hooks, as stack.gateway.up does, on a free port."""
+    from stack.config.sections.gateway import GatewayConfig
     from stack.gateway.app import create_app
-    from stack.gateway.settings import GatewayConfig
 
     app = create_app(settings or GatewayConfig(), default_model=default_model, on_startup=[supervisor.start],
                      on_shutdown=[supervisor.stop], environ={})  # fmt: skip

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from stack.config.sections.manager import ManagerConfig
 from stack.gateway.errors import NoDeployment
-from stack.manager.settings import ManagerConfig
 from stack.manager.states import ModelState
 from stack.manager.supervise import on_crash, put_away_idle, watch
 

@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
+from stack.config.sections.manager import ManagerConfig
 from stack.gateway.engines import EngineSupervisor
 from stack.manager.policy import Capacity
-from stack.manager.settings import ManagerConfig
 
 from .conftest import GIB, counter, gateway_with, local_engine
 
