@@ -177,7 +177,7 @@ class Ours:
                                  preload=n == "a") for n, _, f in engines]  # fmt: skip
         self.sup = EngineSupervisor(managed, 900, 15, settings, self.capacity, probe)
         app = create_app(GatewayConfig(), default_model="a", on_startup=[self.sup.start], on_shutdown=[self.sup.stop],
-                         environ={})  # fmt: skip
+                         environ={}, manager=self.sup.manager)  # fmt: skip
         port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         asyncio.run_coroutine_threadsafe(self.server.serve(), self.loop)
@@ -187,18 +187,12 @@ class Ours:
         self.manager = app.state.gateway.manager
 
     def _manager(self, engines, settings, probe) -> None:
-        from stack.gateway.metrics import GatewayMetrics
-        from stack.gateway.registry import Deployment, DeploymentRegistry
         from stack.manager.manager import ModelManager
         from stack.manager.slot import Slot
 
-        registry = DeploymentRegistry()
-        slots = []
-        for n, spec, f in engines:
-            registry.add(Deployment(f"engine-{n}", n, "local", n, spec.base_url, state="stopped"))
-            slots.append(Slot(n, f(), f, 6 * GIB, "bench", self.capacity.sleep_supported, f"engine-{n}"))
-        self.manager = ModelManager(slots, settings, registry, self.capacity, metrics=GatewayMetrics(), probe=probe,
-                                    startup_timeout_s=900, stop_grace_s=15)  # fmt: skip
+        slots = [Slot(n, f(), f, 6 * GIB, "bench", self.capacity.sleep_supported) for n, _, f in engines]
+        self.manager = ModelManager(slots, settings, self.capacity, probe=probe, startup_timeout_s=900,
+                                    stop_grace_s=15)  # fmt: skip
         self.server = None
 
     def call(self, coro, timeout: float = 1800):

@@ -114,6 +114,7 @@ class DockerEngine(SleepEndpoints):
     """One engine container, driven like stack.engine.process.EngineProcess."""
 
     runtime_kind = "docker"  # shown in the deployment's labels (/admin/models)
+    owns_process = True
 
     def __init__(self, spec: ContainerSpec, client: DockerClient | None = None) -> None:
         self.spec = spec

@@ -41,6 +41,9 @@ class EngineSpec:
 
 
 class EngineProcess:
+    runtime_kind = "process"
+    owns_process = True
+
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self.popen: subprocess.Popen[bytes] | None = None

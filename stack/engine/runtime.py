@@ -1,7 +1,8 @@
 """What the model manager needs from an engine, whichever way it runs.
 
-`Runtime` is satisfied by `LocalEngine` (a child process, below) and by
-stack.engine.docker_runtime.DockerEngine (a container). Blocking calls: the manager runs them in threads.
+`Runtime` is satisfied by `LocalEngine` (a child process, below), stack.engine.docker_runtime.DockerEngine
+(a container) and stack.engine.attached.AttachedEngine (a server someone else runs). Every method but
+`exit_code` blocks (HTTP calls, process waits): the manager runs them in threads.
 """
 
 from __future__ import annotations
@@ -16,18 +17,54 @@ from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import EngineError
 
 
+class RuntimeSpec(Protocol):
+    """What every runtime's spec tells: the engine's name and where the gateway reaches it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def base_url(self) -> str: ...
+
+
 @runtime_checkable
 class Runtime(Protocol):
-    spec: Any  # .name, and .base_url: where the gateway reaches the engine
+    """One engine as the manager drives it. State it exposes: `exit_code()` (None while running) and
+    `is_sleeping()`; everything else is a command that blocks until done or raises EngineError."""
 
-    def start(self) -> int: ...
-    def wait_ready(self, timeout: float) -> float: ...
-    def stop(self, grace: float = 20) -> list[int]: ...
-    def exit_code(self) -> int | None: ...
-    def sleep(self, level: int = 1, timeout: float = 120) -> None: ...
-    def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None: ...
+    spec: RuntimeSpec  # its base_url may change on start (a container reached by IP)
+    runtime_kind: str  # process, docker or attached: shown in the deployment's labels
+    owns_process: bool  # False: the manager cannot stop it to free memory (an attached engine)
+
+    def start(self) -> int:
+        """Start it; returns at once with its pid (or container id hash). Blocks only on spawning."""
+        ...
+
+    def wait_ready(self, timeout: float) -> float:
+        """Block until it answers /health; seconds waited. EngineError (with its log tail) if it exits or
+        the timeout passes."""
+        ...
+
+    def stop(self, grace: float = 20) -> list[int]:
+        """SIGTERM, wait up to `grace`, then SIGKILL; blocks until gone. Pids that would not exit."""
+        ...
+
+    def exit_code(self) -> int | None:
+        """Its exit code once it ended, None while it runs or before it started. Never blocks long."""
+        ...
+
+    def sleep(self, level: int = 1, timeout: float = 120) -> None:
+        """vLLM sleep mode; blocks until the engine confirms."""
+        ...
+
+    def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
+        """Undo `sleep`; blocks until the engine confirms (then wait_ready)."""
+        ...
+
     def is_sleeping(self) -> bool: ...
-    def logs(self, lines: int = 40) -> str: ...
+
+    def logs(self, lines: int = 40) -> str:
+        """The end of its log, for errors and /admin/models."""
+        ...
 
 
 class SleepEndpoints:

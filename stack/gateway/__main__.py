@@ -42,8 +42,9 @@ def main() -> None:
     upstreams = [parse_upstream(spec) for spec in args.upstream]
     default = upstreams[0][0] if upstreams else "default"
     if args.manage:
-        sup = attached_supervisor(upstreams, manager)
-        app = create_app(settings, default_model=default, on_startup=[sup.start], on_shutdown=[sup.stop])
+        sup = attached_supervisor(upstreams, manager, settings.retry_after_s)
+        app = create_app(settings, default_model=default, on_startup=[sup.start], on_shutdown=[sup.stop],
+                         manager=sup.manager)
     else:
         registry = DeploymentRegistry()
         for i, (model, url, served) in enumerate(upstreams):
@@ -62,7 +63,8 @@ def parse_upstream(spec: str) -> tuple[str, str, str]:
     return model, url.rstrip("/").removesuffix("/v1"), served or model
 
 
-def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerConfig) -> EngineSupervisor:
+def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerConfig,
+                        retry_after_s: int = 5) -> EngineSupervisor:
     """Each upstream an attached engine of the model manager; it may sleep if the engine says it can."""
     from stack.engine.attached import AttachedEngine, AttachedSpec
     from stack.manager.policy import Capacity
@@ -74,7 +76,8 @@ def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerC
                                      can_sleep=engine.supports_sleep()))  # fmt: skip
     sleep = any(e.can_sleep for e in engines)
     # Compose placed every engine already: memory is not the manager's to budget, only idleness.
-    return EngineSupervisor(engines, ATTACHED_READY_S, 0, manager, Capacity(1 << 62, sleep_supported=sleep))
+    return EngineSupervisor(engines, ATTACHED_READY_S, 0, manager, Capacity(1 << 62, sleep_supported=sleep),
+                            retry_after_s=retry_after_s)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.routing import Routing
 from stack.gateway.state import GatewayState
+from stack.manager.manager import ModelManager
 
 log = logging.getLogger("stack.gateway")
 Hook = Callable[[GatewayState], Awaitable[None]]
@@ -95,16 +96,20 @@ def create_app(
     on_startup: list[Hook] | None = None,
     on_shutdown: list[Hook] | None = None,
     environ: Mapping[str, str] | None = None,
+    manager: ModelManager | None = None,
 ) -> FastAPI:
     """default_model: the model group `default` (and /ready) refers to; registry: deployments known
-    so far (engines register theirs as they become ready); hooks: start and stop engines."""
+    so far (engines register theirs as they become ready); hooks: start and stop engines; manager: the
+    model manager that admits requests to the engines it switches (stack.gateway.engines builds it)."""
     registry = registry or DeploymentRegistry()
     for i, c in enumerate(settings.cloud):
         registry.add(cloud_deployment(c, f"cloud-{c.model_name}-{i + 1}"))
     routing = Routing(settings, registry, default_model)
     metrics = GatewayMetrics()
+    if manager is not None:
+        metrics.include(manager.metrics.registry)
     local = LocalUpstream(settings.connect_timeout_s, settings.request_timeout_s)
-    dispatcher = Dispatcher(settings, routing, metrics, local, CloudUpstream(settings.request_timeout_s))
+    dispatcher = Dispatcher(settings, routing, metrics, local, CloudUpstream(settings.request_timeout_s), manager)
     state = GatewayState(
         settings=settings,
         registry=registry,
@@ -113,6 +118,7 @@ def create_app(
         dispatcher=dispatcher,
         keys=KeyRing.from_refs(settings.api_keys, environ),
         admin_keys=KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ),
+        manager=manager,
     )
 
     @asynccontextmanager

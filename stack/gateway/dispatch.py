@@ -22,6 +22,7 @@ from stack.gateway.errors import NoDeployment, RateLimited, UpstreamError
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import Deployment
 from stack.gateway.routing import Routing
+from stack.manager.errors import ModelUnavailable
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -56,6 +57,7 @@ class Dispatcher:
         metrics: GatewayMetrics,
         local_upstream: local.LocalUpstream,
         cloud_upstream: cloud.CloudUpstream,
+        admission: Admission | None = None,
     ) -> None:
         self.settings = settings
         self.routing = routing
@@ -63,7 +65,7 @@ class Dispatcher:
         self.local = local_upstream
         self.cloud = cloud_upstream
         self.in_flight = 0
-        self.admission: Admission | None = None  # set by the model manager when it starts
+        self.admission = admission  # the model manager, when the gateway owns engines
 
     async def handle(self, endpoint: str, body: dict[str, Any]) -> Response:
         group = self.routing.resolve(body["model"])
@@ -78,7 +80,7 @@ class Dispatcher:
         ticket: Ticket | None = None
         try:
             if self.admission is not None:
-                ticket = await self.admission.admit(group, can_spill=len(self.routing.plan(group)) > 1)
+                ticket = await self._admit(group)
             response = await self._route(endpoint, group, body, ticket, spilled=self.admission is not None
                                          and ticket is None)  # fmt: skip
             handed_over = isinstance(response, StreamingResponse)
@@ -95,6 +97,12 @@ class Dispatcher:
                 gauge.dec()
                 if ticket is not None:
                     ticket.release()
+
+    async def _admit(self, group: str) -> Ticket | None:
+        try:
+            return await self.admission.admit(group, can_spill=len(self.routing.plan(group)) > 1)  # type: ignore[union-attr]
+        except ModelUnavailable as exc:  # the manager's refusal, rendered here once: 503 + Retry-After
+            raise NoDeployment(exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
 
     def _done(self, group: str, ticket: Ticket | None = None) -> None:
         self.in_flight -= 1

@@ -1,8 +1,9 @@
 """The gateway owns its engines through the model manager (stack.manager): register, start, watch, stop.
 
-Each engine is a deployment in the registry, in the manager's state (stopped, starting, ready, sleeping,
-stopping, failed): requests for a model that is not ready wait for it (or get 503 + Retry-After), not
-404. Only `ready` deployments reach LiteLLM's Router. Blocking process work runs in threads.
+Each engine is a deployment in the registry, kept in the manager's state (stopped, starting, ready,
+sleeping, stopping, failed) by a subscription to the manager's state changes: requests for a model that
+is not ready wait for it (or get 503 + Retry-After), not 404. Only `ready` deployments reach LiteLLM's
+Router. Blocking process work runs in threads.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.runtime import Runtime
-from stack.gateway.registry import Deployment
+from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.state import GatewayState
 from stack.manager.manager import ModelManager
 from stack.manager.memory import MemoryProbe
@@ -24,7 +25,6 @@ from stack.manager.states import ModelState
 from stack.manager.supervise import watch
 
 log = logging.getLogger("stack.gateway.engines")
-Engine = Runtime  # the name the gateway's tests and callers know
 
 
 @dataclass
@@ -46,38 +46,37 @@ PLAIN = ManagerConfig(restart_max=0, idle_ttl_s=0, sleep="off", spill_to_fallbac
 
 
 class EngineSupervisor:
+    """Builds the model manager at once (the gateway's dispatcher is given it as its admission when the
+    app is built: `create_app(..., manager=sup.manager)`); `start`/`stop` are the app's hooks."""
+
     def __init__(self, engines: list[ManagedEngine], startup_timeout_s: float, stop_grace_s: float,
                  settings: ManagerConfig | None = None, capacity: Capacity | None = None,
-                 probe: MemoryProbe | None = None) -> None:  # fmt: skip
+                 probe: MemoryProbe | None = None, retry_after_s: int = 5) -> None:  # fmt: skip
         self.engines = engines
-        self.startup_timeout_s = startup_timeout_s
-        self.stop_grace_s = stop_grace_s
         self.settings = settings or PLAIN
         self.capacity = capacity or Capacity(total=1 << 62, sleep_supported=False)
-        self.probe = probe
-        self.manager: ModelManager | None = None
+        for m in engines:
+            m.deployment_id = m.deployment_id or f"engine-{m.model_group}"
+        slots = [Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep) for m in engines]
+        self.manager = ModelManager(
+            slots, self.settings, self.capacity, probe=probe, startup_timeout_s=startup_timeout_s,
+            stop_grace_s=stop_grace_s, retry_after_s=retry_after_s,
+        )  # fmt: skip
         self._watch: asyncio.Task | None = None
 
     async def start(self, state: GatewayState) -> ModelManager:
-        """on_startup hook: register every engine, start the preloaded ones in the background, watch."""
-        slots = []
+        """on_startup hook: register every engine, follow the manager's states, start the preloaded ones in
+        the background, watch."""
+        ids = {m.model_group: m.deployment_id for m in self.engines}
         for m in self.engines:
-            m.deployment_id = m.deployment_id or f"engine-{m.model_group}"
             spec = m.engine.spec
             state.registry.add(Deployment(
                 id=m.deployment_id, model_group=m.model_group, kind="local", upstream_model=m.served_name,
                 api_base=spec.base_url, state="stopped", labels={"engine": spec.name, "managed": "1",
-                        "runtime": getattr(m.engine, "runtime_kind", "process")},
+                        "runtime": m.engine.runtime_kind},
             ))  # fmt: skip
-            slots.append(Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep,
-                              m.deployment_id))  # fmt: skip
-        self.manager = manager = ModelManager(
-            slots, self.settings, state.registry, self.capacity, metrics=state.metrics, probe=self.probe,
-            startup_timeout_s=self.startup_timeout_s, stop_grace_s=self.stop_grace_s,
-            retry_after_s=state.settings.retry_after_s,
-        )  # fmt: skip
-        state.manager = manager
-        state.dispatcher.admission = manager
+        self.manager.subscribe(follow(state.registry, ids))
+        manager = self.manager
         for m in self.engines:
             if m.preload:  # registered as starting at once: a request now waits instead of 404/503
                 manager.move(manager.slots[m.model_group], ModelState.STARTING, "starting")
@@ -91,5 +90,19 @@ class EngineSupervisor:
         """on_shutdown hook (after uvicorn drained the in-flight requests): stop every engine."""
         if self._watch is not None:
             self._watch.cancel()
-        if self.manager is not None:
-            await self.manager.shutdown()
+        await self.manager.shutdown()
+        for m in self.engines:
+            state.registry.set_state(m.deployment_id, "stopped", "gateway shutting down")
+
+
+def follow(registry: DeploymentRegistry, ids: dict[str, str]) -> Callable[[Slot, ModelState, ModelState], None]:
+    """The manager's state changes, written into the gateway's routing table: the state, its detail, and
+    the engine's address (a cold start gets a fresh port; a container reached by IP has one once ready)."""
+
+    def on_change(slot: Slot, before: ModelState, after: ModelState) -> None:
+        dep_id = ids[slot.name]
+        if after in (ModelState.STARTING, ModelState.READY):
+            registry.update(dep_id, api_base=slot.runtime.spec.base_url)
+        registry.set_state(dep_id, str(after), slot.detail)  # type: ignore[arg-type]
+
+    return on_change

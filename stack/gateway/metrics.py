@@ -10,14 +10,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 # Streams on a CPU engine take seconds; cloud calls up to minutes.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-# Switches: ms (resident) to minutes (a cold start on a CPU, a large model from disk).
-SWITCH_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.others: list[CollectorRegistry] = []
         r = self.registry
         self.requests = Counter(
             "vstack_gateway_requests",
@@ -70,32 +69,12 @@ class GatewayMetrics:
             registry=r,
         )
 
-        # The model manager (stack.manager): switches, restarts, and requests waiting for a switch.
-        self.switches = Counter(
-            "vstack_manager_switches", "Switches to a model, by kind (resident, sleeping, cold)", ["model", "kind"],
-            registry=r,
-        )
-        self.switch_seconds = Histogram(
-            "vstack_manager_switch_duration_seconds", "Switch requested to model ready, by kind", ["kind"],
-            buckets=SWITCH_BUCKETS, registry=r,
-        )
-        self.evictions = Counter(
-            "vstack_manager_evictions", "Models put to sleep or stopped to make room", ["model", "action"], registry=r
-        )
-        self.restarts = Counter("vstack_manager_restarts", "Crashed engines restarted", ["model"], registry=r)
-        self.queue_length = Gauge(
-            "vstack_manager_queue_length", "Requests waiting for their model to be ready", ["model"], registry=r
-        )
-        self.queue_wait = Histogram(
-            "vstack_manager_queue_wait_seconds", "Time a request waited for its model", ["model"],
-            buckets=SWITCH_BUCKETS, registry=r,
-        )
-        self.model_state = Gauge(
-            "vstack_manager_model_state", "1 for the state each model is in", ["model", "state"], registry=r
-        )
+    def include(self, registry: CollectorRegistry) -> None:
+        """Serve another component's metrics at /metrics too (the model manager's)."""
+        self.others.append(registry)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return b"".join(generate_latest(r) for r in (self.registry, *self.others))
 
     def usage(self, model: str, deployment: str, usage: dict | None) -> None:
         if not usage:

@@ -4,7 +4,8 @@ A deployment is one place a model group can be served: a local engine (an OpenAI
 loopback, usually vLLM) or a cloud model reached through a LiteLLM provider. Only `ready` deployments
 are known to LiteLLM's Router; the others (starting, failed, stopped) stay here so /admin/* can show
 them and so that a request for a starting model gets 503 + Retry-After, not 404. The model manager
-(stack.manager: switching, sleep, restarts) drives the states through `set_state` and `update`.
+(stack.manager: switching, sleep, restarts) drives the states through `set_state` and `update`, by the
+gateway's subscription to its state changes (stack.gateway.engines.follow).
 """
 
 from __future__ import annotations

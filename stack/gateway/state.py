@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from starlette.requests import Request
 
@@ -14,6 +13,7 @@ from stack.gateway.dispatch import Dispatcher
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.routing import Routing
+from stack.manager.manager import ModelManager
 
 
 @dataclass
@@ -25,7 +25,7 @@ class GatewayState:
     dispatcher: Dispatcher
     keys: KeyRing
     admin_keys: KeyRing
-    manager: Any = None  # stack.manager.ModelManager, when the gateway owns engines
+    manager: ModelManager | None = None  # when the gateway owns engines
     started: int = field(default_factory=lambda: int(time.time()))
 
     def model_cards(self) -> dict[str, str]:

@@ -137,7 +137,8 @@ def supervisor(cfg: StackConfig, plan: EnginePlan, hardware: object, site: Site 
     sleep = any(e.can_sleep for e in engines)
     capacity = Capacity(capacity_bytes(cfg.manager, hardware), sleep_supported=sleep)
     return EngineSupervisor(engines, cfg.startup_timeout_s, cfg.stop_grace_s, cfg.manager, capacity,
-                            NvmlProbe() if getattr(hardware, "gpus", None) else None)  # fmt: skip
+                            NvmlProbe() if getattr(hardware, "gpus", None) else None,
+                            cfg.gateway.retry_after_s)  # fmt: skip
 
 
 def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | None = None,
@@ -169,7 +170,8 @@ def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | No
         asyncio.get_running_loop().create_task(watch_start())
 
     warn_if_open(cfg)
-    app = create_app(cfg.gateway, default_model=served, on_startup=[start], on_shutdown=[sup.stop])
+    app = create_app(cfg.gateway, default_model=served, on_startup=[start], on_shutdown=[sup.stop],
+                     manager=sup.manager)
     server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info"))
     server.run()
     if failed:

@@ -7,6 +7,9 @@
   one switch at a time overall (`_lock`), so two switches never evict each other's model.
 - Anti-thrash: a switch waits until the models it evicts are drained and past their minimum residency;
   meanwhile those models stop admitting new requests once their residency is over (`closing`).
+- Events: every state change is told to the subscribers (`subscribe(on_change)`, called as
+  `on_change(slot, before, after)`); the gateway keeps its routing table with one. The manager imports
+  nothing of the gateway: it raises ModelUnavailable, which the gateway renders as 503 + Retry-After.
 """
 
 from __future__ import annotations
@@ -21,10 +24,9 @@ from collections.abc import Callable
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.runtime import logs_of
 from stack.errors import EngineError
-from stack.gateway.errors import NoDeployment
-from stack.gateway.metrics import GatewayMetrics
-from stack.gateway.registry import DeploymentRegistry
+from stack.manager.errors import ModelUnavailable
 from stack.manager.memory import MemoryProbe, NoProbe
+from stack.manager.metrics import ManagerMetrics
 from stack.manager.policy import (
     Capacity,
     Evict,
@@ -40,6 +42,7 @@ from stack.manager.states import ModelState
 
 log = logging.getLogger("stack.manager")
 S = ModelState
+OnChange = Callable[[Slot, ModelState, ModelState], None]
 
 
 class Ticket:
@@ -63,19 +66,19 @@ UNMANAGED = Ticket(None, None)
 
 
 class ModelManager:
-    def __init__(self, slots: list[Slot], settings: ManagerConfig, registry: DeploymentRegistry,
-                 capacity: Capacity, *, metrics: GatewayMetrics | None = None, probe: MemoryProbe | None = None,
+    def __init__(self, slots: list[Slot], settings: ManagerConfig, capacity: Capacity, *,
+                 metrics: ManagerMetrics | None = None, probe: MemoryProbe | None = None,
                  startup_timeout_s: float = 900, stop_grace_s: float = 20, retry_after_s: int = 5,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.slots = {s.name: s for s in slots}
         self.settings = settings
-        self.registry = registry
         self.capacity = capacity
-        self.metrics = metrics or GatewayMetrics()
+        self.metrics = metrics or ManagerMetrics()
         self.probe = probe or NoProbe()
         self.startup_timeout_s = startup_timeout_s
         self.stop_grace_s = stop_grace_s
-        self.retry_after = {"Retry-After": str(retry_after_s)}
+        self.retry_after_s = retry_after_s
+        self._subscribers: list[OnChange] = []
         self.clock = clock
         self._lock = asyncio.Lock()
         self._flights: dict[str, asyncio.Task] = {}
@@ -84,7 +87,12 @@ class ModelManager:
         self.decisions: list[dict] = []  # the last switch decisions with their reasons, for /admin/models
         self.stopping = False
 
-    # -- state changes: one place, so registry, metrics and waiters always agree --------------------
+    # -- state changes: one place, so subscribers, metrics and waiters always agree -----------------
+    def subscribe(self, on_change: OnChange) -> None:
+        """Call `on_change(slot, before, after)` after every state change (also a new detail, or a new
+        engine address: a cold start moves to `starting` with the fresh runtime in place)."""
+        self._subscribers.append(on_change)
+
     def bump(self) -> None:
         self._event.set()
         self._event = asyncio.Event()
@@ -94,11 +102,12 @@ class ModelManager:
         slot.move(state, detail)
         if state != S.READY:
             slot.closing = False
-        self.registry.set_state(slot.deployment_id, str(state), detail)  # type: ignore[arg-type]
         self.metrics.model_state.labels(slot.name, str(before)).set(0)
         self.metrics.model_state.labels(slot.name, str(state)).set(1)
         if before != state:
             log.info("model %s: %s -> %s %s", slot.name, before, state, f"({detail})" if detail else "")
+        for on_change in self._subscribers:
+            on_change(slot, before, state)
         self.bump()
 
     async def changed(self, timeout: float) -> None:
@@ -123,17 +132,17 @@ class ModelManager:
             return None
         self._refuse_failed(slot)
         if slot.waiting >= self.settings.queue_max:
-            raise NoDeployment(f"`{group}` is switching and its queue is full; retry later", headers=self.retry_after)
+            raise ModelUnavailable(f"`{group}` is switching and its queue is full; retry later", self.retry_after_s)
         slot.waiting += 1
         self.metrics.queue_length.labels(group).set(slot.waiting)
         t0 = self.clock()
         try:
             return await asyncio.wait_for(self._wait_admission(slot, t0), self.settings.queue_timeout_s)
         except TimeoutError:
-            raise NoDeployment(
+            raise ModelUnavailable(
                 f"`{group}` was not ready within {self.settings.queue_timeout_s:.0f} s "
                 f"({slot.state}: {slot.detail}); retry later",
-                headers=self.retry_after,
+                self.retry_after_s,
             ) from None
         finally:
             slot.waiting -= 1
@@ -154,7 +163,7 @@ class ModelManager:
             return
         recent = self.clock() - slot.failed_at < self.settings.retry_failed_s
         if (since is not None and slot.failed_at >= since) or (since is None and recent):
-            raise NoDeployment(f"`{slot.name}` failed: {slot.detail} (see /admin/models)", headers=self.retry_after)
+            raise ModelUnavailable(f"`{slot.name}` failed: {slot.detail} (see /admin/models)", self.retry_after_s)
 
     async def _wait_admission(self, slot: Slot, since: float) -> Ticket:
         while True:
@@ -163,7 +172,7 @@ class ModelManager:
                 return self._admit_now(slot, SwitchKind(slot.last_switch.get("kind", "cold")))
             self._refuse_failed(slot, since)
             if self.stopping:
-                raise NoDeployment("the gateway is shutting down", headers=self.retry_after)
+                raise ModelUnavailable("the gateway is shutting down", self.retry_after_s)
             if slot.state != S.READY:
                 self.request_switch(slot.name)
             await event.wait()
@@ -256,7 +265,7 @@ class ModelManager:
                     victim.residue = max(0, (victim.need or 0) - (before - after))  # type: ignore[operator]
                     self.move(victim, S.SLEEPING, f"asleep, {(before - after) / 2**30:.1f} GiB freed")  # type: ignore[operator]
                     return
-                if not getattr(victim.runtime, "owns_process", True):
+                if not victim.runtime.owns_process:
                     # An attached engine cannot be stopped instead: asleep is the most we can do.
                     self.move(victim, S.SLEEPING, "asleep (freed memory not verified)")
                     return
@@ -285,8 +294,7 @@ class ModelManager:
 
     async def _cold_start(self, slot: Slot) -> None:
         if slot.factory is not None:
-            slot.runtime = slot.factory()  # a fresh free port each time
-            self.registry.update(slot.deployment_id, api_base=slot.runtime.spec.base_url)
+            slot.runtime = slot.factory()  # a fresh free port each time (subscribers see it on the move)
         self.move(slot, S.STARTING, "cold start")
         try:
             pid = await asyncio.to_thread(slot.runtime.start)
@@ -297,8 +305,7 @@ class ModelManager:
             slot.failed_at = self.clock()
             self.move(slot, S.FAILED, exc.message)
             raise
-        # A container reached by IP has its address only now that it started.
-        self.registry.update(slot.deployment_id, api_base=slot.runtime.spec.base_url)
+        # A container reached by IP has its address only now that it started: subscribers read it on `ready`.
         self._ready(slot, f"pid {pid}, ready in {seconds:.1f} s")
 
     def _ready(self, slot: Slot, detail: str) -> None:
@@ -349,8 +356,6 @@ class ModelManager:
             flight.cancel()
         self.bump()
         await asyncio.gather(*(asyncio.to_thread(s.runtime.stop, self.stop_grace_s) for s in self.slots.values()))
-        for slot in self.slots.values():
-            self.registry.set_state(slot.deployment_id, "stopped", "gateway shutting down")
 
 
 def _consume(task: asyncio.Task) -> None:

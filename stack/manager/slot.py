@@ -19,7 +19,6 @@ class Slot:
     need: int | None = None
     need_source: str = ""
     can_sleep: bool = False
-    deployment_id: str = ""
     state: ModelState = ModelState.STOPPED
     detail: str = ""
     since: float = field(default_factory=time.monotonic)

@@ -40,7 +40,3 @@ def check_move(name: str, before: ModelState, after: ModelState) -> None:
     if after != before and after not in ALLOWED[before]:  # the same state again only updates the detail
         raise TransitionError(f"model {name!r}: {before} -> {after} is not a valid move")
 
-
-# The registry (and so the Router and /admin/models) sees these; `stopping` keeps its own name.
-def registry_state(state: ModelState) -> str:
-    return str(state)

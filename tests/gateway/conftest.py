@@ -141,14 +141,15 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def run_gateway(settings, *, default_model: str, deployments=(), environ=None) -> Iterator[Gateway]:
+def run_gateway(settings, *, default_model: str, deployments=(), environ=None, manager=None) -> Iterator[Gateway]:
     from stack.gateway.app import create_app
     from stack.gateway.registry import DeploymentRegistry
 
     registry = DeploymentRegistry()
     for dep in deployments:
         registry.add(dep)
-    app = create_app(settings, default_model=default_model, registry=registry, environ=environ or {})
+    app = create_app(settings, default_model=default_model, registry=registry, environ=environ or {},
+                     manager=manager)
     with app_in_thread(app) as (url, loop):
         yield Gateway(url, app, loop)
 

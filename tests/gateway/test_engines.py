@@ -28,7 +28,7 @@ def test_engine_lifecycle_through_the_gateway(tmp_path) -> None:
     engine = mock_engine(tmp_path)
     sup = EngineSupervisor([ManagedEngine(engine, "smol", "smol")], startup_timeout_s=30, stop_grace_s=5)
     body = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
-    with run_gateway(GatewayConfig(), default_model="smol") as gw:
+    with run_gateway(GatewayConfig(), default_model="smol", manager=sup.manager) as gw:
         asyncio.run_coroutine_threadsafe(sup.start(gw.state), gw.loop).result(10)
         wait_for(lambda: httpx.get(f"{gw.url}/ready").status_code == 200)
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=body)
@@ -43,7 +43,7 @@ def test_engine_lifecycle_through_the_gateway(tmp_path) -> None:
 def test_engine_that_cannot_start_is_marked_failed(tmp_path) -> None:
     engine = mock_engine(tmp_path, ["--no-such-flag"])
     sup = EngineSupervisor([ManagedEngine(engine, "smol", "smol")], startup_timeout_s=30, stop_grace_s=5)
-    with run_gateway(GatewayConfig(), default_model="smol") as gw:
+    with run_gateway(GatewayConfig(), default_model="smol", manager=sup.manager) as gw:
         asyncio.run_coroutine_threadsafe(sup.start(gw.state), gw.loop).result(10)
         wait_for(lambda: gw.state.registry.get("engine-smol").state == "failed")
         assert "exited with code" in gw.state.registry.get("engine-smol").detail

@@ -23,9 +23,8 @@ import pytest
 
 from stack.config.sections.manager import ManagerConfig
 from stack.errors import EngineError
-from stack.gateway.metrics import GatewayMetrics
-from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.manager.manager import ModelManager
+from stack.manager.metrics import ManagerMetrics
 from stack.manager.policy import Capacity
 from stack.manager.slot import Slot
 from tests.app_thread import app_in_thread, free_port
@@ -51,6 +50,9 @@ class FakeGpu:
 
 
 class StandIn:
+    runtime_kind = "stand-in"
+    owns_process = True
+
     def __init__(self, name: str, need: int = GIB, start_s: float = 0.05, gpu: FakeGpu | None = None) -> None:
         self.spec = Spec(name)
         self.need, self.start_s = need, start_s
@@ -114,22 +116,19 @@ class StandIn:
 
 def build(engines: list[StandIn], settings: ManagerConfig | None = None, capacity_gib: float = 100,
           sleep: bool = False, gpu: FakeGpu | None = None, clock=time.monotonic) -> ModelManager:  # fmt: skip
-    registry = DeploymentRegistry()
-    slots = []
-    for e in engines:
-        registry.add(Deployment(id=f"engine-{e.spec.name}", model_group=e.spec.name, kind="local",
-                                upstream_model=e.spec.name, api_base=e.spec.base_url, state="stopped"))  # fmt: skip
-        slots.append(Slot(e.spec.name, e, need=e.need, can_sleep=sleep, deployment_id=f"engine-{e.spec.name}"))
+    slots = [Slot(e.spec.name, e, need=e.need, can_sleep=sleep) for e in engines]
     settings = settings or ManagerConfig(min_residency_s=0, quiet_s=0, queue_timeout_s=5)
-    return ModelManager(slots, settings, registry, Capacity(int(capacity_gib * GIB), sleep),
-                        metrics=GatewayMetrics(), probe=gpu, clock=clock)  # fmt: skip
+    mgr = ModelManager(slots, settings, Capacity(int(capacity_gib * GIB), sleep), probe=gpu, clock=clock)
+    mgr.events = []  # every state change the manager told its subscribers, in order
+    mgr.subscribe(lambda slot, before, after: mgr.events.append((slot.name, str(before), str(after))))
+    return mgr
 
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 60))
 
 
-def counter(metrics: GatewayMetrics, name: str, **labels: str) -> float:
+def counter(metrics: ManagerMetrics, name: str, **labels: str) -> float:
     return metrics.registry.get_sample_value(name, labels) or 0.0
 
 
@@ -196,7 +195,7 @@ def gateway_with(supervisor, default_model: str, settings=None):
     from stack.gateway.app import create_app
 
     app = create_app(settings or GatewayConfig(), default_model=default_model, on_startup=[supervisor.start],
-                     on_shutdown=[supervisor.stop], environ={})  # fmt: skip
+                     on_shutdown=[supervisor.stop], environ={}, manager=supervisor.manager)  # fmt: skip
     with app_in_thread(app, graceful_s=5, start_s=60, join_s=60) as (url, loop):
         yield Gateway(url, app, loop)
 

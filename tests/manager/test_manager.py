@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from stack.config.sections.manager import ManagerConfig
-from stack.gateway.errors import NoDeployment
+from stack.manager.errors import ModelUnavailable
 from stack.manager.states import ModelState
 from stack.manager.supervise import on_crash, put_away_idle, watch
 
@@ -33,7 +33,7 @@ def test_concurrent_requests_start_a_model_once() -> None:
     run(body())
     assert a.starts == 1 and mgr.slots["a"].state == S.READY
     assert counter(mgr.metrics, "vstack_manager_switches_total", model="a", kind="cold") == 1
-    assert mgr.registry.get("engine-a").state == "ready"
+    assert mgr.events[-2:] == [("a", "starting", "starting"), ("a", "starting", "ready")]
 
 
 def test_co_resident_models_never_evict_each_other() -> None:
@@ -81,10 +81,10 @@ def test_queue_is_bounded_and_times_out_with_retry_after() -> None:
         return await asyncio.gather(*(mgr.admit("a") for _ in range(3)), return_exceptions=True)
 
     results = run(body())
-    errors = [r for r in results if isinstance(r, NoDeployment)]
+    errors = [r for r in results if isinstance(r, ModelUnavailable)]
     assert len(errors) == 3  # one refused at once (queue full), two timed out
     assert any("queue is full" in e.message for e in errors)
-    assert all(e.headers.get("Retry-After") for e in errors)
+    assert all(e.retry_after == 5 for e in errors)
 
 
 def test_spill_returns_none_and_switches_in_the_background() -> None:
@@ -152,16 +152,16 @@ def test_failed_start_reports_log_tail_and_leaves_the_other_model_alone() -> Non
 
     async def body() -> None:
         await serve(mgr, "a")
-        with pytest.raises(NoDeployment, match="failed"):
+        with pytest.raises(ModelUnavailable, match="failed"):
             await mgr.admit("bad")
-        with pytest.raises(NoDeployment, match="failed"):  # within retry_failed_s: refused at once
+        with pytest.raises(ModelUnavailable, match="failed"):  # within retry_failed_s: refused at once
             await mgr.admit("bad")
         await serve(mgr, "a")
 
     run(body())
     slot = mgr.slots["bad"]
     assert slot.state == S.FAILED and "config.json" in slot.log_tail
-    assert mgr.registry.get("engine-bad").state == "failed" and mgr.slots["a"].state == S.READY
+    assert mgr.events[-1][0] == "bad" and mgr.events[-1][2] == "failed" and mgr.slots["a"].state == S.READY
     assert mgr.status()["models"]["bad"]["log_tail"]
 
 

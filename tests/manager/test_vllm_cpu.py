@@ -80,7 +80,7 @@ def test_200_mixed_requests_8_concurrent_none_fails_and_no_swaps(pair) -> None:
     for t in threads:
         t.join(600)
     assert failures == []
-    m = pair.state.metrics
+    m = pair.state.manager.metrics
     # Both fit: each was cold-started once (at startup) and nothing was evicted by 200 mixed requests.
     for model in ("tiny-a", "tiny-b"):
         assert counter(m, "vstack_manager_switches_total", model=model, kind="cold") == 1
@@ -121,7 +121,7 @@ def test_kill_9_mid_stream_clean_error_then_the_engine_comes_back(pair) -> None:
     assert info["restarts"] == 1
     again = client.chat.completions.create(model="tiny-a", messages=ASK, max_tokens=2)
     assert again.choices
-    assert counter(pair.state.metrics, "vstack_manager_restarts_total", model="tiny-a") == 1
+    assert counter(pair.state.manager.metrics, "vstack_manager_restarts_total", model="tiny-a") == 1
 
 
 def test_one_model_at_a_time_concurrent_alternation_swaps_a_bounded_number_of_times(tiny_models, tmp_path) -> None:
@@ -148,7 +148,7 @@ def test_one_model_at_a_time_concurrent_alternation_swaps_a_bounded_number_of_ti
             t.start()
         for t in threads:
             t.join(900)
-        m = gw.state.metrics
+        m = gw.state.manager.metrics
         colds = sum(counter(m, "vstack_manager_switches_total", model=x, kind="cold") for x in ("tiny-a", "tiny-b"))
     assert failures == []
     # 16 requests alternating A/B from 8 clients: the preload, one swap to B, one back to A at most.
