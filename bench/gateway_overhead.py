@@ -6,7 +6,7 @@
 Upstreams: a fast local OpenAI-compatible streaming server (bench/mock_upstream.py) that isolates the
 proxy's own cost, twice: paced like an engine (`--cadence-ms` between its `--chunks` chunks) for the
 added-latency figures, and unpaced for the max requests/s; and, when given, a real vLLM.
-Proxies: our gateway (`python -m stack.gateway`, local fast path) and `litellm --config` (1 worker),
+Proxies: our gateway (`python -m stack.entrypoints.gateway`, local fast path) and `litellm --config` (1 worker),
 each in its own process, started and stopped here. Rounds are interleaved so drift hits all alike.
 
 Added latency = a percentile of end-to-end stream time through the proxy minus the same percentile
@@ -197,7 +197,7 @@ async def run(args: argparse.Namespace) -> dict:
         if args.vllm_url:
             upstreams["vllm"] = (args.vllm_url.rstrip("/").removesuffix("/v1"), args.vllm_model)
         gw, lt = free_port(), free_port()
-        gw_argv = [PY, "-m", "stack.gateway", "--port", str(gw)]
+        gw_argv = [PY, "-m", "stack.entrypoints.gateway", "--port", str(gw)]
         for model, (url, served) in upstreams.items():
             gw_argv += ["--upstream", f"{model}={url}@{served}"]
         procs.start("gateway", gw_argv)

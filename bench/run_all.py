@@ -101,7 +101,7 @@ def load(quick: bool, out: Path) -> dict[str, Any]:
     env = {**os.environ, "VSTACK_STATE_DIR": state, "VSTACK_PORT": "0"}
     if quick:
         env["VSTACK_ENGINE__ENFORCE_EAGER"] = "true"
-    cli = [PY, "-m", "stack.cli_entry"]
+    cli = [PY, "-m", "stack.entrypoints.cli"]
     code, output = _run([*cli, "up", "--port", "0"], 1200, env)
     if code != 0:
         return {"status": "failed", "exit": code, "output_tail": output[-1500:]}

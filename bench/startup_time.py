@@ -28,9 +28,10 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from stack.assemble import plan_one  # noqa: E402
 from stack.bench.machine import describe, machine_facts  # noqa: E402
 from stack.config import load_config  # noqa: E402
-from stack.engine.launch import free_port, plan_engine, prepare_model  # noqa: E402
+from stack.engine.launch import free_port  # noqa: E402
 from stack.engine.process import stop_process_tree  # noqa: E402
 from stack.hardware import detect  # noqa: E402
 
@@ -53,7 +54,7 @@ def first_token(base_url: str, model: str, deadline: float) -> float:
 
 def time_vstack(profile: str | None, env: dict[str, str], timeout: float) -> float:
     port = free_port()
-    cli = [sys.executable, "-m", "stack.cli_entry"]
+    cli = [sys.executable, "-m", "stack.entrypoints.cli"]
     started = time.monotonic()
     up = subprocess.Popen([*cli, "up", *([profile] if profile else []), "--port", str(port)], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -76,7 +77,7 @@ def time_vstack(profile: str | None, env: dict[str, str], timeout: float) -> flo
 
 def time_plain(profile: str | None, overrides: dict, timeout: float) -> tuple[float, str]:
     cfg = load_config(overrides=overrides)
-    plan = prepare_model(cfg, plan_engine(cfg, profile, detect(), port=0), on_status=lambda _s: None)
+    plan = plan_one(cfg, profile, detect(), on_status=lambda _s: None)
     log = tempfile.NamedTemporaryFile(prefix="plain-vllm-", suffix=".log", delete=False)  # noqa: SIM115
     started = time.monotonic()
     proc = subprocess.Popen(plan.argv(), env={**os.environ, **plan.env}, stdout=log, stderr=subprocess.STDOUT,

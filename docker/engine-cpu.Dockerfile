@@ -62,4 +62,4 @@ EXPOSE 8000
 HEALTHCHECK --interval=5s --timeout=3s --start-period=600s --retries=3 \
     CMD ["python", "-c", "import sys,urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:8000/health', timeout=2).status != 200)"]
 # The engine: plan for this container, pull/convert the model into /cache, exec vLLM on the internal network.
-CMD ["python", "-m", "stack.engine.docker_runtime", "serve"]
+CMD ["python", "-m", "stack.entrypoints.engine_container", "serve"]

@@ -48,4 +48,4 @@ HEALTHCHECK --interval=5s --timeout=3s --start-period=900s --retries=3 \
     CMD ["python3", "-c", "import sys,urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:8000/health', timeout=2).status != 200)"]
 # The base image's entrypoint is `vllm serve`; ours plans from configs/ first (stack/engine/docker_runtime.py).
 ENTRYPOINT []
-CMD ["python3", "-m", "stack.engine.docker_runtime", "serve"]
+CMD ["python3", "-m", "stack.entrypoints.engine_container", "serve"]

@@ -37,4 +37,4 @@ EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import sys,urllib.request as u; sys.exit(u.urlopen('http://127.0.0.1:8000/health', timeout=2).status != 200)"]
 # Configuration comes from a mounted configs/ (VSTACK_CONFIG_DIR) and the environment, never the image.
-CMD ["python", "-m", "stack.gateway", "--host", "0.0.0.0", "--port", "8000", "--config", "/etc/vstack/configs/stack.yaml"]
+CMD ["python", "-m", "stack.entrypoints.gateway", "--host", "0.0.0.0", "--port", "8000", "--config", "/etc/vstack/configs/stack.yaml"]

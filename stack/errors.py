@@ -47,3 +47,13 @@ class VllmNotInstalledError(StackError):
     """No vLLM in the engine's Python environment."""
 
     exit_code = 5
+
+
+class ReportedError(StackError):
+    """An error another vstack process reported (the gateway `vstack up` started in the background): its
+    message, fix, engine log tail and exit code, re-raised in the CLI as if it had happened there."""
+
+    def __init__(self, message: str, hint: str | None = None, log_tail: str = "", exit_code: int = 1) -> None:
+        super().__init__(message, hint)
+        self.log_tail = log_tail
+        self.exit_code = exit_code

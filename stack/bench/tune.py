@@ -17,13 +17,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from stack.assemble import plan_one
 from stack.bench.candidates import Candidate
 from stack.bench.choose import Choice, Measured, choose
 from stack.bench.load import choose_slo
 from stack.bench.scenario import Scenario, find_scenario, load_scenario_file
 from stack.config.schema import StackConfig
 from stack.config.slo import Clause
-from stack.engine.launch import EnginePlan, plan_engine, prepare_model
+from stack.engine.launch import EnginePlan, plan_engine
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo
@@ -126,7 +127,8 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     scenario = load_scenario_file(scenario_path)
     base = plan_engine(cfg, req.target, hardware, port=0)
     clauses, slo_source = choose_slo(req.slo, scenario, cfg, base.resolved.name)
-    base = prepare_model(cfg, base, on_status=lambda _s: None)
+    # As `vstack up` plans it: fetched, then fitted from the real files (candidates reuse those files).
+    base = plan_one(cfg, req.target, hardware, on_status=lambda _s: None, port=base.port)
     fp = fingerprint(cfg, base, scenario, req.method, hardware)
     state = TuneState(req.out_dir, fp, req.restart)
     measured: list[Measured] = []
@@ -167,15 +169,13 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
              hardware: HardwareInfo, cand: Candidate, tick: Callable[..., None]) -> Measured:
     result = Measured(cand.key, cand.label, cand.overrides)
     try:
-        plan = plan_engine(candidate_config(cfg, cand), req.target, hardware, port=0)
+        plan = plan_engine(candidate_config(cfg, cand), req.target, hardware, port=0, model_files=base.model_files)
     except StackError as exc:  # vLLM's parser refused the combination: a result, not a crash
         result.error = f"rejected: {exc.message}"
         return result
-    plan.model_arg = base.model_arg
     log = req.out_dir / "logs" / f"{cand.key}.engine.log"
     log.unlink(missing_ok=True)
-    spec = EngineSpec(name=f"tune-{cand.key}", profile=plan.resolved.name, argv=plan.argv(), env=plan.env,
-                      host=plan.host, port=plan.port, log_path=log, display_argv=plan.display().split(" "))
+    spec = plan.engine_spec(log, name=f"tune-{cand.key}")
     engine = EngineProcess(spec)
     started = time.monotonic()
     try:

@@ -21,10 +21,10 @@ from rich.text import Text
 
 from stack.cli.shell import Invocation, cli_config, err, out, run
 from stack.config.schema import StackConfig
-from stack.engine.diagnose import log_tail
+from stack.engine.diagnose import log_size, log_tail
 from stack.engine.process import stop_process_tree
 from stack.engine.state import EngineRecord, StateStore
-from stack.errors import EngineError
+from stack.errors import EngineError, ReportedError
 
 
 def _sample_request(base_url: str, model: str) -> str:
@@ -44,7 +44,7 @@ def _admin_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path) -> float:
+def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path, start: int = 0) -> float:
     """Seconds until /ready answers 200 (the default model's engine is up), or None if the process ended."""
     started = time.monotonic()
     spinner = Spinner("dots", text="starting")
@@ -59,7 +59,7 @@ def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path) -
             except httpx.HTTPError:
                 pass
             spinner.update(text=Text.assemble(("starting ", "bold"), (f"{elapsed:5.0f} s  ", "cyan"),
-                                              (log_tail(log, 1)[-100:], "dim")))
+                                              (log_tail(log, 1, start)[-100:], "dim")))
             live.refresh()
             time.sleep(0.5)
     return -1.0
@@ -67,8 +67,8 @@ def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path) -
 
 def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -> int:
     """The gateway on the public port, owning the engine (on a free loopback port)."""
+    from stack.assemble import plan_engines, serve
     from stack.engine.launch import free_port, port_is_free
-    from stack.gateway.up import docker_site, plan_for_gateway, serve
 
     store = StateStore(cfg.state_dir)
     existing = store.get(GATEWAY)
@@ -85,38 +85,35 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     logs = cfg.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     if foreground:
-        site = docker_site(cfg)
-        plan = plan_for_gateway(cfg, profile, on_status=lambda s: err.print(f"[dim]{s}[/]"), site=site)
-        store.save(EngineRecord(GATEWAY, plan.resolved.name, os.getpid(), _local_host(host), port, ""))
+        planned = plan_engines(cfg, profile, on_status=lambda s: err.print(f"[dim]{s}[/]"))
+        store.save(EngineRecord(GATEWAY, planned.default.resolved.name, os.getpid(), _local_host(host), port, ""))
         out.print(f"  OpenAI base URL: [bold]{url}/v1[/] (engine starting; /ready says when)")
         out.print("  [dim]running in the foreground; Ctrl-C stops it[/]")
         try:
-            return serve(cfg, plan, port, site=site)
+            return serve(planned, port)
         finally:
             store.remove(GATEWAY)
     failure = cfg.state_dir / "gateway-failure.json"
     failure.unlink(missing_ok=True)
     log = logs / "gateway.log"
-    argv = [sys.executable, "-m", "stack.gateway.up", *([profile] if profile else []), "--port", str(port),
+    argv = [sys.executable, "-m", "stack.entrypoints.up", *([profile] if profile else []), "--port", str(port),
             "--failure-file", str(failure)]
     if Invocation.config_path:
         argv += ["--config", str(Invocation.config_path)]
+    start = log_size(log)  # the log is appended to: only this run's lines are ever shown
     with open(log, "ab") as log_file:
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     store.save(EngineRecord(GATEWAY, profile or cfg.serve, proc.pid, _local_host(host), port, str(log), argv))
     try:
-        seconds = _wait_gateway(proc, url, cfg.startup_timeout_s + 60, log)
+        seconds = _wait_gateway(proc, url, cfg.startup_timeout_s + 60, log, start)
     except BaseException:
         stop_process_tree(proc.pid, cfg.stop_grace_s)
         store.remove(GATEWAY)
         raise
     if seconds < 0:
         store.remove(GATEWAY)
-        info = json.loads(failure.read_text()) if failure.is_file() else {}
-        raise EngineError(info.get("message") or f"the gateway exited with code {proc.returncode}",
-                          hint=info.get("hint") or f"read {info.get('log') or log}",
-                          log_tail=info.get("log_tail") or log_tail(log))
+        raise _failure(failure, proc.returncode, log, start)
     model = httpx.get(f"{url}/ready", timeout=5).json().get("model", "")
     out.print(f"[green]✓[/] [bold]{model}[/] ready in {seconds:.0f} s behind the gateway")
     out.print(f"  OpenAI base URL: [bold]{url}/v1[/]")
@@ -125,6 +122,19 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     out.print(Text("    " + _sample_request(url, model)), soft_wrap=True)
     out.print("  stop with: vstack down")
     return 0
+
+
+def _failure(failure: Path, returncode: int | None, log: Path, start: int) -> ReportedError | EngineError:
+    """What ended the background gateway, with its own exit code (a config error stays 2, a missing model
+    4, ...): from the failure file it wrote, else (it crashed) this run's lines of its log."""
+    try:
+        info = json.loads(failure.read_text())
+    except (OSError, ValueError):
+        return EngineError(f"the gateway exited with code {returncode}", hint=f"read {log}",
+                           log_tail=log_tail(log, start=start))
+    return ReportedError(info.get("message") or f"the gateway exited with code {returncode}",
+                         hint=info.get("hint"), log_tail=info.get("log_tail") or "",
+                         exit_code=int(info.get("exit_code") or returncode or 1))
 
 
 def up(

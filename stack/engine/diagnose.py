@@ -31,11 +31,20 @@ KNOWN_FAILURES: list[tuple[str, str, str]] = [
 ]
 
 
-def log_tail(path: Path, lines: int = 40) -> str:
+def log_size(path: Path) -> int:
+    """Where this run's lines will start in an appended log."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def log_tail(path: Path, lines: int = 40, start: int = 0) -> str:
+    """The last `lines` lines of a log, none before byte `start` (a log that earlier runs appended to)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
-            f.seek(max(0, f.tell() - 64 * 1024))
+            f.seek(max(start, f.tell() - 64 * 1024))
             text = f.read().decode(errors="replace")
     except FileNotFoundError:
         return ""

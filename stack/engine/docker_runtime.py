@@ -5,18 +5,16 @@ Two halves, one per side of the Docker API:
 - `DockerEngine` runs where the model manager runs (the gateway container, given the Docker socket, or a
   host): start / wait_ready / stop / exit_code like EngineProcess, plus sleep / wake_up over HTTP. The
   engine container joins an internal network under its own name; no port is ever published.
-- `python -m stack.engine.docker_runtime serve [PROFILE_OR_MODEL] [--port N]` runs inside the engine
-  image: plan the engine with the vLLM installed there (validated by its own parser), make sure the
-  model is in the cache volume, then exec vLLM on 0.0.0.0:N. Inside the container 0.0.0.0 is only the
-  container's address on the internal network, which nothing outside that network reaches.
+- `python -m stack.entrypoints.engine_container serve [PROFILE_OR_MODEL] [--port N]` runs inside the
+  engine image (`ContainerSpec.command`): plan the engine with the vLLM installed there (validated by its
+  own parser), make sure the model is in the cache volume, then exec vLLM on 0.0.0.0:N. Inside the
+  container 0.0.0.0 is only the container's address on the internal network, which nothing outside that
+  network reaches.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,7 +75,7 @@ class ContainerSpec:
         return f"http://{self.address or self.name}:{self.port}"
 
     def command(self) -> list[str]:
-        return ["python3", "-m", "stack.engine.docker_runtime", "serve", self.serve, "--port", str(self.port)]
+        return ["python3", "-m", "stack.entrypoints.engine_container", "serve", self.serve, "--port", str(self.port)]
 
     def run_kwargs(self) -> dict[str, Any]:
         """Arguments for `client.containers.run` (docker SDK)."""
@@ -248,47 +246,3 @@ class DockerEngine(SleepEndpoints):
             self.container.reload()
             return [int(self.container.attrs["State"]["Pid"])]
         return []
-
-
-# --- inside the engine image ----------------------------------------------------------------------------
-
-
-def serve(target: str | None, port: int) -> None:
-    """Plan, fetch the model into the cache, and exec vLLM bound to the container's network address."""
-    from stack.config import load_config
-    from stack.engine.launch import plan_and_prepare
-    from stack.hardware import detect
-
-    def say(line: str) -> None:
-        print(f"vstack: {line}", flush=True)
-
-    cfg = load_config()
-    plan = plan_and_prepare(cfg, target, detect(), port=port, on_status=say)
-    for note in plan.notes:
-        say(note)
-    plan.host = "0.0.0.0"  # the container's own address on its (internal) network; no port is published
-    argv = plan.argv()
-    say(plan.display())
-    # Variables given to the container win over the profile's (an operator's VLLM_CPU_KVCACHE_SPACE, say).
-    os.execve(argv[0], argv, {**plan.env, **os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stack.engine.docker_runtime", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("serve", help="run vLLM in this container for a profile or model (default: `serve:`)")
-    run.add_argument("target", nargs="?", default=None)
-    run.add_argument("--port", type=int, default=8000)
-    args = ap.parse_args(argv)
-    from stack.errors import StackError
-
-    try:
-        serve(None if args.target in (None, "", "auto") else args.target, args.port)
-    except StackError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

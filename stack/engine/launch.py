@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,9 +11,11 @@ from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
 from stack.config.vllm_args import RenderedArgs, render_engine_args
 from stack.config.vllm_options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
+from stack.engine.process import EngineSpec
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, cpu_kv_cache_gib, match_profile
-from stack.models import ModelFiles, find_local, pull
+from stack.models import ModelFiles, find_local
+from stack.planner.plan import Plan
 
 LAUNCHER = ["-m", "stack.engine.vllm_compat"]
 
@@ -32,6 +33,14 @@ class EnginePlan:
     rendered: RenderedArgs
     env: dict[str, str]
     notes: list[str] = field(default_factory=list)  # decisions made for the user (hardware, KV cache, ...)
+    fit: Plan | None = None  # the fit planner's result (None: not planned); the manager's memory need
+    model_files: ModelFiles | None = None  # the model's local files, when it has them
+
+    def engine_spec(self, log_path: Path, name: str | None = None) -> EngineSpec:
+        """The process that serves this plan, logging to `log_path`."""
+        return EngineSpec(name=name or self.resolved.served_name, profile=self.resolved.name, argv=self.argv(),
+                          env=self.env, host=self.host, port=self.port, log_path=log_path,
+                          display_argv=self.display().split(" "))  # fmt: skip
 
     def vllm_args(self) -> list[str]:
         """Arguments after `vllm serve`."""
@@ -109,7 +118,7 @@ def plan_engine(
         resolved.env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
         notes.append(f"KV cache: {gib} GiB (VLLM_CPU_KVCACHE_SPACE) from {hardware.ram_available / 2**30:.1f} GiB free")
     files = model_files or find_local(resolved.model, cfg)
-    apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch)
+    fit = apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
     if cfg.hf_token:
@@ -119,7 +128,7 @@ def plan_engine(
     chosen_port = cfg.port if port is None else port
     if chosen_port == 0:
         chosen_port = free_port(host)
-    plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes)
+    plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes, fit, files)
     if check and not mismatch:
         error = check_with_vllm(python, plan.vllm_args())
         if error:
@@ -129,7 +138,7 @@ def plan_engine(
 
 
 def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInfo | None,
-                   files: ModelFiles | None, notes: list[str], refuse: bool) -> None:
+                   files: ModelFiles | None, notes: list[str], refuse: bool) -> Plan | None:
     """Let the fit planner decide what the profile left unset (tensor parallel size, context, KV dtype, ...).
 
     A model that cannot fit is refused before anything starts (fit_check: refuse), unless asked to only warn.
@@ -143,10 +152,10 @@ def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: Hardwa
         if refuse and cfg.fit_check == "refuse":
             raise
         notes.append(f"fit: {exc.message} (fit_check: {cfg.fit_check}, starting anyway)")
-        return
+        return None
     except StackError as exc:  # no config.json to plan from (offline, unknown model): vLLM decides alone
         notes.append(f"fit: not planned ({exc.message})")
-        return
+        return None
     for key, value in fit.engine_updates.items():
         if key not in resolved.engine:
             resolved.engine[key] = value
@@ -154,31 +163,7 @@ def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: Hardwa
     for key, value in fit.env_updates.items():
         resolved.env.setdefault(key, value)
     notes.extend(f"plan: {line}" for line in fit.log_lines())
-
-
-def plan_and_prepare(cfg: StackConfig, profile: str | None, hardware: HardwareInfo, port: int | None,
-                     on_status: Callable[[str], None]) -> EnginePlan:
-    """Everything before an engine starts: validate (before any download), fetch the model, plan the fit
-    from its real files.
-
-    Options are checked against the catalog read from the installed vLLM's parser. The extra pass through
-    that parser in a subprocess (check=True, as `vstack config validate PROFILE` does) costs ~10 s of
-    importing vLLM, and the engine runs the very same parser first thing when it starts: a value it rejects
-    ends the start within seconds with vLLM's own message (stack.engine.diagnose), so `up` skips it."""
-    first = plan_engine(cfg, profile, hardware, port=port, check=False)
-    files = pull(first.resolved.model, cfg, on_status)
-    plan = plan_engine(cfg, profile, hardware, model_files=files, port=first.port, catalog=first.catalog,
-                       check=False)
-    plan.notes.append(f"model: {files.path} ({files.origin})")
-    return plan
-
-
-def prepare_model(cfg: StackConfig, plan: EnginePlan, on_status: Callable[[str], None]) -> EnginePlan:
-    """Make sure the model's files are here (download or convert), and point the plan at them."""
-    files = pull(plan.resolved.model, cfg, on_status)
-    plan.model_arg = str(files.path)
-    plan.notes.append(f"model: {files.path} ({files.origin})")
-    return plan
+    return fit
 
 
 def log_path_for(cfg: StackConfig, plan: EnginePlan) -> Path:

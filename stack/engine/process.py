@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from stack.engine.diagnose import explain_failure, log_tail
+from stack.engine.diagnose import explain_failure, log_size, log_tail
 from stack.errors import EngineError
 
 
@@ -47,6 +47,7 @@ class EngineProcess:
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self.popen: subprocess.Popen[bytes] | None = None
+        self.log_start = 0  # this run's first byte in the (appended) log: earlier runs' lines are never shown
 
     @property
     def pid(self) -> int | None:
@@ -54,6 +55,7 @@ class EngineProcess:
 
     def start(self) -> int:
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_start = log_size(self.spec.log_path)
         with open(self.spec.log_path, "ab") as log:
             log.write(f"\n==> vstack: starting {' '.join(self.spec.display_argv)}\n".encode())
             log.flush()
@@ -79,13 +81,13 @@ class EngineProcess:
                 elapsed = time.monotonic() - started
                 code = self.exit_code()
                 if code is not None:
-                    tail = log_tail(self.spec.log_path)
+                    tail = log_tail(self.spec.log_path, start=self.log_start)
                     self.stop(grace=5)
                     message, hint = explain_failure(tail, code)
                     raise EngineError(f"engine {self.spec.name!r} exited with code {code} while starting: {message}",
                                       hint=hint, log_tail=tail)
                 if elapsed > timeout:
-                    tail = log_tail(self.spec.log_path)
+                    tail = log_tail(self.spec.log_path, start=self.log_start)
                     self.stop(grace=5)
                     raise EngineError(f"engine {self.spec.name!r} was not ready after {timeout:.0f} s; stopped it",
                                       hint="raise startup_timeout_s, or read the log: " + str(self.spec.log_path),

@@ -89,7 +89,7 @@ class LocalEngine(SleepEndpoints, EngineProcess):
     """EngineProcess plus vLLM's sleep endpoints (which is why the engine must stay on loopback)."""
 
     def logs(self, lines: int = 40) -> str:
-        return log_tail(self.spec.log_path, lines)
+        return log_tail(self.spec.log_path, lines, self.log_start)
 
 
 def logs_of(runtime: object, lines: int = 40) -> str:
@@ -98,7 +98,8 @@ def logs_of(runtime: object, lines: int = 40) -> str:
     if callable(logs):
         return str(logs(lines))
     spec = getattr(runtime, "spec", None)
-    return log_tail(spec.log_path, lines) if spec is not None and hasattr(spec, "log_path") else ""
+    start = getattr(runtime, "log_start", 0)
+    return log_tail(spec.log_path, lines, start) if spec is not None and hasattr(spec, "log_path") else ""
 
 
 def control_post(base_url: str, name: str, path: str, params: dict[str, Any], timeout: float) -> None:

@@ -7,14 +7,13 @@ space it was given + the engine's own overhead. NVML tells whether a sleep reall
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from pathlib import Path
 from typing import Protocol
 
 import psutil
 
 from stack.config.sections.manager import ManagerConfig
+from stack.planner.plan import Plan
 
 log = logging.getLogger("stack.manager")
 GIB = 1024**3
@@ -61,18 +60,10 @@ def capacity_bytes(settings: ManagerConfig, hardware: object) -> int:
     return int(available * settings.memory_headroom)
 
 
-def engine_need(cfg: object, plan: object, hardware: object) -> tuple[int | None, str]:
-    """(bytes, how we know) for a planned engine (stack.engine.launch.EnginePlan); None when the planner
-    cannot tell (the manager then treats the model as needing the whole machine: never co-resident)."""
-    from stack.planner.api import plan_profile
-
-    resolved = plan.resolved  # type: ignore[attr-defined]
-    try:
-        # The launcher's decisions (VLLM_CPU_KVCACHE_SPACE) are what the engine will really get.
-        resolved = dataclasses.replace(resolved, env={**resolved.env, **plan.env})  # type: ignore[attr-defined]
-        model_dir = Path(plan.model_arg)  # type: ignore[attr-defined]
-        fit = plan_profile(resolved, hardware, cfg=cfg, model_dir=model_dir if model_dir.is_dir() else None)
-    except Exception as exc:  # a planner refusal or a missing model: not a reason to refuse to try
-        log.info("memory need of %s unknown (%s): it will not share the machine", resolved.name, exc)
-        return None, f"unknown ({type(exc).__name__})"
+def engine_need(fit: Plan | None) -> tuple[int | None, str]:
+    """(bytes, how we know) for a planned engine, from the fit planner's result kept with its plan
+    (stack.engine.launch.EnginePlan.fit); None when the planner could not tell (the manager then treats
+    the model as needing the whole machine: never co-resident)."""
+    if fit is None:
+        return None, "unknown (not planned)"
     return fit.budget.requested, f"planner: {fit.budget.device} {fit.budget.requested / GIB:.1f} GiB"

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from stack.engine.docker_runtime import CACHE_MOUNT, CONFIG_MOUNT, LABEL, ContainerSpec, DockerEngine, main
+from stack.engine.docker_runtime import CACHE_MOUNT, CONFIG_MOUNT, LABEL, ContainerSpec, DockerEngine
+from stack.entrypoints.engine_container import main
 from stack.errors import EngineError
 from tests.docker.conftest import ROOT
 
@@ -25,7 +26,7 @@ def test_container_is_on_the_internal_network_with_nothing_published() -> None:
     kw = _spec(config_source="/srv/configs", env={"HF_TOKEN": "hf_x"}).run_kwargs()
     assert kw["network"] == "vllm-stack_engines" and kw["hostname"] == "engine-a"
     assert "ports" not in kw and "publish_all_ports" not in kw
-    assert kw["command"] == ["python3", "-m", "stack.engine.docker_runtime", "serve", "smollm2-135m-instruct",
+    assert kw["command"] == ["python3", "-m", "stack.entrypoints.engine_container", "serve", "smollm2-135m-instruct",
                              "--port", "8000"]
     assert kw["volumes"] == {"vstack-models": {"bind": CACHE_MOUNT, "mode": "rw"},
                              "/srv/configs": {"bind": CONFIG_MOUNT, "mode": "ro"}}

@@ -117,7 +117,7 @@ def test_a_gateway_on_the_host_runs_its_engine_as_a_container(
         env["VSTACK_ENGINE__ENFORCE_EAGER"] = "true"
     name = f"vstack-test-{tag}-{MODEL}"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "stack.gateway.up", MODEL, "--port", str(port)], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "stack.entrypoints.up", MODEL, "--port", str(port)], env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:

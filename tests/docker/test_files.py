@@ -70,7 +70,7 @@ def test_compose_the_gateway_owns_its_engines_and_is_the_one_public_port(tmp_pat
     assert set(services) == {f"vstack-{profile}", "prometheus", "grafana"}
     _only_gateway_published(services, f"vstack-{profile}")
     vstack = services[f"vstack-{profile}"]
-    assert vstack["command"][:3] == ["python3", "-m", "stack.gateway.up"]
+    assert vstack["command"][:3] == ["python3", "-m", "stack.entrypoints.up"]
     assert vstack["healthcheck"]["test"][-1].count("/ready")
     # Inside the container: every interface (configs/stack.yaml's loopback default would be unreachable).
     assert vstack["environment"]["VSTACK_GATEWAY__HOST"] == "0.0.0.0"

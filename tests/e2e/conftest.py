@@ -19,7 +19,7 @@ class Vstack:
         self.env = {**os.environ, "VSTACK_STATE_DIR": str(state_dir), **(extra_env or {})}
 
     def __call__(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "stack.cli_entry", *args], env=self.env, text=True,
+        return subprocess.run([sys.executable, "-m", "stack.entrypoints.cli", *args], env=self.env, text=True,
                               capture_output=True, timeout=timeout, check=False)
 
     def status(self) -> list[dict]:

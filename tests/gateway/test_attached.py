@@ -1,4 +1,4 @@
-"""Attached engines (stack.engine.attached) and `python -m stack.gateway --manage`'s upstream parsing: the
+"""Attached engines (stack.engine.attached) and `python -m stack.entrypoints.gateway --manage`'s upstream parsing: the
 runtime of the static compose profiles. Sleep and wake against a real engine run in
 tests/docker/test_compose_static.py; here, the real vLLM of the e2e tests and a port nobody listens on."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from stack.engine.attached import AttachedEngine, AttachedSpec
+from stack.entrypoints.gateway import parse_upstream
 from stack.errors import EngineError
-from stack.gateway.__main__ import parse_upstream
 
 from .conftest import free_port
 

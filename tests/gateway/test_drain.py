@@ -17,7 +17,7 @@ def test_sigterm_lets_the_open_stream_finish(tmp_path) -> None:
     mock = start_mock(tmp_path, "slow", "--chunks", "20", "--delay-ms", "100")  # a 2 s stream
     port = free_port()
     log = tmp_path / "gateway.log"
-    argv = [sys.executable, "-m", "stack.gateway", "--port", str(port), "--upstream", f"smol={mock.url}"]
+    argv = [sys.executable, "-m", "stack.entrypoints.gateway", "--port", str(port), "--upstream", f"smol={mock.url}"]
     gw = subprocess.Popen(argv, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 60, gw, log)

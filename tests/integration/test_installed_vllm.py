@@ -69,7 +69,7 @@ def test_gpu_profile_on_a_cpu_machine_is_refused_for_launch() -> None:
 
 
 def _vstack(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stack.cli_entry", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "stack.entrypoints.cli", *args], capture_output=True, text=True,
                           timeout=300, check=False)
 
 

@@ -56,7 +56,7 @@ class Vstack:
                     "COLUMNS": "200"}
 
     def __call__(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "stack.cli_entry", *args], env=self.env, text=True,
+        return subprocess.run([sys.executable, "-m", "stack.entrypoints.cli", *args], env=self.env, text=True,
                               capture_output=True, timeout=timeout, check=False)
 
 

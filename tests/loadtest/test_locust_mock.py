@@ -52,7 +52,7 @@ def mock_url() -> Iterator[str]:
 
 def test_stages_mix_and_failures(mock_url: str, tmp_path: Path) -> None:
     out = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "stack.cli_entry", "bench", "load", "--scenario",
+    proc = subprocess.run([sys.executable, "-m", "stack.entrypoints.cli", "bench", "load", "--scenario",
                            str(write_scenario(tmp_path, MIXED)), "--url", mock_url + "/v1", "--out", str(out)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the SLO fails: exit 1, the report still written

@@ -71,7 +71,7 @@ def test_unknown_scenario_name_suggests() -> None:
 
 def test_cli_prints_file_key_and_fix(tmp_path: Path) -> None:
     path = write_scenario(tmp_path, "name: x\nload: {users: -3}\n", "broken.yaml")
-    proc = subprocess.run([sys.executable, "-m", "stack.cli_entry", "bench", "load", "--scenario", str(path),
+    proc = subprocess.run([sys.executable, "-m", "stack.entrypoints.cli", "bench", "load", "--scenario", str(path),
                            "--url", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 2, proc.stderr

@@ -190,7 +190,7 @@ class Gateway:
 
 @contextlib.contextmanager
 def gateway_with(supervisor, default_model: str, settings=None):
-    """create_app with the supervisor's start/stop hooks, as stack.gateway.up does, on a free port."""
+    """create_app with the supervisor's start/stop hooks, as stack.assemble does, on a free port."""
     from stack.config.sections.gateway import GatewayConfig
     from stack.gateway.app import create_app
 

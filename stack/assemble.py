@@ -1,49 +1,80 @@
-"""What `vstack up` runs: the gateway on the public port, owning the engine(s) it starts on loopback.
+"""The composition root: the one place that turns a configuration into planned engines and a gateway.
 
-    python -m stack.gateway.up [PROFILE] --port P [--config FILE] [--failure-file F]
+    planned = plan_engines(cfg, profile)      # hardware detected once, each model planned once
+    app, sup = build_gateway(planned)         # the FastAPI app and the supervisor of its engines
+    serve(planned, port)                      # both, until SIGTERM; EngineError if the default fails to start
 
-`vstack up` starts this in the background (or calls `serve` in the foreground with -f). If the default
-model's engine cannot start, the gateway exits with code 3 and writes the error (message, hint, engine
-log tail) to --failure-file so the CLI can show it as if it had started the engine itself.
+`vstack up -f` calls it in its own process, `python -m stack.entrypoints.up` (what `vstack up` starts in the
+background, and the compose gateway) likewise; `vstack tune` and the engine container's entry plan their one
+engine through `plan_one`, so no entry point can choose settings the others would not.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import logging
-import sys
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import uvicorn
+from fastapi import FastAPI
 
 from stack.config.schema import StackConfig
-from stack.engine.launch import EnginePlan, free_port, log_path_for
-from stack.engine.process import EngineSpec
+from stack.engine.launch import EnginePlan, free_port, log_path_for, plan_engine
 from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
-from stack.errors import StackError
+from stack.errors import EngineError, StackError
 from stack.gateway.app import create_app
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.serve import uvicorn_config
 from stack.gateway.state import GatewayState
+from stack.hardware import HardwareInfo, detect
+from stack.models import pull
 
 if TYPE_CHECKING:
     from stack.engine.docker_site import Site
 
-ENGINE_FAILED = 3
+Status = Callable[[str], None]
 
 
-def engine_for(cfg: StackConfig, plan: EnginePlan) -> LocalEngine:
-    name = plan.resolved.served_name
-    spec = EngineSpec(
-        name=name, profile=plan.resolved.name, argv=plan.argv(), env=plan.env, host=plan.host, port=plan.port,
-        log_path=log_path_for(cfg, plan), display_argv=plan.display().split(" "),
-    )  # fmt: skip
-    return LocalEngine(spec)
+@dataclass
+class PlannedStack:
+    """Everything decided before anything starts: the configuration as served (sleep mode decided), the
+    hardware (detected once), the default model's plan, the plans of the other models it may switch to,
+    and where engine containers go (manager.runtime: docker)."""
+
+    cfg: StackConfig
+    hardware: HardwareInfo
+    default: EnginePlan
+    others: list[EnginePlan]
+    site: Site | None = None
+
+
+def plan_engines(cfg: StackConfig, profile: str | None, *, on_status: Status = print,
+                 hardware: HardwareInfo | None = None, site: Site | None = None) -> PlannedStack:  # fmt: skip
+    """Detect the hardware, plan the default model (fetching its files) and the manager's other models:
+    each once, on a free loopback port (the gateway owns the public one)."""
+    site = site if site is not None else docker_site(cfg)  # checked before any model is fetched
+    hardware = hardware or detect()
+    cfg = with_sleep(cfg, hardware)
+    default = plan_one(cfg, profile, hardware, fetches_models(site), on_status)
+    others = plan_others(cfg, default, hardware, site, on_status) if cfg.manager.models else []
+    return PlannedStack(cfg, hardware, default, others, site)
+
+
+def plan_one(cfg: StackConfig, name: str | None, hardware: HardwareInfo, fetch: bool = True,
+             on_status: Status = print, port: int | None = None) -> EnginePlan:
+    """One engine: validated before any download, its model fetched (fetch=True), then its fit planned
+    from the real files. fetch=False: the engine (a container with its own cache) fetches for itself."""
+    port = free_port() if port is None else port
+    first = plan_engine(cfg, name, hardware, port=port, check=False)
+    if not fetch:
+        return first
+    files = pull(first.resolved.model, cfg, on_status)
+    plan = plan_engine(cfg, name, hardware, model_files=files, port=first.port, catalog=first.catalog, check=False)
+    plan.notes.append(f"model: {files.path} ({files.origin})")
+    return plan
 
 
 def serve_target(cfg: StackConfig, plan: EnginePlan) -> str:
@@ -55,7 +86,7 @@ def runtime_pair(cfg: StackConfig, plan: EnginePlan, site: Site | None) -> tuple
     """The engine for this plan and a factory of fresh ones (each cold start): a child process on a free
     loopback port, or (manager.runtime: docker) a container placed by `site`."""
     if site is None:
-        engine = engine_for(cfg, plan)
+        engine = LocalEngine(plan.engine_spec(log_path_for(cfg, plan)))
         return engine, lambda: LocalEngine(with_port(engine.spec, free_port()))
     from stack.engine.docker_runtime import DockerEngine
 
@@ -78,12 +109,11 @@ def docker_site(cfg: StackConfig) -> Site | None:
     return site
 
 
-def managed(cfg: StackConfig, plan: EnginePlan, hardware: object, preload: bool,
-            site: Site | None = None) -> ManagedEngine:  # fmt: skip
+def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None = None) -> ManagedEngine:
     from stack.manager.memory import engine_need
 
     engine, factory = runtime_pair(cfg, plan, site)
-    need, source = engine_need(cfg, plan, hardware)
+    need, source = engine_need(plan.fit)
     if fetches_models(site) and not Path(plan.model_arg).is_dir():
         # Its files could not be fetched: it will fail at once, so it must not evict a working model.
         need, source = 0, "model files missing"
@@ -106,16 +136,16 @@ def with_sleep(cfg: StackConfig, hardware: object) -> StackConfig:
                                   "env": {**cfg.env, "VLLM_SERVER_DEV_MODE": "1"}})  # fmt: skip
 
 
-def plan_others(cfg: StackConfig, default: EnginePlan, hardware: object, site: Site | None = None,
-                on_status=print) -> list[EnginePlan]:  # fmt: skip
+def plan_others(cfg: StackConfig, default: EnginePlan, hardware: HardwareInfo, site: Site | None = None,
+                on_status: Status = print) -> list[EnginePlan]:  # fmt: skip
     """Plans for the other models the manager may switch to. A model whose files cannot be fetched is
     still planned: its engine then fails to start, and /admin/models shows why, without stopping `up`."""
-    from stack.engine.launch import plan_engine
-
     plans = []
     for name in cfg.manager.models:
+        if name in (default.resolved.name, default.resolved.served_name, default.resolved.model.name):
+            continue  # the default model, planned already
         try:
-            plan = plan_model(cfg, name, hardware, fetches_models(site), on_status)
+            plan = plan_one(cfg, name, hardware, fetches_models(site), on_status)
         except StackError as exc:
             logging.getLogger("stack.gateway").error("model %s cannot be prepared: %s", name, exc.message)
             plan = plan_engine(cfg, name, hardware, port=free_port(), check=False)  # type: ignore[arg-type]
@@ -124,62 +154,61 @@ def plan_others(cfg: StackConfig, default: EnginePlan, hardware: object, site: S
     return plans
 
 
-def supervisor(cfg: StackConfig, plan: EnginePlan, hardware: object, site: Site | None = None) -> EngineSupervisor:
+def supervisor(planned: PlannedStack) -> EngineSupervisor:
     from stack.manager.memory import NvmlProbe, capacity_bytes
     from stack.manager.policy import Capacity
 
-    others = plan_others(cfg, plan, hardware, site) if cfg.manager.models else []
+    cfg, hardware, site = planned.cfg, planned.hardware, planned.site
     preload = set(cfg.manager.preload or [])
     wanted = lambda p: not preload or p.resolved.served_name in preload or p.resolved.model.name in preload  # noqa: E731
-    engines = [managed(cfg, plan, hardware, True, site)] + [
-        managed(cfg, p, hardware, bool(preload) and wanted(p), site) for p in others
+    engines = [managed(cfg, planned.default, True, site)] + [
+        managed(cfg, p, bool(preload) and wanted(p), site) for p in planned.others
     ]
     sleep = any(e.can_sleep for e in engines)
     capacity = Capacity(capacity_bytes(cfg.manager, hardware), sleep_supported=sleep)
     return EngineSupervisor(engines, cfg.startup_timeout_s, cfg.stop_grace_s, cfg.manager, capacity,
-                            NvmlProbe() if getattr(hardware, "gpus", None) else None,
-                            cfg.gateway.retry_after_s)  # fmt: skip
+                            NvmlProbe() if hardware.gpus else None, cfg.gateway.retry_after_s)  # fmt: skip
 
 
-def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | None = None,
-          hardware: object | None = None, site: Site | None = None) -> int:
-    """Run the gateway with the planned engine (and the manager's other models) until SIGTERM/SIGINT;
-    3 if the default model's engine failed to start. `site`: from docker_site(cfg) (manager.runtime: docker)."""
-    from stack.hardware import detect
+def build_gateway(planned: PlannedStack, on_startup: list | None = None) -> tuple[FastAPI, EngineSupervisor]:
+    """The gateway app owning the planned engines (started by its startup hook, stopped on shutdown)."""
+    sup = supervisor(planned)
+    warn_if_open(planned.cfg)
+    app = create_app(planned.cfg.gateway, default_model=planned.default.resolved.served_name,
+                     on_startup=[sup.start, *(on_startup or [])], on_shutdown=[sup.stop],
+                     manager=sup.manager)  # fmt: skip
+    return app, sup
 
+
+def serve(planned: PlannedStack, port: int) -> int:
+    """Run the gateway with its engines until SIGTERM/SIGINT (0). EngineError, with the engine's log tail,
+    if the default model's engine fails to start: that ends `up` (a later crash only marks it failed)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    hardware = hardware or detect()
-    cfg = with_sleep(cfg, hardware)
-    sup = supervisor(cfg, plan, hardware, site if site is not None else docker_site(cfg))
-    engine = sup.engines[0].engine
-    served = plan.resolved.served_name
     failed: dict[str, str] = {}
     server: uvicorn.Server | None = None
+    sup: EngineSupervisor | None = None
 
-    async def start(state: GatewayState) -> None:
-        await sup.start(state)
-
-        async def watch_start() -> None:
-            # The default model's engine failing to *start* ends `up` (a later crash only marks it failed).
-            while (dep := state.registry.get(sup.engines[0].deployment_id)) and dep.state == "starting":
+    async def watch_start(state: GatewayState) -> None:
+        async def watch() -> None:
+            first = sup.engines[0].deployment_id  # type: ignore[union-attr]
+            while (dep := state.registry.get(first)) and dep.state == "starting":
                 await asyncio.sleep(0.5)
             if dep is not None and dep.state == "failed" and server is not None:
                 failed.update(message=dep.detail)
                 server.should_exit = True
 
-        asyncio.get_running_loop().create_task(watch_start())
+        asyncio.get_running_loop().create_task(watch())
 
-    warn_if_open(cfg)
-    app = create_app(cfg.gateway, default_model=served, on_startup=[start], on_shutdown=[sup.stop],
-                     manager=sup.manager)
+    app, sup = build_gateway(planned, on_startup=[watch_start])
+    cfg = planned.cfg
     server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info"))
     server.run()
     if failed:
-        if failure_file is not None:
-            log = getattr(engine.spec, "log_path", None) or f"docker logs {engine.spec.name}"
-            failure_file.write_text(json.dumps({"message": f"engine {served!r} {failed['message']}",
-                                                "log_tail": logs_of(engine), "log": str(log)}))  # fmt: skip
-        return ENGINE_FAILED
+        engine = sup.manager.slots[sup.engines[0].model_group].runtime
+        log = getattr(engine.spec, "log_path", None) or f"docker logs {engine.spec.name}"
+        raise EngineError(f"engine {planned.default.resolved.served_name!r} {failed['message']}",
+                          hint=f"read {log}", log_tail=sup.manager.slots[sup.engines[0].model_group].log_tail
+                          or logs_of(engine))  # fmt: skip
     return 0
 
 
@@ -194,49 +223,8 @@ def warn_if_open(cfg: StackConfig) -> None:
         )
 
 
-def plan_for_gateway(cfg: StackConfig, profile: str | None, on_status=print, site: Site | None = None) -> EnginePlan:
-    """Plan the engine on a free loopback port (the gateway owns the public one) and fetch its model."""
-    from stack.hardware import detect
-
-    hardware = detect()
-    return plan_model(with_sleep(cfg, hardware), profile, hardware, fetches_models(site), on_status)
-
-
 def fetches_models(site: Site | None) -> bool:
     """Engines that are child processes, or containers sharing the gateway's /cache volume, use the files
     the gateway fetched. Engine containers with a cache of their own (a gateway on a host) fetch for
     themselves: a second copy on the host would be dead weight."""
     return site is None or site.shares_cache
-
-
-def plan_model(cfg: StackConfig, name: str | None, hardware: object, fetch: bool, on_status=print) -> EnginePlan:
-    from stack.engine.launch import plan_and_prepare, plan_engine
-
-    if fetch:
-        return plan_and_prepare(cfg, name, hardware, port=free_port(), on_status=on_status)  # type: ignore[arg-type]
-    return plan_engine(cfg, name, hardware, port=free_port(), check=False)  # type: ignore[arg-type]
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m stack.gateway.up")
-    ap.add_argument("profile", nargs="?")
-    ap.add_argument("--port", type=int, required=True)
-    ap.add_argument("--config")
-    ap.add_argument("--failure-file", type=Path)
-    args = ap.parse_args()
-    from stack.config import load_config
-    try:
-        cfg = load_config(args.config)
-        site = docker_site(cfg)  # manager.runtime: docker: checked before any model is fetched
-        plan = plan_for_gateway(cfg, args.profile, on_status=lambda s: print(s, flush=True), site=site)
-    except StackError as exc:
-        if args.failure_file:
-            args.failure_file.write_text(json.dumps({"message": exc.message, "hint": exc.hint,
-                                                     "log_tail": getattr(exc, "log_tail", "")}))  # fmt: skip
-        print(f"vstack gateway: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    sys.exit(serve(cfg, plan, args.port, args.failure_file, site=site))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,7 @@
 """A gateway in front of OpenAI-compatible servers that are already running (no engines started).
 
-    python -m stack.gateway --upstream smollm2=http://127.0.0.1:8100 [--port 8000] [--config FILE] [--manage]
+    python -m stack.entrypoints.gateway --upstream smollm2=http://127.0.0.1:8100 [--port 8000] [--config FILE]
+        [--manage]
 
 For benchmarks and for putting vLLM servers you started yourself behind keys, fallbacks and metrics.
 `vstack up` is the usual way: it starts the engines as well. --manage hands the upstreams to the model

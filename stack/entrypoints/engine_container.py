@@ -1,0 +1,55 @@
+"""Inside an engine image: plan the engine with the vLLM installed there, fetch the model into the cache
+volume, then exec vLLM on 0.0.0.0:PORT (the container's address on its internal network only).
+
+    python -m stack.entrypoints.engine_container serve [PROFILE_OR_MODEL] [--port N]
+
+The gateway starts engine containers with this command (stack.engine.docker_runtime.ContainerSpec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from stack.errors import StackError
+
+
+def serve(target: str | None, port: int) -> None:
+    """Plan, fetch the model into the cache, and exec vLLM bound to the container's network address."""
+    from stack.assemble import plan_one
+    from stack.config import load_config
+    from stack.hardware import detect
+
+    def say(line: str) -> None:
+        print(f"vstack: {line}", flush=True)
+
+    cfg = load_config()
+    plan = plan_one(cfg, target, detect(), on_status=say, port=port)
+    for note in plan.notes:
+        say(note)
+    plan.host = "0.0.0.0"  # the container's own address on its (internal) network; no port is published
+    argv = plan.argv()
+    say(plan.display())
+    # Variables given to the container win over the profile's (an operator's VLLM_CPU_KVCACHE_SPACE, say).
+    os.execve(argv[0], argv, {**plan.env, **os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m stack.entrypoints.engine_container",
+                                 description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("serve", help="run vLLM in this container for a profile or model (default: `serve:`)")
+    run.add_argument("target", nargs="?", default=None)
+    run.add_argument("--port", type=int, default=8000)
+    args = ap.parse_args(argv)
+    try:
+        serve(None if args.target in (None, "", "auto") else args.target, args.port)
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""What `vstack up` runs in the background (and the compose gateway runs): the gateway on the public
+port, owning the engine(s) it starts on loopback.
+
+    python -m stack.entrypoints.up [PROFILE] --port P [--config FILE] [--failure-file F]
+
+Exit codes are the stack's own (stack.errors.EXIT_CODES): a configuration error 2, the default model's
+engine failing to start 3, a model not found 4, a model that does not fit 6, ... With --failure-file the
+error (message, hint, this run's engine log tail, exit code) is written there as JSON too, so that `vstack
+up`, which started this process, reports it as if it had failed itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from stack.errors import StackError
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m stack.entrypoints.up")
+    ap.add_argument("profile", nargs="?")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--config")
+    ap.add_argument("--failure-file", type=Path)
+    args = ap.parse_args()
+    from stack.assemble import plan_engines, serve
+    from stack.config import load_config
+
+    try:
+        cfg = load_config(args.config)
+        planned = plan_engines(cfg, args.profile, on_status=lambda s: print(s, flush=True))
+        code = serve(planned, args.port)
+    except StackError as exc:
+        if args.failure_file:
+            args.failure_file.write_text(json.dumps({
+                "message": exc.message, "hint": exc.hint, "log_tail": getattr(exc, "log_tail", ""),
+                "exit_code": exc.exit_code, "kind": type(exc).__name__,
+            }))  # fmt: skip
+        print(f"vstack gateway: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
