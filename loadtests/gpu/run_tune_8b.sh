@@ -7,7 +7,7 @@ export PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 
 [ -f /tmp/models/llama8b/config.json ] || python3 "${MAKE_MODEL:-.tunegpu/make_model.py}" /tmp/models/llama8b llama8b
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 out=${TUNE_OUT:-/tmp/tune8b}
-timeout "${TUNE_LIMIT_S:-510}" python3 -m stack.bench --config loadtests/gpu/llama8b-dummy.yaml tune llama8b-dummy \
+timeout "${TUNE_LIMIT_S:-510}" python3 -m stack.entrypoints.bench --config loadtests/gpu/llama8b-dummy.yaml tune llama8b-dummy \
   --scenario gpu-8b-1024-128 --grid loadtests/gpu/grid-8b.yaml --out "$out" --stop-on-error "$@"
 status=$?
 cat "$out/tune.md" 2>/dev/null

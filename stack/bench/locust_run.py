@@ -13,13 +13,13 @@ from pathlib import Path
 
 from stack.bench.records import RECORDS_ENV
 from stack.bench.scenario import SCENARIO_ENV, Scenario, loadtests_dir
-from stack.errors import StackError
+from stack.errors import ExitCode, StackError
 
 
 class LoadTestError(StackError):
     """Locust could not run, or ran without sending a single request."""
 
-    exit_code = 6
+    exit_code = ExitCode.LOAD_TEST
 
 
 @dataclass

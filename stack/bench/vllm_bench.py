@@ -19,11 +19,11 @@ from typing import Any
 
 from stack.bench.scenario import Scenario
 from stack.config.slo import LATENCIES, PERCENTILES
-from stack.errors import StackError
+from stack.errors import ExitCode, StackError
 
 
 class BenchError(StackError):
-    exit_code = 6
+    exit_code = ExitCode.BENCH
 
 
 def bench_command(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str,

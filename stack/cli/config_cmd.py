@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from stack.cli.shell import cli_config, err, out, run
+from stack.cli.shell import ConfigOpt, cli_config, config_path, err, out, run
+from stack.config import load_config
+from stack.config.loader import display_path, read_yaml
 from stack.config.vllm_options import VllmCatalog
 from stack.engine.launch import plan_engine
 from stack.errors import StackError
@@ -17,23 +19,35 @@ from stack.hardware import detect
 config_app = typer.Typer(help="Check and show configuration.", no_args_is_help=True)
 
 
+def _is_file(value: str) -> bool:
+    """A profile given as a file (`configs/profiles/x.yaml`) rather than a name."""
+    return value.endswith((".yaml", ".yml")) and Path(value).is_file()
+
+
 def _dump_catalog(path: Path | None) -> VllmCatalog | None:
     return VllmCatalog.load(path) if path else None
 
 
 @config_app.command("validate")
 def config_validate(
-    profile: Annotated[str | None, typer.Argument(help="profile or model; default: every profile")] = None,
+    profile: Annotated[str | None, typer.Argument(help="profile or model name, or a profile file; default: every "
+                                                  "profile")] = None,
     options_dump: Annotated[Path | None, typer.Option(
         help="check against this vLLM options dump (../shared/vllm-args format) instead of the installed vLLM")] = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Validate the configuration and each profile's engine options against the installed vLLM."""
 
     def body() -> int:
-        cfg = cli_config()
+        name_or_file = profile
+        files = [Path(profile)] if profile and _is_file(profile) else []
+        cfg = load_config(config_path(), profile_files=files)
+        if files:  # the file's profile, by the name it gives itself (else the file's name)
+            entry = read_yaml(files[0], label=display_path(files[0]))
+            name_or_file = str(entry.get("name") or files[0].stem) if isinstance(entry, dict) else files[0].stem
         info = detect()
         catalog = _dump_catalog(options_dump)
-        names = [profile] if profile else [*sorted(cfg.profiles), "auto"]
+        names = [name_or_file] if name_or_file else [*sorted(cfg.profiles), "auto"]
         failed = 0
         for name in names:
             # The installed vLLM's own parser checks the one named profile; all profiles get the catalog check.
@@ -71,6 +85,7 @@ def config_render(
     profile: Annotated[str | None, typer.Argument(help="profile or model; default: what `serve:` names")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="argv and env as JSON")] = False,
     options_dump: Annotated[Path | None, typer.Option(help="render for this vLLM options dump")] = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Show the exact `vllm serve` command a profile becomes (secrets redacted)."""
 

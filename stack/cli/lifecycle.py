@@ -19,7 +19,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from stack.cli.shell import Invocation, cli_config, err, out, run
+from stack.cli.shell import ConfigOpt, cli_config, config_path, err, out, run
 from stack.config.schema import StackConfig
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.process import stop_process_tree
@@ -98,8 +98,8 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     log = logs / "gateway.log"
     argv = [sys.executable, "-m", "stack.entrypoints.up", *([profile] if profile else []), "--port", str(port),
             "--failure-file", str(failure)]
-    if Invocation.config_path:
-        argv += ["--config", str(Invocation.config_path)]
+    if config_path():
+        argv += ["--config", str(config_path())]
     start = log_size(log)  # the log is appended to: only this run's lines are ever shown
     with open(log, "ab") as log_file:
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -142,6 +142,7 @@ def up(
     port: Annotated[int | None, typer.Option(help="the gateway's port (default gateway.port); 0 = a free one")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", "-f", help="stay attached; Ctrl-C stops")] = False,
     force: Annotated[bool, typer.Option(help="start even when the fit planner says it will not fit")] = False,
+    config: ConfigOpt = None,
 ) -> None:
     """Start the gateway (one OpenAI endpoint) and the engine it owns; wait until the default model is ready."""
 
@@ -171,7 +172,8 @@ def _stop_gateway(record: EngineRecord, cfg: StackConfig) -> list[int]:
     return left
 
 
-def down(name: Annotated[str | None, typer.Argument(help="one engine (default: all)")] = None) -> None:
+def down(name: Annotated[str | None, typer.Argument(help="one engine (default: all)")] = None,
+         config: ConfigOpt = None) -> None:
     """Stop what `vstack up` started: the gateway drains, stops its engines; SIGKILL after the grace period."""
 
     def body() -> int:
@@ -211,7 +213,7 @@ def _gateway_rows(record: EngineRecord) -> list[dict]:
              "deployments": [d["id"] for d in m["deployments"]]} for m in models]
 
 
-def status(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def status(as_json: Annotated[bool, typer.Option("--json")] = False, config: ConfigOpt = None) -> None:
     """What `vstack up` started: each model behind the gateway, and whether it answers."""
 
     def body() -> None:

@@ -10,15 +10,15 @@ import typer
 from rich.table import Table
 
 from stack import __version__
-from stack.bench.load_cli import app as bench_app
-from stack.bench.tune_cli import tune_command
+from stack.cli.bench_cmd import app as bench_app
 from stack.cli.config_cmd import config_app
 from stack.cli.lifecycle import down, status, up
 from stack.cli.models_cmd import load, models_app, switch, unload
-from stack.cli.shell import ConfigOpt, Invocation, cli_config, out, run
+from stack.cli.patches_cmd import app as patches_app
+from stack.cli.plan_cmd import plan_command
+from stack.cli.shell import ConfigOpt, cli_config, out, run
+from stack.cli.tune_cmd import tune_command
 from stack.hardware import GIB, detect, match_profile
-from stack.patches.cli import app as patches_app
-from stack.planner.cli import plan_command
 
 app = typer.Typer(help="vllm-stack: run open models on your own GPUs.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -34,11 +34,11 @@ app.command("tune")(tune_command)
 
 @app.callback()
 def _main(config: ConfigOpt = None) -> None:
-    Invocation.config_path = config
+    """--config here applies to every command (read by stack.cli.shell.config_path)."""
 
 
 @app.command()
-def version() -> None:
+def version(config: ConfigOpt = None) -> None:
     """Show the versions of vllm-stack and of the installed vLLM."""
     from stack.config.vllm_options import engine_python, installed_version
 
@@ -54,7 +54,7 @@ def version() -> None:
 
 
 @app.command()
-def hw(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def hw(as_json: Annotated[bool, typer.Option("--json")] = False, config: ConfigOpt = None) -> None:
     """Show the hardware found and the hardware profile that applies."""
 
     def body() -> None:

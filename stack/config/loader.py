@@ -8,7 +8,7 @@ variable, the command line), the key path, and a fix.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -212,11 +212,13 @@ def load_config(
     overrides: Mapping[str, Any] | None = None,
     text: str | None = None,
     builtin_dir: Path | None = None,
+    profile_files: Sequence[Path] = (),
 ) -> StackConfig:
     """Load and validate the whole configuration.
 
     config: the user's file or folder (else $VSTACK_CONFIG); text: inline YAML (tests); overrides: values
-    from the command line, highest precedence.
+    from the command line, highest precedence; profile_files: single profile files (as in
+    configs/profiles/, named by `name:` or the file name) added on top (`vstack config validate FILE`).
     """
     layer = ConfigLayer()
     layer.add_dir(builtin_dir or builtin_config_dir())
@@ -232,6 +234,9 @@ def load_config(
             raise ConfigError(f"{path}: no such file or folder (from {source})", hint="give an existing YAML file")
     if text is not None:
         layer.add_text(text)
+    for path in profile_files:
+        shown = display_path(path)
+        layer.add_entry("profiles", read_yaml(path, label=shown) or {}, shown, fallback_name=path.stem)
     resolve_extends(layer)
     _env_origins(layer.origins)
     for key, value in (overrides or {}).items():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stack.errors import ConfigError, StackError
+from stack.errors import ConfigError, ExitCode, StackError
 
 
 class LedgerError(ConfigError):
@@ -12,10 +12,10 @@ class LedgerError(ConfigError):
 class PatchError(StackError):
     """A patch cannot be applied, reverted or verified; the installation was left as it was."""
 
-    exit_code = 6
+    exit_code = ExitCode.PATCH
 
 
 class TriageError(StackError):
     """Upstream artifacts or a git range could not be read for triage."""
 
-    exit_code = 7
+    exit_code = ExitCode.TRIAGE

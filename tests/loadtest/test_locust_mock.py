@@ -55,7 +55,7 @@ def test_stages_mix_and_failures(mock_url: str, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "stack.entrypoints.cli", "bench", "load", "--scenario",
                            str(write_scenario(tmp_path, MIXED)), "--url", mock_url + "/v1", "--out", str(out)],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
-    assert proc.returncode == 1, proc.stdout + proc.stderr  # the SLO fails: exit 1, the report still written
+    assert proc.returncode == 11, proc.stdout + proc.stderr  # the SLO fails: exit 11, the report still written
     assert "FAIL" in proc.stdout
     report = json.loads((out / "report.json").read_text())
     by_model = report["by_model"]

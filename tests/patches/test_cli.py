@@ -6,7 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from stack.patches.cli import app
+from stack.cli.patches_cmd import app
 from tests.patches.conftest import tree_digest
 
 runner = CliRunner()
@@ -20,7 +20,7 @@ def test_status_apply_verify_revert_exit_codes(vllm_site: Path) -> None:
     site = ["--site-packages", str(vllm_site)]
     before = tree_digest(vllm_site)
     res = invoke("verify", *site)
-    assert res.exit_code == 6 and "not applied" in res.output
+    assert res.exit_code == 7 and "not applied" in res.output
 
     res = invoke("apply", *site)
     assert res.exit_code == 0, res.output
@@ -38,10 +38,10 @@ def test_status_apply_verify_revert_exit_codes(vllm_site: Path) -> None:
 
 def test_errors_are_one_message_with_a_fix_and_a_distinct_code(tmp_path: Path, vllm_site: Path) -> None:
     res = invoke("status", "--site-packages", str(tmp_path))
-    assert res.exit_code == 6 and "no vllm package here" in res.output and "fix:" in res.output
+    assert res.exit_code == 7 and "no vllm package here" in res.output and "fix:" in res.output
     bad = tmp_path / "ledger.yaml"
     bad.write_text("schema_version: 1\ntargets: {}\npatches: [{id: x}]\n")
     res = invoke("apply", "--site-packages", str(vllm_site), "--ledger", str(bad))
     assert res.exit_code == 2 and "patches[0] (id=x).title: Field required" in res.output
     res = invoke("apply", "cpu-fp8-kv-isa-check", "--site-packages", str(vllm_site))
-    assert res.exit_code == 6 and "runs inside vLLM processes" in res.output
+    assert res.exit_code == 7 and "runs inside vLLM processes" in res.output

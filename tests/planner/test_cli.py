@@ -7,7 +7,7 @@ import json
 import typer
 from typer.testing import CliRunner
 
-from stack.planner.cli import plan_command
+from stack.cli.plan_cmd import plan_command
 
 runner = CliRunner()
 

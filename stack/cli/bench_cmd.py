@@ -11,34 +11,17 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from stack.errors import StackError
+from stack.cli.shell import ConfigOpt, cli_config, run
+from stack.errors import ExitCode, StackError
 
 app = typer.Typer(help="Load tests with SLO reports (Locust), and the scenarios they run.", no_args_is_help=True)
 out = Console()
 err = Console(stderr=True)
 
 
-def run_body(fn) -> None:
-    """StackErrors become a red message, a fix, and their exit code (as in stack.cli.run)."""
-    try:
-        code = fn() or 0
-    except StackError as exc:
-        err.print(f"[bold red]error:[/] {exc.message}", highlight=False, soft_wrap=True)
-        if exc.hint:
-            err.print(f"[yellow]fix:[/] {exc.hint}", highlight=False)
-        raise typer.Exit(exc.exit_code) from None
-    raise typer.Exit(code)
-
-
-def config_path(ctx: typer.Context) -> Path | None:
-    """`vstack --config X bench load`: the root command's option, read from the click context."""
-    value = ctx.find_root().params.get("config")
-    return Path(value) if value else None
-
-
 @app.command("load")
 def load(
-    ctx: typer.Context,
+    config: ConfigOpt = None,
     scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in loadtests/scenarios, or a YAML path")
                         ] = "chat",
     duration: Annotated[float | None, typer.Option(help="seconds; default: the scenario's")] = None,
@@ -52,11 +35,10 @@ def load(
 ) -> None:
     """Run a scenario with Locust (headless), then write the SLO report: markdown, JSON and PNG plots."""
     from stack.bench.load import check_duration, find_target, run_load
-    from stack.config import load_config
 
     def body() -> int:
         check_duration(duration)
-        cfg = load_config(config_path(ctx))
+        cfg = cli_config()
         base = url.rstrip("/").removesuffix("/v1") if url else find_target(cfg)
         err.print(f"[dim]load test {scenario!r} against {base}[/]")
         with Live(Text("starting Locust"), console=err, transient=True, refresh_per_second=4) as live:
@@ -66,9 +48,9 @@ def load(
 
             result = run_load(scenario, base, out_dir, duration, slo, cfg, profile or cfg.serve, tick)
         print_summary(result.report, result.out_dir)
-        return 0 if result.passed is not False else 1
+        return ExitCode.OK if result.passed is not False else ExitCode.SLO_NOT_MET
 
-    run_body(body)
+    run(body)
 
 
 def print_summary(report: dict, out_dir: Path) -> None:
@@ -117,6 +99,6 @@ def scenarios() -> None:
             table.add_row(s.name, load_text, f"{req.prompt_tokens.center} / {req.output_tokens.center}",
                           ", ".join(s.slo) or "-")
         out.print(table)
-        return 2 if bad else 0
+        return ExitCode.CONFIG if bad else ExitCode.OK
 
-    run_body(body)
+    run(body)

@@ -13,7 +13,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from stack.bench.load_cli import config_path, run_body
+from stack.cli.shell import ConfigOpt, cli_config, run
+from stack.errors import ExitCode
 
 out = Console()
 err = Console(stderr=True)
@@ -29,7 +30,7 @@ def _table(rows: list[list[str]], title: str) -> Table:
 
 
 def tune_command(
-    ctx: typer.Context,
+    config: ConfigOpt = None,
     target: Annotated[str | None, typer.Argument(help="profile or model, as for `vstack up` (default: `serve:`)")
                       ] = None,
     scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in loadtests/scenarios, or a YAML path")
@@ -57,14 +58,13 @@ def tune_command(
     from stack.bench.machine import machine_facts
     from stack.bench.tune import TuneEvent, TuneRequest, run_tune
     from stack.bench.tune_output import tuned_profile_name, write_outputs
-    from stack.config import load_config
     from stack.errors import ConfigError
     from stack.hardware import detect, match_profile
 
     def body() -> int:
         if method not in ("vllm-bench", "locust"):
             raise ConfigError(f"--method {method!r}: unknown", hint="use vllm-bench or locust")
-        cfg = load_config(config_path(ctx))
+        cfg = cli_config()
         hardware = detect()
         hw_profile, _why = match_profile(hardware, cfg)
         candidates = build_candidates(sets or [], grid, hw_profile.accelerator, hw_profile.fp8, baseline)
@@ -96,15 +96,15 @@ def tune_command(
         choice = outcome.choice
         if choice.winner is None:
             err.print(f"[red]{choice.reason}[/]; engine logs in {folder / 'logs'}")
-            return 3
+            return ExitCode.ENGINE
         colour = "green" if choice.meets_slo else "yellow"
         out.print(f"[{colour}]{'winner' if choice.meets_slo else 'closest (SLO not met)'}:[/] "
                   f"[bold]{choice.winner.label}[/] - {choice.reason}", highlight=False)
         out.print(f"profile override: {files['profile']}  (use: vstack -c {files['profile']} up "
                   f"{tuned_profile_name(outcome)})")
-        return 0 if choice.meets_slo else 1
+        return ExitCode.OK if choice.meets_slo else ExitCode.SLO_NOT_MET
 
-    run_body(body)
+    run(body)
 
 
 def _table_only(markdown: str) -> str:

@@ -1,6 +1,6 @@
 """`vstack plan MODEL`: will it fit, with which settings, and why. Thin: parse, call the library, print.
 
-Mounted by stack/cli.py as `app.command("plan")(plan_command)`; also runs alone: `python -m stack.planner.cli`.
+Mounted by stack/cli/main.py as `app.command("plan")(plan_command)`; also runs alone: `python -m stack.cli.plan_cmd`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from stack.errors import StackError
+from stack.cli.shell import ConfigOpt, cli_config, report, run
+from stack.errors import ExitCode, StackError
 from stack.planner.memory import GIB
 from stack.planner.plan import Plan, Request
 
@@ -40,14 +41,16 @@ def plan_command(
                                              help="requests of that length that must fit at once")] = 1,
     set_: Annotated[list[str] | None, typer.Option("--set", help="engine option KEY=VALUE (repeatable)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    config: ConfigOpt = None,
 ) -> None:
     """Plan how MODEL fits: the memory budget, and each engine setting decided with its reason."""
-    from stack.config import load_config
     from stack.planner.api import plan_model
 
     console = Console()
-    try:
-        cfg = load_config()
+
+    def body() -> None:
+        nonlocal gpu
+        cfg = cli_config()
         info = None
         if gpu is None:
             from stack.hardware import detect, match_profile
@@ -58,19 +61,18 @@ def plan_command(
         request = Request(context=context, concurrency=concurrency, gpus=gpus)
         plan = plan_model(cfg, model, gpu, request, engine=_parse_sets(set_ or []),
                           hardware_info=info if gpus is None else None)
-    except StackError as exc:
+        if as_json:
+            print(json.dumps(plan.to_dict(), indent=2))
+            return
+        print_plan(plan, console)
+
+    def on_error(exc: StackError) -> None:
         if as_json:
             print(json.dumps({"error": exc.message, "fix": exc.hint, "kind": type(exc).__name__}))
         else:
-            console.print(f"[bold red]does not fit:[/] {exc.message}" if exc.exit_code == 6
-                          else f"[bold red]error:[/] {exc.message}", highlight=False)
-            if exc.hint:
-                console.print(f"  [bold]fix:[/] {exc.hint}", highlight=False)
-        raise typer.Exit(exc.exit_code) from None
-    if as_json:
-        print(json.dumps(plan.to_dict(), indent=2))
-        return
-    print_plan(plan, console)
+            report(exc, "does not fit" if exc.exit_code == ExitCode.DOES_NOT_FIT else "error")
+
+    run(body, on_error)
 
 
 def print_plan(plan: Plan, console: Console) -> None:

@@ -1,4 +1,4 @@
-"""`python -m stack.bench tune|load|scenarios ...`: the same commands as `vstack tune` / `vstack bench`,
+"""`python -m stack.entrypoints.bench tune|load|scenarios ...`: the same commands as `vstack tune` / `vstack bench`,
 without the rest of the CLI's imports (for machines that carry only vLLM and the stack's core deps)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from stack.bench.load_cli import app as bench_app
-from stack.bench.tune_cli import tune_command
+from stack.cli.bench_cmd import app as bench_app
+from stack.cli.tune_cmd import tune_command
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 

@@ -10,7 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stack.errors import StackError
+from stack.cli.shell import command
+from stack.errors import ExitCode
 from stack.patches.apply import Patcher, Row, State
 from stack.patches.install import find_installation, site_of_python
 from stack.patches.ledger import json_schema, load_ledger
@@ -39,13 +40,6 @@ COLORS = {
 }
 
 
-def _fail(e: StackError) -> typer.Exit:
-    err.print(f"[red]error:[/red] {e.message}", highlight=False, markup=True)
-    if e.hint:
-        err.print(f"  [bold]fix:[/bold] {e.hint}", highlight=False)
-    return typer.Exit(e.exit_code)
-
-
 def _patcher(site: Path | None, python: Path | None, ledger: Path | None) -> Patcher:
     if python is not None:
         site = site_of_python(python)
@@ -66,15 +60,13 @@ def _table(p: Patcher, rows: list[Row]) -> None:
 
 
 @app.command()
+@command
 def status(
     site: SiteOpt = None, python: PythonOpt = None, ledger: LedgerOpt = None, as_json: bool = False
 ) -> None:
     """Each patch as applied, not applied, already upstream, or not needed for the installed vLLM."""
-    try:
-        p = _patcher(site, python, ledger)
-        rows = p.status()
-    except StackError as e:
-        raise _fail(e) from e
+    p = _patcher(site, python, ledger)
+    rows = p.status()
     if as_json:
         data = [{"id": r.patch.id, "kind": r.patch.kind, "state": r.state, "detail": r.detail} for r in rows]
         print(json.dumps({"installation": p.inst.describe(), "patches": data}, indent=2))
@@ -83,54 +75,49 @@ def status(
 
 
 @app.command()
+@command
 def apply(
     ids: IdsArg = None, site: SiteOpt = None, python: PythonOpt = None, ledger: LedgerOpt = None
 ) -> None:
     """Apply source patches to the installed vLLM: all or nothing, idempotent."""
-    try:
-        p = _patcher(site, python, ledger)
-        rows = p.apply(ids)
-    except StackError as e:
-        raise _fail(e) from e
+    p = _patcher(site, python, ledger)
+    rows = p.apply(ids)
     _table(p, rows)
 
 
 @app.command()
+@command
 def revert(
     ids: IdsArg = None, site: SiteOpt = None, python: PythonOpt = None, ledger: LedgerOpt = None
 ) -> None:
     """Take source patches back out, restoring the original bytes."""
-    try:
-        p = _patcher(site, python, ledger)
-        rows = p.revert(ids)
-    except StackError as e:
-        raise _fail(e) from e
+    p = _patcher(site, python, ledger)
+    rows = p.revert(ids)
     _table(p, rows)
 
 
 @app.command()
-def verify(site: SiteOpt = None, python: PythonOpt = None, ledger: LedgerOpt = None) -> None:
+@command
+def verify(site: SiteOpt = None, python: PythonOpt = None, ledger: LedgerOpt = None) -> int:
     """Exit 0 only when every patch the installed vLLM needs is in place and unmodified."""
-    try:
-        p = _patcher(site, python, ledger)
-        problems = p.verify()
-    except StackError as e:
-        raise _fail(e) from e
+    p = _patcher(site, python, ledger)
+    problems = p.verify()
     if problems:
         for prob in problems:
             err.print(f"[red]✗[/] {prob}", highlight=False)
-        raise typer.Exit(6)
+        return ExitCode.PATCH
     out.print(f"[green]✓[/] {p.inst.describe()}: every needed patch is in place")
 
 
 @app.command()
+@command
 def schema() -> None:
     """Print the JSON Schema of patches/ledger.yaml."""
     print(json.dumps(json_schema(), indent=2))
 
 
 def _register_triage() -> None:
-    from stack.patches.triage.cli import triage
+    from stack.cli.triage_cmd import triage
 
     app.command(
         help="Classify upstream changes between two versions (or a git range) into priority buckets."

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from stack.errors import StackError
+from stack.cli.shell import command
 from stack.patches.ledger import load_ledger
 from stack.patches.triage import options as opts
 from stack.patches.triage.report import (
@@ -25,6 +25,7 @@ from stack.patches.triage.sources import git_range, release_range
 console = Console(stderr=True)
 
 
+@command
 def triage(
     start: Annotated[str, typer.Option("--from", help="baseline: a released version, or a git revision")],
     end: Annotated[str, typer.Option("--to", help="target: a released version, or a git revision")],
@@ -46,27 +47,21 @@ def triage(
     ] = False,
 ) -> None:
     """Classify upstream changes into buckets, judge each tracked patch, list serve-option changes."""
-    try:
-        ruleset = load_rules(rules)
-        led = load_ledger(ledger)
-        changes = git_range(git, start, end) if git else release_range(dist, start, end)
-        old_dump, new_dump = (
-            opts.dump_for(start) if not git else None,
-            opts.dump_for(end) if not git else None,
+    ruleset = load_rules(rules)
+    led = load_ledger(ledger)
+    changes = git_range(git, start, end) if git else release_range(dist, start, end)
+    old_dump, new_dump = (
+        opts.dump_for(start) if not git else None,
+        opts.dump_for(end) if not git else None,
+    )
+    if old_dump and new_dump:
+        option_changes, note = opts.diff_options(old_dump, new_dump, opts.used_options(configs)), None
+    else:
+        option_changes, note = (
+            None,
+            f"No parser dump for {start} and {end} in {opts.ARGS_DIR}; options not compared.",
         )
-        if old_dump and new_dump:
-            option_changes, note = opts.diff_options(old_dump, new_dump, opts.used_options(configs)), None
-        else:
-            option_changes, note = (
-                None,
-                f"No parser dump for {start} and {end} in {opts.ARGS_DIR}; options not compared.",
-            )
-        report = build(changes, ruleset, led, option_changes, note, load_decisions(tracking))
-    except StackError as e:
-        console.print(f"[red]error:[/red] {e.message}", highlight=False)
-        if e.hint:
-            console.print(f"  [bold]fix:[/bold] {e.hint}", highlight=False)
-        raise typer.Exit(e.exit_code) from e
+    report = build(changes, ruleset, led, option_changes, note, load_decisions(tracking))
     out.mkdir(parents=True, exist_ok=True)
     stem = f"triage-{start}-{end}".replace("/", "_")
     md_path, yaml_path = out / f"{stem}.md", out / f"{stem}.yaml"
