@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from stack.errors import StackError
+from stack.cli.shell import run
 
 
 def serve(target: str | None, port: int) -> None:
@@ -39,15 +39,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m stack.entrypoints.engine_container",
                                  description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("serve", help="run vLLM in this container for a profile or model (default: `serve:`)")
-    run.add_argument("target", nargs="?", default=None)
-    run.add_argument("--port", type=int, default=8000)
+    serve_cmd = sub.add_parser("serve", help="run vLLM in this container for a profile or model (default: `serve:`)")
+    serve_cmd.add_argument("target", nargs="?", default=None)
+    serve_cmd.add_argument("--port", type=int, default=8000)
     args = ap.parse_args(argv)
     try:
-        serve(None if args.target in (None, "", "auto") else args.target, args.port)
-    except StackError as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        return exc.exit_code
+        run(lambda: serve(None if args.target in (None, "", "auto") else args.target, args.port),
+            lambda exc: print(f"error: {exc}", file=sys.stderr, flush=True))
+    except SystemExit as done:  # run() exits with the error's code; a caller in Python gets it back
+        return int(done.code or 0)
     return 0
 
 

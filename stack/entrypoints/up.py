@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from stack.cli.shell import run
 from stack.errors import StackError
 
 
@@ -29,19 +30,20 @@ def main() -> None:
     from stack.assemble import plan_engines, serve
     from stack.config import load_config
 
-    try:
+    def body() -> int:
         cfg = load_config(args.config)
         planned = plan_engines(cfg, args.profile, on_status=lambda s: print(s, flush=True))
-        code = serve(planned, args.port)
-    except StackError as exc:
+        return serve(planned, args.port)
+
+    def on_error(exc: StackError) -> None:
         if args.failure_file:
             args.failure_file.write_text(json.dumps({
                 "message": exc.message, "hint": exc.hint, "log_tail": getattr(exc, "log_tail", ""),
                 "exit_code": exc.exit_code, "kind": type(exc).__name__,
             }))  # fmt: skip
         print(f"vstack gateway: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-    sys.exit(code)
+
+    run(body, on_error)
 
 
 if __name__ == "__main__":
