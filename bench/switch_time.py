@@ -259,7 +259,7 @@ def main() -> None:
     ap.add_argument("--model-a", required=True)
     ap.add_argument("--model-b", required=True)
     ap.add_argument("--gpu", action="store_true", help="sleep mode (GPU): --enable-sleep-mode, VLLM_SERVER_DEV_MODE")
-    ap.add_argument("--launcher", default=f"{sys.executable} -m stack.engine.vllm_compat")
+    ap.add_argument("--launcher", default=f"{sys.executable} -m stack.vllm.launcher")
     ap.add_argument("--engine-args", default="--enforce-eager --max-model-len 512 --max-num-seqs 8 --dtype float32")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the engines")
     ap.add_argument("--repeat", type=int, default=3)

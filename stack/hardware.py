@@ -97,12 +97,3 @@ def match_profile(info: HardwareInfo, cfg: StackConfig) -> tuple[HardwareProfile
         return chosen, f"{gpu.name} matches no profile; using {chosen.name}, the largest that fits in {mem_gib:.0f} GiB"
     return chosen, f"{count} x {gpu.name} matches {chosen.name}"
 
-
-def cpu_kv_cache_gib(info: HardwareInfo, profile: HardwareProfile) -> int:
-    """VLLM_CPU_KVCACHE_SPACE (whole GiB: vLLM reads it with int()) from the memory free now, bounded by
-    the profile; never vLLM's default of 92% of all RAM."""
-    rule = profile.cpu_kv_cache
-    if rule is None:
-        raise ValueError(f"hardware profile {profile.name!r} is not a CPU profile")
-    free_gib = info.ram_available / GIB
-    return max(1, int(max(rule.min_gib, min(rule.max_gib, free_gib * rule.fraction_of_free))))

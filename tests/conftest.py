@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.config.vllm_options import VllmCatalog
+from stack.vllm.options import VllmCatalog
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent

@@ -33,9 +33,9 @@ class LoadResult:
 def find_target(cfg: StackConfig) -> str:
     """The gateway when it answers, else the first engine `vstack up` started; base URL without /v1."""
     candidates = [f"http://127.0.0.1:{cfg.gateway.port}"] if cfg.gateway.port else []
-    from stack.engine.state import StateStore
+    from stack.engine.records import RecordStore
 
-    candidates += [r.base_url for r in StateStore(cfg.state_dir).all() if r.alive()]
+    candidates += [r.base_url for r in RecordStore(cfg.state_dir).all() if r.alive()]
     for url in dict.fromkeys(candidates):
         try:
             # 401: a gateway with auth on is still the target (the scenario's api_key_env supplies the key).

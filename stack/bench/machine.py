@@ -20,7 +20,7 @@ def cpu_model() -> str:
 
 
 def vllm_version() -> str:
-    from stack.engine.vllm_compat import installed_vllm
+    from stack.vllm.launcher import installed_vllm
 
     found = installed_vllm()
     return f"{found[0]} {found[1]}" if found else "not installed"

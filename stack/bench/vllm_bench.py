@@ -20,6 +20,7 @@ from typing import Any
 from stack.bench.scenario import Scenario
 from stack.config.slo import LATENCIES, PERCENTILES
 from stack.errors import ExitCode, StackError
+from stack.vllm import launcher
 
 
 class BenchError(StackError):
@@ -30,7 +31,7 @@ def bench_command(scenario: Scenario, python: str, base_url: str, model: str, to
                   result_dir: Path, result_file: str) -> list[str]:
     req, load = scenario.requests, scenario.load
     cmd = [
-        python, "-m", "stack.engine.vllm_compat", "bench", "serve",
+        python, "-m", launcher.__name__, "bench", "serve",
         "--base-url", base_url, "--model", model, "--tokenizer", tokenizer,
         "--dataset-name", "random",
         "--random-input-len", str(req.prompt_tokens.center),

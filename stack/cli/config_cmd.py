@@ -11,10 +11,10 @@ from rich.text import Text
 from stack.cli.shell import ConfigOpt, cli_config, config_path, err, out, run
 from stack.config import load_config
 from stack.config.loader import display_path, read_yaml
-from stack.config.vllm_options import VllmCatalog
 from stack.engine.launch import plan_engine
 from stack.errors import StackError
 from stack.hardware import detect
+from stack.vllm.options import VllmCatalog
 
 config_app = typer.Typer(help="Check and show configuration.", no_args_is_help=True)
 

@@ -23,8 +23,8 @@ from stack.cli.shell import ConfigOpt, cli_config, config_path, err, out, run
 from stack.config.schema import StackConfig
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.process import stop_process_tree
-from stack.engine.state import EngineRecord, StateStore
-from stack.errors import EngineError, ReportedError
+from stack.engine.records import EngineRecord, RecordStore
+from stack.errors import EngineError, ExitCode, ReportedError
 
 
 def _sample_request(base_url: str, model: str) -> str:
@@ -70,7 +70,7 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     from stack.assemble import plan_engines, serve
     from stack.engine.launch import free_port, port_is_free
 
-    store = StateStore(cfg.state_dir)
+    store = RecordStore(cfg.state_dir)
     existing = store.get(GATEWAY)
     if existing and existing.alive():
         raise EngineError(f"vstack is already running (pid {existing.pid}, {existing.base_url})",
@@ -178,21 +178,18 @@ def down(name: Annotated[str | None, typer.Argument(help="one engine (default: a
 
     def body() -> int:
         cfg = cli_config()
-        store = StateStore(cfg.state_dir)
-        records = [r for r in store.all() if name is None or r.name in (name, GATEWAY)]
+        store = RecordStore(cfg.state_dir)
+        records = [r for r in store.all() if r.name == GATEWAY]  # the one process `vstack up` leaves running
         if not records:
             out.print("nothing is running" if name is None else f"{name!r} is not running")
             return 0 if name is None else 1
         code = 0
         for record in records:
-            if record.name == GATEWAY:
-                left = _stop_gateway(record, cfg) if record.alive() else []
-            else:
-                left = stop_process_tree(record.pid, cfg.stop_grace_s) if record.alive() else []
+            left = _stop_gateway(record, cfg) if record.alive() else []
             store.remove(record.name)
             if left:
                 err.print(f"[red]✗[/] {record.name}: processes {left} did not exit")
-                code = 3
+                code = ExitCode.ENGINE
             else:
                 out.print(f"[green]✓[/] stopped {record.name}")
         return code
@@ -219,21 +216,9 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, config: Con
     def body() -> None:
         cfg = cli_config()
         rows = []
-        for record in StateStore(cfg.state_dir).all():
+        for record in RecordStore(cfg.state_dir).all():
             if record.name == GATEWAY:
                 rows += _gateway_rows(record)
-                continue
-            alive = record.alive()
-            healthy = False
-            if alive:
-                try:
-                    healthy = httpx.get(f"{record.base_url}/health", timeout=2).status_code == 200
-                except httpx.HTTPError:
-                    healthy = False
-            state = "ready" if healthy else ("starting" if alive else "dead")
-            rows.append({"name": record.name, "profile": record.profile, "state": state, "pid": record.pid,
-                         "url": f"{record.base_url}/v1", "uptime_s": round(time.time() - record.started_at),
-                         "log": record.log_path})
         if as_json:
             out.print_json(data=rows)
             return

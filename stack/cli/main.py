@@ -40,7 +40,7 @@ def _main(config: ConfigOpt = None) -> None:
 @app.command()
 def version(config: ConfigOpt = None) -> None:
     """Show the versions of vllm-stack and of the installed vLLM."""
-    from stack.config.vllm_options import engine_python, installed_version
+    from stack.vllm.options import engine_python, installed_version
 
     def body() -> None:
         cfg = cli_config()

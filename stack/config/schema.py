@@ -1,7 +1,7 @@
 """Typed configuration: hardware profiles, model entries, profiles (hardware x model) and the stack itself.
 
 Engine options stay a free mapping here on purpose: their names and types belong to the installed vLLM
-and are checked against its own argument parser (stack.config.vllm_args), not against a list we keep.
+and are checked against its own argument parser (stack.vllm.args), not against a list we keep.
 """
 
 from __future__ import annotations

@@ -9,15 +9,16 @@ from pathlib import Path
 
 from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
-from stack.config.vllm_args import RenderedArgs, render_engine_args
-from stack.config.vllm_options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
 from stack.engine.process import EngineSpec
 from stack.errors import ConfigError, StackError
-from stack.hardware import HardwareInfo, cpu_kv_cache_gib, match_profile
+from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
 from stack.planner.plan import Plan
+from stack.vllm import cpu, launcher
+from stack.vllm.args import RenderedArgs, render_engine_args
+from stack.vllm.options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
 
-LAUNCHER = ["-m", "stack.engine.vllm_compat"]
+LAUNCHER = ["-m", launcher.__name__]
 
 
 @dataclass
@@ -114,7 +115,7 @@ def plan_engine(
         notes.append("serving on the CPU although a GPU is present (the profile asks for cpu)")
     if resolved.hardware.accelerator == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in resolved.env \
             and "kv_cache_memory_bytes" not in resolved.engine:
-        gib = cpu_kv_cache_gib(hardware, resolved.hardware)
+        gib = cpu.kv_cache_gib(hardware.ram_available, resolved.hardware.cpu_kv_cache)  # type: ignore[arg-type]
         resolved.env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
         notes.append(f"KV cache: {gib} GiB (VLLM_CPU_KVCACHE_SPACE) from {hardware.ram_available / 2**30:.1f} GiB free")
     files = model_files or find_local(resolved.model, cfg)

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 Kind = Literal["local", "cloud"]
-State = Literal["starting", "ready", "sleeping", "stopping", "failed", "stopped"]
 
 
 @dataclass
@@ -32,7 +31,7 @@ class Deployment:
     order: int = 1
     context_window: int | None = None
     timeout_s: float | None = None
-    state: State = "ready"
+    state: str = "ready"  # a model state (stack.manager.states.ModelState); cloud deployments stay ready
     detail: str = ""  # why it is failed/stopped, engine pid, ...
     since: float = field(default_factory=time.time)
     labels: dict[str, str] = field(default_factory=dict)
@@ -94,7 +93,7 @@ class DeploymentRegistry:
             self._notify(dep_id, before, None)
         return before
 
-    def set_state(self, dep_id: str, state: State, detail: str = "") -> Deployment | None:
+    def set_state(self, dep_id: str, state: str, detail: str = "") -> Deployment | None:
         dep = self._items.get(dep_id)
         if dep is None:
             return None

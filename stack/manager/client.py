@@ -8,14 +8,14 @@ from typing import Any
 
 import httpx
 
-from stack.engine.state import StateStore
+from stack.engine.records import RecordStore
 from stack.errors import EngineError
 
 GATEWAY = "gateway"  # the state record `vstack up` writes
 
 
 def gateway_url(state_dir: Any) -> str:
-    record = StateStore(state_dir).get(GATEWAY)
+    record = RecordStore(state_dir).get(GATEWAY)
     if record is None or not record.alive():
         raise EngineError("vstack is not running", hint="start it with `vstack up`")
     return record.base_url

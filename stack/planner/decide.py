@@ -24,6 +24,8 @@ from stack.planner.memory import (
 from stack.planner.model_meta import ModelShape
 from stack.planner.plan import Decision, Plan, Request
 from stack.planner.weights import Weights
+from stack.vllm import cpu
+from stack.vllm.cpu import CPU_KV_ENV
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default, 0.26 to 0.32 (config/cache.py; seen in its log)
 TP_CHOICES = (1, 2, 4, 8, 16)
@@ -31,7 +33,6 @@ TP_CHOICES = (1, 2, 4, 8, 16)
 MIN_CONTEXT = 1024
 # max_num_seqs is capped at the number of sequences of this length the KV cache holds.
 TYPICAL_SEQUENCE = 512
-CPU_KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
 def gib(n: float) -> str:
@@ -102,9 +103,7 @@ def _cpu_kv_space(inp: FitInput) -> int:
         return int(inp.engine["kv_cache_memory_bytes"])
     rule = inp.hardware.cpu_kv_cache
     assert rule is not None  # a CPU profile always has one (schema default)
-    free = inp.machine.ram_available / GIB
-    # Whole GiB: vLLM reads VLLM_CPU_KVCACHE_SPACE with int(); same rule as stack.hardware.cpu_kv_cache_gib.
-    return max(1, int(max(rule.min_gib, min(rule.max_gib, free * rule.fraction_of_free)))) * GIB
+    return cpu.kv_cache_gib(inp.machine.ram_available, rule) * GIB  # the launcher's own rule
 
 
 def _target_length(inp: FitInput) -> int:

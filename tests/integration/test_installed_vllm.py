@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from stack.config import load_config
-from stack.config.vllm_args import render_engine_args
-from stack.config.vllm_options import check_with_vllm, installed_catalog, installed_version
 from stack.engine.launch import plan_engine
 from stack.hardware import detect
+from stack.vllm.args import render_engine_args
+from stack.vllm.options import check_with_vllm, installed_catalog, installed_version
 from tests.conftest import VERSIONS, load_catalog
 
 pytest.importorskip("vllm", reason="needs vLLM installed (./install.sh)")

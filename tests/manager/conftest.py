@@ -165,7 +165,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def engine_argv(model: Path | str, served: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "stack.engine.vllm_compat", "serve", str(model), "--host", "127.0.0.1",
+    return [sys.executable, "-m", "stack.vllm.launcher", "serve", str(model), "--host", "127.0.0.1",
             "--port", str(port), "--served-model-name", served, "--enforce-eager", "--max-model-len", "512",
             "--max-num-seqs", "8", "--dtype", "float32"]  # fmt: skip
 

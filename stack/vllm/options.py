@@ -1,6 +1,6 @@
 """The `vllm serve` options of a vLLM version, as its own argument parser describes them.
 
-Read at run time from the engine's Python (stack.engine.introspect), cached per version, or from a dump of
+Read at run time from the engine's Python (stack.vllm.introspect), cached per version, or from a dump of
 another version (the ../shared/vllm-args format). Nothing here lists vLLM options by hand.
 """
 
@@ -19,6 +19,7 @@ from typing import Any
 from packaging.version import Version
 
 from stack.errors import StackError, VllmNotInstalledError
+from stack.vllm import introspect
 
 SWITCH_ACTIONS = {"BooleanOptionalAction", "EnableDisableAction"}
 JSON_TYPES = {"loads", "parse_dataclass", "_parse_type", "union_dict_and_str", "parse_reasoning_parser"}
@@ -116,7 +117,7 @@ def _run_introspect(python: str, *args: str, timeout: float = 180) -> Any:
         out = Path(tmp) / "answer.json"
         try:
             proc = subprocess.run(
-                [python, "-m", "stack.engine.introspect", str(out), *args],
+                [python, "-m", introspect.__name__, str(out), *args],
                 capture_output=True, text=True, timeout=timeout, env=env, check=False,
             )
         except FileNotFoundError as exc:

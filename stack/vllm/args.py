@@ -16,10 +16,10 @@ import yaml
 from packaging.version import Version
 
 from stack.config.origins import suggest
-from stack.config.vllm_options import JSON_TYPES, VllmCatalog, VllmOption
 from stack.errors import ConfigError
+from stack.vllm.options import JSON_TYPES, VllmCatalog, VllmOption
 
-MIGRATIONS_FILE = Path(__file__).with_name("vllm_migrations.yaml")
+MIGRATIONS_FILE = Path(__file__).with_name("migrations.yaml")
 # Set by the stack itself from the profile and the stack settings, so a profile must not set them.
 RESERVED = {
     "model": "the model comes from the profile's `model:` entry (its source)",
