@@ -3,7 +3,7 @@
     .venv/bin/python bench/gateway_overhead.py                      # mock upstreams only
     .venv/bin/python bench/gateway_overhead.py --vllm-url http://127.0.0.1:8100 --vllm-model NAME
 
-Upstreams: a fast local OpenAI-compatible streaming server (bench/mock_upstream.py) that isolates the
+Upstreams: a fast local OpenAI-compatible streaming server (tests/support/mock_upstream.py) that isolates the
 proxy's own cost, twice: paced like an engine (`--cadence-ms` between its `--chunks` chunks) for the
 added-latency figures, and unpaced for the max requests/s; and, when given, a real vLLM.
 Proxies: our gateway (`python -m stack.entrypoints.gateway`, local fast path) and `litellm --config` (1 worker),
@@ -187,7 +187,7 @@ async def run(args: argparse.Namespace) -> dict:
     procs = Procs()
     try:
         paced, fast = free_port(), free_port()
-        mock = [PY, "bench/mock_upstream.py", "--chunks", str(args.chunks)]
+        mock = [PY, "tests/support/mock_upstream.py", "--chunks", str(args.chunks)]
         procs.start("mock-paced", [*mock, "--port", str(paced), "--delay-ms", str(args.cadence_ms), "--name", "paced"])
         procs.start("mock-fast", [*mock, "--port", str(fast), "--name", "fast"])
         upstreams = {

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures" / "model_configs"
+FIXTURES = ROOT / "stack" / "planner" / "known_configs"  # the config.json copies the planner ships
 GIB = 1024**3
 
 # name, config fixture, engine options (vLLM dest names). "util_of_gib": emulate a smaller card by asking

@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from stack.assemble import plan_one  # noqa: E402
-from stack.bench.machine import describe, machine_facts  # noqa: E402
 from stack.config import load_config  # noqa: E402
 from stack.engine.launch import free_port  # noqa: E402
 from stack.engine.process import stop_process_tree  # noqa: E402
 from stack.hardware import detect  # noqa: E402
+from stack.load.machine import describe, machine_facts  # noqa: E402
 
 
 def first_token(base_url: str, model: str, deadline: float) -> float:

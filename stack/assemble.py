@@ -22,6 +22,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from stack.config.schema import StackConfig
+from stack.config.sections.gateway import GatewayConfig
+from stack.config.sections.manager import ManagerConfig
 from stack.engine.launch import EnginePlan, free_port, log_path_for, plan_engine
 from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
 from stack.errors import EngineError, StackError
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from stack.engine.docker_site import Site
 
 Status = Callable[[str], None]
+ATTACHED_READY_S = 900.0  # a restarted engine service compiling or loading a large model: minutes
 
 
 @dataclass
@@ -72,7 +75,11 @@ def plan_one(cfg: StackConfig, name: str | None, hardware: HardwareInfo, fetch: 
     if not fetch:
         return first
     files = pull(first.resolved.model, cfg, on_status)
-    plan = plan_engine(cfg, name, hardware, model_files=files, port=first.port, catalog=first.catalog, check=False)
+    if first.model_files is not None and first.model_files.path == files.path:
+        plan = first  # planned from these very files already: not again
+    else:  # fetched just now: fit again from the real files (exact weight bytes)
+        plan = plan_engine(cfg, name, hardware, model_files=files, port=first.port, catalog=first.catalog,
+                           check=False)
     plan.notes.append(f"model: {files.path} ({files.origin})")
     return plan
 
@@ -228,3 +235,38 @@ def fetches_models(site: Site | None) -> bool:
     the gateway fetched. Engine containers with a cache of their own (a gateway on a host) fetch for
     themselves: a second copy on the host would be dead weight."""
     return site is None or site.shares_cache
+
+
+def build_front_gateway(settings: GatewayConfig, manager: ManagerConfig, upstreams: list[tuple[str, str, str]],
+                        manage: bool) -> FastAPI:  # fmt: skip
+    """A gateway in front of servers already running (`python -m stack.entrypoints.gateway`): each upstream
+    (model, base URL, served name) a fixed deployment, or (manage) an attached engine of the model manager."""
+    from stack.gateway.registry import Deployment, DeploymentRegistry
+
+    default = upstreams[0][0] if upstreams else "default"
+    if manage:
+        sup = attached_supervisor(upstreams, manager, settings.retry_after_s)
+        return create_app(settings, default_model=default, on_startup=[sup.start], on_shutdown=[sup.stop],
+                          manager=sup.manager)
+    registry = DeploymentRegistry()
+    for i, (model, url, served) in enumerate(upstreams):
+        registry.add(Deployment(id=f"local-{i + 1}", model_group=model, kind="local", upstream_model=served,
+                                api_base=url))  # fmt: skip
+    return create_app(settings, default_model=default, registry=registry)
+
+
+def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerConfig,
+                        retry_after_s: int = 5) -> EngineSupervisor:
+    """Each upstream an attached engine of the model manager; it may sleep if the engine says it can."""
+    from stack.engine.attached import AttachedEngine, AttachedSpec
+    from stack.manager.policy import Capacity
+
+    engines = []
+    for model, url, served in upstreams:
+        engine = AttachedEngine(AttachedSpec(served, url))
+        engines.append(ManagedEngine(engine, model, served, need=0, need_source="its own compose service",
+                                     can_sleep=engine.supports_sleep()))  # fmt: skip
+    sleep = any(e.can_sleep for e in engines)
+    # Compose placed every engine already: memory is not the manager's to budget, only idleness.
+    return EngineSupervisor(engines, ATTACHED_READY_S, 0, manager, Capacity(1 << 62, sleep_supported=sleep),
+                            retry_after_s=retry_after_s)

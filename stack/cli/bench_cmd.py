@@ -1,4 +1,4 @@
-"""`vstack bench load` and `vstack bench scenarios`: Typer commands, thin over stack.bench.load."""
+"""`vstack bench load` and `vstack bench scenarios`: Typer commands, thin over stack.load.load."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ err = Console(stderr=True)
 @app.command("load")
 def load(
     config: ConfigOpt = None,
-    scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in loadtests/scenarios, or a YAML path")
+    scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in stack/load/scenarios, or a YAML path")
                         ] = "chat",
     duration: Annotated[float | None, typer.Option(help="seconds; default: the scenario's")] = None,
     url: Annotated[str | None, typer.Option(help="OpenAI base URL without /v1; default: the gateway, "
@@ -34,7 +34,7 @@ def load(
     out_dir: Annotated[Path | None, typer.Option("--out", help="default: results/load/NAME-TIME")] = None,
 ) -> None:
     """Run a scenario with Locust (headless), then write the SLO report: markdown, JSON and PNG plots."""
-    from stack.bench.load import check_duration, find_target, run_load
+    from stack.load.load import check_duration, find_target, run_load
 
     def body() -> int:
         check_duration(duration)
@@ -78,8 +78,8 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 @app.command("scenarios")
 def scenarios() -> None:
-    """The scenarios in loadtests/scenarios, checked."""
-    from stack.bench.scenario import load_scenario_file, scenarios_dir
+    """The scenarios in stack/load/scenarios, checked."""
+    from stack.load.scenario import load_scenario_file, scenarios_dir
 
     def body() -> int:
         table = Table(title=f"Scenarios ({scenarios_dir()})")

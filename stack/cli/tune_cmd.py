@@ -1,4 +1,4 @@
-"""`vstack tune`: the Typer command, with a live table of candidates; thin over stack.bench.tune."""
+"""`vstack tune`: the Typer command, with a live table of candidates; thin over stack.load.tune."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def tune_command(
     config: ConfigOpt = None,
     target: Annotated[str | None, typer.Argument(help="profile or model, as for `vstack up` (default: `serve:`)")
                       ] = None,
-    scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in loadtests/scenarios, or a YAML path")
+    scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in stack/load/scenarios, or a YAML path")
                         ] = "chat",
     slo: Annotated[str | None, typer.Option(help="e.g. 'p95_ttft_ms<800'; default: the scenario's, else the "
                                                  "profile's")] = None,
@@ -54,12 +54,12 @@ def tune_command(
     Starts the engine once per candidate (one at a time), measures it, and picks the highest-throughput
     candidate that meets the SLO, else the closest one (said so). Rerunning the same command resumes.
     """
-    from stack.bench.candidates import build_candidates
-    from stack.bench.machine import machine_facts
-    from stack.bench.tune import TuneEvent, TuneRequest, run_tune
-    from stack.bench.tune_output import tuned_profile_name, write_outputs
     from stack.errors import ConfigError
     from stack.hardware import detect, match_profile
+    from stack.load.candidates import build_candidates
+    from stack.load.machine import machine_facts
+    from stack.load.tune import TuneEvent, TuneRequest, run_tune
+    from stack.load.tune_output import tuned_profile_name, write_outputs
 
     def body() -> int:
         if method not in ("vllm-bench", "locust"):

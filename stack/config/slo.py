@@ -1,6 +1,6 @@
 """Service-level objectives: `p95_ttft_ms<800`, `output_tokens_per_s>=50`, parsed, checked and compared.
 
-One clause is `METRIC OP NUMBER`. The metrics are the keys of a load summary (stack.bench.summary):
+One clause is `METRIC OP NUMBER`. The metrics are the keys of a load summary (stack.load.summary):
 latency percentiles `p{50,90,95,99}_{ttft,itl,tpot,e2e}_ms`, and `output_tokens_per_s`, `requests_per_s`,
 `error_rate`. Kept free of other stack imports: the config schema validates profile SLOs with it.
 """

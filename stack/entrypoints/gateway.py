@@ -14,18 +14,14 @@ from __future__ import annotations
 
 import argparse
 
+from stack.assemble import build_front_gateway
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
-from stack.gateway.app import create_app
-from stack.gateway.engines import EngineSupervisor, ManagedEngine
-from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.serve import run
-
-ATTACHED_READY_S = 900.0  # a restarted engine service compiling or loading a large model: minutes
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m stack.gateway", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m stack.entrypoints.gateway", description=__doc__.splitlines()[0])
     ap.add_argument("--upstream", action="append", default=[], metavar="MODEL=URL[@SERVED_NAME]")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
@@ -41,17 +37,7 @@ def main() -> None:
     else:
         settings = GatewayConfig()
     upstreams = [parse_upstream(spec) for spec in args.upstream]
-    default = upstreams[0][0] if upstreams else "default"
-    if args.manage:
-        sup = attached_supervisor(upstreams, manager, settings.retry_after_s)
-        app = create_app(settings, default_model=default, on_startup=[sup.start], on_shutdown=[sup.stop],
-                         manager=sup.manager)
-    else:
-        registry = DeploymentRegistry()
-        for i, (model, url, served) in enumerate(upstreams):
-            registry.add(Deployment(id=f"local-{i + 1}", model_group=model, kind="local", upstream_model=served,
-                                    api_base=url))  # fmt: skip
-        app = create_app(settings, default_model=default, registry=registry)
+    app = build_front_gateway(settings, manager, upstreams, args.manage)
     run(app, args.host, args.port, settings.drain_grace_s)
 
 
@@ -62,23 +48,6 @@ def parse_upstream(spec: str) -> tuple[str, str, str]:
     if not sep or not model or not url.startswith(("http://", "https://")):
         raise SystemExit(f"--upstream {spec!r}: expected MODEL=http://HOST:PORT[@SERVED_NAME]")
     return model, url.rstrip("/").removesuffix("/v1"), served or model
-
-
-def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerConfig,
-                        retry_after_s: int = 5) -> EngineSupervisor:
-    """Each upstream an attached engine of the model manager; it may sleep if the engine says it can."""
-    from stack.engine.attached import AttachedEngine, AttachedSpec
-    from stack.manager.policy import Capacity
-
-    engines = []
-    for model, url, served in upstreams:
-        engine = AttachedEngine(AttachedSpec(served, url))
-        engines.append(ManagedEngine(engine, model, served, need=0, need_source="its own compose service",
-                                     can_sleep=engine.supports_sleep()))  # fmt: skip
-    sleep = any(e.can_sleep for e in engines)
-    # Compose placed every engine already: memory is not the manager's to budget, only idleness.
-    return EngineSupervisor(engines, ATTACHED_READY_S, 0, manager, Capacity(1 << 62, sleep_supported=sleep),
-                            retry_after_s=retry_after_s)
 
 
 if __name__ == "__main__":

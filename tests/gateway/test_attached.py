@@ -9,8 +9,7 @@ import pytest
 from stack.engine.attached import AttachedEngine, AttachedSpec
 from stack.entrypoints.gateway import parse_upstream
 from stack.errors import EngineError
-
-from .conftest import free_port
+from tests.support.net import free_port
 
 
 def test_upstreams_parse_and_bad_ones_say_the_form() -> None:

@@ -10,7 +10,9 @@ import time
 import httpx
 import pytest
 
-from .conftest import ROOT, free_port, start_mock, stop, wait_http
+from tests.support.net import free_port, wait_http
+
+from .conftest import ROOT, start_mock, stop
 
 
 def test_sigterm_lets_the_open_stream_finish(tmp_path) -> None:

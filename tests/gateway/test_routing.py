@@ -8,8 +8,9 @@ import openai
 import pytest
 
 from stack.config.sections.gateway import GatewayConfig
+from tests.support.net import free_port
 
-from .conftest import cloud_entry, free_port, local, run_gateway, start_mock, stop
+from .conftest import cloud_entry, local, run_gateway, start_mock, stop
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -12,8 +12,9 @@ import openai
 import pytest
 
 from stack.config.sections.gateway import GatewayConfig
+from tests.support.net import wait_for
 
-from .conftest import SERVED, cloud_entry, local, run_gateway, wait_for
+from .conftest import SERVED, cloud_entry, local, run_gateway
 
 pytestmark = pytest.mark.e2e
 ASK = [{"role": "user", "content": "What is the capital of France?"}]

@@ -27,7 +27,8 @@ from stack.manager.manager import ModelManager
 from stack.manager.metrics import ManagerMetrics
 from stack.manager.policy import Capacity
 from stack.manager.slot import Slot
-from tests.app_thread import app_in_thread, free_port
+from tests.support.app_thread import Gateway, app_in_thread
+from tests.support.net import free_port
 
 GIB = 1024**3
 SMOL = Path.home() / ".cache" / "vstack" / "models" / "smollm2-135m-instruct"
@@ -174,20 +175,6 @@ ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobin
 
 
 # -- a gateway in a thread of this process (the registry and manager stay reachable) ------------------
-@dataclass
-class Gateway:
-    url: str
-    app: object
-    loop: asyncio.AbstractEventLoop
-
-    @property
-    def state(self):
-        return self.app.state.gateway
-
-    def call(self, coro, timeout: float = 600):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-
 @contextlib.contextmanager
 def gateway_with(supervisor, default_model: str, settings=None):
     """create_app with the supervisor's start/stop hooks, as stack.assemble does, on a free port."""

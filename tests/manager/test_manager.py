@@ -93,7 +93,7 @@ def test_spill_returns_none_and_switches_in_the_background() -> None:
 
     async def body() -> None:
         assert await mgr.admit("a", can_spill=True) is None
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(mgr.request_switch("a"), 10)  # the switch the spill started (single flight)
         assert mgr.slots["a"].state == S.READY
 
     run(body())

@@ -1,0 +1,117 @@
+"""Measure an engine with vLLM's own `vllm bench serve`, shaped by a scenario, as the summary metrics.
+
+The random dataset gives prompts of exact token counts (the scenario's mean, spread as vLLM's range
+ratio), `--ignore-eos` fixes the output length, and `--max-concurrency` / `--request-rate` the load. It
+talks to the completions endpoint (vLLM's default backend), so no chat template changes the counts; that is
+also how the reference figures in ../shared/gpu were taken.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stack.config.slo import LATENCIES, PERCENTILES
+from stack.errors import ExitCode, StackError
+from stack.load.scenario import Scenario
+from stack.vllm import launcher
+
+
+class BenchError(StackError):
+    exit_code = ExitCode.BENCH
+
+
+def bench_command(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str,
+                  result_dir: Path, result_file: str) -> list[str]:
+    req, load = scenario.requests, scenario.load
+    cmd = [
+        python, "-m", launcher.__name__, "bench", "serve",
+        "--base-url", base_url, "--model", model, "--tokenizer", tokenizer,
+        "--dataset-name", "random",
+        "--random-input-len", str(req.prompt_tokens.center),
+        "--random-output-len", str(req.output_tokens.center),
+        "--random-range-ratio", f"{max(req.prompt_tokens.spread, req.output_tokens.spread):.3f}",
+        "--num-prompts", str(scenario.num_prompts()),
+        "--max-concurrency", str(load.peak_users),
+        "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
+        "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
+        "--disable-tqdm",
+    ]
+    if load.rate:
+        cmd += ["--request-rate", f"{load.rate:g}"]
+    if req.shared_prefix_tokens:
+        cmd += ["--random-prefix-len", str(req.shared_prefix_tokens)]
+    if req.ignore_eos:
+        cmd.append("--ignore-eos")
+    if scenario.tune.warmups:
+        cmd += ["--num-warmups", str(scenario.tune.warmups)]
+    return cmd
+
+
+def metrics_from_bench(result: dict[str, Any]) -> dict[str, float | None]:
+    """vllm bench serve's result JSON -> our metric names (e2el -> e2e, throughputs renamed)."""
+    completed = result.get("completed") or 0
+    failed = result.get("failed")
+    if failed is None:
+        failed = max(0, (result.get("num_prompts") or completed) - completed)
+    total = completed + failed
+    out: dict[str, float | None] = {
+        "requests": total, "ok": completed, "errors": failed,
+        "error_rate": failed / total if total else None,
+        "duration_s": result.get("duration"),
+        "requests_per_s": result.get("request_throughput"),
+        "output_tokens_per_s": result.get("output_throughput"),
+        "total_tokens_per_s": result.get("total_token_throughput"),
+        "prompt_tokens_mean": (result.get("total_input_tokens") or 0) / completed if completed else None,
+        "output_tokens_mean": (result.get("total_output_tokens") or 0) / completed if completed else None,
+    }
+    for name in LATENCIES:
+        theirs = "e2el" if name == "e2e" else name
+        out[f"mean_{name}_ms"] = result.get(f"mean_{theirs}_ms")
+        for p in PERCENTILES:
+            out[f"p{p}_{name}_ms"] = result.get(f"p{p}_{theirs}_ms")
+    return out
+
+
+def run_bench(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str, work_dir: Path,
+              name: str, on_tick: Callable[[float], None] = lambda _: None, timeout_s: float = 3600,
+              ) -> tuple[dict[str, float | None], Path]:
+    """Run it to the end; returns (metrics, path of vLLM's result JSON). Its output goes to NAME.bench.log."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    result_file = f"{name}.bench.json"
+    (work_dir / result_file).unlink(missing_ok=True)
+    log = work_dir / f"{name}.bench.log"
+    cmd = bench_command(scenario, python, base_url, model, tokenizer, work_dir, result_file)
+    started = time.monotonic()
+    with open(log, "wb") as log_file:
+        log_file.write(("$ " + " ".join(cmd) + "\n").encode())
+        log_file.flush()
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                elapsed = time.monotonic() - started
+                if elapsed > timeout_s:
+                    raise BenchError(f"vllm bench serve ran past {timeout_s:.0f} s", hint=f"read {log}")
+                on_tick(elapsed)
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    path = work_dir / result_file
+    if proc.returncode != 0 or not path.is_file():
+        tail = log.read_text(errors="replace")[-1500:]
+        raise BenchError(f"vllm bench serve failed (exit {proc.returncode}):\n{tail}", hint=f"read {log}")
+    return metrics_from_bench(json.loads(path.read_text())), path
+
+
+def python_for_bench() -> str:
+    return sys.executable

@@ -1,0 +1,78 @@
+"""The locustfile against a local OpenAI-compatible mock (tests/support/mock_upstream.py): stages, a model mix,
+streamed and plain requests, failures counted and the SLO failed, in seconds and without vLLM."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.load.conftest import write_scenario
+from tests.support.net import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="needs Locust")
+
+MIXED = """\
+name: mixed
+load:
+  ramp_s: 0
+  stages: [{users: 1, duration_s: 2}, {users: 3, duration_s: 3}]
+models: {mock: 1, status-503: 1}
+requests: {stream: 0.5, prompt_tokens: 20, output_tokens: 4}
+slo: ["error_rate<0.01"]
+"""
+
+
+@pytest.fixture
+def mock_url() -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "mock_upstream.py"), "--port", str(port),
+                             "--chunks", "4", "--delay-ms", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_stages_mix_and_failures(mock_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "stack.entrypoints.cli", "bench", "load", "--scenario",
+                           str(write_scenario(tmp_path, MIXED)), "--url", mock_url + "/v1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 11, proc.stdout + proc.stderr  # the SLO fails: exit 11, the report still written
+    assert "FAIL" in proc.stdout
+    report = json.loads((out / "report.json").read_text())
+    by_model = report["by_model"]
+    assert set(by_model) == {"mock", "status-503"}
+    assert by_model["status-503"]["ok"] == 0 and by_model["mock"]["errors"] == 0
+    assert report["errors"][0]["error"].startswith("HTTP 503: ")
+    assert report["slo"]["passed"] is False
+    lines = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    ok = [x for x in lines if x["ok"]]
+    assert {x["stream"] for x in ok} == {True, False}  # both kinds of request were sent
+    assert all(x["output_tokens"] == 4 for x in ok)
+    assert all(x["ttft_ms"] is not None and len(x["itl_ms"]) == 3 for x in ok if x["stream"])
+    # The second stage has three users: more requests finish per second late in the run than early.
+    starts = sorted(x["start"] for x in lines)
+    t0 = starts[0]
+    early = sum(1 for s in starts if s - t0 < 1.5)
+    late = sum(1 for s in starts if 3 <= s - t0 < 4.5)
+    assert late > early
+    assert "## By model" in (out / "report.md").read_text()

