@@ -139,6 +139,8 @@ def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: Hardwa
     token = cfg.hf_token.get_secret_value() if cfg.hf_token else None
     try:
         fit = plan_profile(resolved, hardware, cfg=cfg, model_dir=files.path if files else None, token=token)
+    except ConfigError:
+        raise  # a value the model cannot take (tensor parallel vs its heads): refused like any config error
     except FitError as exc:
         if refuse and cfg.fit_check == "refuse":
             raise

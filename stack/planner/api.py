@@ -12,6 +12,7 @@ from stack.config.schema import HardwareProfile, StackConfig
 from stack.errors import ConfigError
 from stack.planner.decide import FitInput, decide
 from stack.planner.machine import Machine
+from stack.planner.parallel import check_tensor_parallel
 from stack.planner.plan import Plan, Request
 from stack.planner.sources import ModelFacts, load_facts
 
@@ -85,6 +86,8 @@ def plan_model(cfg: StackConfig, model: str, hardware: str, request: Request | N
 def _plan(facts: ModelFacts, hw: HardwareProfile, machine: Machine, engine: dict[str, Any],
           origins: dict[str, str], env: dict[str, str], request: Request, label: str,
           alternatives: list[str]) -> Plan:
+    gpus = machine.gpu_count if machine.accelerator == "gpu" else None
+    check_tensor_parallel(facts.shape, engine, origins, gpus, label)
     plan = decide(FitInput(facts.shape, facts.weights, hw, machine, dict(engine), dict(origins), dict(env),
                            request, label, alternatives))
     plan.notes.insert(0, f"config: {facts.config_source}; weights: {facts.weights.source}")
