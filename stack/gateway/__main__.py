@@ -50,7 +50,7 @@ def main() -> None:
             registry.add(Deployment(id=f"local-{i + 1}", model_group=model, kind="local", upstream_model=served,
                                     api_base=url))  # fmt: skip
         app = create_app(settings, default_model=default, registry=registry)
-    run(app, args.host, args.port, settings.drain_grace_s)
+    run(app, args.host, args.port, settings.drain_grace_s, limits=settings)
 
 
 def parse_upstream(spec: str) -> tuple[str, str, str]:

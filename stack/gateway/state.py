@@ -11,6 +11,7 @@ from starlette.requests import Request
 from stack.gateway.auth import KeyRing
 from stack.gateway.dispatch import Dispatcher
 from stack.gateway.metrics import GatewayMetrics
+from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.routing import Routing
 from stack.gateway.settings import GatewayConfig
@@ -26,6 +27,7 @@ class GatewayState:
     keys: KeyRing
     admin_keys: KeyRing
     manager: Any = None  # stack.manager.ModelManager, when the gateway owns engines
+    key_policy: KeyPolicy | None = None  # provider keys deployments added at run time may use
     started: int = field(default_factory=lambda: int(time.time()))
 
     def model_cards(self) -> dict[str, str]:

@@ -170,7 +170,8 @@ def serve(cfg: StackConfig, plan: EnginePlan, port: int, failure_file: Path | No
 
     warn_if_open(cfg)
     app = create_app(cfg.gateway, default_model=served, on_startup=[start], on_shutdown=[sup.stop])
-    server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info"))
+    server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
+                                           limits=cfg.gateway))
     server.run()
     if failed:
         if failure_file is not None:
