@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stack.config.redact import MASK, redact_env
 from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
 from stack.config.vllm_args import RenderedArgs, render_engine_args
@@ -43,13 +44,15 @@ class EnginePlan:
 
     def display(self) -> str:
         """`vllm serve ...` as a user would type it, secrets redacted."""
-        args = ["***" if a in self.rendered.secret_values else a for a in self.vllm_args()]
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()) if not _secret_env(k))
-        return (env + " " if env else "") + "vllm serve " + " ".join(shlex.quote(a) for a in args)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.redacted_env().items()))
+        return (env + " " if env else "") + "vllm serve " + " ".join(shlex.quote(a) for a in self.redacted_args())
 
+    def redacted_args(self) -> list[str]:
+        return [MASK if a in self.rendered.secret_values else a for a in self.vllm_args()]
 
-def _secret_env(name: str) -> bool:
-    return any(word in name.upper() for word in ("TOKEN", "KEY", "SECRET", "PASSWORD"))
+    def redacted_env(self) -> dict[str, str]:
+        """Every value not known to be safe is masked (stack.config.redact): text and JSON show the same."""
+        return redact_env(self.env)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
