@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
 from stack.config.vllm_args import RenderedArgs, render_engine_args
 from stack.config.vllm_options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
+from stack.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, cpu_kv_cache_gib, match_profile
 from stack.models import ModelFiles, find_local, pull
@@ -111,6 +113,8 @@ def plan_engine(
         gib = cpu_kv_cache_gib(hardware, resolved.hardware)
         resolved.env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
         notes.append(f"KV cache: {gib} GiB (VLLM_CPU_KVCACHE_SPACE) from {hardware.ram_available / 2**30:.1f} GiB free")
+    if resolved.hardware.accelerator == "cpu":
+        choose_cpu_dtype(resolved, catalog, notes)
     files = model_files or find_local(resolved.model, cfg)
     apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
@@ -129,6 +133,25 @@ def plan_engine(
             raise ConfigError(f"vLLM {catalog.version} rejects the rendered command: {error}",
                               hint="`vstack config render` shows the command; fix the option it names")
     return plan
+
+
+def choose_cpu_dtype(resolved: ResolvedProfile, catalog: VllmCatalog, notes: list[str]) -> None:
+    """dtype for a CPU engine from this CPU's ISA flags (stack.cpu_dtype), unless the profile sets one;
+    a bfloat16 set by hand where it is not known good is refused, naming the way to insist."""
+    flags = cpu_flags()
+    given = resolved.engine.get("dtype")
+    if given in (None, "auto"):
+        decision = decide_cpu_dtype(flags, catalog.distribution, catalog.version)
+        resolved.engine["dtype"] = decision.dtype
+        resolved.engine_origins["dtype"] = f"cpu dtype: {decision.reason}"
+        notes.append(f"dtype: {decision.reason}")
+    elif str(given).lower() in BF16_NAMES and not bf16_is_known_good(flags, catalog.distribution, catalog.version):
+        if os.environ.get(ALLOW_BF16_ENV) != "1":
+            where = resolved.engine_origins.get("dtype", "engine.dtype")
+            raise ConfigError(f"{where}: bfloat16 is not known good with {catalog.distribution} {catalog.version} "
+                              "on this CPU (it answered nonsense; patches/ledger.yaml cpu-bf16-numerics-guard)",
+                              hint=f"remove `dtype` (the stack picks float32), or set {ALLOW_BF16_ENV}=1 to insist")
+        notes.append(f"dtype: bfloat16 by hand ({ALLOW_BF16_ENV}=1) although not known good on this CPU")
 
 
 def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInfo | None,
