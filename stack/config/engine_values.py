@@ -127,25 +127,31 @@ def engine_mappings(cfg: Any) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]
             yield (section, name, "engine"), entry.engine
 
 
+def check_options(options: dict[str, Any], where: Callable[[str], str]) -> list[str]:
+    """Normalise sizes in place (`32k` -> 32000) and return every out-of-range value, named by `where(key)`."""
+    problems: list[str] = []
+    for key in list(options):
+        value = options[key]
+        if value is None:
+            continue  # None unsets an inherited option
+        if key in HUMAN_INT_OPTIONS:
+            value, problem = parse_size(key, value)
+            if problem:
+                problems.append(f"{where(key)}: {problem}")
+                continue
+            options[key] = value
+            if value is None:
+                continue
+        rule = RANGES.get(key)
+        problem = rule.problem(value) if rule else None
+        if problem:
+            problems.append(f"{where(key)}: {problem}")
+    return problems
+
+
 def check_engine_values(cfg: Any, origins: Origins) -> list[str]:
-    """Normalise sizes in place (`32k` -> 32000) and return every out-of-range value, named."""
+    """check_options on every `engine:` mapping of the configuration, named by file and key path."""
     problems: list[str] = []
     for path, options in engine_mappings(cfg):
-        for key in list(options):
-            value = options[key]
-            if value is None:
-                continue  # None unsets an inherited option
-            where = f"{origins.where((*path, key))}: {'.'.join((*path, key))}"
-            if key in HUMAN_INT_OPTIONS:
-                value, problem = parse_size(key, value)
-                if problem:
-                    problems.append(f"{where}: {problem}")
-                    continue
-                options[key] = value
-                if value is None:
-                    continue
-            rule = RANGES.get(key)
-            problem = rule.problem(value) if rule else None
-            if problem:
-                problems.append(f"{where}: {problem}")
+        problems += check_options(options, lambda key, p=path: f"{origins.where((*p, key))}: {'.'.join((*p, key))}")
     return problems

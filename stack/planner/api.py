@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from stack.config.engine_values import check_options
 from stack.config.resolve import ResolvedProfile
 from stack.config.schema import HardwareProfile, StackConfig
 from stack.errors import ConfigError
@@ -73,7 +74,11 @@ def plan_model(cfg: StackConfig, model: str, hardware: str, request: Request | N
     else:
         facts = load_facts(model, model, token)
         hub_id, label = (None if Path(model).is_dir() else model), model
-    for key, value in (engine or {}).items():
+    given = dict(engine or {})
+    problems = check_options(given, lambda key: f"command line: --set {key}")
+    if problems:
+        raise ConfigError(problems, hint="give each --set KEY=VALUE a value vLLM accepts")
+    for key, value in given.items():
         options[key] = value
         origins[key] = "command line"
     options = {k: v for k, v in options.items() if v is not None}
