@@ -86,6 +86,10 @@ class ConfigLayer:
         self.origins.record((section, str(name)), entry, origin)
 
     def add_top(self, mapping: Mapping[str, Any], origin: str) -> None:
+        odd = [key for key in mapping if not isinstance(key, str)]
+        if odd:
+            raise ConfigError(f"{origin}: {odd[0]!r}: top-level keys are setting names (text), e.g. serve:, models:",
+                              hint="quote or rename the key")
         for key, value in mapping.items():
             if key in SECTIONS:
                 if not isinstance(value, dict):
