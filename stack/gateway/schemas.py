@@ -60,11 +60,18 @@ class VllmSampling(_Request):
     logits_processors: list[Any] | None = None
 
 
+class ContentPart(BaseModel):
+    # text, image_url, input_audio, file, refusal, ...: forwarded as sent; every part names its type
+    # (OpenAI refuses a part without one, and providers behind LiteLLM fail on it instead of answering 400).
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(min_length=1)
+
+
 class Message(BaseModel):
     # Content parts, tool calls, names, audio...: forwarded as sent; only the role is checked here.
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
 
 
 class StreamOptions(_Request):
