@@ -24,6 +24,7 @@ class _Guarded(HttpToolsProtocol):
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
     _deadline: asyncio.TimerHandle | None = None
+    _headers_pending = True  # waiting for a request's headers (a previous cycle may be long answered)
 
     def _arm(self, seconds: float) -> None:
         self._disarm()
@@ -38,7 +39,7 @@ class _Guarded(HttpToolsProtocol):
         self._deadline = None
         if self.transport is None or self.transport.is_closing():
             return
-        if self.cycle is None or self.cycle.response_complete or not self.cycle.response_started:
+        if self._headers_pending or (self.cycle is not None and not self.cycle.response_started):
             self.transport.write(TIMEOUT_408 % (len(BODY), BODY))
         self.transport.close()  # the app's receive() then sees http.disconnect
 
@@ -48,10 +49,12 @@ class _Guarded(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._headers_pending = True
         if self._deadline is None:  # the next request on a kept-alive connection
             self._arm(self.header_timeout_s)
 
     def on_headers_complete(self) -> None:
+        self._headers_pending = False
         super().on_headers_complete()
         self._arm(self.body_timeout_s)
 

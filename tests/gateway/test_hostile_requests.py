@@ -317,16 +317,18 @@ def closed_after(sock: socket.socket, limit: float, trickle: bytes = b"") -> tup
 def test_slow_clients_are_cut_off_while_others_are_served() -> None:
     settings = GatewayConfig(header_timeout_s=1, body_timeout_s=1.5, keep_alive_s=1)
     with production_server(settings) as (host, port):
-        socks = [socket.create_connection((host, port)) for _ in range(4)]
-        silent, trickling_headers, trickling_body, idle = socks
+        socks = [socket.create_connection((host, port)) for _ in range(5)]
+        silent, trickling_headers, trickling_body, idle, second = socks
         head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         trickling_body.sendall(head + b"Content-Length: 100\r\n\r\n{")
         idle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        second.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # answered; then a second request trickles
         results: dict[str, tuple[float, bytes]] = {}
         threads = [
             threading.Thread(target=lambda n=n, s=s, t=t: results.__setitem__(n, closed_after(s, 8, t)))
             for n, s, t in [("silent", silent, b""), ("headers", trickling_headers, head * 20),
-                            ("body", trickling_body, b'"model":"smol"' * 10), ("idle", idle, b"")]
+                            ("body", trickling_body, b'"model":"smol"' * 10), ("idle", idle, b""),
+                            ("second", second, head * 20)]
         ]  # fmt: skip
         for t in threads:
             t.start()
@@ -340,8 +342,10 @@ def test_slow_clients_are_cut_off_while_others_are_served() -> None:
             t.join(10)
         for s in socks:
             s.close()
-    assert set(results) == {"silent", "headers", "body", "idle"}
+    assert set(results) == {"silent", "headers", "body", "idle", "second"}
     assert 0.8 < results["silent"][0] < 3 and b"408" in results["silent"][1]
     assert 0.8 < results["headers"][0] < 3 and b"408" in results["headers"][1]  # trickling does not extend it
     assert 1.2 < results["body"][0] < 4 and b"408" in results["body"][1]
     assert results["idle"][1].startswith(b"HTTP/1.1 200") and results["idle"][0] < 4
+    assert results["second"][1].startswith(b"HTTP/1.1 200") and b"408" in results["second"][1]
+    assert results["second"][0] < 4  # the keep-alive connection's next request has its own header deadline
