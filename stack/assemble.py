@@ -208,7 +208,8 @@ def serve(planned: PlannedStack, port: int) -> int:
 
     app, sup = build_gateway(planned, on_startup=[watch_start])
     cfg = planned.cfg
-    server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info"))
+    server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
+                                           limits=cfg.gateway))
     server.run()
     if failed:
         engine = sup.manager.slots[sup.engines[0].model_group].runtime

@@ -94,12 +94,10 @@ def config_render(
         plan = plan_engine(cfg, profile, detect(), catalog=_dump_catalog(options_dump), check=False,
                            for_launch=False)
         if as_json:
-            secrets = plan.rendered.secret_values
             out.print_json(data={
                 "profile": plan.resolved.name, "vllm": f"{plan.catalog.distribution} {plan.catalog.version}",
-                "argv": ["vllm", "serve", *["***" if a in secrets else a for a in plan.vllm_args()]],
-                "env": {k: ("***" if any(w in k.upper() for w in ("TOKEN", "KEY", "SECRET")) else v)
-                        for k, v in plan.env.items()},
+                "argv": ["vllm", "serve", *plan.redacted_args()],
+                "env": plan.redacted_env(),
                 "warnings": plan.rendered.warnings, "notes": plan.notes,
             })
             return

@@ -16,6 +16,8 @@ import yaml
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from stack.config.cross_checks import check_cloud_providers, check_gateway_names, check_parallel_fits_hardware
+from stack.config.engine_values import check_engine_values
 from stack.config.origins import Origins, format_validation_error, suggest
 from stack.config.schema import StackConfig
 from stack.errors import ConfigError
@@ -48,10 +50,16 @@ def read_yaml(source: Path | str, *, label: str | None = None) -> Any:
     """Parse YAML from a file (Path) or inline text (str); syntax errors name the file and line."""
     name = label or (str(source) if isinstance(source, Path) else "<inline>")
     try:
-        text = source.read_text() if isinstance(source, Path) else source
+        text = source.read_text(encoding="utf-8") if isinstance(source, Path) else source
         return yaml.safe_load(text)
     except FileNotFoundError as exc:
         raise ConfigError(f"{name}: file not found", hint="check the path given to --config or VSTACK_CONFIG") from exc
+    except UnicodeDecodeError as exc:
+        line = source.read_bytes()[: exc.start].count(b"\n") + 1 if isinstance(source, Path) else 0
+        raise ConfigError(f"{name}:{line}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})",
+                          hint="save the file as UTF-8") from None
+    except IsADirectoryError as exc:
+        raise ConfigError(f"{name}: is a folder, not a YAML file", hint="give a file, or the folder itself") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
@@ -78,6 +86,10 @@ class ConfigLayer:
         self.origins.record((section, str(name)), entry, origin)
 
     def add_top(self, mapping: Mapping[str, Any], origin: str) -> None:
+        odd = [key for key in mapping if not isinstance(key, str)]
+        if odd:
+            raise ConfigError(f"{origin}: {odd[0]!r}: top-level keys are setting names (text), e.g. serve:, models:",
+                              hint="quote or rename the key")
         for key, value in mapping.items():
             if key in SECTIONS:
                 if not isinstance(value, dict):
@@ -260,7 +272,18 @@ def load_config(
     config_obj = StackConfig.model_validate(loaded.model_dump())
     config_obj._origins = layer.origins
     check_references(config_obj, layer.origins)
+    check_values(config_obj, layer.origins)
     return config_obj
+
+
+def check_values(cfg: StackConfig, origins: Origins) -> None:
+    """Ranges of engine options, then what needs them right: parallelism vs GPUs, gateway names, providers."""
+    problems = check_engine_values(cfg, origins)
+    if not problems:
+        problems = check_parallel_fits_hardware(cfg)
+    problems += check_gateway_names(cfg, origins) + check_cloud_providers(cfg, origins)
+    if problems:
+        raise ConfigError(problems, hint="fix the values above; `vstack config validate` checks them again")
 
 
 def check_references(cfg: StackConfig, origins: Origins) -> None:

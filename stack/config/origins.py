@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from stack.config.redact import is_secret_key
+
 Path_ = tuple[str, ...]
 # Values under keys with these words are never echoed back in an error message.
 SECRET_WORDS = ("token", "key", "secret", "password")
@@ -95,7 +97,7 @@ def format_validation_error(exc: ValidationError, origins: Origins, model: type[
             lines.append(f"{where}: {key}: required key is missing; add it")
         else:
             given = err.get("input")
-            secret = any(word in key.lower() for word in SECRET_WORDS)
+            secret = any(word in key.lower() for word in SECRET_WORDS) or is_secret_key(model, loc)
             shown = "" if secret or isinstance(given, dict | list) else f" (got {given!r})"
             lines.append(f"{where}: {key}: {err['msg']}{shown}")
     return lines

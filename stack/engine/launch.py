@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stack.config.redact import MASK, redact_env
 from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
 from stack.engine.process import EngineSpec
@@ -16,6 +18,7 @@ from stack.models import ModelFiles, find_local
 from stack.planner.plan import Plan
 from stack.vllm import cpu, launcher
 from stack.vllm.args import RenderedArgs, render_engine_args
+from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
 from stack.vllm.options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
 
 LAUNCHER = ["-m", launcher.__name__]
@@ -53,13 +56,15 @@ class EnginePlan:
 
     def display(self) -> str:
         """`vllm serve ...` as a user would type it, secrets redacted."""
-        args = ["***" if a in self.rendered.secret_values else a for a in self.vllm_args()]
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()) if not _secret_env(k))
-        return (env + " " if env else "") + "vllm serve " + " ".join(shlex.quote(a) for a in args)
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.redacted_env().items()))
+        return (env + " " if env else "") + "vllm serve " + " ".join(shlex.quote(a) for a in self.redacted_args())
 
+    def redacted_args(self) -> list[str]:
+        return [MASK if a in self.rendered.secret_values else a for a in self.vllm_args()]
 
-def _secret_env(name: str) -> bool:
-    return any(word in name.upper() for word in ("TOKEN", "KEY", "SECRET", "PASSWORD"))
+    def redacted_env(self) -> dict[str, str]:
+        """Every value not known to be safe is masked (stack.config.redact): text and JSON show the same."""
+        return redact_env(self.env)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -118,6 +123,8 @@ def plan_engine(
         gib = cpu.kv_cache_gib(hardware.ram_available, resolved.hardware.cpu_kv_cache)  # type: ignore[arg-type]
         resolved.env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
         notes.append(f"KV cache: {gib} GiB (VLLM_CPU_KVCACHE_SPACE) from {hardware.ram_available / 2**30:.1f} GiB free")
+    if resolved.hardware.accelerator == "cpu":
+        choose_cpu_dtype(resolved, catalog, notes)
     files = model_files or find_local(resolved.model, cfg)
     fit = apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
@@ -138,6 +145,25 @@ def plan_engine(
     return plan
 
 
+def choose_cpu_dtype(resolved: ResolvedProfile, catalog: VllmCatalog, notes: list[str]) -> None:
+    """dtype for a CPU engine from this CPU's ISA flags (stack.vllm.cpu_dtype), unless the profile sets one;
+    a bfloat16 set by hand where it is not known good is refused, naming the way to insist."""
+    flags = cpu_flags()
+    given = resolved.engine.get("dtype")
+    if given in (None, "auto"):
+        decision = decide_cpu_dtype(flags, catalog.distribution, catalog.version)
+        resolved.engine["dtype"] = decision.dtype
+        resolved.engine_origins["dtype"] = f"cpu dtype: {decision.reason}"
+        notes.append(f"dtype: {decision.reason}")
+    elif str(given).lower() in BF16_NAMES and not bf16_is_known_good(flags, catalog.distribution, catalog.version):
+        if os.environ.get(ALLOW_BF16_ENV) != "1":
+            where = resolved.engine_origins.get("dtype", "engine.dtype")
+            raise ConfigError(f"{where}: bfloat16 is not known good with {catalog.distribution} {catalog.version} "
+                              "on this CPU (it answered nonsense; patches/ledger.yaml cpu-bf16-numerics-guard)",
+                              hint=f"remove `dtype` (the stack picks float32), or set {ALLOW_BF16_ENV}=1 to insist")
+        notes.append(f"dtype: bfloat16 by hand ({ALLOW_BF16_ENV}=1) although not known good on this CPU")
+
+
 def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInfo | None,
                    files: ModelFiles | None, notes: list[str], refuse: bool) -> Plan | None:
     """Let the fit planner decide what the profile left unset (tensor parallel size, context, KV dtype, ...).
@@ -149,6 +175,8 @@ def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: Hardwa
     token = cfg.hf_token.get_secret_value() if cfg.hf_token else None
     try:
         fit = plan_profile(resolved, hardware, cfg=cfg, model_dir=files.path if files else None, token=token)
+    except ConfigError:
+        raise  # a value the model cannot take (tensor parallel vs its heads): refused like any config error
     except FitError as exc:
         if refuse and cfg.fit_check == "refuse":
             raise

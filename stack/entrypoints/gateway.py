@@ -38,7 +38,7 @@ def main() -> None:
         settings = GatewayConfig()
     upstreams = [parse_upstream(spec) for spec in args.upstream]
     app = build_front_gateway(settings, manager, upstreams, args.manage)
-    run(app, args.host, args.port, settings.drain_grace_s)
+    run(app, args.host, args.port, settings.drain_grace_s, limits=settings)
 
 
 def parse_upstream(spec: str) -> tuple[str, str, str]:

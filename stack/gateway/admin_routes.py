@@ -13,6 +13,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from stack.config.providers import KeyPolicy, ProviderError, destination
 from stack.config.sections.gateway import CloudDeployment
 from stack.errors import StackError
 from stack.gateway.auth import require_admin
@@ -138,12 +139,30 @@ async def add_deployment(spec: NewDeployment, request: Request) -> dict[str, Any
     else:
         if spec.cloud is None:
             raise InvalidRequest("a cloud deployment needs `cloud` (litellm_params, api_key_env)", param="cloud")
+        check_cloud(spec.cloud, state.key_policy)
         dep = cloud_deployment(spec.cloud, spec.id or state.registry.new_id("cloud"))
         dep.model_group = spec.model_group
     if state.registry.get(dep.id) is not None:
         raise InvalidRequest(f"deployment {dep.id!r} exists; DELETE it first", param="id")
-    state.registry.add(dep)
+    try:
+        state.registry.add(dep)
+    except Exception as exc:  # LiteLLM's Router refused it: take it out again, nothing stays half-registered
+        with contextlib.suppress(Exception):
+            state.registry.remove(dep.id)
+        raise InvalidRequest(f"deployment {dep.id!r} could not be registered ({type(exc).__name__})",
+                             param="cloud" if spec.kind == "cloud" else "api_base") from None
     return dep.public()
+
+
+def check_cloud(c: CloudDeployment, policy: KeyPolicy | None) -> None:
+    """400 before anything is registered: a provider LiteLLM does not know, or a key this gateway may not send."""
+    try:
+        destination(c.litellm_params)
+    except ProviderError as exc:
+        raise InvalidRequest(str(exc), param="cloud.litellm_params.model") from None
+    problem = policy.problem(c.api_key_env, c.litellm_params) if policy is not None else None
+    if problem:
+        raise InvalidRequest(problem, param="cloud.api_key_env", code="provider_key_not_allowed")
 
 
 @router.delete("/deployments/{dep_id}")

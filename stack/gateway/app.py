@@ -11,16 +11,19 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from stack.config.providers import KeyPolicy
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway import admin_routes, openai_routes, ops_routes
 from stack.gateway.admin_routes import cloud_deployment
 from stack.gateway.auth import KeyRing
 from stack.gateway.cloud import CloudUpstream
 from stack.gateway.dispatch import Dispatcher
+from stack.gateway.docs_routes import docs_router
 from stack.gateway.errors import envelope, install_error_handlers
 from stack.gateway.local import LocalUpstream
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import DeploymentRegistry
+from stack.gateway.request_log import RequestLog
 from stack.gateway.routing import Routing
 from stack.gateway.state import GatewayState
 from stack.manager.manager import ModelManager
@@ -32,8 +35,8 @@ Hook = Callable[[GatewayState], Awaitable[None]]
 class BodyLimit:
     """413 in OpenAI's shape for bodies over the limit, by Content-Length or while reading chunked ones."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, metrics: GatewayMetrics | None = None) -> None:
+        self.app, self.limit, self.metrics = app, limit, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -67,6 +70,8 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _reject(self, send: Send) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected.labels("413", "request_too_large").inc()
         body = orjson.dumps(
             envelope(
                 f"Request body too large: the limit is {self.limit} bytes.",
@@ -119,6 +124,7 @@ def create_app(
         keys=KeyRing.from_refs(settings.api_keys, environ),
         admin_keys=KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ),
         manager=manager,
+        key_policy=KeyPolicy(settings.cloud, settings.provider_key_envs),
     )
 
     @asynccontextmanager
@@ -138,12 +144,18 @@ def create_app(
         version="1",
         description="OpenAI-compatible endpoint in front of local vLLM engines, with cloud fallbacks.",
         lifespan=lifespan,
+        # Served by docs_routes instead, behind the /v1 keys: the schema must not be open when /v1 is not.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
     app.state.gateway = state
     install_error_handlers(app)
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(ops_routes.router)
+    if settings.docs:
+        app.include_router(docs_router(app))
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -152,5 +164,7 @@ def create_app(
             allow_headers=["authorization", "content-type", "x-api-key"],
             expose_headers=["x-vstack-deployment"],
         )
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=metrics)
+    if settings.log_requests:
+        app.add_middleware(RequestLog)  # outermost: sees every answer, 413s included
     return app

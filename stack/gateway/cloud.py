@@ -47,6 +47,12 @@ def classify(dep: Deployment, exc: Exception, secret: str | None) -> UpstreamErr
     if 400 <= status < 500:
         body = orjson.dumps(envelope(message, "invalid_request_error", None, None))
         return UpstreamError(message, status=status, retryable=False, reason="client", upstream_body=body)
+    if type(exc) in (TypeError, ValueError, KeyError, AttributeError):
+        # Not one of LiteLLM's provider errors: its translation of this request failed before anything was
+        # sent (a shape it does not handle). The request's fault, not the deployment's: 400, no cooldown.
+        text = f"this request could not be translated for {dep.upstream_model} ({type(exc).__name__}); check its fields"
+        body = orjson.dumps(envelope(text, "invalid_request_error", None, "unsupported_request"))
+        return UpstreamError(text, status=400, retryable=False, reason="client", upstream_body=body)
     return UpstreamError(f"{dep.id} failed ({type(exc).__name__})", status=502, reason="error")
 
 
@@ -57,7 +63,8 @@ class CloudUpstream:
     def _kwargs(self, dep: Deployment, endpoint: str, body: dict[str, Any]) -> tuple[str, dict, str | None]:
         params = dict(dep.litellm_params)
         secret = os.environ.get(dep.api_key_env) if dep.api_key_env else None
-        kwargs = {k: v for k, v in body.items() if k != "model"}
+        # An explicit null means "not set" (OpenAI); LiteLLM's adapters fail on some (web_search_options).
+        kwargs = {k: v for k, v in body.items() if k != "model" and v is not None}
         kwargs.update(params)
         kwargs.update(num_retries=0, timeout=dep.timeout_s or self.request_timeout_s)
         if secret:
@@ -68,6 +75,8 @@ class CloudUpstream:
         import litellm
 
         fn, kwargs, secret = self._kwargs(dep, endpoint, body)
+        if endpoint == "chat":
+            _check_messages(dep, kwargs.get("messages"))
         try:
             return await getattr(litellm, fn)(**kwargs)
         except Exception as exc:  # LiteLLM maps every provider failure onto its exception types
@@ -82,6 +91,19 @@ class CloudUpstream:
         except Exception as exc:
             secret = os.environ.get(dep.api_key_env) if dep.api_key_env else None
             raise classify(dep, exc, secret) from None
+
+
+def _check_messages(dep: Deployment, messages: Any) -> None:
+    """LiteLLM's own message check, run here so a message it refuses is the client's 400, not a failure of
+    the deployment (LiteLLM would raise it wrapped as a connection error, status 500)."""
+    from litellm.utils import validate_chat_completion_user_messages
+
+    try:
+        validate_chat_completion_user_messages(messages)
+    except Exception as exc:  # LiteLLM raises a bare Exception naming the message's index
+        text = scrub(str(exc), None)
+        body = orjson.dumps(envelope(text, "invalid_request_error", "messages", None))
+        raise UpstreamError(text, status=400, retryable=False, reason="client", upstream_body=body) from None
 
 
 def dump(obj: Any) -> bytes:

@@ -118,21 +118,25 @@ class Dispatcher:
         fails: dict[str, int] = {}
         last: UpstreamError | None = None
         previous: str | None = None
+        last_dep: str | None = None
         while steps:
             step = steps.popleft()
             while (dep := await self.routing.pick(step.group, excluded)) is not None:
+                # A retry of the deployment that just failed is not a fallback (it stays where it was).
+                retry = last_dep is not None and dep.id == last_dep and set(fails) == {dep.id}
                 reason = (
-                    None if last is None else ("context_window" if step.reason == "context_window" else last.reason)
+                    None if last is None or retry
+                    else ("context_window" if step.reason == "context_window" else last.reason)
                 )
                 if reason is None and spilled and step.group != group:
                     reason = "switching"  # the model is being switched in; its fallback serves meanwhile
-                if reason is not None:
+                if reason is not None and dep.id != last_dep:
                     self.metrics.fallbacks.labels(previous or group, step.group, reason).inc()
                 try:
                     return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0, ticket))
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(dep.id, err.reason).inc()
-                    last, previous = err, step.group
+                    last, previous, last_dep = err, step.group, dep.id
                     if err.reason == "context_window":
                         bigger = self.routing.context_plan(step.group)
                         if not bigger:

@@ -131,27 +131,42 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         )
     if kind == "extra_forbidden":
         return f"Unrecognized request argument supplied: {param}", param
-    if kind == "missing":
+    if kind == "missing" and param is not None:
         return f"Missing required parameter: '{param}'.", param
     if param is None:
-        return "The request body must be a JSON object (Content-Type: application/json).", None
+        # An empty or `null` body arrives as a missing body (loc ('body',)): no parameter to name.
+        return ("The request body must be a JSON object with `model` and the endpoint's parameters "
+                "(Content-Type: application/json); it was empty, null or not an object."), None
     # pydantic's message names the field and the rule; never echo the input (it may be large or private).
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     return f"Invalid value for '{param}': {first.get('msg', 'invalid')}{more}", param
 
 
+def _count_rejection(request: Request, status: int, reason: str) -> None:
+    """4xx the gateway itself answered, by status and reason, for /metrics (engines' own 4xx are counted
+    with the requests they answered)."""
+    metrics = getattr(getattr(request.app.state, "gateway", None), "metrics", None)
+    if metrics is not None and 400 <= status < 500:
+        metrics.rejected.labels(str(status), reason).inc()
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
-    async def _gateway(_: Request, exc: GatewayError) -> JSONResponse:
+    async def _gateway(request: Request, exc: GatewayError) -> JSONResponse:
+        if not isinstance(exc, UpstreamError):
+            _count_rejection(request, exc.status, exc.code or exc.type)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
+        _count_rejection(request, 400, "invalid_body")
         return JSONResponse(envelope(message, "invalid_request_error", param, None), 400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        _count_rejection(request, exc.status_code, {404: "not_found", 405: "method_not_allowed"}.get(
+            exc.status_code, "http"))
         kinds = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error"}
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         return JSONResponse(

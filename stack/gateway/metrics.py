@@ -24,6 +24,13 @@ class GatewayMetrics:
             ["model", "deployment", "status"],
             registry=r,
         )
+        self.rejected = Counter(
+            "vstack_gateway_rejected_requests",
+            "Requests the gateway refused itself (4xx), by status and reason (invalid_api_key, invalid_body, "
+            "model_not_found, request_too_large, rate_limit_exceeded, ...)",
+            ["status", "reason"],
+            registry=r,
+        )
         self.latency = Histogram(
             "vstack_gateway_request_duration_seconds",
             "Request start to last byte",

@@ -16,7 +16,9 @@ def client_key(
     authorization: str | None = Header(None, include_in_schema=False),
     x_api_key: str | None = Header(None, include_in_schema=False),
 ) -> str | None:
-    return require_client_key(get_state(request).keys, authorization, x_api_key)
+    name = require_client_key(get_state(request).keys, authorization, x_api_key)
+    request.state.key_name = name  # the key's name (never the key) for gateway.log_requests
+    return name
 
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(client_key)])

@@ -79,7 +79,10 @@ class DeploymentRegistry:
             listener(dep_id, before, after)
 
     def new_id(self, prefix: str) -> str:
-        return f"{prefix}-{next(self._ids)}"
+        """A fresh id: never one in use (ids given by hand, like `local-1`, are skipped over)."""
+        while (candidate := f"{prefix}-{next(self._ids)}") in self._items:
+            pass
+        return candidate
 
     def add(self, dep: Deployment) -> Deployment:
         before = self._items.get(dep.id)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 Stop = str | list[str] | None
 Temperature = Annotated[float, Field(ge=0, le=2)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
-PositiveInt = Annotated[int, Field(ge=1)]
+# Strict: JSON `true` is not the integer 1 (pydantic's lax mode would take it); OpenAI refuses it too.
+PositiveInt = Annotated[StrictInt, Field(ge=1)]
 
 
 class _Request(BaseModel):
@@ -25,18 +26,18 @@ class _Request(BaseModel):
 class VllmSampling(_Request):
     """vLLM's sampling extensions (sent by the openai client through `extra_body`)."""
 
-    top_k: int | None = Field(None, ge=-1)
+    top_k: StrictInt | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
     length_penalty: float | None = None
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool | None = None
     ignore_eos: bool | None = None
-    min_tokens: int | None = Field(None, ge=0)
+    min_tokens: StrictInt | None = Field(None, ge=0)
     skip_special_tokens: bool | None = None
     spaces_between_special_tokens: bool | None = None
-    truncate_prompt_tokens: int | None = Field(None, ge=-1)
-    prompt_logprobs: int | None = Field(None, ge=-1)
+    truncate_prompt_tokens: StrictInt | None = Field(None, ge=-1)
+    prompt_logprobs: StrictInt | None = Field(None, ge=-1)
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     use_beam_search: bool | None = None
@@ -49,7 +50,7 @@ class VllmSampling(_Request):
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
     structural_tag: str | None = None
-    priority: int | None = None
+    priority: StrictInt | None = None
     request_id: str | None = None
     return_tokens_as_token_ids: bool | None = None
     return_token_ids: bool | None = None
@@ -59,11 +60,18 @@ class VllmSampling(_Request):
     logits_processors: list[Any] | None = None
 
 
+class ContentPart(BaseModel):
+    # text, image_url, input_audio, file, refusal, ...: forwarded as sent; every part names its type
+    # (OpenAI refuses a part without one, and providers behind LiteLLM fail on it instead of answering 400).
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(min_length=1)
+
+
 class Message(BaseModel):
     # Content parts, tool calls, names, audio...: forwarded as sent; only the role is checked here.
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
 
 
 class StreamOptions(_Request):
@@ -79,12 +87,12 @@ class ChatCompletionRequest(VllmSampling):
     presence_penalty: Penalty | None = None
     logit_bias: dict[str, float] | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=20)
     max_tokens: PositiveInt | None = None
     max_completion_tokens: PositiveInt | None = None
-    n: int | None = Field(None, ge=1, le=128)
+    n: StrictInt | None = Field(None, ge=1, le=128)
     response_format: dict[str, Any] | None = None
-    seed: int | None = None
+    seed: StrictInt | None = None
     stop: Stop = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -132,15 +140,15 @@ Prompt = str | list[str] | list[int] | list[list[int]]
 class CompletionRequest(VllmSampling):
     model: str = Field(min_length=1)
     prompt: Prompt
-    best_of: int | None = Field(None, ge=1, le=128)
+    best_of: StrictInt | None = Field(None, ge=1, le=128)
     echo: bool | None = None
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     logit_bias: dict[str, float] | None = None
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: StrictInt | None = Field(None, ge=0, le=20)
     max_tokens: PositiveInt | None = None
-    n: int | None = Field(None, ge=1, le=128)
-    seed: int | None = None
+    n: StrictInt | None = Field(None, ge=1, le=128)
+    seed: StrictInt | None = None
     stop: Stop = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -162,9 +170,9 @@ class EmbeddingRequest(_Request):
     model: str = Field(min_length=1)
     input: str | list[str] | list[int] | list[list[int]]
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: int | None = Field(None, ge=1)
+    dimensions: StrictInt | None = Field(None, ge=1)
     user: str | None = None
-    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncate_prompt_tokens: StrictInt | None = Field(None, ge=-1)
 
     @field_validator("input")
     @classmethod

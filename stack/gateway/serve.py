@@ -11,24 +11,32 @@ import logging
 import uvicorn
 from fastapi import FastAPI
 
+from stack.config.sections.gateway import GatewayConfig
+from stack.gateway.slow_clients import guarded_protocol
+
 
 def uvicorn_config(
-    app: FastAPI, host: str, port: int, drain_grace_s: float, log_level: str = "warning"
+    app: FastAPI, host: str, port: int, drain_grace_s: float, log_level: str = "warning",
+    limits: GatewayConfig | None = None,
 ) -> uvicorn.Config:
+    """limits: the gateway's connection deadlines (header, body, keep-alive); its defaults when None."""
+    limits = limits or GatewayConfig()
     return uvicorn.Config(
         app,
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        # httptools with per-connection header and body deadlines (stack.gateway.slow_clients).
+        http=guarded_protocol(limits.header_timeout_s, limits.body_timeout_s),
         access_log=False,
         log_level=log_level,
         timeout_graceful_shutdown=int(drain_grace_s) or None,
         # Clients keep connections open between requests; the default 5 s makes them reconnect.
-        timeout_keep_alive=30,
+        timeout_keep_alive=max(1, round(limits.keep_alive_s)),
     )
 
 
-def run(app: FastAPI, host: str, port: int, drain_grace_s: float, log_level: str = "warning") -> None:
+def run(app: FastAPI, host: str, port: int, drain_grace_s: float, log_level: str = "warning",
+        limits: GatewayConfig | None = None) -> None:  # fmt: skip
     logging.getLogger("stack.gateway").setLevel(logging.INFO)
-    uvicorn.Server(uvicorn_config(app, host, port, drain_grace_s, log_level)).run()
+    uvicorn.Server(uvicorn_config(app, host, port, drain_grace_s, log_level, limits)).run()

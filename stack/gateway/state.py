@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
+from stack.config.providers import KeyPolicy
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.auth import KeyRing
 from stack.gateway.dispatch import Dispatcher
@@ -26,6 +27,7 @@ class GatewayState:
     keys: KeyRing
     admin_keys: KeyRing
     manager: ModelManager | None = None  # when the gateway owns engines
+    key_policy: KeyPolicy | None = None  # provider keys deployments added at run time may use
     started: int = field(default_factory=lambda: int(time.time()))
 
     def model_cards(self) -> dict[str, str]:

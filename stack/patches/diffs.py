@@ -41,6 +41,12 @@ def load_diff(path: Path) -> Diff:
         raise LedgerError(
             f"{path}: cannot read patch file ({e.strerror})", hint="fix the ledger's `file:`"
         ) from e
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise LedgerError(
+            f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})",
+            hint="regenerate the patch with `git diff` (UTF-8); do not edit it in another encoding",
+        ) from None
     try:
         patch = PatchSet(text)
     except UnidiffParseError as e:

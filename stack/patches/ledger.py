@@ -194,6 +194,8 @@ def load_ledger(path: Path | None = None, *, text: str | None = None) -> LoadedL
         raw: Any = yaml.safe_load(text if text is not None else path.read_text(encoding="utf-8"))
     except OSError as e:
         raise LedgerError(f"{path}: cannot read ({e.strerror})", hint="pass --ledger PATH") from e
+    except UnicodeDecodeError as e:
+        raise LedgerError(f"{path}: not UTF-8 text (byte at offset {e.start})", hint="save it as UTF-8") from None
     except yaml.YAMLError as e:
         raise LedgerError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):

@@ -7,11 +7,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+from stack.config.engine_values import check_options
 from stack.config.resolve import ResolvedProfile
 from stack.config.schema import HardwareProfile, StackConfig
 from stack.errors import ConfigError
 from stack.planner.decide import FitInput, decide
 from stack.planner.machine import Machine
+from stack.planner.parallel import check_tensor_parallel
 from stack.planner.plan import Plan, Request
 from stack.planner.sources import ModelFacts, load_facts
 
@@ -72,7 +74,11 @@ def plan_model(cfg: StackConfig, model: str, hardware: str, request: Request | N
     else:
         facts = load_facts(model, model, token)
         hub_id, label = (None if Path(model).is_dir() else model), model
-    for key, value in (engine or {}).items():
+    given = dict(engine or {})
+    problems = check_options(given, lambda key: f"command line: --set {key}")
+    if problems:
+        raise ConfigError(problems, hint="give each --set KEY=VALUE a value vLLM accepts")
+    for key, value in given.items():
         options[key] = value
         origins[key] = "command line"
     options = {k: v for k, v in options.items() if v is not None}
@@ -85,6 +91,8 @@ def plan_model(cfg: StackConfig, model: str, hardware: str, request: Request | N
 def _plan(facts: ModelFacts, hw: HardwareProfile, machine: Machine, engine: dict[str, Any],
           origins: dict[str, str], env: dict[str, str], request: Request, label: str,
           alternatives: list[str]) -> Plan:
+    gpus = machine.gpu_count if machine.accelerator == "gpu" else None
+    check_tensor_parallel(facts.shape, engine, origins, gpus, label)
     plan = decide(FitInput(facts.shape, facts.weights, hw, machine, dict(engine), dict(origins), dict(env),
                            request, label, alternatives))
     plan.notes.insert(0, f"config: {facts.config_source}; weights: {facts.weights.source}")

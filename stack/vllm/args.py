@@ -16,6 +16,7 @@ import yaml
 from packaging.version import Version
 
 from stack.config.origins import suggest
+from stack.config.redact import option_is_secret
 from stack.errors import ConfigError
 from stack.vllm.options import JSON_TYPES, VllmCatalog, VllmOption
 
@@ -29,7 +30,6 @@ RESERVED = {
     "served_model_name": "set `served_name` on the model entry",
     "config": "write the options themselves; the stack renders them as explicit arguments",
 }
-SECRET_OPTIONS = {"api_key", "hf_token", "ssl_keyfile"}
 INT_TYPES = {"int"}
 FLOAT_TYPES = {"float"}
 HUMAN_INT_TYPES = {"human_readable_int", "human_readable_int_or_auto"}
@@ -187,7 +187,7 @@ def render_engine_args(
         if problem:
             problems.append(f"{where}: `{key}` {problem}")
             continue
-        if key in SECRET_OPTIONS:
+        if option_is_secret(key):
             secrets.update(fragment[1:])
         args.extend(fragment)
     if problems:

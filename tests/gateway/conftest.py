@@ -22,6 +22,7 @@ import pytest
 
 from tests.support.app_thread import Gateway, app_in_thread
 from tests.support.net import free_port, wait_http
+from tests.support.stack_engine import rendered_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED = "smollm2-135m-instruct"
@@ -86,12 +87,9 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     model = smollm2_dir()
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-        "--served-model-name", SERVED, "--host", "127.0.0.1", "--port", str(port),
-        "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", "16",
-    ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    # Rendered by the stack, as `vstack up` would (dtype from this CPU's flags): no hand-written argv.
+    argv, engine_env = rendered_engine(model, SERVED, port, max_model_len=2048, max_num_seqs=16)
+    env = {**os.environ, **engine_env}
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)  # fmt: skip
     try:

@@ -46,7 +46,7 @@ def test_tune_two_candidates_picks_by_the_rule_and_resumes(vstack: Vstack, tmp_p
     cfg = load_config(profile)
     resolved = resolve_profile(cfg, "cpu-smollm2-tuned", "cpu")
     assert resolved.engine["max_num_seqs"] == fastest.overrides["max_num_seqs"]
-    assert resolved.engine["dtype"] == "float32"  # everything else from the profile it extends
+    assert resolved.engine["max_model_len"] == 4096  # everything else from the profile it extends
     assert cfg.profiles["cpu-smollm2-tuned"].slo == ["error_rate<0.5"]
 
     # An SLO nobody meets: nothing is measured again, the closest is named and said to miss.

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import shutil
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from stack.manager.policy import Capacity
 from stack.manager.slot import Slot
 from tests.support.app_thread import Gateway, app_in_thread
 from tests.support.net import free_port
+from tests.support.stack_engine import rendered_engine
 
 GIB = 1024**3
 SMOL = Path.home() / ".cache" / "vstack" / "models" / "smollm2-135m-instruct"
@@ -166,9 +166,8 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def engine_argv(model: Path | str, served: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "stack.vllm.launcher", "serve", str(model), "--host", "127.0.0.1",
-            "--port", str(port), "--served-model-name", served, "--enforce-eager", "--max-model-len", "512",
-            "--max-num-seqs", "8", "--dtype", "float32"]  # fmt: skip
+    """Rendered by the stack as `vstack up` renders it (tests.support.stack_engine), not written by hand."""
+    return rendered_engine(model, served, port, max_model_len=512, max_num_seqs=8)[0]
 
 
 ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1"}

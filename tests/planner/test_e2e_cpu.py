@@ -77,7 +77,9 @@ def test_predicted_kv_capacity_within_10_percent_of_vllm(cfg: StackConfig, tmp_p
     folder = tmp_path / "tiny-llama"
     _write_model(folder)
     engine = {"max_model_len": 2048, "max_num_seqs": 4, "enforce_eager": True}
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # small and explicit: this machine is shared
+    # small and explicit: this machine is shared. The model's own dtype (bf16), which the planner models: this
+    # measures memory, not answers, so the bf16 numerics guard (adr/0012) is told so.
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VSTACK_ALLOW_CPU_BF16": "1"}
     resolved = ResolvedProfile("cpu/tiny", "", cfg.hardware["cpu"],
                                ModelEntry(name="tiny", source=ModelSource(path=str(folder))), engine, {}, env)
     plan = plan_profile(resolved)

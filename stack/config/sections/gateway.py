@@ -58,6 +58,12 @@ class CloudDeployment(_Strict):
         leaked = [k for k in v if k in _SECRET_PARAMS]
         if leaked:
             raise ValueError(f"{', '.join(leaked)} must not be written in a config; set api_key_env instead")
+        from stack.config.providers import env_references
+
+        reads_env = env_references(v)
+        if reads_env:
+            raise ValueError(f"{', '.join(reads_env)}: `os.environ/...` values are refused (LiteLLM would read "
+                             "any variable); name the key's variable in api_key_env instead")
         return v
 
 
@@ -98,7 +104,30 @@ class GatewayConfig(_Strict):
     max_tokens_limit: int = Field(1_048_576, ge=1, description="larger max_tokens are rejected with 400")
     max_in_flight: int = Field(4096, ge=1, description="concurrent requests before 429")
     drain_grace_s: float = Field(30, ge=0, description="SIGTERM: how long in-flight streams may finish")
-    log_requests: bool = False
+    log_requests: bool = Field(False, description="one JSON line per request on the `stack.gateway.requests` "
+                               "logger: method, path, status, model, deployment, key name, ms; no bodies, no keys")
+    provider_key_envs: list[str] = Field(
+        default_factory=list,
+        description="more environment variables deployments added through /admin/deployments may name as "
+        "api_key_env; the gateway.cloud entries' own api_key_env are always allowed, no other variable ever is",
+    )
+    docs: bool = Field(True, description="serve /docs and /openapi.json (behind the /v1 keys when keys are set)")
+    header_timeout_s: float = Field(10, gt=0, description="a client must send a request's headers within this")
+    body_timeout_s: float = Field(60, gt=0, description="... and its body within this once the headers are in")
+    keep_alive_s: float = Field(30, gt=0, description="an idle keep-alive connection is closed after this")
+
+    @model_validator(mode="after")
+    def _provider_keys_are_not_ours(self) -> GatewayConfig:
+        # The gateway's own keys must never be handed to a provider (that is, sent to another host).
+        ours = {ref.env for ref in [*self.api_keys, *([self.admin_key] if self.admin_key else [])] if ref.env}
+        for i, c in enumerate(self.cloud):
+            if c.api_key_env in ours:
+                raise ValueError(f"cloud.{i}.api_key_env: {c.api_key_env} holds one of the gateway's own keys "
+                                 "(api_keys/admin_key); give the provider key its own variable")
+        named = ours.intersection(self.provider_key_envs)
+        if named:
+            raise ValueError(f"provider_key_envs: {', '.join(sorted(named))} holds one of the gateway's own keys")
+        return self
 
     @model_validator(mode="after")
     def _no_alias_cycles(self) -> GatewayConfig:
