@@ -13,10 +13,11 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from stack.config.litellm_providers import ProviderError, destination
 from stack.errors import StackError
 from stack.gateway.auth import require_admin
 from stack.gateway.errors import InvalidRequest, ModelNotFound
-from stack.gateway.providers import KeyPolicy, ProviderError, destination
+from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import Deployment
 from stack.gateway.settings import CloudDeployment
 from stack.gateway.state import get_state
