@@ -38,7 +38,7 @@ def check_gateway_names(cfg: Any, origins: Origins) -> list[str]:
 def check_cloud_providers(cfg: Any, origins: Origins) -> list[str]:
     if not cfg.gateway.cloud:
         return []  # LiteLLM takes seconds to import: only when there is something to check
-    from stack.config.providers import provider_problem
+    from stack.config.litellm_providers import provider_problem
 
     problems = []
     for i, entry in enumerate(cfg.gateway.cloud):

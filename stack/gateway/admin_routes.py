@@ -13,11 +13,12 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from stack.config.providers import KeyPolicy, ProviderError, destination
+from stack.config.litellm_providers import ProviderError, destination
 from stack.config.sections.gateway import CloudDeployment
 from stack.errors import StackError
 from stack.gateway.auth import require_admin
 from stack.gateway.errors import InvalidRequest, ModelNotFound
+from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import Deployment
 from stack.gateway.state import get_state
 

@@ -11,7 +11,6 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stack.config.providers import KeyPolicy
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway import admin_routes, openai_routes, ops_routes
 from stack.gateway.admin_routes import cloud_deployment
@@ -22,6 +21,7 @@ from stack.gateway.docs_routes import docs_router
 from stack.gateway.errors import envelope, install_error_handlers
 from stack.gateway.local import LocalUpstream
 from stack.gateway.metrics import GatewayMetrics
+from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.request_log import RequestLog
 from stack.gateway.routing import Routing

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from stack.config.providers import KeyPolicy
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.auth import KeyRing
 from stack.gateway.dispatch import Dispatcher
 from stack.gateway.metrics import GatewayMetrics
+from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.routing import Routing
 from stack.manager.manager import ModelManager

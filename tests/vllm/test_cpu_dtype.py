@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stack import cpu_dtype
+from stack.vllm import cpu_dtype
 from stack.vllm.cpu_dtype import cpu_flags, decide_cpu_dtype
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -58,7 +58,7 @@ class CloudDeployment(_Strict):
         leaked = [k for k in v if k in _SECRET_PARAMS]
         if leaked:
             raise ValueError(f"{', '.join(leaked)} must not be written in a config; set api_key_env instead")
-        from stack.config.providers import env_references
+        from stack.config.litellm_providers import env_references
 
         reads_env = env_references(v)
         if reads_env:
