@@ -22,7 +22,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 VSTACK = [sys.executable, "-m", "stack.entrypoints.cli"]
-ISSUE_16 = pytest.mark.xfail(strict=True, reason="issue 16: vstack up exit code per kind")
 NOT_UTF8 = b"# caf\xe9 au lait\n"
 
 
@@ -159,11 +158,11 @@ ROWS = [
     Row("up-fallback-to-nowhere", cfg("gateway:\n  fallbacks: {smollm2-135m-instruct: [gpt-9]}\n"),
         ("cfg.yaml", "gateway.fallbacks"), cmd=("up", "-f")),
     Row("up-unknown-engine-option", cfg("engine:\n  max_num_seq: 4\n"), ("cfg.yaml", "engine.max_num_seq"),
-        cmd=("up",), marks=(ISSUE_16,)),
+        cmd=("up",)),
     Row("up-missing-model-path", cfg("models:\n  smollm2-135m-instruct:\n    source: {path: /nonexistent/model}\n"),
-        ("source.path",), code=4, cmd=("up",), marks=(ISSUE_16,)),
+        ("source.path",), code=4, cmd=("up",)),
     Row("up-context-beyond-model", cfg("engine:\n  max_model_len: 100000\n"), ("8192",), code=6,
-        cmd=("up",), marks=(ISSUE_16,)),
+        cmd=("up",)),
 ]  # fmt: skip
 
 
