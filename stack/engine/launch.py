@@ -12,8 +12,10 @@ from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
 from stack.config.vllm_args import RenderedArgs, render_engine_args
 from stack.config.vllm_options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
+from stack.engine.model_serving import apply_model_serving
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, cpu_kv_cache_gib, match_profile
+from stack.lora import AdapterInfo
 from stack.models import ModelFiles, find_local, pull
 
 LAUNCHER = ["-m", "stack.engine.vllm_compat"]
@@ -32,6 +34,7 @@ class EnginePlan:
     rendered: RenderedArgs
     env: dict[str, str]
     notes: list[str] = field(default_factory=list)  # decisions made for the user (hardware, KV cache, ...)
+    adapters: list[AdapterInfo] = field(default_factory=list)  # LoRA adapters served on this engine
 
     def vllm_args(self) -> list[str]:
         """Arguments after `vllm serve`."""
@@ -109,6 +112,8 @@ def plan_engine(
         resolved.env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
         notes.append(f"KV cache: {gib} GiB (VLLM_CPU_KVCACHE_SPACE) from {hardware.ram_available / 2**30:.1f} GiB free")
     files = model_files or find_local(resolved.model, cfg)
+    adapters = apply_model_serving(cfg, resolved, files.path if files else None, python, notes,
+                                   fetch_adapters=model_files is not None)
     apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
@@ -119,7 +124,7 @@ def plan_engine(
     chosen_port = cfg.port if port is None else port
     if chosen_port == 0:
         chosen_port = free_port(host)
-    plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes)
+    plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes, adapters)
     if check and not mismatch:
         error = check_with_vllm(python, plan.vllm_args())
         if error:

@@ -11,7 +11,8 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stack.gateway import admin_routes, openai_routes, ops_routes
+from stack.gateway import adapter_routes, admin_routes, agent_routes, openai_routes, ops_routes
+from stack.gateway.adapters import AdapterBook
 from stack.gateway.admin_routes import cloud_deployment
 from stack.gateway.auth import KeyRing
 from stack.gateway.cloud import CloudUpstream
@@ -105,6 +106,7 @@ def create_app(
     metrics = GatewayMetrics()
     local = LocalUpstream(settings.connect_timeout_s, settings.request_timeout_s)
     dispatcher = Dispatcher(settings, routing, metrics, local, CloudUpstream(settings.request_timeout_s))
+    dispatcher.adapters = AdapterBook(registry, metrics.registry)
     state = GatewayState(
         settings=settings,
         registry=registry,
@@ -113,6 +115,7 @@ def create_app(
         dispatcher=dispatcher,
         keys=KeyRing.from_refs(settings.api_keys, environ),
         admin_keys=KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ),
+        adapters=dispatcher.adapters,
     )
 
     @asynccontextmanager
@@ -126,6 +129,7 @@ def create_app(
             for hook in on_shutdown or []:
                 await hook(state)
             await local.close()
+            await state.adapters.close()
 
     app = FastAPI(
         title="vllm-stack gateway",
@@ -138,6 +142,9 @@ def create_app(
     app.include_router(openai_routes.router)
     app.include_router(admin_routes.router)
     app.include_router(ops_routes.router)
+    app.include_router(agent_routes.router)
+    app.include_router(adapter_routes.router)
+    app.include_router(agent_routes.unknown)  # last: OpenAI's 404 JSON for every path no route serves
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

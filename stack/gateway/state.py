@@ -26,6 +26,7 @@ class GatewayState:
     keys: KeyRing
     admin_keys: KeyRing
     manager: Any = None  # stack.manager.ModelManager, when the gateway owns engines
+    adapters: Any = None  # stack.gateway.adapters.AdapterBook: LoRA adapters by name
     started: int = field(default_factory=lambda: int(time.time()))
 
     def model_cards(self) -> dict[str, str]:
@@ -37,6 +38,9 @@ class GatewayState:
             managed = self.manager is not None and self.manager.manages(group)
             if ready or managed:
                 cards[group] = "vstack" if managed or any(d.kind == "local" for d in ready) else "cloud"
+        if self.adapters is not None:  # an adapter is listed with its base model
+            for name in sorted(self.adapters.cards(set(cards))):
+                cards.setdefault(name, "vstack")
         for alias in sorted(self.routing.aliases):
             try:
                 target = self.routing.resolve(alias)
