@@ -4,8 +4,9 @@ A model config may state `serving:` (tool_call_parser, reasoning_parser, auto_to
 what it leaves unset comes from its family, recognised from config.json (`model_type`, vocabulary size)
 and the model's name. The result becomes vLLM options (`--tool-call-parser`, `--enable-auto-tool-choice`,
 `--reasoning-parser`, `--chat-template`), each with its origin, checked against the parsers the installed
-vLLM registers. Named and `required` tool choice need no parser: vLLM serves them through structured
-outputs, so they work on every generating model, the default SmolLM2 included.
+vLLM registers. vLLM 0.32 constrains named and `required` tool choice with structured outputs (any model
+can follow them) but still refuses every tool_choice but "none" without a tool parser
+(renderers/online_renderer.py), so every family here names one, the default SmolLM2 included.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ FAMILIES: dict[str, Family] = {
         Family("llama3", "llama3_json", None, "Llama 3.1/3.2/3.3 emit JSON tool calls (llama3_json)"),
         Family("mistral", "mistral", None, "Mistral emits [TOOL_CALLS] (mistral)"),
         Family("gpt-oss", "openai", "openai_gptoss", "gpt-oss speaks the Harmony format (openai)"),
-        Family("smollm2", None, None, "SmolLM2's chat template has no tool format: tool_choice 'auto' stays off; "
-               "'required' and named tools work through structured outputs"),
+        Family("smollm2", "hermes", None, "SmolLM2 was tuned on <tool_call> JSON (Hermes format); 135M rarely "
+               "calls on its own (auto), 'required' and named tools are constrained by structured outputs"),
     )
 }
 _MODEL_TYPES = {"qwen2": "qwen2.5", "qwen3": "qwen3", "qwen3_moe": "qwen3", "mistral": "mistral",
@@ -139,9 +140,9 @@ def serving_options(model: ModelEntry, model_dir: Path | None, engine: dict[str,
     fam = FAMILIES.get(family) if family else None
     options: dict[str, Any] = {}
     origins: dict[str, str] = {}
-    notes = [f"family: {family} ({why})" if fam else f"family: unknown ({why}); tool_choice 'auto' off, "
-             "'required' and named tools work through structured outputs"]
-    if fam and not fam.tool_call_parser and facts.tool_call_parser is None:
+    notes = [f"family: {family} ({why})" if fam else f"family: unknown ({why}); without serving.tool_call_parser "
+             "vLLM refuses every tool_choice but 'none'"]
+    if fam:
         notes.append(f"tools: {fam.why}")
     stated = f"{where}: models.{model.name}.serving"
     inferred = f"inferred: family {family} ({why})"

@@ -67,7 +67,7 @@ def test_stated_facts_win_and_none_turns_inference_off() -> None:
 
 
 def test_auto_tool_choice_without_a_parser_is_refused() -> None:
-    model = ModelEntry.model_validate({"name": "s", "source": {"hub": "HuggingFaceTB/SmolLM2-135M-Instruct"},
+    model = ModelEntry.model_validate({"name": "s", "source": {"hub": "org/unknown"},
                                        "serving": {"auto_tool_choice": True}})  # fmt: skip
     with pytest.raises(ConfigError, match="auto_tool_choice: true needs a tool_call_parser"):
         serving_options(model, None, {}, "x.yaml")
@@ -85,7 +85,7 @@ def test_shipped_model_configs_render_their_family_facts() -> None:
     cfg = load_config()
     expected = {"qwen2.5-7b-instruct": ("hermes", None), "llama-3.1-8b-instruct": ("llama3_json", None),
                 "qwen3-8b": ("hermes", "qwen3"), "mistral-7b-instruct-v0.3": ("mistral", None),
-                "gpt-oss-20b": ("openai", "openai_gptoss"), "smollm2-135m-instruct": (None, None)}  # fmt: skip
+                "gpt-oss-20b": ("openai", "openai_gptoss"), "smollm2-135m-instruct": ("hermes", None)}  # fmt: skip
     for name, (tool, reasoning) in expected.items():
         plan = plan_engine(cfg, name, detect(), catalog=load_catalog("0.32"), check=False, for_launch=False)
         args = plan.vllm_args()
