@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -23,8 +24,6 @@ from stack.config.errors import suggest
 from stack.config.schema import ModelEntry
 from stack.errors import ConfigError
 
-ENGINE_KEYS = ("tool_call_parser", "enable_auto_tool_choice", "reasoning_parser", "chat_template")
-
 
 @dataclass(frozen=True)
 class Family:
@@ -32,6 +31,9 @@ class Family:
     tool_call_parser: str | None
     reasoning_parser: str | None = None
     why: str = ""
+    # Small models do not follow argument schemas: pin them for every request with tools
+    # (--tool-strict-level parameter, vLLM >= 0.32; otherwise only tools marked `strict: true` are pinned).
+    strict_arguments: bool = False
 
 
 # The serving facts each family's model card documents (vLLM's tool calling guide names the same parsers).
@@ -44,7 +46,8 @@ FAMILIES: dict[str, Family] = {
         Family("mistral", "mistral", None, "Mistral emits [TOOL_CALLS] (mistral)"),
         Family("gpt-oss", "openai", "openai_gptoss", "gpt-oss speaks the Harmony format (openai)"),
         Family("smollm2", "hermes", None, "SmolLM2 was tuned on <tool_call> JSON (Hermes format); 135M rarely "
-               "calls on its own (auto), 'required' and named tools are constrained by structured outputs"),
+               "calls on its own (auto); 'required' and named tools are constrained to the schema",
+               strict_arguments=True),
     )
 }
 _MODEL_TYPES = {"qwen2": "qwen2.5", "qwen3": "qwen3", "qwen3_moe": "qwen3", "mistral": "mistral",
@@ -120,10 +123,10 @@ def _table_keys(path: Path, name: str) -> set[str]:
     return set()
 
 
-def serving_options(model: ModelEntry, model_dir: Path | None, engine: dict[str, Any],
-                    where: str) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+def serving_options(model: ModelEntry, model_dir: Path | None, engine: dict[str, Any], where: str,
+                    known: Callable[[str], bool] = lambda _: True) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """Engine options for tools, reasoning and chat template the profile has not set: (options, origins,
-    notes). `where`: the config file of the model entry, for origins."""
+    notes). `where`: the config file of the model entry, for origins; `known`: is an option in this vLLM."""
     if model.task == "embed":
         return {}, {}, []
     facts = model.serving
@@ -169,6 +172,12 @@ def serving_options(model: ModelEntry, model_dir: Path | None, engine: dict[str,
     if reasoning != "none":
         put("reasoning_parser", reasoning, stated if facts.reasoning_parser is not None else inferred)
     put("chat_template", facts.chat_template, stated)
+    if fam and fam.strict_arguments and (tool or engine.get("tool_call_parser")):
+        if known("tool_strict_level"):
+            put("tool_strict_level", "parameter", f"{inferred}: arguments pinned to each tool's schema")
+        else:
+            notes.append("tools: this vLLM has no --tool-strict-level; arguments follow the schema for tools "
+                         "marked `strict: true`")
     return options, origins, notes
 
 

@@ -113,7 +113,7 @@ def plan_engine(
         notes.append(f"KV cache: {gib} GiB (VLLM_CPU_KVCACHE_SPACE) from {hardware.ram_available / 2**30:.1f} GiB free")
     files = model_files or find_local(resolved.model, cfg)
     adapters = apply_model_serving(cfg, resolved, files.path if files else None, python, notes,
-                                   fetch_adapters=model_files is not None)
+                                   fetch_adapters=model_files is not None, catalog=catalog)
     apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)

@@ -8,20 +8,23 @@ from pathlib import Path
 
 from stack.config.resolve import ResolvedProfile
 from stack.config.schema import StackConfig
+from stack.config.vllm_options import VllmCatalog
 from stack.errors import ConfigError
 from stack.families import check_parsers, registered_parsers, serving_options
 from stack.lora import RUNTIME_ENV, AdapterError, AdapterInfo, adapter_dir, check_fits, engine_options, inspect
 
 
 def apply_model_serving(cfg: StackConfig, resolved: ResolvedProfile, model_dir: Path | None, python: str,
-                        notes: list[str], fetch_adapters: bool = False) -> list[AdapterInfo]:
+                        notes: list[str], fetch_adapters: bool = False,
+                        catalog: VllmCatalog | None = None) -> list[AdapterInfo]:
     """Fill the resolved engine options; returns the adapters found (those not on this machine yet are
     left out at plan time unless fetch_adapters)."""
     model, engine, origins = resolved.model, resolved.engine, resolved.engine_origins
     where = cfg.where("models", model.name)
     if model.task == "embed" and "runner" not in engine:
         engine["runner"], origins["runner"] = "pooling", f"{where}: models.{model.name}.task embed"
-    options, option_origins, family_notes = serving_options(model, model_dir, engine, where)
+    known = (lambda key: key in catalog) if catalog is not None else (lambda _: True)
+    options, option_origins, family_notes = serving_options(model, model_dir, engine, where, known)
     engine.update(options)
     origins.update(option_origins)
     notes.extend(family_notes)

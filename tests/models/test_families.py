@@ -186,3 +186,11 @@ def test_planner_accounts_lora_slots_against_the_kv_cache() -> None:
     assert with_lora.budget.weights - plain.budget.weights == 4 * 16 * 69632 * 32 * 2
     assert with_lora.budget.kv < plain.budget.kv
     assert any(n.startswith("LoRA: 272 MiB for 4 adapter slot(s) at rank 16") for n in with_lora.notes)
+
+
+@pytest.mark.parametrize(("version", "pinned"), [("0.32", True), ("0.33", True), ("0.26", False)])
+def test_smollm2_pins_tool_arguments_where_vllm_can(version: str, pinned: bool) -> None:
+    plan = plan_engine(load_config(), "smollm2-135m-instruct", detect(), catalog=load_catalog(version), check=False,
+                       for_launch=False)  # fmt: skip
+    assert ("--tool-strict-level" in plan.vllm_args()) == pinned
+    assert pinned or any("no --tool-strict-level" in n for n in plan.notes)
