@@ -8,7 +8,13 @@ No network, no PEFT: the adapters are written here in PEFT's file format (random
 
     python3 bench/gpu/rows/lora_tools.py MODEL_DIR --out $OUT/lora_tools.json \
         [--python python3] [--dummy] [--tool-parser hermes] [--adapters 3] [--max-loras 1] [--max-cpu-loras 2]
-        [--rank 8] [--port 8123] [--timeout 900]
+        [--rank 8] [--port 8123] [--timeout 900] [--extra "--enforce-eager"] [--launcher MODULE]
+
+On this CPU machine (a smoke run of the script itself, real SmolLM2 weights):
+
+    VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH=. python bench/gpu/rows/lora_tools.py \
+        ~/.cache/vstack/models/smollm2-135m-instruct --launcher stack.engine.vllm_compat \
+        --extra "--enforce-eager --dtype float32" --out /tmp/lora_tools.json
 
 What it checks and writes (JSON, one row; exit 1 when a check fails):
 - the engine starts with --enable-lora --max-loras N --max-cpu-loras M and the tool parser;
@@ -72,6 +78,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8123)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--extra", default="", help="more `vllm serve` arguments, one string")
+    ap.add_argument("--launcher", default="vllm.entrypoints.cli.main",
+                    help="module that runs `serve` (vllm-cpu: stack.engine.vllm_compat)")
     args = ap.parse_args()
     import httpx
 
@@ -82,7 +90,7 @@ def main() -> int:
         write_adapter(work / name, config, args.rank, i + 1, args.model_dir)
     write_adapter(work / "too-big", config, args.rank * 2, 99, args.model_dir)
     url = f"http://127.0.0.1:{args.port}"
-    argv = [args.python, "-m", "vllm.entrypoints.cli.main", "serve", args.model_dir, "--served-model-name", "base",
+    argv = [args.python, "-m", args.launcher, "serve", args.model_dir, "--served-model-name", "base",
             "--host", "127.0.0.1", "--port", str(args.port), "--enable-lora", "--max-loras", str(args.max_loras),
             "--max-cpu-loras", str(args.max_cpu_loras), "--max-lora-rank", str(args.rank), "--max-model-len", "2048",
             "--tool-call-parser", args.tool_parser, "--enable-auto-tool-choice",
