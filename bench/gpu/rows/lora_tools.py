@@ -38,7 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+# strict: arguments pinned to the schema (vLLM >= 0.32 pins only strict tools by default; 0.26 always did).
+TOOL = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
 
 
