@@ -18,7 +18,7 @@ from starlette.responses import Response, StreamingResponse
 
 from stack.gateway import cloud, local
 from stack.gateway.adapters import Adapter, AdapterBook
-from stack.gateway.errors import NoDeployment, RateLimited, UpstreamError
+from stack.gateway.errors import InvalidRequest, NoDeployment, RateLimited, UpstreamError
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import Deployment
 from stack.gateway.routing import Routing
@@ -70,6 +70,10 @@ class Dispatcher:
         self.adapters: AdapterBook | None = None  # LoRA adapters served on their base model's engine
 
     async def handle(self, endpoint: str, body: dict[str, Any]) -> Response:
+        try:  # JSON may carry lone surrogates (\ud800) that no UTF-8 body can: refuse them here, once
+            orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:
+            raise InvalidRequest(f"The request body cannot be forwarded: {exc}. Send valid Unicode text.") from None
         adapter = self.adapters.lookup(str(body["model"])) if self.adapters is not None else None
         group = adapter.base if adapter is not None else self.routing.resolve(body["model"])
         check_task(self.routing.registry, group, endpoint, str(body["model"]))

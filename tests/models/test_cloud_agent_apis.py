@@ -148,3 +148,12 @@ def test_framework_defaults_become_openai_errors(gw) -> None:
     for method, path in (("POST", "/v1/audio/speech"), ("GET", "/v1/chat/completions"), ("DELETE", "/v1/x")):
         resp = httpx.request(method, f"{gw.url}{path}")
         assert resp.status_code in (404, 405) and set(resp.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_lone_surrogates_are_a_400_not_a_500(gw) -> None:
+    # Found by schemathesis (tests/gateway/test_openapi_fuzz.py): valid JSON, but no UTF-8 body can carry it.
+    chat = b'{"model": "local-model", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    loose = b'{"model": "local-model", "input": "x", "k\\udb31": 1}'
+    for path, body in (("/v1/chat/completions", chat), ("/detokenize", loose), ("/v1/responses", loose)):
+        resp = httpx.post(f"{gw.url}{path}", content=body, headers={"Content-Type": "application/json"})
+        assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error", (path, resp.text)
