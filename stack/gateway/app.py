@@ -12,7 +12,8 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway import admin_routes, openai_routes, ops_routes
+from stack.gateway import adapter_routes, admin_routes, agent_routes, openai_routes, ops_routes
+from stack.gateway.adapters import AdapterBook
 from stack.gateway.admin_routes import cloud_deployment
 from stack.gateway.auth import KeyRing
 from stack.gateway.cloud import CloudUpstream
@@ -115,6 +116,7 @@ def create_app(
         metrics.include(manager.metrics.registry)
     local = LocalUpstream(settings.connect_timeout_s, settings.request_timeout_s)
     dispatcher = Dispatcher(settings, routing, metrics, local, CloudUpstream(settings.request_timeout_s), manager)
+    dispatcher.adapters = AdapterBook(registry, metrics.registry)
     state = GatewayState(
         settings=settings,
         registry=registry,
@@ -125,6 +127,7 @@ def create_app(
         admin_keys=KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ),
         manager=manager,
         key_policy=KeyPolicy(settings.cloud, settings.provider_key_envs),
+        adapters=dispatcher.adapters,
     )
 
     @asynccontextmanager
@@ -138,6 +141,7 @@ def create_app(
             for hook in on_shutdown or []:
                 await hook(state)
             await local.close()
+            await state.adapters.close()
 
     app = FastAPI(
         title="vllm-stack gateway",
@@ -156,6 +160,9 @@ def create_app(
     app.include_router(ops_routes.router)
     if settings.docs:
         app.include_router(docs_router(app))
+    app.include_router(agent_routes.router)
+    app.include_router(adapter_routes.router)
+    app.include_router(agent_routes.unknown)  # last: OpenAI's 404 JSON for every path no route serves
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -18,7 +18,9 @@ from stack.gateway.errors import UpstreamError, envelope
 from stack.gateway.registry import Deployment
 
 _KEYISH = re.compile(r"(sk|pk|rk|key|token)[-_][A-Za-z0-9_\-*]{6,}", re.I)
-_CALLS = {"chat": "acompletion", "completions": "atext_completion", "embeddings": "aembedding"}
+_CALLS = {"chat": "acompletion", "completions": "atext_completion", "embeddings": "aembedding",
+          "responses": "aresponses", "messages": "anthropic_messages"}
+EVENT_STREAMS = {"responses", "messages"}  # streams of typed events (`event:` lines), not chat chunks
 
 
 def scrub(message: str, secret: str | None) -> str:
@@ -74,11 +76,22 @@ class CloudUpstream:
     async def call(self, dep: Deployment, endpoint: str, body: dict[str, Any]) -> Any:
         import litellm
 
+        if endpoint not in _CALLS:
+            raise UpstreamError(f"{dep.id} is a cloud deployment: it does not serve {endpoint}", status=400,
+                                retryable=False, reason="client", upstream_body=orjson.dumps(envelope(
+                                    f"`{dep.model_group}` is served by a cloud provider, which has no {endpoint} "
+                                    "endpoint here", "invalid_request_error", "model", "unsupported_endpoint")))
         fn, kwargs, secret = self._kwargs(dep, endpoint, body)
         if endpoint == "chat":
             _check_messages(dep, kwargs.get("messages"))
+        if endpoint == "messages":
+            from litellm.anthropic_interface import messages
+
+            call = messages.acreate
+        else:
+            call = getattr(litellm, fn)
         try:
-            return await getattr(litellm, fn)(**kwargs)
+            return await call(**kwargs)
         except Exception as exc:  # LiteLLM maps every provider failure onto its exception types
             raise classify(dep, exc, secret) from None
 
@@ -134,3 +147,35 @@ async def relay(
         on_error(type(exc).__name__)
         err = envelope("the provider failed while streaming", "server_error", None, "upstream_error")
         yield b"data: " + orjson.dumps(err) + b"\n\n"
+
+
+def _event_bytes(event: Any) -> bytes:
+    """One Responses or Anthropic Messages stream event as SSE; LiteLLM yields typed objects or SSE bytes."""
+    if isinstance(event, bytes | bytearray):
+        return bytes(event) if bytes(event).endswith(b"\n\n") else bytes(event) + b"\n\n"
+    if isinstance(event, str):
+        return event.encode() if event.endswith("\n\n") else (event + "\n\n").encode()
+    data = event.model_dump(exclude_none=True) if hasattr(event, "model_dump") else dict(event)
+    kind = data.get("type", "message")
+    return b"event: " + str(kind).encode() + b"\ndata: " + orjson.dumps(data, default=str) + b"\n\n"
+
+
+async def relay_events(
+    first: Any,
+    stream: Any,
+    *,
+    on_first: Callable[[], None],
+    on_usage: Callable[[dict], None],
+    on_error: Callable[[str], None],
+) -> AsyncIterator[bytes]:
+    """LiteLLM's Responses / Anthropic Messages stream, relayed as the events those APIs define."""
+    try:
+        if first is not None:
+            on_first()
+            yield _event_bytes(first)
+        async for event in stream:
+            yield _event_bytes(event)
+    except Exception as exc:  # mid-stream: the status is sent already; end with an error event
+        on_error(type(exc).__name__)
+        err = envelope("the provider failed while streaming", "server_error", None, "upstream_error")
+        yield b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"

@@ -18,13 +18,15 @@ from starlette.responses import Response, StreamingResponse
 
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway import cloud, local
-from stack.gateway.errors import NoDeployment, RateLimited, UpstreamError
+from stack.gateway.adapters import Adapter, AdapterBook
+from stack.gateway.errors import InvalidRequest, NoDeployment, RateLimited, UpstreamError
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import Deployment
 from stack.gateway.routing import Routing
+from stack.gateway.tasks import PATHS, check_task
 from stack.manager.errors import ModelUnavailable
 
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings"}
+USAGE_OPTION = {"chat", "completions"}  # endpoints whose streams take stream_options.include_usage
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -35,6 +37,7 @@ class Attempt:
     fallback_reason: str | None
     started: float
     ticket: Ticket | None = None
+    adapter: Adapter | None = None
 
 
 class Ticket(Protocol):
@@ -66,9 +69,16 @@ class Dispatcher:
         self.cloud = cloud_upstream
         self.in_flight = 0
         self.admission = admission  # the model manager, when the gateway owns engines
+        self.adapters: AdapterBook | None = None  # LoRA adapters served on their base model's engine
 
     async def handle(self, endpoint: str, body: dict[str, Any]) -> Response:
-        group = self.routing.resolve(body["model"])
+        try:  # JSON may carry lone surrogates (\ud800) that no UTF-8 body can: refuse them here, once
+            orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:
+            raise InvalidRequest(f"The request body cannot be forwarded: {exc}. Send valid Unicode text.") from None
+        adapter = self.adapters.lookup(str(body["model"])) if self.adapters is not None else None
+        group = adapter.base if adapter is not None else self.routing.resolve(body["model"])
+        check_task(self.routing.registry, group, endpoint, str(body["model"]))
         if self.in_flight >= self.settings.max_in_flight:
             raise RateLimited(
                 "the gateway is at its concurrent request limit; retry shortly", headers={"Retry-After": "1"}
@@ -82,7 +92,7 @@ class Dispatcher:
             if self.admission is not None:
                 ticket = await self._admit(group)
             response = await self._route(endpoint, group, body, ticket, spilled=self.admission is not None
-                                         and ticket is None)  # fmt: skip
+                                         and ticket is None, adapter=adapter)  # fmt: skip
             handed_over = isinstance(response, StreamingResponse)
             return response
         except UpstreamError as err:
@@ -111,10 +121,11 @@ class Dispatcher:
             ticket.release()
 
     async def _route(self, endpoint: str, group: str, body: dict[str, Any], ticket: Ticket | None = None,
-                     spilled: bool = False) -> Response:
+                     spilled: bool = False, adapter: Adapter | None = None) -> Response:
         t0 = time.perf_counter()
         steps = deque(self.routing.plan(group))
-        excluded: set[str] = set()
+        # An adapter lives on its base model's engines only: no cloud model answers in its name.
+        excluded: set[str] = {d.id for d in self.routing.registry.all() if d.kind == "cloud"} if adapter else set()
         fails: dict[str, int] = {}
         last: UpstreamError | None = None
         previous: str | None = None
@@ -133,7 +144,7 @@ class Dispatcher:
                 if reason is not None and dep.id != last_dep:
                     self.metrics.fallbacks.labels(previous or group, step.group, reason).inc()
                 try:
-                    return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0, ticket))
+                    return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0, ticket, adapter))
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(dep.id, err.reason).inc()
                     last, previous, last_dep = err, step.group, dep.id
@@ -166,9 +177,24 @@ class Dispatcher:
         if at.dep.kind == "cloud":
             return await self._cloud(endpoint, body, at, headers)
         stream = bool(body.get("stream"))
-        out = dict(body, model=at.dep.upstream_model)
+        out = dict(body, model=at.adapter.name if at.adapter else at.dep.upstream_model)
+        if at.adapter is not None and self.adapters is not None:
+            await self.adapters.acquire(at.dep, at.adapter)
+        try:
+            return await self._local(endpoint, out, at, headers, stream)
+        except BaseException:
+            self._release_adapter(at)
+            raise
+
+    def _release_adapter(self, at: Attempt) -> None:
+        if at.adapter is not None and self.adapters is not None:
+            self.adapters.release(at.adapter)
+            at.adapter = None
+
+    async def _local(self, endpoint: str, out: dict[str, Any], at: Attempt, headers: dict[str, str],
+                     stream: bool) -> Response:
         strip_usage = False
-        if stream:
+        if stream and endpoint in USAGE_OPTION:
             opts = dict(out.get("stream_options") or {})
             if not opts.get("include_usage"):
                 opts["include_usage"], strip_usage = True, True  # counted by us, dropped before the client
@@ -177,6 +203,7 @@ class Dispatcher:
         if not stream or not resp.content_type.startswith("text/event-stream"):
             raw = await self.local.read(resp, at.dep)
             self._finish(at, "200", _usage(raw))
+            self._release_adapter(at)
             return Response(raw, resp.status, headers=headers, media_type=resp.content_type or "application/json")
         hooks = self._stream_hooks(at)
         gen = local.relay(resp, strip_usage=strip_usage, **{k: v for k, v in hooks.items() if k != "on_end"})
@@ -186,6 +213,8 @@ class Dispatcher:
 
     async def _cloud(self, endpoint: str, body: dict[str, Any], at: Attempt, headers: dict[str, str]) -> Response:
         result = await self.cloud.call(at.dep, endpoint, body)
+        if endpoint in cloud.EVENT_STREAMS and body.get("stream"):
+            return await self._cloud_events(endpoint, result, at, headers)
         if not body.get("stream") or endpoint == "embeddings":
             usage = getattr(result, "usage", None)
             self._finish(at, "200", usage.model_dump() if hasattr(usage, "model_dump") else None)
@@ -193,6 +222,15 @@ class Dispatcher:
         first = await self.cloud.first_chunk(at.dep, result)
         hooks = self._stream_hooks(at)
         gen = cloud.relay(first, result, **{k: v for k, v in hooks.items() if k != "on_end"})
+        return StreamingResponse(
+            _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
+        )
+
+    async def _cloud_events(self, endpoint: str, result: Any, at: Attempt, headers: dict[str, str]) -> Response:
+        """Responses and Anthropic Messages streams from LiteLLM: typed events, relayed as `event:` SSE."""
+        first = await self.cloud.first_chunk(at.dep, result)
+        hooks = self._stream_hooks(at)
+        gen = cloud.relay_events(first, result, **{k: v for k, v in hooks.items() if k != "on_end"})
         return StreamingResponse(
             _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
         )
@@ -213,6 +251,7 @@ class Dispatcher:
 
         def on_end(cancelled: bool) -> None:
             self._finish(at, "499" if cancelled else state["status"], state["usage"])
+            self._release_adapter(at)
             self._done(group, at.ticket)
 
         return {"on_first": on_first, "on_usage": on_usage, "on_error": on_error, "on_end": on_end}

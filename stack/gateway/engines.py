@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.runtime import Runtime
+from stack.gateway.adapters import Adapter, Base
 from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.state import GatewayState
 from stack.manager.manager import ModelManager
@@ -38,6 +39,9 @@ class ManagedEngine:
     need_source: str = ""
     can_sleep: bool = False
     preload: bool = True
+    task: str = "generate"  # what the model does (stack.gateway.tasks): generate or embed
+    lora: Base | None = None  # the engine runs with LoRA: its limits
+    adapters: list[Adapter] = field(default_factory=list)  # served on this engine, loaded on first request
 
 
 # Without manager settings the supervisor behaves as it always did: every engine starts at once, shares
@@ -73,8 +77,12 @@ class EngineSupervisor:
             state.registry.add(Deployment(
                 id=m.deployment_id, model_group=m.model_group, kind="local", upstream_model=m.served_name,
                 api_base=spec.base_url, state="stopped", labels={"engine": spec.name, "managed": "1",
-                        "runtime": m.engine.runtime_kind},
+                        "runtime": m.engine.runtime_kind, "task": m.task},
             ))  # fmt: skip
+            if m.lora is not None and state.adapters is not None:
+                state.adapters.add_base(m.lora)
+                for adapter in m.adapters:
+                    state.adapters.add(adapter)
         self.manager.subscribe(follow(state.registry, ids))
         manager = self.manager
         for m in self.engines:

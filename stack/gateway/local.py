@@ -36,8 +36,29 @@ def classify(dep: Deployment, status: int, body: bytes) -> UpstreamError:
             "context too long", status=400, retryable=False, reason="context_window", upstream_body=body
         )
     return UpstreamError(
-        f"{dep.id} rejected the request", status=status, retryable=False, reason="client", upstream_body=body
+        f"{dep.id} rejected the request", status=status, retryable=False, reason="client",
+        upstream_body=openai_shaped(status, body),
     )
+
+
+def openai_shaped(status: int, body: bytes) -> bytes:
+    """An engine's 4xx as OpenAI's error JSON. vLLM's own errors are already (Anthropic Messages errors carry
+    `error` too); a framework default such as `{"detail": "Not Found"}` for a route the engine does not
+    mount is rewritten, keeping its status and its words."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
+        return body
+    detail = obj.get("detail") if isinstance(obj, dict) else None
+    text = detail if isinstance(detail, str) else (orjson.dumps(detail).decode() if detail else
+                                                   body.decode(errors="replace")[:500])
+    if status == 404 and text == "Not Found":
+        text = "The model's engine does not serve this endpoint."
+    kinds = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
+    return orjson.dumps(envelope(text or f"the engine answered {status}", kinds.get(status, "invalid_request_error"),
+                                 None, "unsupported_endpoint" if status == 404 else None))
 
 
 class LocalUpstream:

@@ -86,7 +86,9 @@ class GatewayMetrics:
     def usage(self, model: str, deployment: str, usage: dict | None) -> None:
         if not usage:
             return
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        # Chat/completions name them prompt/completion; Responses and Anthropic Messages input/output.
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
         if isinstance(prompt, int):
             self.tokens.labels(model, deployment, "prompt").inc(prompt)
         if isinstance(completion, int):

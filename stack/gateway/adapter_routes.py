@@ -1,0 +1,105 @@
+"""/admin/adapters: the LoRA adapters the gateway serves; add one while the engine runs (no restart).
+
+An adapter added here is checked first (PEFT files present, rank within the engine's max_lora_rank,
+trained on this base model) and refused with the reason; it is loaded into the engine on its first
+request, like those of the config. Guarded like every /admin route.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from stack.config.model_extras import AdapterEntry
+from stack.errors import StackError
+from stack.gateway.adapters import Adapter
+from stack.gateway.admin_routes import admin_key
+from stack.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
+from stack.gateway.state import GatewayState, get_state
+
+router = APIRouter(prefix="/admin", dependencies=[Depends(admin_key)])
+
+
+class NewAdapter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=128)
+    base: str = Field(min_length=1, description="the base model (a model group served with LoRA)")
+    path: str | None = Field(None, description="a local folder with adapter_config.json and the weights")
+    hub: str | None = Field(None, description="a Hugging Face Hub id")
+    revision: str = "main"
+
+
+def _book(state: GatewayState) -> Any:
+    if state.adapters is None:
+        raise InvalidRequest("this gateway serves no adapters")
+    return state.adapters
+
+
+def _public(state: GatewayState, adapter: Adapter) -> dict[str, Any]:
+    loaded = [dep for dep in state.registry.all() if adapter.name in state.adapters.loaded(dep.id)]
+    return {"name": adapter.name, "base": adapter.base, "path": adapter.path, "rank": adapter.rank,
+            "source": adapter.source, "loaded_in": [d.id for d in loaded], "in_flight": adapter.in_flight}
+
+
+@router.get("/adapters")
+async def list_adapters(request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    book = _book(state)
+    bases = [{"model": b.group, "max_lora_rank": b.max_lora_rank, "max_loras": b.max_loras,
+              "max_cpu_loras": b.max_cpu_loras, "runtime_updates": b.runtime_updates} for b in book.bases.values()]
+    return {"bases": bases, "adapters": [_public(state, a) for a in book.adapters.values()]}
+
+
+@router.post("/adapters", status_code=201)
+async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
+    from stack.vllm.lora import adapter_dir, check_fits, inspect
+
+    state = get_state(request)
+    book = _book(state)
+    group = state.routing.resolve(spec.base) if spec.base not in book.bases else spec.base
+    base = book.bases.get(group)
+    if base is None:
+        raise InvalidRequest(f"model `{spec.base}` runs without LoRA: add `adapters:` (or `lora:`) to its model "
+                             "config and restart it", param="base")
+    if not base.runtime_updates:
+        raise InvalidRequest(f"model `{group}` has lora.runtime_updates: false", param="base")
+    try:
+        entry = AdapterEntry(name=spec.name, path=spec.path, hub=spec.hub, revision=spec.revision)
+        info = inspect(entry, adapter_dir(entry))
+        if info.rank > base.max_lora_rank:
+            raise InvalidRequest(f"adapter `{spec.name}`: rank {info.rank} is above the engine's max_lora_rank "
+                                 f"{base.max_lora_rank} (set lora.max_lora_rank in the model config and restart)",
+                                 param="path", code="adapter_invalid")
+        if base.model is not None:
+            check_fits(info, base.model, None)
+    except StackError as exc:
+        raise InvalidRequest(exc.message + (f" ({exc.hint})" if exc.hint else ""), param="path",
+                             code="adapter_invalid") from None
+    except ValueError as exc:  # the entry's own checks (name, one source)
+        raise InvalidRequest(str(exc).splitlines()[-1], param="name", code="adapter_invalid") from None
+    if state.registry.groups().get(spec.name):
+        raise InvalidRequest(f"`{spec.name}` is a model's name; pick another", param="name")
+    from stack.gateway.adapters import adapter_from_info
+
+    added = book.add(adapter_from_info(info, group))
+    return _public(state, added)
+
+
+@router.delete("/adapters/{name}")
+async def remove_adapter(name: str, request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    book = _book(state)
+    adapter = book.adapters.get(name)
+    if adapter is None:
+        raise ModelNotFound(f"no adapter `{name}`", param="name", code="adapter_not_found")
+    if adapter.in_flight:
+        raise Busy(f"adapter `{name}` is answering {adapter.in_flight} request(s); retry when they finish")
+    await book.unload_everywhere(name, state.registry)
+    book.adapters.pop(name)
+    return {"removed": name}
+
+
+class Busy(GatewayError):
+    status, type, code = 409, "invalid_request_error", "adapter_busy"

@@ -1,0 +1,129 @@
+"""LoRA adapters: where their files are, what they are (rank, target modules, base model), whether the base
+model's engine can serve them, and the engine options that let it (adr/0013-model-families-and-adapters.md).
+
+vLLM does the serving: `--enable-lora` with `--max-loras` (adapters in one batch, on the GPU) and
+`--max-cpu-loras` (adapters kept loaded, in CPU memory), adapters added while it runs through
+`/v1/load_lora_adapter` (VLLM_ALLOW_RUNTIME_LORA_UPDATING). The gateway loads each adapter on its first
+request and keeps at most max_cpu_loras loaded, least recently used out first (stack.gateway.adapters).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stack.config.model_extras import AdapterEntry
+from stack.config.schema import ModelEntry
+from stack.errors import ConfigError
+
+RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank choices (0.26-0.33)
+RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+class AdapterError(ConfigError):
+    """An adapter that cannot be served: its files, its rank, or its base model."""
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    path: Path
+    rank: int
+    target_modules: tuple[str, ...]
+    base_model: str | None
+    size_bytes: int = 0
+    source: dict[str, Any] = field(default_factory=dict)
+
+
+def adapter_dir(entry: AdapterEntry, cache_dir: Path | None = None) -> Path:
+    """The adapter's local folder: its `path`, or its Hub snapshot (downloaded once, huggingface_hub's cache)."""
+    if entry.path:
+        return Path(entry.path).expanduser()
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(entry.hub, revision=entry.revision,
+                                      allow_patterns=["*.json", "*.safetensors", "*.bin"]))  # fmt: skip
+    except Exception as exc:  # huggingface_hub raises many kinds; all mean "not fetched"
+        raise AdapterError(f"adapter {entry.name!r}: cannot fetch {entry.hub}@{entry.revision} from the Hub: "
+                           f"{type(exc).__name__}", hint="check the id and revision, HF_TOKEN for private "
+                           "repositories, or give a local `path`") from None
+
+
+def inspect(entry: AdapterEntry, path: Path) -> AdapterInfo:
+    """Read adapter_config.json (PEFT format) and check the weights are there."""
+    config = path / "adapter_config.json"
+    if not path.is_dir():
+        raise AdapterError(f"adapter {entry.name!r}: folder {path} does not exist",
+                           hint="give the folder PEFT's save_pretrained wrote (adapter_config.json + weights)")
+    if not config.is_file():
+        raise AdapterError(f"adapter {entry.name!r}: {path} has no adapter_config.json (not a PEFT adapter)",
+                           hint="save the adapter with PEFT's save_pretrained")
+    weights = [p for p in ("adapter_model.safetensors", "adapter_model.bin") if (path / p).is_file()]
+    if not weights:
+        raise AdapterError(f"adapter {entry.name!r}: {path} has no adapter_model.safetensors (or .bin)",
+                           hint="the weights are missing: copy them next to adapter_config.json")
+    try:
+        data = json.loads(config.read_text())
+    except ValueError as exc:
+        raise AdapterError(f"adapter {entry.name!r}: {config} is not valid JSON ({exc})") from None
+    if str(data.get("peft_type", "LORA")).upper() != "LORA":
+        raise AdapterError(f"adapter {entry.name!r}: peft_type {data.get('peft_type')!r}; vLLM serves LoRA only")
+    rank = int(data.get("r") or 0)
+    if rank < 1:
+        raise AdapterError(f"adapter {entry.name!r}: adapter_config.json has no rank `r`")
+    modules = data.get("target_modules") or []
+    modules = (modules,) if isinstance(modules, str) else tuple(modules)
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    return AdapterInfo(entry.name, path, rank, modules, data.get("base_model_name_or_path"), size,
+                       entry.model_dump(exclude_none=True))  # fmt: skip
+
+
+def base_names(model: ModelEntry, model_dir: Path | None = None) -> set[str]:
+    """Names an adapter's base_model_name_or_path may carry for this model."""
+    names = {model.name, model.api_name}
+    for value in (model.source.hub, model.source.path, str(model_dir) if model_dir else None):
+        if value:
+            names |= {value, value.rstrip("/").rsplit("/", 1)[-1]}
+    return {n.lower() for n in names}
+
+
+def check_fits(info: AdapterInfo, model: ModelEntry, max_rank: int | None, model_dir: Path | None = None) -> None:
+    """Refuse an adapter whose rank is above the engine's max_lora_rank or that was trained on another model."""
+    if max_rank is not None and info.rank > max_rank:
+        raise AdapterError(f"adapter {info.name!r}: rank {info.rank} is above the engine's max_lora_rank "
+                           f"{max_rank}", hint=f"set models.{model.name}.lora.max_lora_rank to "
+                           f"{next(r for r in RANKS if r >= info.rank)} (restarts the engine)")
+    base = (info.base_model or "").rstrip("/")
+    if base and base.lower() not in base_names(model, model_dir) and \
+            base.rsplit("/", 1)[-1].lower() not in base_names(model, model_dir):
+        raise AdapterError(f"adapter {info.name!r} was trained on {base!r}, not on {model.name!r} "
+                           f"({model.source.hub or model.source.path})",
+                           hint="serve it on its own base model (or fix base_model_name_or_path if it is this model)")
+
+
+def engine_options(model: ModelEntry, infos: list[AdapterInfo], engine: dict[str, Any],
+                   accelerator: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """enable_lora, max_lora_rank, max_loras, max_cpu_loras for a model with adapters: the config's `lora:`
+    first, else decided here (one batch slot per adapter up to 4 on a GPU, 1 on a CPU; all kept loaded)."""
+    if not infos and not model.lora.max_loras:
+        return {}, {}
+    limits = model.lora
+    top = max((i.rank for i in infos), default=8)
+    rank = limits.max_lora_rank or next((r for r in RANKS if r >= top), RANKS[-1])
+    max_loras = limits.max_loras or max(1, min(len(infos), 4 if accelerator == "gpu" else 1))
+    max_cpu = limits.max_cpu_loras or max(max_loras, len(infos))
+    said = f"models.{model.name}.lora"
+    decided = {
+        "enable_lora": (True, f"{said}: the model has {len(infos)} adapter(s)"),
+        "max_lora_rank": (rank, f"{said}.max_lora_rank" if limits.max_lora_rank else
+                          f"planner: the highest adapter rank is {top}"),
+        "max_loras": (max_loras, f"{said}.max_loras" if limits.max_loras else
+                      f"planner: {max_loras} adapter(s) per batch on the {accelerator}"),
+        "max_cpu_loras": (max_cpu, f"{said}.max_cpu_loras" if limits.max_cpu_loras else
+                          "planner: every adapter stays loaded"),
+    }
+    options = {k: v for k, (v, _) in decided.items() if k not in engine}
+    return options, {k: o for k, (_, o) in decided.items() if k in options}
