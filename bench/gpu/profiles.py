@@ -114,7 +114,7 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
         model_patch[name] = {"name": name, "source": {"path": str(folder)}}
     state = work / f"state-{profile}"
     overlay = {
-        "state_dir": str(state), "cache_dir": str(work / "cache"), "startup_timeout_s": 900,
+        "state_dir": str(state), "cache_dir": str(work / "cache"), "startup_timeout_s": 420,
         "engine": overrides, "models": model_patch,
         **({"hardware": {hw.name: hardware_patch}} if hardware_patch else {}),
         **({"manager": manager} if manager else {}),

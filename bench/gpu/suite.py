@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     log_dir = work / "logs"
     log_dir.mkdir(exist_ok=True)
     today = dt.date.today().isoformat()
-    out_path = Path(args.results or ROOT / "bench" / "results" / f"gpu-{device.label}-{today}.json")
+    results_dir = Path(os.environ.get("VSTACK_GPU_RESULTS_DIR") or ROOT / "bench" / "results")
+    out_path = Path(args.results or results_dir / f"gpu-{device.label}-{today}.json")
     result = json.loads(out_path.read_text()) if out_path.is_file() else {"rows": []}
     vllm_version = _vllm_version()
     result.update(device=device.name, label=device.label, gpus=device.count, date=today, vllm=vllm_version,

@@ -25,11 +25,13 @@ export PYTHONPATH="$site:$root" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 P
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
   LITELLM_LOCAL_MODEL_COST_MAP=True
 work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-suite}
-mkdir -p "$work"
+# Results outlive the checkout's resync between calls on a warm machine: rows of earlier calls are kept.
+export VSTACK_GPU_RESULTS_DIR=${VSTACK_GPU_RESULTS_DIR:-$work/results}
+mkdir -p "$work" "$VSTACK_GPU_RESULTS_DIR"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$out/suite.log"
 python3 -m bench.gpu.suite run --work "$work" "$@" 2>&1 | tee -a "$out/suite.log"
 code=${PIPESTATUS[0]}
-results=$(ls -t "$root"/bench/results/gpu-*.json 2>/dev/null | head -1)
+results=$(ls -t "$VSTACK_GPU_RESULTS_DIR"/gpu-*.json 2>/dev/null | head -1)
 VSTACK_GPU_RESULTS="$results" python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="" 2>&1 \
   | tee "$out/pytest.log" | tail -25
 tar -C "$work" -cJf "$out/engine-logs.tar.xz" logs 2>/dev/null
