@@ -362,7 +362,10 @@ def predict(run: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         }
     else:
         kv_bytes, parts = result["kv_space_gib"] * GIB, {"weights_gib": weights / GIB}
-    tokens, concurrency = kv.capacity(kv_bytes, int(options["max_model_len"]), batched)
+    from stack.planner.kv_layout import in_flight_tokens
+
+    in_flight = in_flight_tokens(batched, options, accelerator)
+    tokens, concurrency = kv.capacity(kv_bytes, int(options["max_model_len"]), in_flight)
     return {"kv_gib": kv_bytes / GIB, "kv_tokens": tokens, "max_concurrency": concurrency, **parts}
 
 

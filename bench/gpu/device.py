@@ -24,6 +24,10 @@ class Device:
     driver: str = ""
 
     @property
+    def hopper(self) -> bool:
+        return any(chip in self.name for chip in ("H100", "H200", "H800", "H20", "GH200"))
+
+    @property
     def label(self) -> str:
         """h200, h200-x2, h100, cpu: the name in results files."""
         short = "cpu" if self.count == 0 else self.name.replace("NVIDIA ", "").split()[0].lower()

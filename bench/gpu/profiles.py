@@ -102,6 +102,19 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
         overrides["gpu_memory_utilization"] = round(util * card / device_gib, 6)
         hardware_patch = {"name": hw.name, "planner": {"usable_memory_gib": round(device_gib, 4)}}
         held_to = f"{hw.name}: {util:g} x {card:g} GiB of the {device_gib:.1f} GiB {device.name}"
+        # vLLM picks its batch defaults from the GPU it runs on (8192/1024 on an H200, 2048/256 below 70 GiB
+        # or on A100s): take the emulated card's, as vLLM would there, unless the profile sets them.
+        for key, value in (("max_num_batched_tokens", hw.planner.default_max_num_batched_tokens),
+                           ("max_num_seqs", hw.planner.default_max_num_seqs)):
+            if resolved.engine.get(key) is None and key not in overrides:
+                overrides[key] = value
+    kv_dtype = str(overrides.get("kv_cache_dtype") or resolved.engine.get("kv_cache_dtype") or "auto")
+    model_dtype = str(fixture_config(fixture_for(resolved.model.source.hub)).get("torch_dtype", ""))
+    if device.hopper and kv_dtype.startswith("fp8") and model_dtype == "float16" and "dtype" not in overrides:
+        # FlashAttention 3 (Hopper) writes an fp8 cache's attention output only in bf16: an fp16 checkpoint
+        # with an fp8 KV cache fails there (not on the Ada/Ampere card the profile is for). Same bytes.
+        overrides["dtype"] = "bfloat16"
+        held_to = (held_to + "; " if held_to else "") + "dtype bfloat16 (FA3 on Hopper: fp8 KV needs bf16)"
     if hw.accelerator == "gpu" and hw.gpu_count > device.count > 0:
         # An 8-GPU profile on the GPUs at hand: tensor parallel over all of them, per-GPU memory as the card's.
         overrides["tensor_parallel_size"] = device.count
@@ -118,6 +131,8 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
         "engine": overrides, "models": model_patch,
         **({"hardware": {hw.name: hardware_patch}} if hardware_patch else {}),
         **({"manager": manager} if manager else {}),
+        # CPU (the driver's own test): one fixed KV space, so that the planner and the engine see the same.
+        **({"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}} if hw.accelerator == "cpu" else {}),
     }
     path = work / f"overlay-{profile}.yaml"
     path.write_text(yaml.safe_dump(overlay, sort_keys=False))

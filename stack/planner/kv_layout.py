@@ -3,8 +3,9 @@ kv_cache_utils.py, vllm/v1/kv_cache_interface.py; the same in 0.26 and 0.32 for 
 
 - One attention type on every layer (full attention, or the same sliding window everywhere): one group of
   all layers; a request at max_model_len needs cdiv(max_model_len, block_size) blocks (full) or
-  cdiv(min(window - 1 + max_num_batched_tokens, max_model_len), block_size) + 1 (sliding: the window plus
-  the tokens being prefilled, and one block because a window need not start on a block boundary).
+  cdiv(min(window - 1 + in-flight tokens, max_model_len), block_size) + 1 (sliding: the window plus the
+  tokens scheduled but not settled - 2 x max_num_batched_tokens with async scheduling, see
+  in_flight_tokens - and one block because a window need not start on a block boundary).
 - Several types (Gemma-2's alternating sliding/global layers, Gemma-3's 5:1): groups of an equal number of
   layers, so that every group has the same page size and all draw blocks from one pool. The group size is
   the fewest layers of any type, or the most when the counts are within 1.5x (fewer padding layers);
@@ -47,3 +48,16 @@ def sliding_window_blocks(window: int, max_len: int, batched_tokens: int, block_
     """SlidingWindowSpec.max_memory_usage_bytes / page size."""
     held = min(window - 1 + batched_tokens, max_len)
     return math.ceil(held / block_size) + 1
+
+
+def in_flight_tokens(batched_tokens: int, engine: dict, accelerator: str) -> int:
+    """VllmConfig.max_in_flight_tokens: the tokens scheduled but not yet settled, which a sliding window holds
+    beyond itself. One batch of max_num_batched_tokens per concurrent step: two with async scheduling, which
+    vLLM turns on by itself on GPUs (not with pipeline parallelism or a speculative method lacking it);
+    the CPU build runs one (checked: bench/planner_check.py cpu, Gemma-2 shape)."""
+    pipeline = int(engine.get("pipeline_parallel_size") or 1)
+    asynchronous = engine.get("async_scheduling")
+    if asynchronous is None:
+        asynchronous = accelerator == "gpu" and pipeline == 1 and not engine.get("speculative_config")
+    batches = 2 if asynchronous and pipeline == 1 else pipeline
+    return batches * batched_tokens

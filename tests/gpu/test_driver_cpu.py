@@ -52,8 +52,19 @@ def test_smaller_card_is_held_to_its_memory(tmp_path: Path) -> None:
     assert overlay["engine"]["load_format"] == "dummy"
     assert (Path(overlay["models"]["qwen2.5-7b-instruct"]["source"]["path"]) / "tokenizer.json").is_file()
     assert "rtx4090" in run.held_to
+    # vLLM's batch defaults of the card, not of the H200 (the profile leaves them unset)
+    assert overlay["engine"]["max_num_batched_tokens"] == 2048 and "max_num_seqs" not in overlay["engine"]
     cfg = load_config(run.overlay)  # the overlay is a valid configuration
     assert cfg.hardware["rtx4090"].memory_gib == 24
+
+
+def test_fp16_checkpoint_with_fp8_cache_runs_bf16_on_hopper(tmp_path: Path) -> None:
+    from stack.config import load_config
+
+    h200 = Device("NVIDIA H200", 1, int(139.8 * 2**30), int(140.4 * 2**30))
+    run = prepare(load_config(), "rtx4090-qwen2.5-32b-awq", h200, tmp_path)
+    assert run.engine_overrides["dtype"] == "bfloat16" and "FA3" in run.held_to
+    assert "dtype" not in prepare(load_config(), "rtx4090-qwen2.5-7b", h200, tmp_path).engine_overrides
 
 
 def test_eight_gpu_profile_scales_to_the_gpus_here(tmp_path: Path) -> None:

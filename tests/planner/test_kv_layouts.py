@@ -119,3 +119,16 @@ def test_fp8_cache_doubles_the_tokens() -> None:
     s = shape_of("meta-llama--Llama-3.1-8B-Instruct")
     bf16, fp8 = logged(KvGeometry(s, 2, 16), 32768, 8192), logged(KvGeometry(s, 1, 16), 32768, 8192)
     assert fp8[0] == pytest.approx(2 * bf16[0], rel=1e-3)
+
+
+def test_in_flight_tokens_follow_async_scheduling() -> None:
+    """Two batches in flight with async scheduling (vLLM's default on GPUs): Mistral-7B's 32k request holds
+    4095 + 2 x 8192 tokens, 1281 blocks - what vLLM 0.26 sized on an H200 (bench/results, mistral row)."""
+    from stack.planner.kv_layout import in_flight_tokens
+
+    assert in_flight_tokens(8192, {}, "gpu") == 16384
+    assert in_flight_tokens(8192, {"async_scheduling": False}, "gpu") == 8192
+    assert in_flight_tokens(8192, {"pipeline_parallel_size": 2}, "gpu") == 16384  # PP 2: two batches, sync
+    assert in_flight_tokens(2048, {}, "cpu") == 2048
+    kv = KvGeometry(shape_of("mistralai--Mistral-7B-v0.1"), 2, 16)
+    assert kv.blocks_per_request(32768, in_flight_tokens(8192, {}, "gpu")) == 1281
