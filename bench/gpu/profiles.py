@@ -96,7 +96,10 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
     card = hw.planner.usable_memory_gib or (hw.memory_gib or 0) * 0.985
     device_gib = device.cuda_total / GIB
     held_to = ""
-    if card < device_gib - 0.05:
+    scaled_down = hw.accelerator == "gpu" and hw.gpu_count > device.count > 0
+    # A profile scaled down to fewer GPUs keeps this GPU's memory: its card x fewer GPUs cannot hold the
+    # context it was written for (70B bf16 on 2 x A100 80 GB), which the planner refuses before starting.
+    if card < device_gib - 0.05 and not scaled_down:
         util = float(overrides.get("gpu_memory_utilization") or resolved.engine.get("gpu_memory_utilization")
                      or VLLM_DEFAULT_UTILIZATION)
         overrides["gpu_memory_utilization"] = round(util * card / device_gib, 6)
@@ -115,10 +118,12 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
         # with an fp8 KV cache fails there (not on the Ada/Ampere card the profile is for). Same bytes.
         overrides["dtype"] = "bfloat16"
         held_to = (held_to + "; " if held_to else "") + "dtype bfloat16 (FA3 on Hopper: fp8 KV needs bf16)"
-    if hw.accelerator == "gpu" and hw.gpu_count > device.count > 0:
+    if scaled_down:
+        hardware_patch = {"name": hw.name, "planner": {"usable_memory_gib": round(device_gib, 4)}}
         # An 8-GPU profile on the GPUs at hand: tensor parallel over all of them, per-GPU memory as the card's.
         overrides["tensor_parallel_size"] = device.count
-        held_to = (held_to + "; " if held_to else "") + f"tensor parallel {device.count} of {hw.gpu_count}"
+        held_to = (held_to + "; " if held_to else "") + (f"tensor parallel {device.count} of {hw.gpu_count}, "
+                                                          f"{device_gib:.1f} GiB per GPU")
     models = [resolved.model.name, *(extra_models or [])]
     model_patch = {}
     for name in models:

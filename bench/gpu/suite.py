@@ -166,8 +166,11 @@ def verdict(row: dict[str, Any]) -> str:
 
 
 def _pct(row: dict[str, Any]) -> str:
-    err = row.get("kv_error")
-    return f"{err:+.1%}" if err is not None else "-"
+    err, now = row.get("kv_error"), row.get("kv_error_now")
+    text = f"{err:+.1%}" if err is not None else "-"
+    if now is not None and err is not None and abs(now - err) >= 0.0005:
+        text += f" (now {now:+.1%})"
+    return text
 
 
 def _tokens(row: dict[str, Any], side: str) -> str:
@@ -203,6 +206,7 @@ def table(result: dict[str, Any], markdown: bool = False) -> str:
         else:
             lines.append([r["row"], r.get("device", ""), "-", "-", "-", "-", "-", "-", "-", "-",
                           r.get("status") or ("OK" if r.get("ok") else str(r.get("error", ""))[-80:])])
+    lines = [[" ".join(str(c).split()) for c in line] for line in lines]
     title = f"{result.get('device')} x{result.get('gpus')}, vLLM {result.get('vllm')}, {result.get('date')}"
     if markdown:
         out = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -213,6 +217,31 @@ def table(result: dict[str, Any], markdown: bool = False) -> str:
     for line in [head, *lines]:
         out.append("  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)) + "  " + line[-1])
     return "\n".join(out)
+
+
+def repredict(path: Path) -> None:
+    """Ask the planner of this checkout again for every layout row of a results file, on the GPUs it records
+    (the inputs are in the file: fixture, options, device): `planner_now` and `kv_error_now` next to the
+    figures of the run, which stay as measured."""
+    from types import SimpleNamespace
+
+    from bench.gpu.layouts import LAYOUTS, predict
+    from bench.gpu.models import fixture_config, write_model
+
+    result = json.loads(path.read_text())
+    gpu = SimpleNamespace(name=result["device"], memory_total=int(result["nvml_total_gib"] * 2**30),
+                          memory_free=int(result["nvml_total_gib"] * 2**30))
+    info = SimpleNamespace(gpus=[gpu] * int(result["gpus"]), ram_total=0, ram_available=0)
+    layouts = {layout.name: layout for layout in LAYOUTS}
+    for row in result["rows"]:
+        layout = layouts.get(row["row"])
+        actual = (row.get("vllm") or {}).get("kv_tokens")
+        if row.get("kind") != "layout" or layout is None or not actual:
+            continue
+        folder = write_model(Path("/tmp/vstack-repredict") / layout.name, fixture_config(layout.fixture))
+        row["planner_now"] = predict(layout, folder, info)
+        row["kv_error_now"] = round(row["planner_now"]["kv_tokens"] / actual - 1, 4)
+    path.write_text(json.dumps(result, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,10 +255,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="print a results file as a table")
     p.add_argument("json", type=Path)
     p.add_argument("--markdown", action="store_true")
+    q = sub.add_parser("repredict", help="add this checkout's planner figures to a results file's layout rows")
+    q.add_argument("json", type=Path)
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("run", "report", "-h", "--help"):
+    if not argv or argv[0] not in ("run", "report", "repredict", "-h", "--help"):
         argv.insert(0, "run")
     args = ap.parse_args(argv)
+    if args.mode == "repredict":
+        repredict(args.json)
+        return 0
     if args.mode == "report":
         result = json.loads(args.json.read_text())
         print(table(result, args.markdown))
