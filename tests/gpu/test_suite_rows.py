@@ -21,18 +21,13 @@ def suite_results() -> dict[str, Any] | None:
     return json.loads(Path(path).read_text()) if path and Path(path).is_file() else None
 
 
-def _rows() -> list[dict[str, Any]]:
-    results = suite_results()
-    if not results:
-        return []
-    return [r for r in results["rows"] if r.get("device") == results.get("label")]
-
-
-ROWS = _rows()
+# Read at collection: the test session's autouse fixtures clear VSTACK_* variables before each test.
+RESULTS = suite_results()
+ROWS = [r for r in RESULTS["rows"] if r.get("device") == RESULTS.get("label")] if RESULTS else []
 
 
 def test_suite_ran() -> None:
-    assert suite_results() is not None, "VSTACK_GPU_RESULTS names no results file: run bash bench/gpu/suite.sh"
+    assert RESULTS is not None, "VSTACK_GPU_RESULTS names no results file: run bash bench/gpu/suite.sh"
     assert ROWS, "the results file has no row for this device"
 
 
