@@ -356,7 +356,7 @@ def predict(run: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """The planner's figures for one measured run, with the same settings and the same memory total."""
     sys.path.insert(0, str(ROOT))
     from stack.config import load_config
-    from stack.planner.memory import KV_DTYPE_BYTES, KvGeometry, block_size_for, gpu_budget
+    from stack.planner.memory import KvGeometry, block_size_for, gpu_budget
     from stack.planner.model_meta import parse_config
     from stack.planner.weights import weights_from_config
 
@@ -365,7 +365,9 @@ def predict(run: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     weights = weights_from_config(shape).on_load(options.get("quantization"))
     name = "cpu" if result["target"] == "cpu" else "h200" if "H200" in result.get("device", "") else "h100-80gb"
     hardware = load_config().hardware[name]
-    dtype_bytes = KV_DTYPE_BYTES.get(options.get("kv_cache_dtype", "auto")) or shape.dtype_bytes
+    from stack.planner.kv_layout import cache_dtype_bytes
+
+    dtype_bytes = cache_dtype_bytes(options.get("kv_cache_dtype", "auto"), options.get("dtype"), shape.dtype_bytes)
     accelerator = result["target"]
     kv = KvGeometry(shape, dtype_bytes, block_size_for(shape, accelerator, options.get("block_size")))
     batched = int(options.get("max_num_batched_tokens") or hardware.planner.default_max_num_batched_tokens)

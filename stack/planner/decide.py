@@ -12,11 +12,10 @@ from typing import Any
 
 from stack.config.schema import HardwareProfile
 from stack.planner.errors import FitError
-from stack.planner.kv_layout import in_flight_tokens
+from stack.planner.kv_layout import cache_dtype_bytes, in_flight_tokens
 from stack.planner.machine import Machine
 from stack.planner.memory import (
     GIB,
-    KV_DTYPE_BYTES,
     KvGeometry,
     block_size_for,
     cpu_budget,
@@ -65,7 +64,7 @@ class _Fit:
     def __init__(self, inp: FitInput, tp: int, kv_dtype: str, num_seqs: int) -> None:
         shape, hw, engine = inp.shape, inp.hardware, inp.engine
         self.tp, self.kv_dtype, self.num_seqs = tp, kv_dtype, num_seqs
-        dtype_bytes = KV_DTYPE_BYTES.get(kv_dtype) or shape.dtype_bytes
+        dtype_bytes = cache_dtype_bytes(kv_dtype, engine.get("dtype"), shape.dtype_bytes)
         self.kv = KvGeometry(shape, dtype_bytes, block_size_for(shape, inp.machine.accelerator,
                                                                  engine.get("block_size")), tp)
         self.batched = int(engine.get("max_num_batched_tokens") or hw.planner.default_max_num_batched_tokens)

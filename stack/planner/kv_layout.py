@@ -61,3 +61,17 @@ def in_flight_tokens(batched_tokens: int, engine: dict, accelerator: str) -> int
         asynchronous = accelerator == "gpu" and pipeline == 1 and not engine.get("speculative_config")
     batches = 2 if asynchronous and pipeline == 1 else pipeline
     return batches * batched_tokens
+
+
+ENGINE_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
+
+
+def cache_dtype_bytes(kv_cache_dtype: str, engine_dtype: str | None, model_dtype_bytes: int) -> int:
+    """Bytes per cached element: the KV cache dtype when set (fp8: 1), else the dtype the model runs in -
+    the engine's `dtype` when given (the CPU profile runs float32: 4), else the checkpoint's."""
+    from stack.planner.memory import KV_DTYPE_BYTES
+
+    explicit = KV_DTYPE_BYTES.get(kv_cache_dtype)
+    if explicit:
+        return explicit
+    return ENGINE_DTYPE_BYTES.get(str(engine_dtype or "auto"), model_dtype_bytes)

