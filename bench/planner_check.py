@@ -127,6 +127,34 @@ CPU_SHAPES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {"max_model_len": 4096},
     ),
     (
+        "Llama-2, plain multi-head attention (every head a KV head)",
+        _tiny(
+            "meta-llama--Llama-2-7b-hf",
+            hidden_size=512,
+            intermediate_size=1024,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            vocab_size=4096,
+            torch_dtype="bfloat16",
+        ),
+        {"max_model_len": 4096},
+    ),
+    (
+        "Mistral, sliding window 1024 on every layer",
+        _tiny(
+            "mistralai--Mistral-7B-v0.1",
+            hidden_size=512,
+            intermediate_size=1024,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            sliding_window=1024,
+            vocab_size=4096,
+        ),
+        {"max_model_len": 8192},
+    ),
+    (
         "SmolLM2-135M shape (30 layers, 3 KV heads x 64)",
         _tiny("HuggingFaceTB--SmolLM2-135M-Instruct"),
         {"max_model_len": 8192},
@@ -330,7 +358,7 @@ def predict(run: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     """The planner's figures for one measured run, with the same settings and the same memory total."""
     sys.path.insert(0, str(ROOT))
     from stack.config import load_config
-    from stack.planner.memory import KV_DTYPE_BYTES, KvGeometry, block_size_for, gpu_budget
+    from stack.planner.memory import KvGeometry, block_size_for, gpu_budget
     from stack.planner.model_meta import parse_config
     from stack.planner.weights import weights_from_config
 
@@ -339,7 +367,9 @@ def predict(run: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
     weights = weights_from_config(shape).on_load(options.get("quantization"))
     name = "cpu" if result["target"] == "cpu" else "h200" if "H200" in result.get("device", "") else "h100-80gb"
     hardware = load_config().hardware[name]
-    dtype_bytes = KV_DTYPE_BYTES.get(options.get("kv_cache_dtype", "auto")) or shape.dtype_bytes
+    from stack.planner.kv_layout import cache_dtype_bytes
+
+    dtype_bytes = cache_dtype_bytes(options.get("kv_cache_dtype", "auto"), options.get("dtype"), shape.dtype_bytes)
     accelerator = result["target"]
     kv = KvGeometry(shape, dtype_bytes, block_size_for(shape, accelerator, options.get("block_size")))
     batched = int(options.get("max_num_batched_tokens") or hardware.planner.default_max_num_batched_tokens)
@@ -364,7 +394,10 @@ def predict(run: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
         }
     else:
         kv_bytes, parts = result["kv_space_gib"] * GIB, {"weights_gib": weights / GIB}
-    tokens, concurrency = kv.capacity(kv_bytes, int(options["max_model_len"]), batched)
+    from stack.planner.kv_layout import in_flight_tokens
+
+    in_flight = in_flight_tokens(batched, options, accelerator)
+    tokens, concurrency = kv.capacity(kv_bytes, int(options["max_model_len"]), in_flight)
     return {"kv_gib": kv_bytes / GIB, "kv_tokens": tokens, "max_concurrency": concurrency, **parts}
 
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from stack.config.schema import HardwareProfile
 from stack.planner.errors import FitError
+from stack.planner.kv_layout import cache_dtype_bytes, in_flight_tokens
 from stack.planner.lora import describe as describe_lora
 from stack.planner.lora import lora_gpu_bytes
 from stack.planner.machine import Machine
 from stack.planner.memory import (
     GIB,
-    KV_DTYPE_BYTES,
     KvGeometry,
     block_size_for,
     cpu_budget,
@@ -28,6 +28,7 @@ from stack.planner.plan import Decision, Plan, Request
 from stack.planner.weights import Weights
 from stack.vllm import cpu
 from stack.vllm.cpu import CPU_KV_ENV
+from stack.vllm.cpu_dtype import planned_cpu_dtype
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default, 0.26 to 0.32 (config/cache.py; seen in its log)
 TP_CHOICES = (1, 2, 4, 8, 16)
@@ -67,10 +68,14 @@ class _Fit:
     def __init__(self, inp: FitInput, tp: int, kv_dtype: str, num_seqs: int) -> None:
         shape, hw, engine = inp.shape, inp.hardware, inp.engine
         self.tp, self.kv_dtype, self.num_seqs = tp, kv_dtype, num_seqs
-        dtype_bytes = KV_DTYPE_BYTES.get(kv_dtype) or shape.dtype_bytes
+        engine_dtype = engine.get("dtype")
+        if inp.machine.accelerator == "cpu":  # the stack decides a CPU engine's dtype (stack.vllm.cpu_dtype)
+            engine_dtype = planned_cpu_dtype(engine_dtype)
+        dtype_bytes = cache_dtype_bytes(kv_dtype, engine_dtype, shape.dtype_bytes)
         self.kv = KvGeometry(shape, dtype_bytes, block_size_for(shape, inp.machine.accelerator,
                                                                  engine.get("block_size")), tp)
         self.batched = int(engine.get("max_num_batched_tokens") or hw.planner.default_max_num_batched_tokens)
+        self.in_flight = in_flight_tokens(self.batched, engine, inp.machine.accelerator)
         self.weights = inp.weights.on_load(engine.get("quantization"))
         self.lora = lora_gpu_bytes(shape, engine, tp)  # adapter slots, per GPU: counted with the weights
         if inp.machine.accelerator == "cpu":
@@ -90,13 +95,13 @@ class _Fit:
         return self.budget.kv
 
     def holds(self, length: int, concurrency: int) -> bool:
-        return self.kv_bytes > 0 and self.kv.bytes_per_request(length, self.batched) * concurrency <= self.kv_bytes
+        return self.kv_bytes > 0 and self.kv.bytes_per_request(length, self.in_flight) * concurrency <= self.kv_bytes
 
     def longest(self, concurrency: int) -> int:
         if self.kv_bytes <= 0:
             return 0
         step = 1024 if self.holds(MIN_CONTEXT, concurrency) else self.kv.block_size
-        return self.kv.longest_fitting(self.kv_bytes, concurrency, self.batched, step)
+        return self.kv.longest_fitting(self.kv_bytes, concurrency, self.in_flight, step)
 
 
 def _cpu_kv_space(inp: FitInput) -> int:
@@ -164,7 +169,7 @@ def _refuse_weights(inp: FitInput, fit: _Fit) -> FitError:
 
 
 def _refuse_context(inp: FitInput, fit: _Fit, length: int, concurrency: int) -> FitError:
-    need = fit.kv.bytes_per_request(length, fit.batched) * concurrency
+    need = fit.kv.bytes_per_request(length, fit.in_flight) * concurrency
     longest = fit.longest(concurrency)
     who = f"{concurrency} requests of {length} tokens need" if concurrency > 1 else f"a {length}-token context needs"
     with_fp8 = " (with an fp8 KV cache)" if fit.kv_dtype.startswith("fp8") else ""
@@ -234,7 +239,7 @@ def decide(inp: FitInput) -> Plan:
         fit = _Fit(inp, fit.tp, fit.kv_dtype, int(seqs_decision.value))
     decisions.append(seqs_decision)
     decisions += _decide_memory(inp, fit)
-    tokens, concurrency = fit.kv.capacity(fit.kv_bytes, length, fit.batched)
+    tokens, concurrency = fit.kv.capacity(fit.kv_bytes, length, fit.in_flight)
     notes = _notes(inp, fit)
     return Plan(inp.model_label, inp.hardware.name, inp.shape, inp.weights, fit.budget, fit.kv, length,
                 tokens, concurrency, [d for d in decisions if d is not None], notes)
@@ -270,7 +275,7 @@ def _decide_length(inp: FitInput, fit: _Fit) -> tuple[int, Decision]:
         length = int(inp.engine["max_model_len"])
         if not fit.holds(length, concurrency):
             raise _refuse_context(inp, fit, length, concurrency)
-        _, fitting = fit.kv.capacity(fit.kv_bytes, length, fit.batched)
+        _, fitting = fit.kv.capacity(fit.kv_bytes, length, fit.in_flight)
         return length, inp.kept("max_model_len", f"set; {fitting:.1f} requests of this length fit at once")
     wanted = inp.request.context or inp.shape.max_context
     if fit.holds(wanted, concurrency):
@@ -289,7 +294,7 @@ def _decide_seqs(inp: FitInput, fit: _Fit, length: int) -> Decision:
     default = inp.hardware.planner.default_max_num_seqs
     if inp.given("max_num_seqs"):
         return inp.kept("max_num_seqs", "set")
-    tokens, _ = fit.kv.capacity(fit.kv_bytes, length, fit.batched)
+    tokens, _ = fit.kv.capacity(fit.kv_bytes, length, fit.in_flight)
     holds = tokens // TYPICAL_SEQUENCE
     floor = max(inp.request.concurrency, 8)
     if holds >= default:

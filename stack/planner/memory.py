@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from stack.planner.kv_layout import full_attention_blocks, group_layers, sliding_window_blocks
 from stack.planner.model_meta import ModelShape
 
 GIB = 1024**3
@@ -84,23 +85,17 @@ class KvGeometry:
         return self.layer_bytes_per_token * self.block_size
 
     def _groups(self) -> tuple[int, int, int]:
-        """(layers per group, full-attention groups, sliding-window groups), as vLLM's hybrid allocator
-        groups them: groups of equal size sharing one pool of blocks."""
-        full, sliding = self.shape.full_attention_layers, self.shape.sliding_layers
-        if not sliding or not full:
-            return self.shape.num_layers, int(full > 0), int(sliding > 0)
-        size = min(full, sliding)
-        return size, math.ceil(full / size), math.ceil(sliding / size)
+        """(layers per group, full-attention groups, sliding-window groups), as vLLM's KV cache manager
+        groups them (stack.planner.kv_layout)."""
+        groups = group_layers(self.shape.full_attention_layers, self.shape.sliding_layers)
+        return groups.group_size, groups.full_groups, groups.sliding_groups
 
     def blocks_per_request(self, max_len: int, in_flight_tokens: int) -> int:
         _, full_groups, sliding_groups = self._groups()
-        full_blocks = math.ceil(max_len / self.block_size)
-        blocks = full_groups * full_blocks
+        blocks = full_groups * full_attention_blocks(max_len, self.block_size)
         if sliding_groups:
             window = self.shape.sliding_window or max_len
-            held = min(window - 1 + in_flight_tokens, max_len)
-            # +1: a window need not start at a block boundary
-            blocks += sliding_groups * (math.ceil(held / self.block_size) + 1)
+            blocks += sliding_groups * sliding_window_blocks(window, max_len, in_flight_tokens, self.block_size)
         return blocks
 
     @property

