@@ -120,6 +120,7 @@ def main() -> int:
         def chat(model: str, **extra) -> tuple[dict, float]:
             start = time.perf_counter()
             r = c.post("/v1/chat/completions", json={"model": model, "temperature": 0, "max_tokens": 24,
+                                                      **({"max_tokens": 200} if "tools" in extra else {}),
                                                       "messages": [{"role": "user", "content": "Weather in Paris?"}],
                                                       **extra})  # fmt: skip
             return {"status": r.status_code, **r.json()}, time.perf_counter() - start
@@ -141,7 +142,7 @@ def main() -> int:
         metrics = c.get("/metrics").text
         checks["lora_requests_info max_lora"] = f'max_lora="{args.max_loras}"' in metrics
         named, _ = chat("base", tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
-        required, _ = chat("base", tools=[TOOL], tool_choice="required")
+        required, _ = chat("base", tools=[TOOL], tool_choice="required", parallel_tool_calls=False)
         auto, _ = chat("base", tools=[TOOL], tool_choice="auto")
         for label, reply in (("named", named), ("required", required)):
             calls = reply["choices"][0]["message"].get("tool_calls") or []
