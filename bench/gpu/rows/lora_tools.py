@@ -85,8 +85,11 @@ def main() -> int:
     args = ap.parse_args()
     import httpx
 
-    # A time limit (timeout, the device tool) sends SIGTERM: exit through `finally`, which stops the engine.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    # A time limit (timeout, the device tool) sends SIGTERM: record it, stop the engine, write the row.
+    def _stopped(*_: object) -> None:
+        raise TimeoutError("stopped by SIGTERM (time limit)")
+
+    signal.signal(signal.SIGTERM, _stopped)
 
     config = json.loads((Path(args.model_dir) / "config.json").read_text())
     work = Path(tempfile.mkdtemp(prefix="lora-row-"))
