@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -84,6 +85,12 @@ def main() -> int:
     args = ap.parse_args()
     import httpx
 
+    # A time limit (timeout, the device tool) sends SIGTERM: record it, stop the engine, write the row.
+    def _stopped(*_: object) -> None:
+        raise TimeoutError("stopped by SIGTERM (time limit)")
+
+    signal.signal(signal.SIGTERM, _stopped)
+
     config = json.loads((Path(args.model_dir) / "config.json").read_text())
     work = Path(tempfile.mkdtemp(prefix="lora-row-"))
     names = [f"row-a{i + 1}" for i in range(args.adapters)]
@@ -120,6 +127,7 @@ def main() -> int:
         def chat(model: str, **extra) -> tuple[dict, float]:
             start = time.perf_counter()
             r = c.post("/v1/chat/completions", json={"model": model, "temperature": 0, "max_tokens": 24,
+                                                      **({"max_tokens": 200} if "tools" in extra else {}),
                                                       "messages": [{"role": "user", "content": "Weather in Paris?"}],
                                                       **extra})  # fmt: skip
             return {"status": r.status_code, **r.json()}, time.perf_counter() - start
@@ -141,7 +149,7 @@ def main() -> int:
         metrics = c.get("/metrics").text
         checks["lora_requests_info max_lora"] = f'max_lora="{args.max_loras}"' in metrics
         named, _ = chat("base", tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
-        required, _ = chat("base", tools=[TOOL], tool_choice="required")
+        required, _ = chat("base", tools=[TOOL], tool_choice="required", parallel_tool_calls=False)
         auto, _ = chat("base", tools=[TOOL], tool_choice="auto")
         for label, reply in (("named", named), ("required", required)):
             calls = reply["choices"][0]["message"].get("tool_calls") or []
