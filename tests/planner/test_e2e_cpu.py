@@ -76,10 +76,10 @@ def _vllm_kv_tokens(folder: Path, engine: dict, env: dict[str, str], log: Path) 
 def test_predicted_kv_capacity_within_10_percent_of_vllm(cfg: StackConfig, tmp_path: Path) -> None:
     folder = tmp_path / "tiny-llama"
     _write_model(folder)
-    engine = {"max_model_len": 2048, "max_num_seqs": 4, "enforce_eager": True}
-    # small and explicit: this machine is shared. The model's own dtype (bf16), which the planner models: this
-    # measures memory, not answers, so the bf16 numerics guard (adr/0012) is told so.
-    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VSTACK_ALLOW_CPU_BF16": "1"}
+    # Small and explicit: this machine is shared. float32, the dtype the stack gives CPU engines (adr/0012),
+    # stated on both sides: the planner sizes the cache in it, and this hand-made engine computes in it.
+    engine = {"max_model_len": 2048, "max_num_seqs": 4, "enforce_eager": True, "dtype": "float32"}
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     resolved = ResolvedProfile("cpu/tiny", "", cfg.hardware["cpu"],
                                ModelEntry(name="tiny", source=ModelSource(path=str(folder))), engine, {}, env)
     plan = plan_profile(resolved)
