@@ -185,6 +185,7 @@ class Ours:
             time.sleep(0.05)
         self.url = f"http://127.0.0.1:{port}"
         self.manager = app.state.gateway.manager
+        self.state = app.state.gateway
 
     def _manager(self, engines, settings, probe) -> None:
         from stack.manager.manager import ModelManager
@@ -221,7 +222,7 @@ class Ours:
         if self.server is not None:
             self.server.should_exit = True
             time.sleep(1)
-            self.call(self.sup.stop(None))  # no-op if the server's shutdown already ran
+            self.call(self.sup.stop(self.state))  # no-op if the server's shutdown already ran
         else:
             self.call(self.manager.shutdown())
 
