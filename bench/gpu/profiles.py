@@ -124,6 +124,11 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
         overrides["tensor_parallel_size"] = device.count
         held_to = (held_to + "; " if held_to else "") + (f"tensor parallel {device.count} of {hw.gpu_count}, "
                                                           f"{device_gib:.1f} GiB per GPU")
+    if hardware_patch and device.hopper and not str(hw.compute_capability or "").startswith("9."):
+        # Held to the card's memory, not its kernels: vLLM picks them from this GPU (Machete for 4-bit on
+        # Hopper, with 16-bit zero points), so the planner plans for this GPU's compute capability.
+        hardware_patch["compute_capability"] = "9.0"
+        held_to += "; Hopper kernels"
     models = [resolved.model.name, *(extra_models or [])]
     model_patch = {}
     for name in models:

@@ -25,7 +25,7 @@ from stack.planner.memory import (
 )
 from stack.planner.model_meta import ModelShape
 from stack.planner.plan import Decision, Plan, Request
-from stack.planner.weights import Weights
+from stack.planner.weights import Weights, machete_zero_point_bytes
 from stack.vllm import cpu
 from stack.vllm.cpu import CPU_KV_ENV
 from stack.vllm.cpu_dtype import planned_cpu_dtype
@@ -77,6 +77,8 @@ class _Fit:
         self.batched = int(engine.get("max_num_batched_tokens") or hw.planner.default_max_num_batched_tokens)
         self.in_flight = in_flight_tokens(self.batched, engine, inp.machine.accelerator)
         self.weights = inp.weights.on_load(engine.get("quantization"))
+        if inp.machine.accelerator != "cpu":
+            self.weights += machete_zero_point_bytes(shape, hw.compute_capability)
         self.lora = lora_gpu_bytes(shape, engine, tp)  # adapter slots, per GPU: counted with the weights
         if inp.machine.accelerator == "cpu":
             self.budget = cpu_budget(weights_total=self.weights + self.lora, kv_space=_cpu_kv_space(inp),

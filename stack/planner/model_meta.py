@@ -30,6 +30,8 @@ class Quantization:
     group_size: int | None = None
     # GPTQ keeps a permutation index (int32 per input row); AWQ does not.
     has_g_idx: bool = False
+    # Asymmetric (AWQ, GPTQ sym=false): a zero point per group as well as a scale.
+    zero_point: bool = False
 
     @property
     def label(self) -> str:
@@ -133,8 +135,9 @@ def parse_quantization(config: dict[str, Any]) -> Quantization:
     if method is None:
         return Quantization()
     if method in {"awq", "gptq", "awq_marlin", "gptq_marlin"}:
+        zero_point = bool(q.get("zero_point", True)) if method.startswith("awq") else q.get("sym") is False
         return Quantization(method.split("_")[0], int(q.get("bits", 4)), q.get("group_size"),
-                            has_g_idx=method.startswith("gptq"))
+                            has_g_idx=method.startswith("gptq"), zero_point=zero_point)
     if method == "fp8":
         return Quantization("fp8", 8)
     if method == "compressed-tensors":

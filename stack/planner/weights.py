@@ -152,3 +152,18 @@ def weights_from_config(shape: ModelShape) -> Weights:
     quantizable = linear if shape.quantization.bits >= 16 else 0
     return Weights(total, "estimated from config.json (no weight metadata at hand)",
                    quantizable, quantizable * dtype_bytes)
+
+
+def machete_zero_point_bytes(shape: ModelShape, compute_capability: str | None) -> int:
+    """What vLLM's Machete kernel adds to an asymmetric 4-bit checkpoint on Hopper.
+
+    On compute capability 9.x vLLM serves AWQ/GPTQ linear layers with MacheteLinearKernel
+    (choose_mp_linear_kernel tries it before Marlin), whose process_weights_after_loading turns each packed
+    zero point into `-scale * zero` in the activation dtype: 16 bits per group instead of `bits`.
+    Marlin (Ampere, Ada) keeps them packed, as the checkpoint does.
+    """
+    q = shape.quantization
+    if not (q.zero_point and q.group_size and q.bits < 8 and str(compute_capability or "").startswith("9.")):
+        return 0
+    linear, _ = estimate_parameters(shape)
+    return int(linear * (shape.dtype_bytes - q.bits / 8) / q.group_size)

@@ -84,3 +84,23 @@ def test_header_json_roundtrip(tmp_path: Path) -> None:
     (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(32))
     w = weights_from_folder(tmp_path)
     assert w is not None and w.total_bytes == 32 and w.quantizable_params == 0
+
+
+def test_machete_keeps_awq_zero_points_in_16_bits_on_hopper_only() -> None:
+    """vLLM's MacheteLinearKernel (Hopper) stores `-scale * zero` per group in the activation dtype; Marlin
+    (Ampere/Ada) keeps the packed 4-bit zero points. GPTQ sym=true has no zero points at all."""
+    import json
+
+    from stack.planner.model_meta import parse_config
+    from stack.planner.sources import known_config_path
+    from stack.planner.weights import estimate_parameters, machete_zero_point_bytes
+
+    awq = parse_config(json.loads(known_config_path("Qwen/Qwen2.5-32B-Instruct-AWQ").read_text()))
+    gptq = parse_config(json.loads(known_config_path("Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4").read_text()))
+    assert awq.quantization.zero_point and not gptq.quantization.zero_point
+    linear, _ = estimate_parameters(awq)
+    extra = machete_zero_point_bytes(awq, "9.0")
+    assert extra == int(linear * (2 - 0.5) / 128)
+    assert 0.3 * 2**30 < extra < 0.4 * 2**30  # 31.2 B linear weights: the 0.34 GiB seen on the H200
+    assert machete_zero_point_bytes(awq, "8.9") == 0
+    assert machete_zero_point_bytes(gptq, "9.0") == 0
