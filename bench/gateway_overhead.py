@@ -2,6 +2,11 @@
 
     .venv/bin/python bench/gateway_overhead.py                      # mock upstreams only
     .venv/bin/python bench/gateway_overhead.py --vllm-url http://127.0.0.1:8100 --vllm-model NAME
+    .venv/bin/python bench/gateway_overhead.py --compare-tree ../old    # + the gateway of another checkout
+
+`--compare-tree DIR` adds a fourth target, "before": the gateway of another checkout of this repository (e.g.
+`git worktree add ../old COMMIT`), run from that tree with the same Python, in the same interleaved rounds:
+a regression check measured side by side instead of against a figure from another day.
 
 Upstreams: a fast local OpenAI-compatible streaming server (tests/support/mock_upstream.py) that isolates the
 proxy's own cost, twice: paced like an engine (`--cadence-ms` between its `--chunks` chunks) for the
@@ -130,13 +135,14 @@ class Procs:
         self.procs: list[subprocess.Popen] = []
         self.logdir = Path(tempfile.mkdtemp(prefix="vstack-bench-"))
 
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> subprocess.Popen:
         log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen(
             argv,
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=ROOT,
+            cwd=cwd or ROOT,
             env={**os.environ, **(env or {})},
             start_new_session=True,
         )
@@ -201,6 +207,14 @@ async def run(args: argparse.Namespace) -> dict:
         for model, (url, served) in upstreams.items():
             gw_argv += ["--upstream", f"{model}={url}@{served}"]
         procs.start("gateway", gw_argv)
+        before = free_port() if args.compare_tree else None
+        if before:
+            tree = Path(args.compare_tree).resolve()
+            # Before the one-house layout (issue 16) the gateway's entry point was `stack.gateway`.
+            new_layout = (tree / "stack/entrypoints/gateway.py").is_file()
+            entry = "stack.entrypoints.gateway" if new_layout else "stack.gateway"
+            old_argv = [PY, "-m", entry, "--port", str(before), *gw_argv[5:]]  # the same upstreams
+            procs.start("gateway-before", old_argv, {"PYTHONPATH": str(tree)}, cwd=tree)
         cfg = procs.logdir / "litellm.yaml"
         litellm_config(upstreams, cfg)
         env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
@@ -210,6 +224,8 @@ async def run(args: argparse.Namespace) -> dict:
         await wait_http(f"http://127.0.0.1:{paced}/health", 30)
         await wait_http(f"http://127.0.0.1:{fast}/health", 30)
         await wait_http(f"http://127.0.0.1:{gw}/health", 60)
+        if before:
+            await wait_http(f"http://127.0.0.1:{before}/health", 60)
         await wait_http(f"http://127.0.0.1:{lt}/health/liveliness", 120, auth)
 
         def targets(model: str) -> list[Target]:
@@ -217,6 +233,7 @@ async def run(args: argparse.Namespace) -> dict:
             return [
                 Target("direct", url, served),
                 Target("vstack", f"http://127.0.0.1:{gw}", model),
+                *([Target("before", f"http://127.0.0.1:{before}", model)] if before else []),
                 Target("litellm", f"http://127.0.0.1:{lt}", model, auth),
             ]
 
@@ -280,7 +297,9 @@ def summarise_latency(c: int, per: dict[str, Sample]) -> dict:
         "direct_p50_ms": pct(d.e2e, 50) * 1e3,
         "direct_p99_ms": pct(d.e2e, 99) * 1e3,
     }
-    for name in ("vstack", "litellm"):
+    for name in ("vstack", "before", "litellm"):
+        if name not in per:
+            continue
         s = per[name]
         row[f"{name}_added_p50_ms"] = (pct(s.e2e, 50) - pct(d.e2e, 50)) * 1e3
         row[f"{name}_added_p99_ms"] = (pct(s.e2e, 99) - pct(d.e2e, 99)) * 1e3
@@ -295,6 +314,8 @@ def print_row_latency(r: dict, label: str = "paced mock") -> None:
         f"{label:10} c={r['concurrency']:<3} "
         f"direct p50 {r['direct_p50_ms']:8.2f} ms p99 {r['direct_p99_ms']:8.2f} | "
         f"vstack +{r['vstack_added_p50_ms']:6.2f} / +{r['vstack_added_p99_ms']:6.2f} ms | "
+        + (f"before +{r['before_added_p50_ms']:6.2f} / +{r['before_added_p99_ms']:6.2f} ms | "
+           if "before_added_p50_ms" in r else "") +
         f"litellm +{r['litellm_added_p50_ms']:7.2f} / +{r['litellm_added_p99_ms']:7.2f} ms (p50 / p99 added)",
         flush=True,
     )
@@ -303,6 +324,7 @@ def print_row_latency(r: dict, label: str = "paced mock") -> None:
 def print_throughput(tp: dict, c: int) -> None:
     print(
         f"max req/s (fast mock, c={c}): direct {tp['direct']:.0f}, vstack {tp['vstack']:.0f}, "
+        + (f"before {tp['before']:.0f}, " if "before" in tp else "") +
         f"litellm {tp['litellm']:.0f} -> vstack/litellm = {tp['vstack_over_litellm']:.1f}x",
         flush=True,
     )
@@ -343,6 +365,7 @@ def main() -> None:
     ap.add_argument("--vllm-concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4])
     ap.add_argument("--vllm-requests", type=int, default=12)
     ap.add_argument("--vllm-max-tokens", type=int, default=16)
+    ap.add_argument("--compare-tree", help="another checkout of this repo: its gateway runs side by side")
     ap.add_argument("--out", default="results/gateway_overhead.json")
     args = ap.parse_args()
     if args.vllm_url and not args.vllm_model:
