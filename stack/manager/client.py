@@ -55,7 +55,8 @@ def model_rows(body: dict[str, Any]) -> list[dict[str, Any]]:
         mgr = m.get("manager") or {}
         last = mgr.get("last_switch") or {}
         rows.append({
-            "model": m["model"], "state": mgr.get("state") or m["state"], "detail": mgr.get("detail", ""),
+            "model": m["model"], "state": mgr.get("state") or m["state"], "tier": mgr.get("tier", ""),
+            "detail": mgr.get("detail", ""),
             "need_gib": mgr.get("need_gib"), "in_flight": mgr.get("in_flight", 0), "queued": mgr.get("queued", 0),
             "idle_s": mgr.get("idle_s"), "restarts": mgr.get("restarts", 0),
             "last_switch": f"{last['kind']} {last['seconds']:.2f} s" if last else "",

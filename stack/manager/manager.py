@@ -34,11 +34,13 @@ from stack.manager.policy import (
     SwitchKind,
     closes,
     evictable,
+    held,
     plan_switch,
     sleep_freed_enough,
 )
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
+from stack.manager.tiers import Order, Tier, TierModel, assign_tiers, switch_order
 
 log = logging.getLogger("stack.manager")
 S = ModelState
@@ -86,6 +88,14 @@ class ModelManager:
         self._last_group: str | None = None
         self.decisions: list[dict] = []  # the last switch decisions with their reasons, for /admin/models
         self.stopping = False
+        self.assign_tiers()
+
+    def assign_tiers(self) -> None:
+        """Each model's sleeping tier (level 1, level 2, cold) from the host RAM budget: stack.manager.tiers."""
+        models = [TierModel(s.name, s.weights_host, s.can_sleep and self.capacity.sleep_supported)
+                  for s in self.slots.values()]  # fmt: skip
+        for name, choice in assign_tiers(models, self.capacity.host_budget, str(self.settings.sleep_level)).items():
+            self.slots[name].tier, self.slots[name].tier_reason = choice.tier, choice.reason
 
     # -- state changes: one place, so subscribers, metrics and waiters always agree -----------------
     def subscribe(self, on_change: OnChange) -> None:
@@ -198,19 +208,34 @@ class ModelManager:
             if slot.state == S.FAILED and not force and self.clock() - slot.failed_at < self.settings.retry_failed_s:
                 return
             t0 = self.clock()
+            phases: dict[str, float] = {}
+            order = Order(False, "")
             try:
                 plan = await self._make_room(slot)
                 kind = plan.kind
-                if slot.state == S.SLEEPING and not await self._wake(slot):
+                order = self.order_for(slot, plan)
+                if order.overlap:
+                    woke = await self._overlapped(slot, self.slots[plan.evict[0].name], phases)
+                else:
+                    for e in plan.evict:
+                        t = self.clock()
+                        await self.evict(self.slots[e.name], e.action)
+                        phases[f"{e.action}_{e.name}_s"] = round(self.clock() - t, 3)
+                    woke = slot.state != S.SLEEPING or await self._wake(slot, phases)
+                if not woke:
                     kind = SwitchKind.COLD
                 if slot.state != S.READY:
+                    t = self.clock()
                     await self._cold_start(slot)
+                    phases["cold_start_s"] = round(self.clock() - t, 3)
             finally:
                 for other in self.slots.values():
                     other.closing = False
                 self.bump()
             seconds = self.clock() - t0
-            slot.last_switch = {"kind": str(kind), "seconds": round(seconds, 3), "reason": plan.reason}
+            slot.last_switch = {"kind": str(kind), "seconds": round(seconds, 3), "reason": plan.reason,
+                                "tier": str(slot.tier), "overlap": order.overlap, "order": order.reason,
+                                "phases": phases}  # fmt: skip
             self.metrics.switches.labels(name, str(kind)).inc()
             self.metrics.switch_seconds.labels(str(kind)).observe(seconds)
             log.info("switched to %s (%s) in %.2f s: %s", name, kind, seconds, plan.reason)
@@ -241,9 +266,23 @@ class ModelManager:
             slot.failed_at = self.clock()
             self.move(slot, S.FAILED, detail)
             raise EngineError(f"model {slot.name!r} {detail}")
-        for e in plan.evict:
-            await self.evict(self.slots[e.name], e.action)
         return plan
+
+    def order_for(self, slot: Slot, plan) -> Order:
+        """Overlap or sequential (stack.manager.tiers.switch_order), from the memory held right now: the
+        target asleep, exactly one model put to sleep for it, its weights fitting beside everything awake."""
+        if slot.state != S.SLEEPING or not plan.evict:
+            return Order(False, "nothing to overlap")
+        sleepers = [e.name for e in plan.evict if e.action == Evict.SLEEP]
+        if len(sleepers) != len(plan.evict):
+            return Order(False, "a model is stopped, not put to sleep: sequential")
+        free = self.capacity.total - sum(held(s.view(), self.capacity) for s in self.slots.values())
+        order = switch_order(slot.weights_gpu, free, self.capacity.total, target_tier=slot.tier,
+                             evicted=sleepers, enabled=self.settings.overlap_wake)  # fmt: skip
+        if order.overlap and not isinstance(self.probe, NoProbe) and self.probe.used() is None:
+            return Order(False, "no NVML reading: the freed memory could not be checked")
+        log.info("switch order for %s: %s (%s)", slot.name, "overlap" if order.overlap else "sequential", order.reason)
+        return order
 
     def _record(self, name: str, kind: SwitchKind, reason: str, evict: tuple) -> None:
         entry = {"model": name, "kind": str(kind), "reason": reason, "at": time.time(),
@@ -255,24 +294,33 @@ class ModelManager:
         if victim.state not in (S.READY, S.SLEEPING):
             return
         self.metrics.evictions.labels(victim.name, str(action)).inc()
-        if action == Evict.SLEEP and victim.state == S.READY:
+        if action == Evict.SLEEP and victim.state == S.READY and victim.sleeps:
             before = self.probe.used()
-            self.move(victim, S.SLEEPING, f"sleep level {self.settings.sleep_level}")
+            level = victim.tier.sleep_level or 1
+            self.move(victim, S.SLEEPING, f"sleep level {level}")
             try:
-                await asyncio.to_thread(victim.runtime.sleep, self.settings.sleep_level)
-                after = self.probe.used()
-                if sleep_freed_enough(before, after, victim.need, self.settings.sleep_min_freed):
-                    victim.residue = max(0, (victim.need or 0) - (before - after))  # type: ignore[operator]
-                    self.move(victim, S.SLEEPING, f"asleep, {(before - after) / 2**30:.1f} GiB freed")  # type: ignore[operator]
+                await asyncio.to_thread(victim.runtime.sleep, level)
+                if self._verify_sleep(victim, before, self.probe.used(), 0):
                     return
-                if not victim.runtime.owns_process:
-                    # An attached engine cannot be stopped instead: asleep is the most we can do.
-                    self.move(victim, S.SLEEPING, "asleep (freed memory not verified)")
-                    return
-                log.warning("sleep of %s freed too little (used %s -> %s): stopping it", victim.name, before, after)
             except EngineError as exc:
                 log.warning("sleep of %s failed (%s): stopping it", victim.name, exc.message)
         await self.stop_engine(victim, "evicted" if action == Evict.STOP else "sleep did not free memory; stopped")
+
+    def _verify_sleep(self, victim: Slot, before: int | None, after: int | None, grown: int) -> bool:
+        """True when the sleep is done with: NVML shows its memory freed (`grown`: bytes another engine mapped
+        meanwhile, an overlapped wake), or it is an attached engine that cannot be stopped instead."""
+        freed = None if before is None or after is None else before - after + grown
+        if freed is not None and sleep_freed_enough(freed, 0, victim.need, self.settings.sleep_min_freed):
+            victim.residue = max(0, (victim.need or 0) - freed)
+            self.move(victim, S.SLEEPING, f"asleep (level {victim.tier.sleep_level}), {freed / 2**30:.1f} GiB freed")
+            return True
+        if not victim.runtime.owns_process:
+            # An attached engine cannot be stopped instead: asleep is the most we can do.
+            self.move(victim, S.SLEEPING, "asleep (freed memory not verified)")
+            return True
+        log.warning("sleep of %s freed too little (used %s -> %s, %s mapped meanwhile): stopping it", victim.name,
+                    before, after, grown)  # fmt: skip
+        return False
 
     async def stop_engine(self, slot: Slot, why: str) -> None:
         self.move(slot, S.STOPPING, why)
@@ -280,16 +328,65 @@ class ModelManager:
         slot.residue = 0
         self.move(slot, S.STOPPED, why)
 
-    async def _wake(self, slot: Slot) -> bool:
-        self.move(slot, S.STARTING, "waking up")
+    async def _timed(self, phases: dict[str, float], key: str, fn, *args) -> None:
+        t = self.clock()
+        await asyncio.to_thread(fn, *args)
+        phases[key] = round(self.clock() - t, 3)
+
+    async def _wake_weights(self, slot: Slot, phases: dict[str, float]) -> None:
+        """The weights back on the GPU: mapped and copied from host RAM (level 1), or mapped and reloaded
+        from the model's files (level 2: vLLM's reload_weights through /collective_rpc)."""
+        await self._timed(phases, "wake_weights_s", slot.runtime.wake_up, ["weights"])
+        if slot.tier == Tier.LEVEL2:
+            await self._timed(phases, "reload_weights_s", slot.runtime.reload_weights)
+
+    async def _wake_rest(self, slot: Slot, phases: dict[str, float]) -> None:
+        await self._timed(phases, "wake_kv_cache_s", slot.runtime.wake_up, ["kv_cache"])
+        await self._timed(phases, "ready_s", slot.runtime.wait_ready, 60.0)
+
+    async def _wake(self, slot: Slot, phases: dict[str, float]) -> bool:
+        """Sequential wake: weights, then the KV cache (two calls, so each is timed)."""
+        self.move(slot, S.STARTING, f"waking up (level {slot.tier.sleep_level or 1})")
         try:
-            await asyncio.to_thread(slot.runtime.wake_up)
-            await asyncio.to_thread(slot.runtime.wait_ready, 60.0)
+            await self._wake_weights(slot, phases)
+            await self._wake_rest(slot, phases)
         except EngineError as exc:
-            log.warning("wake-up of %s failed (%s): cold start instead", slot.name, exc.message)
-            await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
-            return False
+            return await self._wake_failed(slot, exc)
         self._ready(slot, "woken up")
+        return True
+
+    async def _wake_failed(self, slot: Slot, exc: EngineError) -> bool:
+        log.warning("wake-up of %s failed (%s): cold start instead", slot.name, exc.message)
+        await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
+        return False
+
+    async def _overlapped(self, slot: Slot, victim: Slot, phases: dict[str, float]) -> bool:
+        """Put `victim` to sleep while `slot`'s weights come back (opposite directions of the bus); then the
+        KV cache once the victim's memory is verifiably free. switch_order allowed it: the weights fit beside
+        the victim awake. A sleep that freed too little stops the victim before the KV cache is woken."""
+        self.metrics.evictions.labels(victim.name, str(Evict.SLEEP)).inc()
+        before = self.probe.used()
+        level = victim.tier.sleep_level or 1
+        self.move(victim, S.SLEEPING, f"sleep level {level}, overlapped with {slot.name}'s wake")
+        self.move(slot, S.STARTING, f"waking weights beside {victim.name}'s sleep")
+        t = self.clock()
+        slept, woke = await asyncio.gather(self._timed(phases, f"sleep_{victim.name}_s", victim.runtime.sleep, level),
+                                           self._wake_weights(slot, phases), return_exceptions=True)  # fmt: skip
+        phases["overlap_s"] = round(self.clock() - t, 3)
+        grown = 0 if isinstance(woke, BaseException) else (slot.weights_gpu or 0)
+        if isinstance(slept, BaseException) or not self._verify_sleep(victim, before, self.probe.used(), grown):
+            if isinstance(slept, BaseException):
+                log.warning("sleep of %s failed (%s): stopping it", victim.name, slept)
+            await self.stop_engine(victim, "sleep did not free memory; stopped")
+        if isinstance(woke, BaseException):
+            if not isinstance(woke, EngineError):
+                raise woke
+            return await self._wake_failed(slot, woke)
+        try:
+            await self._wake_rest(slot, phases)
+        except EngineError as exc:
+            return await self._wake_failed(slot, exc)
+        self._ready(slot, "woken up (overlapped)")
         return True
 
     async def _cold_start(self, slot: Slot) -> None:
@@ -330,7 +427,7 @@ class ModelManager:
                 await self.changed(0.25)
             can = sleep and slot.can_sleep and self.capacity.sleep_supported
             if slot.state in (S.READY, S.SLEEPING):
-                await self.evict(slot, Evict.SLEEP if can and slot.state == S.READY else Evict.STOP)
+                await self.evict(slot, Evict.SLEEP if can and slot.sleeps and slot.state == S.READY else Evict.STOP)
             elif slot.state == S.FAILED:
                 self.move(slot, S.STOPPED, "unloaded")
         return slot
@@ -344,9 +441,11 @@ class ModelManager:
         return slot
 
     def status(self) -> dict:
-        now = self.clock()
+        now, host = self.clock(), self.capacity.host_budget
         return {
             "capacity_gib": round(self.capacity.total / 2**30, 2), "sleep_mode": self.capacity.sleep_supported,
+            "host_budget_gib": None if host is None else round(host / 2**30, 2),
+            "overlap_wake": self.settings.overlap_wake,
             "models": {n: s.public(now) for n, s in self.slots.items()}, "decisions": self.decisions,
         }  # fmt: skip
 

@@ -67,3 +67,20 @@ def engine_need(fit: Plan | None) -> tuple[int | None, str]:
     if fit is None:
         return None, "unknown (not planned)"
     return fit.budget.requested, f"planner: {fit.budget.device} {fit.budget.requested / GIB:.1f} GiB"
+
+
+def engine_weights(fit: Plan | None) -> tuple[int | None, int | None]:
+    """(bytes per GPU, bytes of all ranks) of an engine's weights, from the fit planner; None: unknown."""
+    if fit is None:
+        return None, None
+    return fit.budget.weights, fit.weights.total_bytes
+
+
+def host_budget_bytes(settings: ManagerConfig, hardware: object, engines: int) -> int | None:
+    """Host RAM the level-1 sleepers' weights may take together (stack.manager.tiers.host_budget)."""
+    from stack.manager.tiers import host_budget
+
+    return host_budget(int(getattr(hardware, "ram_total", 0) or 0), int(getattr(hardware, "ram_available", 0) or 0),
+                       engines, fraction=settings.host_memory_fraction,
+                       per_engine_bytes=int(settings.host_per_engine_gib * GIB),
+                       configured_gib=settings.host_memory_budget_gib)  # fmt: skip

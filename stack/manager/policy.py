@@ -44,6 +44,7 @@ class ModelView:
 class Capacity:
     total: int  # bytes the engines may use together
     sleep_supported: bool  # GPU engines started with sleep mode
+    host_budget: int | None = None  # host RAM the level-1 sleepers' weights may take (None: unknown)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from stack.engine.runtime import Runtime
 from stack.manager.policy import ModelView
 from stack.manager.states import ModelState, check_move
+from stack.manager.tiers import Tier
 
 
 @dataclass
@@ -32,20 +33,31 @@ class Slot:
     failed_at: float = 0.0
     log_tail: str = ""
     last_switch: dict = field(default_factory=dict)  # kind, seconds, reason of the last switch to it
+    weights_gpu: int | None = None  # weight bytes per GPU (the planner's): what an overlapped wake adds
+    weights_host: int | None = None  # weight bytes of all ranks: what a level-1 sleep keeps in host RAM
+    tier: Tier = Tier.COLD  # where it waits asleep (stack.manager.tiers), set when the manager is built
+    tier_reason: str = ""
 
     def move(self, state: ModelState, detail: str = "") -> None:
         check_move(self.name, self.state, state)
         self.state, self.detail, self.since = state, detail, time.monotonic()
 
+    @property
+    def sleeps(self) -> bool:
+        """Put to sleep (not stopped) to make room: sleep mode on and a sleeping tier."""
+        return self.can_sleep and self.tier != Tier.COLD
+
     def view(self) -> ModelView:
         return ModelView(self.name, self.state, self.need, self.last_used, self.ready_since,
-                         self.in_flight, self.can_sleep, self.residue)  # fmt: skip
+                         self.in_flight, self.sleeps, self.residue)  # fmt: skip
 
     def public(self, now: float) -> dict:
         return {
             "state": str(self.state), "detail": self.detail, "for_s": round(now - self.since, 1),
             "need_gib": None if self.need is None else round(self.need / 1024**3, 2), "need_source": self.need_source,
-            "can_sleep": self.can_sleep, "in_flight": self.in_flight, "queued": self.waiting,
+            "can_sleep": self.can_sleep, "tier": str(self.tier), "tier_reason": self.tier_reason,
+            "weights_gib": None if self.weights_host is None else round(self.weights_host / 1024**3, 2),
+            "in_flight": self.in_flight, "queued": self.waiting,
             "idle_s": round(now - self.last_used, 1) if self.last_used else None,
             "restarts": len(self.restarts), "last_switch": self.last_switch,
             "log_tail": self.log_tail if self.state == ModelState.FAILED else "",

@@ -60,7 +60,13 @@ class StandIn:
         self.running = self.asleep = False
         self.code: int | None = None
         self.starts = self.sleeps = self.wakes = 0
-        self.fail_start = self.fail_wake = self.stuck_sleep = False
+        self.fail_start = self.fail_wake = self.stuck_sleep = self.fail_sleep = False
+        self.weights = need // 4  # what a wake of the `weights` tag maps on the fake GPU
+        self.weights_up = False
+        self.sleep_s = self.wake_s = 0.0  # how long a sleep / a weights wake takes (overlap tests)
+        self.calls: list[tuple[str, float, float]] = []  # (what, started, ended), perf_counter
+        self.levels: list[int] = []
+        self.reloads = 0
         self.lock = threading.Lock()
         if gpu is not None:
             gpu.engines.append(self)
@@ -68,7 +74,9 @@ class StandIn:
     def holding(self) -> int:
         if not self.running:
             return 0
-        return self.need if (not self.asleep or self.stuck_sleep) else GIB // 8
+        if not self.asleep or self.stuck_sleep:
+            return self.need
+        return GIB // 8 + (self.weights if self.weights_up else 0)
 
     def start(self) -> int:
         with self.lock:
@@ -99,14 +107,31 @@ class StandIn:
         self.running, self.code = False, -9
 
     def sleep(self, level: int = 1, timeout: float = 120) -> None:
+        t = time.perf_counter()
+        time.sleep(self.sleep_s)
         self.sleeps += 1
-        self.asleep = True
+        self.levels.append(level)
+        self.calls.append(("sleep", t, time.perf_counter()))
+        if self.fail_sleep:
+            raise EngineError(f"engine {self.spec.name!r}: POST /sleep answered 500")
+        self.asleep, self.weights_up = True, False
 
     def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
-        self.wakes += 1
+        t = time.perf_counter()
+        if tags == ["weights"]:
+            time.sleep(self.wake_s)
+        self.calls.append((f"wake {','.join(tags or ['all'])}", t, time.perf_counter()))
         if self.fail_wake:
             raise EngineError(f"engine {self.spec.name!r}: POST /wake_up answered 500")
+        if tags == ["weights"]:
+            self.weights_up = True
+            return
+        self.wakes += 1
         self.asleep = False
+
+    def reload_weights(self, timeout: float = 600) -> None:
+        self.reloads += 1
+        self.calls.append(("reload", time.perf_counter(), time.perf_counter()))
 
     def is_sleeping(self) -> bool:
         return self.asleep

@@ -70,6 +70,7 @@ def test_status_on_a_fresh_install(vllm_site: Path) -> None:
         "backport-55743-tool-args-large-int": State.NOT_APPLIED,
         "cpu-fp8-kv-isa-check": State.RUNTIME,
         "cpu-bf16-numerics-guard": State.RUNTIME,
+        "cpu-aot-cache-reuse": State.RUNTIME,
     }
 
 

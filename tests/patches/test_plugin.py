@@ -46,3 +46,31 @@ def test_runtime_patches_can_be_switched_off(pristine_site: Path) -> None:
     one = run_python(pristine_site, PROBE, env={"VSTACK_DISABLE_PATCHES": "cpu-fp8-kv-isa-check"})
     assert "'cpu-fp8-kv-isa-check': 'disabled (VSTACK_DISABLE_PATCHES)'" in one.stdout
     assert "fp8 True" in one.stdout
+
+
+# The object vLLM 0.32's AOT cache load ends with on the CPU build: torch's wrapper around an inductor-compiled
+# plain function (which carries `serialize`, as the inductor result does).
+AOT_PROBE = """
+from torch._dynamo.aot_compile_types import BundledAOTAutogradSerializableCallable as Bundled
+def compiled(*args): return "ran"
+compiled.serialize = lambda: b""
+fn = Bundled(compiled)
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+import stack.patches.plugin as plugin
+print("outcome", plugin._loaded.get("cpu-aot-cache-reuse"))
+try:
+    fn.finalize_loading(None)   # what compilation/decorators.py calls after loading the artifact
+    print("loaded", fn())
+except AttributeError as e:
+    print("recompiles:", e)
+"""
+
+
+def test_aot_cache_load_no_longer_fails_on_finalize_loading(pristine_site: Path) -> None:
+    on = run_python(pristine_site, AOT_PROBE)
+    assert on.returncode == 0, on.stderr[-3000:]
+    assert "outcome applied" in on.stdout and "loaded ran" in on.stdout
+    off = run_python(pristine_site, AOT_PROBE, env={"VSTACK_DISABLE_PATCHES": "cpu-aot-cache-reuse"})
+    # upstream 0.32: the exact reason in "Compiling model again due to a load failure ..."
+    assert "recompiles: 'function' object has no attribute 'finalize_loading'" in off.stdout

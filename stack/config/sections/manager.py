@@ -80,7 +80,21 @@ class ManagerConfig(BaseModel):
     sleep: Literal["auto", "off"] = Field(
         "auto", description="auto: engines on a GPU start with --enable-sleep-mode and are put to sleep to switch"
     )
-    sleep_level: Literal[1, 2] = Field(1, description="vLLM sleep level: 1 offloads weights to RAM, 2 drops them")
+    sleep_level: Literal["auto", 1, 2] = Field(
+        "auto", description="vLLM sleep level per model: auto (level 1, weights kept in pinned host RAM, while "
+        "host_memory_budget holds them, then level 2, weights reloaded from the files), or 1 / 2 for all",
+    )
+    host_memory_budget_gib: float | None = Field(
+        None, gt=0, description="host RAM the level-1 sleepers' weights may take together (default: "
+        "host_memory_fraction of the RAM available at start, less host_per_engine_gib per engine)",
+    )
+    host_memory_fraction: float = Field(0.7, gt=0, le=1, description="see host_memory_budget_gib")
+    host_per_engine_gib: float = Field(
+        3.0, ge=0, description="host RAM an engine process takes besides its weights (Python, CUDA, tokenizer)"
+    )
+    overlap_wake: bool = Field(
+        True, description="wake the target's weights while the evicted model sleeps when they fit beside it"
+    )
     sleep_min_freed: float = Field(
         0.5, gt=0, le=1, description="after a sleep NVML must show this fraction of the engine's memory freed"
     )

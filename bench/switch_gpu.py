@@ -1,0 +1,309 @@
+"""`bench/switch_time.py --gpu`: sleeping switches on one GPU, ours next to raw vLLM and the bus limit, one run.
+
+The same engines serve both sides (no second set of cold starts, the same memory layout): the model manager
+starts each model once and switches (vstack: tiers, overlapped wake, NVML checks; once with the overlap and
+once with it off), then the same engines are switched by hand with vLLM's raw endpoints (POST A/sleep?level=1,
+POST B/wake_up, first token), interleaved round by round. Before any engine starts, a pinned torch copy
+measures the bus (host->GPU, GPU->host, both at once): the bus limit of a switch is its weights over those.
+
+    scenario pair   8B -> 3B -> 8B ... (Llama-3.1-8B and Llama-3.2-3B shapes), `--repeat` times each way;
+                    then once with the 3B at level 2 (weights dropped, reloaded on wake: the tier beyond RAM)
+    scenario round  4 models of 3B-8B shapes asked in turn (8B, 3B, Qwen2.5-7B, Mistral-7B), `--repeat` rounds
+
+Per switch it records: total (request to first token), the manager's phases (sleep, wake of the weights, of
+the KV cache, ready), its own overhead (switch time not in a phase), and for raw vLLM sleep, wake, first token.
+Dummy weights (`--load-format dummy`) of the real shapes: real memory, real copies. GPU only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+GIB = 1024**3
+
+# Llama-3.2-3B's published shape, on the Llama-3.1-8B config the planner ships (no 3B config is shipped).
+LLAMA_3B = {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24,
+            "num_key_value_heads": 8, "tie_word_embeddings": True, "head_dim": 128}  # fmt: skip
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama-8b": ("meta-llama--Llama-3.1-8B-Instruct", {}),
+    "llama-3b": ("meta-llama--Llama-3.1-8B-Instruct", LLAMA_3B),
+    "qwen-7b": ("Qwen--Qwen2.5-7B-Instruct", {}),
+    "mistral-7b": ("mistralai--Mistral-7B-v0.1", {}),
+}
+SCENARIOS = {"pair": ["llama-8b", "llama-3b"], "round": ["llama-8b", "llama-3b", "qwen-7b", "mistral-7b"]}
+
+BUS_CODE = r"""
+import json, sys, time, torch
+n = int(float(sys.argv[1]) * 2**30)
+h, h2 = (torch.empty(n, dtype=torch.uint8, pin_memory=True) for _ in range(2))
+d, d2 = (torch.empty(n, dtype=torch.uint8, device="cuda") for _ in range(2))
+def best(fn, reps=4):
+    out = 1e9
+    for _ in range(reps):
+        torch.cuda.synchronize(); t = time.perf_counter(); fn(); torch.cuda.synchronize()
+        out = min(out, time.perf_counter() - t)
+    return out
+s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+def duplex():
+    with torch.cuda.stream(s1): d.copy_(h, non_blocking=True)
+    with torch.cuda.stream(s2): h2.copy_(d2, non_blocking=True)
+h2d = best(lambda: d.copy_(h, non_blocking=True)); d2h = best(lambda: h.copy_(d, non_blocking=True))
+both = best(duplex)
+p = torch.empty(n, dtype=torch.uint8)
+pageable = best(lambda: d.copy_(p), reps=2)
+print(json.dumps({"gib": n / 2**30, "h2d_gbps": round(n / h2d / 1e9, 2), "d2h_gbps": round(n / d2h / 1e9, 2),
+                  "duplex_each_gbps": round(n / both / 1e9, 2), "pageable_h2d_gbps": round(n / pageable / 1e9, 2)}))
+"""
+
+
+def bus(gib: float = 4.0) -> dict[str, float]:
+    """Pinned host<->GPU copies measured by torch in a child process (its CUDA context is gone after)."""
+    out = subprocess.run([sys.executable, "-c", BUS_CODE, str(gib)], capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        return {"error": out.stderr[-2000:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def bus_limit(w_out: int, w_in: int, b: dict[str, float]) -> dict[str, float | None]:
+    """Seconds the bus needs to move A's weights out and B's in: one after the other, and both at once."""
+    if "h2d_gbps" not in b:
+        return {"sequential_s": None, "overlapped_s": None}
+    seq = w_out / (b["d2h_gbps"] * 1e9) + w_in / (b["h2d_gbps"] * 1e9)
+    both = max(w_out, w_in) / (b["duplex_each_gbps"] * 1e9)
+    return {"sequential_s": round(seq, 3), "overlapped_s": round(both, 3)}
+
+
+def make_models(names: list[str], where: Path) -> dict[str, Path]:
+    from bench.gpu.models import fixture_config, write_model
+
+    out = {}
+    for name in names:
+        fixture, changes = SHAPES[name]
+        out[name] = write_model(where / name, {**fixture_config(fixture), **changes})
+    return out
+
+
+def first_token(base: str, served: str, timeout: float = 600) -> float:
+    t0 = time.perf_counter()
+    body = {"model": served, "prompt": "t5 t6 t7", "max_tokens": 4, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {") and '"choices"' in line:
+                return time.perf_counter() - t0
+    raise RuntimeError(f"{served}: no token")
+
+
+class Bench:
+    """The manager in a thread with its own loop, over LocalEngines it starts (sleep mode on)."""
+
+    def __init__(self, models: dict[str, Path], utilization: float, max_len: int, logs: Path,
+                 launcher: list[str]) -> None:  # fmt: skip
+        import psutil
+
+        from stack.config import load_config
+        from stack.config.sections.manager import ManagerConfig
+        from stack.engine.process import EngineSpec
+        from stack.engine.runtime import LocalEngine, with_port
+        from stack.hardware import detect, match_profile
+        from stack.manager.manager import ModelManager
+        from stack.manager.memory import NvmlProbe, host_budget_bytes
+        from stack.manager.policy import Capacity
+        from stack.manager.slot import Slot
+        from stack.planner.api import plan_model
+
+        cfg, info = load_config(), detect()
+        hw, _why = match_profile(info, cfg)
+        self.total = sum(g.memory_total for g in info.gpus)
+        engine = {"gpu_memory_utilization": utilization, "enforce_eager": True, "max_model_len": max_len}
+        self.plans = {n: plan_model(cfg, str(p), hw.name, engine=engine) for n, p in models.items()}
+        self.settings = ManagerConfig(min_residency_s=0, quiet_s=0, idle_ttl_s=0, queue_timeout_s=900,
+                                      restart_max=0)  # fmt: skip
+        slots = []
+        for name, folder in models.items():
+            argv = [*launcher, "serve", str(folder), "--host", "127.0.0.1", "--port", "0", "--served-model-name",
+                    name, "--load-format", "dummy", "--enforce-eager", "--max-model-len", str(max_len),
+                    "--gpu-memory-utilization", str(utilization), "--enable-sleep-mode"]  # fmt: skip
+            spec = EngineSpec(name, "bench", argv, {"VLLM_SERVER_DEV_MODE": "1"}, "127.0.0.1", 0,
+                              logs / f"{name}.log", [])  # fmt: skip
+            factory = lambda s=spec: LocalEngine(with_port(s, free_port()))  # noqa: E731
+            plan = self.plans[name]
+            slots.append(Slot(name, factory(), factory, plan.budget.requested, "planner", True,
+                              weights_gpu=plan.budget.weights, weights_host=plan.weights.total_bytes))  # fmt: skip
+        vm = psutil.virtual_memory()
+        host = host_budget_bytes(self.settings, SimpleNamespace(ram_total=vm.total, ram_available=vm.available),
+                                 len(slots))  # fmt: skip
+        self.capacity = Capacity(self.total, True, host)
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.manager = ModelManager(slots, self.settings, self.capacity, probe=NvmlProbe(), startup_timeout_s=900,
+                                    stop_grace_s=15)  # fmt: skip
+
+    def call(self, coro, timeout: float = 1800):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def url(self, name: str) -> str:
+        return self.manager.slots[name].runtime.spec.base_url
+
+    def request(self, name: str) -> dict[str, Any]:
+        """A request for `name` through the manager's admission, to its first token; the switch it caused."""
+        t0 = time.perf_counter()
+
+        async def admit():
+            return await self.manager.admit(name)
+
+        ticket = self.call(admit())
+        admitted = time.perf_counter() - t0
+        try:
+            first_token(self.url(name), name)
+        finally:
+            self.loop.call_soon_threadsafe(ticket.release)
+        total = time.perf_counter() - t0
+        last = dict(self.manager.slots[name].last_switch)
+        phases = last.get("phases", {})
+        in_phases = sum(v for k, v in phases.items() if k != "overlap_s" and not (
+            last.get("overlap") and (k.startswith("sleep_") or k in ("wake_weights_s", "reload_weights_s"))))
+        in_phases += phases.get("overlap_s", 0.0)
+        return {"to": name, "total_s": round(total, 3), "switch_s": last.get("seconds"), "kind": last.get("kind"),
+                "tier": last.get("tier"), "overlap": last.get("overlap"), "order": last.get("order"),
+                "phases": phases, "first_token_after_switch_s": round(total - admitted, 3),
+                "overhead_s": None if last.get("seconds") is None else round(last["seconds"] - in_phases, 3)}
+
+    def raw(self, frm: str, to: str, by_tag: bool = False) -> dict[str, Any]:
+        """vLLM's own endpoints by hand: sleep the awake one (level 1), wake the other, its first token."""
+        t0 = time.perf_counter()
+        httpx.post(f"{self.url(frm)}/sleep", params={"level": "1"}, timeout=300).raise_for_status()
+        slept = time.perf_counter()
+        out: dict[str, Any] = {"to": to, "from": frm, "sleep_s": round(slept - t0, 3)}
+        if by_tag:
+            httpx.post(f"{self.url(to)}/wake_up", params={"tags": "weights"}, timeout=300).raise_for_status()
+            mid = time.perf_counter()
+            httpx.post(f"{self.url(to)}/wake_up", params={"tags": "kv_cache"}, timeout=300).raise_for_status()
+            out.update(wake_weights_s=round(mid - slept, 3), wake_kv_cache_s=round(time.perf_counter() - mid, 3))
+        else:
+            httpx.post(f"{self.url(to)}/wake_up", timeout=300).raise_for_status()
+        woke = time.perf_counter()
+        out["wake_s"] = round(woke - slept, 3)
+        out["first_token_s"] = round(first_token(self.url(to), to), 3)
+        out["total_s"] = round(time.perf_counter() - t0, 3)
+        return out
+
+    def close(self) -> None:
+        self.call(self.manager.shutdown())
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def median(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path, launcher: list[str]) -> dict:
+    names = SCENARIOS[scenario]
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    measured_bus = bus()
+    print("bus:", measured_bus, flush=True)
+    models = make_models(names, work / "models")
+    b = Bench(models, utilization, max_len, logs, launcher)
+    result: dict[str, Any] = {"scenario": scenario, "utilization": utilization, "bus": measured_bus,
+                              "host_budget_gib": round((b.capacity.host_budget or 0) / GIB, 1),
+                              "gpu_total_gib": round(b.total / GIB, 2), "models": {}, "starts": [], "switches": []}
+    for n in names:
+        s = b.manager.slots[n]
+        result["models"][n] = {"weights_gib": round((s.weights_gpu or 0) / GIB, 2), "need_gib": round(s.need / GIB, 2),
+                               "tier": str(s.tier), "tier_reason": s.tier_reason}  # fmt: skip
+    weights = {n: b.manager.slots[n].weights_gpu or 0 for n in names}
+    try:
+        for n in names:  # each started once (the one before it put to sleep)
+            step = b.request(n)
+            result["starts"].append(step)
+            print("start", json.dumps(step), flush=True)
+        cur = names[-1]
+        order = names if scenario == "round" else [names[0], names[1]]
+        for r in range(repeat):
+            for overlap in (True, False):  # ours with the overlap, then with it off (the manager's sequential)
+                b.manager.settings = b.settings.model_copy(update={"overlap_wake": overlap})
+                for n in [*order[order.index(cur) + 1:], *order[: order.index(cur) + 1]]:
+                    step = {"side": "vstack" if overlap else "vstack-sequential", "round": r, "from": cur,
+                            **b.request(n), "bus": bus_limit(weights[cur], weights[n], measured_bus)}  # fmt: skip
+                    result["switches"].append(step)
+                    print(json.dumps(step), flush=True)
+                    cur = n
+            for n in [*order[order.index(cur) + 1:], *order[: order.index(cur) + 1]]:
+                step = {"side": "raw", "round": r, **b.raw(cur, n, by_tag=r == 0),
+                        "bus": bus_limit(weights[cur], weights[n], measured_bus)}  # fmt: skip
+                result["switches"].append(step)
+                print(json.dumps(step), flush=True)
+                cur = n
+        if scenario == "pair":  # the level-2 tier on the real engine: the 3B's weights dropped, then reloaded
+            from stack.manager.tiers import Tier
+
+            small = b.manager.slots[names[1]]
+            small.tier, small.tier_reason = Tier.LEVEL2, "forced by the benchmark"
+            for n in [x for x in order if x != cur] + [cur]:
+                step = {"side": "vstack-level2", "from": cur, **b.request(n)}
+                result["switches"].append(step)
+                print(json.dumps(step), flush=True)
+                cur = n
+    except Exception as exc:
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        print("error:", result["error"], flush=True)
+    finally:
+        b.close()
+    result["summary"] = summarize(result)
+    return result
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """Per direction: median totals of each side, the ratio ours / raw, and the bus limit beside them."""
+    out: dict[str, Any] = {}
+    for s in result["switches"]:
+        key = f"{s.get('from')}->{s['to']}"
+        row = out.setdefault(key, {"vstack": [], "vstack-sequential": [], "raw": [], "vstack-level2": [],
+                                   "bus": s.get("bus")})  # fmt: skip
+        row[s["side"]].append(s["total_s"])
+    for row in out.values():
+        for side in ("vstack", "vstack-sequential", "raw", "vstack-level2"):
+            row[side] = median(row[side])
+        row["ratio_vstack_to_raw"] = round(row["vstack"] / row["raw"], 3) if row["vstack"] and row["raw"] else None
+    cold = [s for s in result["switches"] if s["side"].startswith("vstack") and s.get("kind") == "cold"]
+    out["_checks"] = {"cold_starts_in_switches": len(cold),
+                      "every_switch_le_raw": all((r["ratio_vstack_to_raw"] or 9) <= 1.0 for k, r in out.items()
+                                                 if not k.startswith("_"))}  # fmt: skip
+    return out
+
+
+def main(args: Any) -> None:
+    import shlex
+
+    work = Path(args.logs)
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    result = run(args.scenario, args.repeat, args.utilization, 2048, work, shlex.split(args.launcher))
+    result["date"] = time.strftime("%Y-%m-%d %H:%M")
+    print(json.dumps(result["summary"], indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
