@@ -344,17 +344,13 @@ def _search(req: TuneRequest, scenario: Scenario, plan: EnginePlan, spec: Engine
             clauses: list[Clause], earlier: list[Point], deadline: float | None, tick: Callable[..., None],
             result: Measured, save: Callable[[Measured], None], common: dict[str, Any]) -> dict[str, Any]:
     """The rate search on a started engine; every probe is saved at once (a killed call loses none)."""
-    from stack.load.vllm_bench import OpenLoop, run_bench
+    from stack.load.vllm_bench import open_loop_probe
 
     settings = scenario.tune.search()
     t0 = time.monotonic()
-
-    def probe(rate: float, n: int, seed: int) -> dict[str, Any]:
-        loop = OpenLoop(rate, n, settings.burstiness, settings.warmups, seed)
-        metrics, _path = run_bench(scenario, plan.python, spec.base_url, plan.resolved.served_name, plan.model_arg,
-                                   req.out_dir / "bench", f"{spec.name}-p{seed}", lambda t: tick("measuring", t,
-                                   f"probe {seed}: {rate:g} req/s"), open_loop=loop)
-        return metrics
+    probe = open_loop_probe(scenario, plan.python, spec.base_url, plan.resolved.served_name, plan.model_arg,
+                            req.out_dir / "bench", spec.name, settings.burstiness, settings.warmups,
+                            lambda t, what: tick("measuring", t, what))
 
     def on_point(p: Point) -> None:
         tick("measuring", time.monotonic() - t0, f"{p.rate:g} req/s: {'meets' if p.met else 'misses'} the SLO")

@@ -131,5 +131,20 @@ def run_bench(scenario: Scenario, python: str, base_url: str, model: str, tokeni
     return metrics_from_bench(json.loads(path.read_text())), path
 
 
+def open_loop_probe(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str, work_dir: Path,
+                    name: str, burstiness: float = 1.0, warmups: int = 0,
+                    on_tick: Callable[[float, str], None] = lambda *_: None,
+                    ) -> Callable[[float, int, int], dict[str, float | None]]:
+    """The probe a goodput search calls: (rate, requests, seed) -> vllm bench serve's figures in our names."""
+
+    def probe(rate: float, n: int, seed: int) -> dict[str, float | None]:
+        loop = OpenLoop(rate, n, burstiness, warmups, seed)
+        metrics, _path = run_bench(scenario, python, base_url, model, tokenizer, work_dir, f"{name}-p{seed}",
+                                   lambda t: on_tick(t, f"probe {seed}: {rate:g} req/s"), open_loop=loop)
+        return metrics
+
+    return probe
+
+
 def python_for_bench() -> str:
     return sys.executable
