@@ -113,9 +113,10 @@ class _Replay:
 
 
 def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, earlier: Sequence[Point] = (),
-                   deadline: float | None = None, on_point: Callable[[Point], None] = lambda _p: None,
-                   ) -> SearchResult:
-    """Bisection on the offered rate; `deadline` (time.monotonic()) stops it before a probe that would not fit."""
+                   deadline: float | None = None,
+                   on_point: Callable[[Point, list[Point]], None] = lambda _p, _all: None) -> SearchResult:
+    """Bisection on the offered rate; `deadline` (time.monotonic()) stops it before a probe that would not fit.
+    `on_point(point, every point so far)` after each new measurement (replayed ones included in the list)."""
     points: list[Point] = []
     replay = _Replay(earlier)
     last_overhead = [15.0]  # seconds a probe costs besides its arrivals (bench start, warm-up, drain)
@@ -139,7 +140,7 @@ def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, e
         point = Point(rate, role, n, all_met(checks), metrics, round(took, 1),
                       [r.describe() for r in checks if not r.met])
         points.append(point)
-        on_point(point)
+        on_point(point, list(points))
         return point
 
     def passing_everywhere(rate: float) -> bool:

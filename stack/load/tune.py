@@ -184,7 +184,9 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     reused = 0
     remaining = 0
     total = len(candidates)
-    took: list[float] = []  # seconds per candidate measured in this call: the estimate for the next
+    # Seconds per candidate (earlier calls' included): the estimate a time budget is checked against.
+    took = [float(m.metrics.get("startup_s") or 0) + float(m.metrics.get("measured_s") or 0)
+            for c in candidates if (m := state.get(c.key)) and m.metrics]
     for index, cand in enumerate(candidates):
         def emit(phase: str, t: float = 0.0, d: str = "", i: int = index, c: Candidate = cand) -> None:
             on_event(TuneEvent(i, total, c, phase, t, d))  # type: ignore[arg-type]
@@ -352,9 +354,9 @@ def _search(req: TuneRequest, scenario: Scenario, plan: EnginePlan, spec: Engine
                             req.out_dir / "bench", spec.name, settings.burstiness, settings.warmups,
                             lambda t, what: tick("measuring", t, what))
 
-    def on_point(p: Point) -> None:
+    def on_point(p: Point, so_far: list[Point]) -> None:
         tick("measuring", time.monotonic() - t0, f"{p.rate:g} req/s: {'meets' if p.met else 'misses'} the SLO")
-        result.points = [*(result.points or []), p.as_dict()]
+        result.points = [q.as_dict() for q in so_far]  # a killed call resumes from these
         partial = Measured(result.key, result.label, result.overrides, numerics=result.numerics,
                            points=result.points, paused=True, error="interrupted during the rate search",
                            metrics=None)
