@@ -17,6 +17,8 @@
 # calls, like ours), and a combination is not started when TIME_BUDGET_S would run out during it.
 #
 #   bash bench/gpu/auto_tune_port.sh 8b | 70b-fp8 | 70b-tp2        (after tune_8b.sh / tune_70b.sh's calls)
+# Env: GRID_SEQS, GRID_TOKENS, LATENCY_METRIC/LATENCY_PCT/MAX_LATENCY_ALLOWED_MS, INPUT_LEN, OUTPUT_LEN,
+# MAX_MODEL_LEN, TIME_BUDGET_S (520), PROMPTS_INF (1000) / PROMPTS_STEP (100) as auto_tune.sh.
 #   device tool: run timeout_s=600 command: bash bench/gpu/auto_tune_port.sh 8b   (rerun to resume)
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/tune_env.sh"
@@ -24,7 +26,8 @@ case "${1:-8b}" in
   8b) target=llama-3.1-8b-instruct; setup=setup-8b; tp=1; extra=() ;;
   70b-fp8) target=h200-llama-3.3-70b-fp8; setup=setup-70b-fp8; tp=1; extra=(--quantization fp8 --kv-cache-dtype fp8) ;;
   70b-tp2) target=a100x8-llama-3.3-70b; setup=setup-70b-tp2; tp=2; extra=() ;;
-  *) echo "usage: $0 8b|70b-fp8|70b-tp2"; exit 2 ;;
+  cpu) target=cpu-smollm2; setup=setup-cpu; tp=1; extra=(--enforce-eager) ;;  # the script's own check, CPU build
+  *) echo "usage: $0 8b|70b-fp8|70b-tp2|cpu"; exit 2 ;;
 esac
 name=auto-tune-${1:-8b}
 log_folder=$work/$name
@@ -117,7 +120,7 @@ for s in "${seqs[@]}"; do
     t0=$(date +%s)
     start_server "$gmu" "$s" "$t" "$log_folder/vllm_log_${s}_${t}.txt" || { echo "max_num_seqs: $s, max_num_batched_tokens: $t server failed to start" | tee -a "$result"; continue; }
     meet=0
-    bench inf 1000 "$log_folder/bm_log_${s}_${t}_requestrate_inf.txt"
+    bench inf "${PROMPTS_INF:-1000}" "$log_folder/bm_log_${s}_${t}_requestrate_inf.txt"
     if python3 -c "import sys; sys.exit(0 if float('${latency:-inf}') <= $MAX_LATENCY_ALLOWED_MS else 1)"; then
       meet=1; rate=inf
     else
@@ -125,7 +128,7 @@ for s in "${seqs[@]}"; do
       while (( rate > 0 )); do
         curl -s -X POST "http://127.0.0.1:$PORT/reset_prefix_cache" > /dev/null
         sleep 5
-        bench "$rate" 100 "$log_folder/bm_log_${s}_${t}_requestrate_${rate}.txt"
+        bench "$rate" "${PROMPTS_STEP:-100}" "$log_folder/bm_log_${s}_${t}_requestrate_${rate}.txt"
         if python3 -c "import sys; sys.exit(0 if float('${latency:-inf}') <= $MAX_LATENCY_ALLOWED_MS else 1)"; then meet=1; break; fi
         rate=$(( rate - 1 ))
       done
