@@ -43,20 +43,29 @@ def tune_command(
                                                    "and/or `candidates:` (a list of option mappings)")
                     ] = None,
     baseline: Annotated[bool, typer.Option(help="also measure the profile as it is")] = True,
+    mode: Annotated[str | None, typer.Option(help="goodput: highest open-loop request rate meeting the SLO "
+                                                  "(default); capacity: the scenario's closed-loop users once")
+                    ] = None,
+    time_budget: Annotated[float | None, typer.Option("--time-budget", help="seconds this call may take: it "
+                                                      "stops cleanly before running out; rerun to resume")
+                           ] = None,
+    max_candidates: Annotated[int | None, typer.Option(help="without --set/--grid: only the N most promising "
+                                                            "knobs for this device (baseline included)")] = None,
     method: Annotated[str, typer.Option(help="vllm-bench (vllm bench serve) or locust")] = "vllm-bench",
     out_dir: Annotated[Path | None, typer.Option("--out", help="default: results/tune/PROFILE-SCENARIO")] = None,
     restart: Annotated[bool, typer.Option(help="discard earlier measurements in --out instead of resuming")
                        ] = False,
     stop_on_error: Annotated[bool, typer.Option(help="end the run at the first candidate that fails")] = False,
 ) -> None:
-    """Find the engine settings that give the most throughput within an SLO, by measuring each candidate.
+    """Find the engine settings that serve the most requests within an SLO, by measuring each candidate.
 
-    Starts the engine once per candidate (one at a time), measures it, and picks the highest-throughput
-    candidate that meets the SLO, else the closest one (said so). Rerunning the same command resumes.
+    Starts the engine once per candidate (one at a time), searches the highest open-loop request rate at
+    which the SLO holds (goodput), and picks the best candidate, else the closest one (said so). Without
+    --set/--grid the candidates are the knobs this device, model and vLLM support. Rerunning resumes.
     """
     from stack.errors import ConfigError
     from stack.hardware import detect, match_profile
-    from stack.load.candidates import build_candidates
+    from stack.load.candidates import Candidate, build_candidates
     from stack.load.machine import machine_facts
     from stack.load.tune import TuneEvent, TuneRequest, run_tune
     from stack.load.tune_output import tuned_profile_name, write_outputs
@@ -64,36 +73,54 @@ def tune_command(
     def body() -> int:
         if method not in ("vllm-bench", "locust"):
             raise ConfigError(f"--method {method!r}: unknown", hint="use vllm-bench or locust")
+        if mode not in (None, "goodput", "capacity"):
+            raise ConfigError(f"--mode {mode!r}: unknown", hint="use goodput (open-loop rate search) or capacity")
+        if time_budget is not None and time_budget <= 0:
+            raise ConfigError(f"--time-budget {time_budget:g}: must be > 0 seconds", hint="e.g. --time-budget 480")
+        if max_candidates is not None and max_candidates < 1:
+            raise ConfigError(f"--max-candidates {max_candidates}: must be >= 1", hint="e.g. --max-candidates 6")
         cfg = cli_config()
         hardware = detect()
         hw_profile, _why = match_profile(hardware, cfg)
-        candidates = build_candidates(sets or [], grid, hw_profile.accelerator, hw_profile.fp8, baseline)
+        candidates: list[Candidate] | None = None
+        if sets or grid:
+            candidates = build_candidates(sets or [], grid, hw_profile.accelerator, hw_profile.fp8, baseline)
         name = (target or cfg.serve).replace("/", "-")
         folder = out_dir or Path("results/tune") / f"{name}-{Path(scenario).stem}"
         command = "vstack " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "vstack tune"
         request = TuneRequest(target, scenario, candidates, folder, slo, method, restart, command,  # type: ignore[arg-type]
-                              stop_on_error)
-        rows = [[str(i + 1), c.label, "waiting", ""] for i, c in enumerate(candidates)]
-        title = f"vstack tune: {len(candidates)} candidates, scenario {scenario}, results in {folder}"
-        err.print(f"[dim]checking the configuration and the model; candidates: "
-                  f"{', '.join(c.label for c in candidates)}[/]")
+                              stop_on_error, mode, time_budget, max_candidates, baseline)  # type: ignore[arg-type]
+        rows: list[list[str]] = [[str(i + 1), c.label, "waiting", ""] for i, c in enumerate(candidates or [])]
+        title = f"vstack tune: scenario {scenario}, results in {folder}"
+        err.print("[dim]checking the configuration and the model; candidates: "
+                  + (", ".join(c.label for c in candidates) if candidates else "the knobs for this device") + "[/]")
         with Live(_table(rows, title), console=err, refresh_per_second=4) as live:
             def on_event(ev: TuneEvent) -> None:
+                while len(rows) < ev.total:
+                    rows.append([str(len(rows) + 1), "", "waiting", ""])
                 row = rows[ev.index]
-                colour = {"reused": "cyan", "done": "green", "failed": "red"}.get(ev.phase, "yellow")
-                state = ev.phase if ev.phase in ("reused", "done", "failed") else f"{ev.phase} {ev.elapsed_s:.0f} s"
+                row[1] = ev.candidate.label
+                colour = {"reused": "cyan", "done": "green", "failed": "red", "dropped": "red"}.get(ev.phase, "yellow")
+                state = ev.phase if ev.phase in ("reused", "done", "failed", "dropped", "paused") \
+                    else f"{ev.phase} {ev.elapsed_s:.0f} s"
                 row[2] = f"[{colour}]{state}[/]"
                 row[3] = ev.detail
                 live.update(Group(_table(rows, title), Text(f"{ev.index + 1}/{ev.total}", style="dim")))
 
             outcome = run_tune(cfg, request, hardware, on_event)
         files = write_outputs(outcome, folder, machine_facts(), command)
+        total = len(rows)
         if outcome.reused:
-            out.print(f"[cyan]resumed:[/] {outcome.reused} of {len(candidates)} candidates measured earlier "
+            out.print(f"[cyan]resumed:[/] {outcome.reused} of {total} candidates measured earlier "
                       f"({folder / 'tune-state.json'})")
+        if not outcome.complete:
+            out.print(f"[yellow]paused by --time-budget:[/] {outcome.remaining} of {total} candidates left; "
+                      "rerun the same command to resume (the pick below is among those measured so far)")
         out.print(Text(files["markdown"].read_text().split("\n| candidate")[0].strip()))
         out.print(Text(_table_only(files["markdown"].read_text())))
         choice = outcome.choice
+        if choice.winner is None and not outcome.complete:
+            return ExitCode.OK  # nothing finished yet: the next call goes on
         if choice.winner is None:
             err.print(f"[red]{choice.reason}[/]; engine logs in {folder / 'logs'}")
             return ExitCode.ENGINE
@@ -108,4 +135,5 @@ def tune_command(
 
 
 def _table_only(markdown: str) -> str:
-    return "\n".join(line for line in markdown.splitlines() if line.startswith("|"))
+    """The candidates' table (tune.md's first section; the probes and the rest stay in the file)."""
+    return "\n".join(line for line in markdown.split("\n## ")[0].splitlines() if line.startswith("|"))

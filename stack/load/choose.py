@@ -1,5 +1,6 @@
-"""The rule `vstack tune` picks by: the highest-throughput candidate that meets the SLO; when none does,
-the one closest to meeting it (smallest summed relative shortfall), reported as such."""
+"""The rule `vstack tune` picks by: of the candidates that meet the SLO, the highest score (goodput: the
+highest request rate at which the SLO held; capacity mode: output tokens/s); when none does, the one
+closest to meeting it (smallest summed relative shortfall), reported as such."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ class Measured:
     overrides: dict[str, Any]
     metrics: dict[str, Any] | None = None
     error: str | None = None
+    numerics: str | None = None  # why its answers may differ from the baseline's (quantization, ...), or None
+    points: list[dict[str, Any]] | None = None  # goodput: every probe of the rate search
+    answers: list[str] | None = None  # the fixed prompts' answers at temperature 0 (real weights only)
+    paused: bool = False  # a time budget cut its search short: the next call resumes it
 
     @property
     def ok(self) -> bool:
@@ -28,6 +33,20 @@ class Measured:
     def throughput(self) -> float:
         value = (self.metrics or {}).get("output_tokens_per_s")
         return float(value) if value is not None else 0.0
+
+    @property
+    def goodput(self) -> bool:
+        return "goodput_rps" in (self.metrics or {})
+
+    @property
+    def score(self) -> float:
+        """Goodput (req/s within the SLO) when the search ran, else output tokens/s."""
+        if self.goodput:
+            return float((self.metrics or {}).get("goodput_rps") or 0.0)
+        return self.throughput
+
+    def describe_score(self) -> str:
+        return f"goodput {self.score:,.2f} req/s" if self.goodput else f"{self.throughput:,.1f} tok/s"
 
 
 @dataclass
@@ -43,11 +62,13 @@ def choose(measured: Sequence[Measured], clauses: Sequence[Clause]) -> Choice:
     checks = {m.key: evaluate(clauses, m.metrics or {}) for m in ran}
     if not ran:
         return Choice(None, False, checks, "no candidate could be measured")
-    passing = [m for m in ran if all_met(checks[m.key])]
+    # Goodput: a candidate meets the SLO when some rate did (its figures are that rate's).
+    passing = [m for m in ran if all_met(checks[m.key]) and (not m.goodput or m.score > 0)]
     if passing:
-        best = max(passing, key=lambda m: m.throughput)
+        best = max(passing, key=lambda m: (m.score, m.throughput))
         others = len(passing) - 1
-        why = (f"highest output throughput ({best.throughput:,.1f} tok/s) of the {len(passing)} candidates "
+        what = "goodput" if best.goodput else "output throughput"
+        why = (f"highest {what} ({best.describe_score()}) of the {len(passing)} candidates "
                f"that meet the SLO" if others else "the only candidate that meets the SLO")
         return Choice(best, True, checks, why)
     # Nobody meets it: the smallest shortfall wins; throughput breaks ties.

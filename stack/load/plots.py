@@ -67,3 +67,35 @@ def throughput_plot(windows: Sequence[Window], path: Path, title: str) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def goodput_plot(curves: dict[str, list[dict]], clauses: Sequence[Clause], path: Path, title: str) -> Path:
+    """Offered rate -> p50 (solid) and p95 (dashed) TTFT, TPOT and E2E, one colour per candidate, SLO limits in
+    red: where a candidate's p95 crosses its limit is its goodput."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
+    for ax, metric in zip(axes, ("ttft", "tpot", "e2e"), strict=True):
+        for i, (label, points) in enumerate(curves.items()):
+            pts = sorted((p for p in points if p.get("rate") is not None), key=lambda p: p["rate"])
+            if not pts:
+                continue
+            colour = f"C{i % 10}"
+            xs = [p["rate"] for p in pts]
+            for q, style in ((50, "-"), (95, "--")):
+                ys = [(p["metrics"] or {}).get(f"p{q}_{metric}_ms") for p in pts]
+                ax.plot(xs, ys, style, color=colour, marker="o" if q == 95 else ".",
+                        label=f"{label} p{q}" if metric == "ttft" else None)
+        for c in clauses:
+            if c.metric.endswith(f"_{metric}_ms"):
+                ax.axhline(c.limit, color="red", linewidth=1, alpha=0.7, label=f"SLO {c}")
+        ax.set_ylabel(f"{metric.upper()} (ms)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(loc="upper left", fontsize=7)
+    axes[-1].set_xlabel("offered request rate (req/s, open loop)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

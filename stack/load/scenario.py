@@ -127,10 +127,29 @@ class Target(_Strict):
 
 
 class TuneSettings(_Strict):
-    """How `vstack tune` measures a candidate with `vllm bench serve`."""
+    """How `vstack tune` measures a candidate with `vllm bench serve` (goodput: stack.load.rate_search)."""
 
-    num_prompts: int | None = Field(None, ge=1, description="default: enough for the duration, at least 4x users")
-    warmups: int = Field(0, ge=0)
+    mode: Literal["goodput", "capacity"] = Field(
+        "goodput", description="goodput: highest open-loop rate meeting the SLO; capacity: closed loop, users")
+    num_prompts: int | None = Field(None, ge=1, description="capacity: default enough for the duration, >= 4x users")
+    warmups: int | None = Field(None, ge=0, description="requests before each measurement, not counted "
+                                                       "(default: 0 capacity, 8 goodput)")
+    burstiness: float = Field(1.0, gt=0, description="goodput: 1 Poisson; < 1 burstier; > 1 more even")
+    min_requests: int = Field(200, ge=1, description="goodput: requests per probe at least (stable p95)")
+    probe_s: float = Field(20, gt=0, description="goodput: seconds of arrivals per probe at least")
+    max_requests: int = Field(2000, ge=1, description="goodput: requests per probe at most")
+    tolerance: float = Field(0.1, gt=0, lt=1, description="goodput: bisect until the bracket is this narrow")
+    max_probes: int = Field(8, ge=1, description="goodput: probes per candidate besides the repeats")
+    repeats: int = Field(1, ge=0, description="goodput: extra measurements of the winning rate")
+    rate_start: float | None = Field(None, gt=0, description="goodput: first rate (default: the capacity)")
+    rate_min: float = Field(0.05, gt=0, description="goodput: give up below this rate")
+
+    def search(self):  # -> stack.load.rate_search.SearchSettings (imported late: no cycle)
+        from stack.load.rate_search import SearchSettings
+
+        return SearchSettings(self.burstiness, self.min_requests, self.probe_s, self.max_requests,
+                              8 if self.warmups is None else self.warmups, self.tolerance, self.max_probes,
+                              self.repeats, self.rate_start, self.rate_min)
 
 
 class Scenario(_Strict):

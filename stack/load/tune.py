@@ -1,10 +1,13 @@
 """`vstack tune` as a library call: start the engine once per candidate, measure it, pick by the SLO rule.
 
-Each candidate's engine options are laid over the profile as the top layer (like VSTACK_ENGINE__*), planned
-and checked by the installed vLLM's own parser, started with the usual EngineProcess, measured (vllm bench
-serve, or Locust), and stopped before the next one starts. Results go to tune-state.json after every
-candidate, so a rerun of the same command skips what was measured already (resume), and a rerun with
-another SLO only re-picks.
+Each candidate's engine options are laid over the profile as the top layer (like VSTACK_ENGINE__*). Every
+candidate is first fitted by the planner, before any engine starts: one that cannot fit is dropped with the
+planner's reason. The rest are checked by the installed vLLM's own parser, started with the usual
+EngineProcess, measured, and stopped before the next one starts. Goodput mode (the default) searches the
+highest open-loop request rate meeting the SLO (stack.load.rate_search); capacity mode runs the scenario's
+closed-loop users once (vllm bench serve, or Locust). Results go to tune-state.json after every candidate
+and every probe, so a rerun of the same command skips what was measured already (resume; a time budget
+ends a call cleanly between probes), and a rerun with another SLO only re-picks.
 """
 
 from __future__ import annotations
@@ -20,17 +23,23 @@ from typing import Any, Literal
 from stack.assemble import plan_one
 from stack.config.schema import StackConfig
 from stack.config.slo import Clause
-from stack.engine.launch import EnginePlan, plan_engine
+from stack.engine.launch import EnginePlan, free_port, plan_engine
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo
 from stack.load.candidates import Candidate
 from stack.load.choose import Choice, Measured, choose
+from stack.load.knobs import Device, Skipped, device_candidates, model_quantization, numerics_change
 from stack.load.load import choose_slo
+from stack.load.quality import answers_of
+from stack.load.rate_search import BudgetExhausted, Point, search_goodput
 from stack.load.scenario import Scenario, find_scenario, load_scenario_file
+from stack.vllm.options import VllmCatalog, check_with_vllm
 
 Method = Literal["vllm-bench", "locust"]
+Mode = Literal["goodput", "capacity"]
 STATE_FILE = "tune-state.json"
+FIRST_CANDIDATE_S = 120.0  # the least a budget must have left to start a candidate nobody has timed yet
 
 
 @dataclass
@@ -38,7 +47,7 @@ class TuneEvent:
     index: int  # 0-based position in the candidate list
     total: int
     candidate: Candidate
-    phase: Literal["reused", "starting", "measuring", "done", "failed"]
+    phase: Literal["reused", "dropped", "starting", "measuring", "done", "failed", "paused"]
     elapsed_s: float = 0.0
     detail: str = ""
 
@@ -47,13 +56,17 @@ class TuneEvent:
 class TuneRequest:
     target: str | None  # profile or model, as `vstack up` takes it
     scenario: str
-    candidates: list[Candidate]
+    candidates: list[Candidate] | None  # None: the knobs for this device and model (stack.load.knobs)
     out_dir: Path
     slo: str | None = None
     method: Method = "vllm-bench"
     restart: bool = False
     command: str = ""  # how it was invoked, for the written profile
     stop_on_error: bool = False  # a failed candidate ends the run (costly machines: do not start the rest)
+    mode: Mode | None = None  # None: the scenario's tune.mode
+    time_budget_s: float | None = None  # end this call cleanly before it runs out; the next call resumes
+    max_candidates: int | None = None  # generated candidates only: the first N in order of promise
+    baseline: bool = True  # generated candidates only: the profile as it is, first
 
 
 @dataclass
@@ -66,6 +79,15 @@ class TuneOutcome:
     base: EnginePlan
     reused: int
     fingerprint: dict[str, Any] = field(default_factory=dict)
+    mode: Mode = "goodput"
+    skipped: list[Skipped] = field(default_factory=list)  # knobs not tried, and why
+    remaining: int = 0  # candidates left for the next call (time budget)
+    spent_s: float = 0.0  # wall time of every call of this tune so far
+    quality: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> numerics check
+
+    @property
+    def complete(self) -> bool:
+        return self.remaining == 0
 
 
 def configured_env(cfg: StackConfig, plan: EnginePlan) -> dict[str, str]:
@@ -76,8 +98,8 @@ def configured_env(cfg: StackConfig, plan: EnginePlan) -> dict[str, str]:
     return {**r.hardware.env, **r.model.env, **(profile.env if profile else {}), **cfg.env}
 
 
-def fingerprint(cfg: StackConfig, plan: EnginePlan, scenario: Scenario, method: str, hardware: HardwareInfo
-                ) -> dict[str, Any]:
+def fingerprint(cfg: StackConfig, plan: EnginePlan, scenario: Scenario, method: str, hardware: HardwareInfo,
+                mode: str = "capacity") -> dict[str, Any]:
     """What a measurement depends on besides the candidate; the SLO is not in it (it only decides)."""
     return {
         "profile": plan.resolved.name,
@@ -87,6 +109,7 @@ def fingerprint(cfg: StackConfig, plan: EnginePlan, scenario: Scenario, method: 
         "hardware": [g.name for g in hardware.gpus] or [f"cpu x{hardware.cpu_count}"],
         "scenario": scenario.model_dump(include={"load", "requests", "tune"}, mode="json"),
         "method": method,
+        "mode": mode,
     }
 
 
@@ -97,6 +120,7 @@ class TuneState:
         self.path = out_dir / STATE_FILE
         self.fp = json.loads(json.dumps(fp, default=str))
         self.results: dict[str, dict[str, Any]] = {}
+        self.spent_s = 0.0
         if self.path.is_file() and not restart:
             data = json.loads(self.path.read_text())
             if data.get("fingerprint") != self.fp:
@@ -105,16 +129,28 @@ class TuneState:
                     f"{self.path}: holds a tune measured under other conditions (changed: {', '.join(changed)})",
                     hint="rerun with --restart to discard it, or give another --out folder")
             self.results = data.get("results", {})
+            self.spent_s = float(data.get("spent_s") or 0.0)
 
     def get(self, key: str) -> Measured | None:
         data = self.results.get(key)
         return Measured(**data) if data and data.get("error") is None else None
 
-    def put(self, m: Measured) -> None:
+    def partial_points(self, key: str) -> list[Point]:
+        """The probes of a candidate whose search a time budget cut short: its resumed search replays them."""
+        data = self.results.get(key) or {}
+        return [Point.from_dict(p) for p in data.get("points") or []] if data.get("paused") else []
+
+    def put(self, m: Measured, spent_s: float | None = None) -> None:
         self.results[m.key] = asdict(m)
+        self.save(spent_s)
+
+    def save(self, spent_s: float | None = None) -> None:
+        if spent_s is not None:
+            self.spent_s = spent_s
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"fingerprint": self.fp, "results": self.results}, indent=2, default=str))
+        tmp.write_text(json.dumps({"fingerprint": self.fp, "spent_s": round(self.spent_s, 1),
+                                   "results": self.results}, indent=2, default=str))
         os.replace(tmp, self.path)  # a crash mid-write never loses earlier candidates
 
 
@@ -123,39 +159,142 @@ Emit = Callable[[TuneEvent], None]
 
 def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_event: Emit = lambda _: None
              ) -> TuneOutcome:
+    started = time.monotonic()
+    deadline = started + req.time_budget_s if req.time_budget_s else None
     scenario_path = find_scenario(req.scenario)
     scenario = load_scenario_file(scenario_path)
+    mode: Mode = req.mode or scenario.tune.mode
+    if mode == "goodput" and req.method != "vllm-bench":
+        raise ConfigError(f"--method {req.method}: goodput mode measures with vllm bench serve (open-loop arrivals)",
+                          hint="use --method vllm-bench, or --mode capacity for a closed-loop Locust run")
     base = plan_engine(cfg, req.target, hardware, port=0)
     clauses, slo_source = choose_slo(req.slo, scenario, cfg, base.resolved.name)
+    if mode == "goodput" and not any(c.upper_bound and c.metric.endswith("_ms") for c in clauses):
+        raise ConfigError(f"goodput mode needs a latency limit to search against (SLO from {slo_source}: "
+                          f"{', '.join(map(str, clauses)) or 'none'})",
+                          hint="e.g. --slo 'p95_ttft_ms<800', or --mode capacity")
     # As `vstack up` plans it: fetched, then fitted from the real files (candidates reuse those files).
     base = plan_one(cfg, req.target, hardware, on_status=lambda _s: None, port=base.port)
-    fp = fingerprint(cfg, base, scenario, req.method, hardware)
+    candidates, skipped = _candidates(req, base, scenario, hardware)
+    fp = fingerprint(cfg, base, scenario, req.method, hardware, mode)
     state = TuneState(req.out_dir, fp, req.restart)
+    spent_before = state.spent_s
+    plans, dropped = prefilter(cfg, req.target, hardware, base, [c for c in candidates if not state.get(c.key)])
     measured: list[Measured] = []
     reused = 0
-    total = len(req.candidates)
-    for index, cand in enumerate(req.candidates):
+    remaining = 0
+    total = len(candidates)
+    # Seconds per candidate (earlier calls' included): the estimate a time budget is checked against.
+    took = [float(m.metrics.get("startup_s") or 0) + float(m.metrics.get("measured_s") or 0)
+            for c in candidates if (m := state.get(c.key)) and m.metrics]
+    for index, cand in enumerate(candidates):
+        def emit(phase: str, t: float = 0.0, d: str = "", i: int = index, c: Candidate = cand) -> None:
+            on_event(TuneEvent(i, total, c, phase, t, d))  # type: ignore[arg-type]
+
         earlier = state.get(cand.key)
         if earlier:
             reused += 1
             measured.append(earlier)
-            on_event(TuneEvent(index, total, cand, "reused", detail=_brief(earlier)))
+            emit("reused", d=_brief(earlier))
             continue
-        result = _measure(cfg, req, scenario, scenario_path, base, hardware, cand,
-                          lambda phase, t, d="", i=index, c=cand: on_event(TuneEvent(i, total, c, phase, t, d)))
-        state.put(result)
+        if cand.key in dropped:
+            result = dropped[cand.key]
+            state.put(result)
+            measured.append(result)
+            emit("dropped", d=result.error or "")
+            continue
+        if deadline is not None:
+            need = sum(took) / len(took) if took else FIRST_CANDIDATE_S
+            if deadline - time.monotonic() < need:
+                remaining = sum(1 for c in candidates[index:] if not state.get(c.key) and c.key not in dropped)
+                emit("paused", d=f"time budget: {remaining} candidate(s) left for the next call")
+                break
+        t0 = time.monotonic()
+        result = _measure(cfg, req, scenario, scenario_path, base, plans[cand.key], cand, clauses, mode,
+                          state.partial_points(cand.key), deadline, emit,
+                          lambda m: state.put(m, spent_before + time.monotonic() - started))
+        took.append(time.monotonic() - t0)
+        state.put(result, spent_before + time.monotonic() - started)
+        if result.paused:
+            remaining = sum(1 for c in candidates[index:] if not state.get(c.key) and c.key not in dropped)
+            emit("paused", d=f"time budget: {remaining} candidate(s) left for the next call")
+            break
         measured.append(result)
-        on_event(TuneEvent(index, total, cand, "done" if result.ok else "failed",
-                           detail=_brief(result) if result.ok else (result.error or "")))
+        emit("done" if result.ok else "failed", d=_brief(result) if result.ok else (result.error or ""))
         if not result.ok and req.stop_on_error:
             break
-    return TuneOutcome(scenario, clauses, slo_source, measured, choose(measured, clauses), base, reused, fp)
+    state.save(spent_before + time.monotonic() - started)
+    outcome = TuneOutcome(scenario, clauses, slo_source, measured, choose(measured, clauses), base, reused, fp,
+                          mode, skipped, remaining, state.spent_s)
+    outcome.quality = quality_checks(measured, base)
+    return outcome
+
+
+def _candidates(req: TuneRequest, base: EnginePlan, scenario: Scenario, hardware: HardwareInfo
+                ) -> tuple[list[Candidate], list[Skipped]]:
+    if req.candidates is not None:
+        return req.candidates, []
+    r = base.resolved
+    files = base.model_files.path if base.model_files else None
+    device = Device(r.hardware.accelerator, bool(r.hardware.fp8), base.catalog, dict(r.engine),
+                    model_quantization(files), scenario.requests.shared_prefix_tokens > 0)
+    found, skipped = device_candidates(device)
+    if req.max_candidates is not None:
+        keep = max(0, req.max_candidates - (1 if req.baseline else 0))
+        skipped += [Skipped(c.label, f"beyond --max-candidates {req.max_candidates}") for c in found[keep:]]
+        found = found[:keep]
+    return ([Candidate({})] if req.baseline else []) + found, skipped
+
+
+def prefilter(cfg: StackConfig, target: str | None, hardware: HardwareInfo, base: EnginePlan,
+              candidates: list[Candidate], catalog: VllmCatalog | None = None
+              ) -> tuple[dict[str, EnginePlan], dict[str, Measured]]:
+    """Every candidate fitted by the planner before any engine starts: (plans by key, dropped by key).
+
+    The planner sees what the candidate changes (weights quantization, KV dtype, token budget, sequences);
+    one that cannot fit is dropped with the planner's own reason, and nothing is started for it. vLLM's
+    parser checks the survivors one by one, just before each starts (a subprocess each)."""
+    plans: dict[str, EnginePlan] = {}
+    dropped: dict[str, Measured] = {}
+    for cand in candidates:
+        try:
+            plans[cand.key] = plan_engine(candidate_config(cfg, cand), target, hardware, port=0,
+                                          model_files=base.model_files, check=False,
+                                          catalog=catalog or base.catalog)
+        except StackError as exc:
+            m = Measured(cand.key, cand.label, cand.overrides, numerics=numerics_change(cand.overrides))
+            m.error = f"dropped before start: {exc.message.splitlines()[0][:300]}"
+            dropped[cand.key] = m
+    return plans, dropped
+
+
+def quality_checks(measured: list[Measured], base: EnginePlan) -> dict[str, dict[str, Any]]:
+    """For each candidate that changes numerics: its answers vs the baseline's (exact match at temperature 0)."""
+    dummy = str(base.resolved.engine.get("load_format") or "") == "dummy"
+    baseline = next((m for m in measured if not m.overrides and m.answers), None)
+    out: dict[str, dict[str, Any]] = {}
+    for m in measured:
+        if not m.numerics:
+            continue
+        if dummy:
+            out[m.key] = {"numerics": m.numerics, "exact_match": None,
+                          "note": "not possible: dummy weights (random numbers answer nothing to compare)"}
+        elif not m.answers or baseline is None:
+            out[m.key] = {"numerics": m.numerics, "exact_match": None,
+                          "note": "not checked: the baseline's or this candidate's answers are missing"}
+        else:
+            same = sum(a == b for a, b in zip(m.answers, baseline.answers or [], strict=False))
+            n = len(baseline.answers or [])
+            out[m.key] = {"numerics": m.numerics, "exact_match": same / n if n else None,
+                          "note": f"{same} of {n} answers identical to the baseline's at temperature 0"}
+    return out
 
 
 def _brief(m: Measured) -> str:
     x = m.metrics or {}
     ttft = x.get("p95_ttft_ms")
-    return f"{m.throughput:,.1f} tok/s" + (f", p95 TTFT {ttft:,.0f} ms" if ttft is not None else "")
+    head = f"goodput {m.score:,.2f} req/s, " if "goodput_rps" in x else ""
+    return head + f"{m.throughput:,.1f} tok/s" + (f", p95 TTFT {ttft:,.0f} ms" if ttft is not None else "")
 
 
 def candidate_config(cfg: StackConfig, cand: Candidate) -> StackConfig:
@@ -166,13 +305,14 @@ def candidate_config(cfg: StackConfig, cand: Candidate) -> StackConfig:
 
 
 def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_path: Path, base: EnginePlan,
-             hardware: HardwareInfo, cand: Candidate, tick: Callable[..., None]) -> Measured:
-    result = Measured(cand.key, cand.label, cand.overrides)
-    try:
-        plan = plan_engine(candidate_config(cfg, cand), req.target, hardware, port=0, model_files=base.model_files)
-    except StackError as exc:  # vLLM's parser refused the combination: a result, not a crash
-        result.error = f"rejected: {exc.message}"
+             plan: EnginePlan, cand: Candidate, clauses: list[Clause], mode: Mode, earlier: list[Point],
+             deadline: float | None, tick: Callable[..., None], save: Callable[[Measured], None]) -> Measured:
+    result = Measured(cand.key, cand.label, cand.overrides, numerics=numerics_change(cand.overrides))
+    error = check_with_vllm(plan.python, plan.vllm_args())
+    if error:  # vLLM's parser refused the combination: a result, not a crash
+        result.error = f"rejected: vLLM {plan.catalog.version} rejects the rendered command: {error}"
         return result
+    plan.port = free_port(plan.host)  # picked now: the planning was minutes ago
     log = req.out_dir / "logs" / f"{cand.key}.engine.log"
     log.unlink(missing_ok=True)
     spec = plan.engine_spec(log, name=f"tune-{cand.key}")
@@ -182,16 +322,53 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
         engine.start()
         tick("starting", 0.0)
         startup = engine.wait_ready(cfg.startup_timeout_s, lambda t, line: tick("starting", t, line[-80:]))
-        metrics = _run_measurement(req, scenario, scenario_path, plan, spec,
-                                   lambda t: tick("measuring", t))
-        result.metrics = {**metrics, "startup_s": round(startup, 1),
-                          "measured_s": round(time.monotonic() - started - startup, 1),
-                          "command": plan.display(), "log": str(log)}
+        common = {"startup_s": round(startup, 1), "command": plan.display(), "log": str(log)}
+        if mode == "goodput":
+            metrics = _search(req, scenario, plan, spec, cand, clauses, earlier, deadline, tick, result, save,
+                              common)
+        else:
+            metrics = _run_measurement(req, scenario, scenario_path, plan, spec, lambda t: tick("measuring", t))
+        if str(plan.resolved.engine.get("load_format") or "") != "dummy":
+            result.answers = answers_of(spec.base_url, plan.resolved.served_name)
+        result.metrics = {**metrics, **common, "measured_s": round(time.monotonic() - started - startup, 1)}
+    except BudgetExhausted as exc:
+        result.paused = True
+        result.points = [p.as_dict() for p in exc.points]
+        result.error = f"paused by the time budget after {len(exc.points)} probe(s); the next call resumes"
     except StackError as exc:
         result.error = exc.message.splitlines()[0][:300]
     finally:
         engine.stop(cfg.stop_grace_s)
     return result
+
+
+def _search(req: TuneRequest, scenario: Scenario, plan: EnginePlan, spec: EngineSpec, cand: Candidate,
+            clauses: list[Clause], earlier: list[Point], deadline: float | None, tick: Callable[..., None],
+            result: Measured, save: Callable[[Measured], None], common: dict[str, Any]) -> dict[str, Any]:
+    """The rate search on a started engine; every probe is saved at once (a killed call loses none)."""
+    from stack.load.vllm_bench import open_loop_probe
+
+    settings = scenario.tune.search()
+    t0 = time.monotonic()
+    probe = open_loop_probe(scenario, plan.python, spec.base_url, plan.resolved.served_name, plan.model_arg,
+                            req.out_dir / "bench", spec.name, settings.burstiness, settings.warmups,
+                            lambda t, what: tick("measuring", t, what))
+
+    def on_point(p: Point, so_far: list[Point]) -> None:
+        tick("measuring", time.monotonic() - t0, f"{p.rate:g} req/s: {'meets' if p.met else 'misses'} the SLO")
+        result.points = [q.as_dict() for q in so_far]  # a killed call resumes from these
+        partial = Measured(result.key, result.label, result.overrides, numerics=result.numerics,
+                           points=result.points, paused=True, error="interrupted during the rate search",
+                           metrics=None)
+        save(partial)
+
+    found = search_goodput(probe, clauses, settings, earlier, deadline, on_point)
+    result.points = [p.as_dict() for p in found.points]
+    finite = [p for p in found.points if p.rate != float("inf")]
+    shown = found.best or (min(finite, key=lambda p: p.rate) if finite else found.points[-1])
+    return {**shown.metrics, "goodput_rps": found.goodput_rps, "goodput_note": found.note,
+            "offered_rps": None if shown.rate == float("inf") else shown.rate, "probes": len(found.points),
+            "goodput_output_tokens_per_s": shown.metrics.get("output_tokens_per_s") if found.best else 0.0}
 
 
 def _run_measurement(req: TuneRequest, scenario: Scenario, scenario_path: Path, plan: EnginePlan, spec: EngineSpec,

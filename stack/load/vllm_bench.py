@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,20 @@ class BenchError(StackError):
     exit_code = ExitCode.BENCH
 
 
+@dataclass(frozen=True)
+class OpenLoop:
+    """One open-loop probe: arrivals at `rate` (inf: all at t=0), no cap on requests in flight."""
+
+    rate: float
+    num_prompts: int
+    burstiness: float = 1.0
+    warmups: int = 0
+    seed: int = 0
+
+
 def bench_command(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str,
-                  result_dir: Path, result_file: str) -> list[str]:
+                  result_dir: Path, result_file: str, open_loop: OpenLoop | None = None) -> list[str]:
+    """Closed loop (capacity mode: the scenario's users as --max-concurrency), or one open-loop probe."""
     req, load = scenario.requests, scenario.load
     cmd = [
         python, "-m", launcher.__name__, "bench", "serve",
@@ -37,21 +50,26 @@ def bench_command(scenario: Scenario, python: str, base_url: str, model: str, to
         "--random-input-len", str(req.prompt_tokens.center),
         "--random-output-len", str(req.output_tokens.center),
         "--random-range-ratio", f"{max(req.prompt_tokens.spread, req.output_tokens.spread):.3f}",
-        "--num-prompts", str(scenario.num_prompts()),
-        "--max-concurrency", str(load.peak_users),
         "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", ",".join(str(p) for p in PERCENTILES),
         "--save-result", "--result-dir", str(result_dir), "--result-filename", result_file,
         "--disable-tqdm",
     ]
-    if load.rate:
-        cmd += ["--request-rate", f"{load.rate:g}"]
+    if open_loop is not None:
+        cmd += ["--num-prompts", str(open_loop.num_prompts), "--request-rate", f"{open_loop.rate:g}",
+                "--burstiness", f"{open_loop.burstiness:g}", "--seed", str(open_loop.seed)]
+        if open_loop.warmups:
+            cmd += ["--num-warmups", str(open_loop.warmups)]
+    else:
+        cmd += ["--num-prompts", str(scenario.num_prompts()), "--max-concurrency", str(load.peak_users)]
+        if load.rate:
+            cmd += ["--request-rate", f"{load.rate:g}"]
+        if scenario.tune.warmups:
+            cmd += ["--num-warmups", str(scenario.tune.warmups)]  # capacity: counted only when asked
     if req.shared_prefix_tokens:
         cmd += ["--random-prefix-len", str(req.shared_prefix_tokens)]
     if req.ignore_eos:
         cmd.append("--ignore-eos")
-    if scenario.tune.warmups:
-        cmd += ["--num-warmups", str(scenario.tune.warmups)]
     return cmd
 
 
@@ -82,13 +100,13 @@ def metrics_from_bench(result: dict[str, Any]) -> dict[str, float | None]:
 
 def run_bench(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str, work_dir: Path,
               name: str, on_tick: Callable[[float], None] = lambda _: None, timeout_s: float = 3600,
-              ) -> tuple[dict[str, float | None], Path]:
+              open_loop: OpenLoop | None = None) -> tuple[dict[str, float | None], Path]:
     """Run it to the end; returns (metrics, path of vLLM's result JSON). Its output goes to NAME.bench.log."""
     work_dir.mkdir(parents=True, exist_ok=True)
     result_file = f"{name}.bench.json"
     (work_dir / result_file).unlink(missing_ok=True)
     log = work_dir / f"{name}.bench.log"
-    cmd = bench_command(scenario, python, base_url, model, tokenizer, work_dir, result_file)
+    cmd = bench_command(scenario, python, base_url, model, tokenizer, work_dir, result_file, open_loop)
     started = time.monotonic()
     with open(log, "wb") as log_file:
         log_file.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -111,6 +129,21 @@ def run_bench(scenario: Scenario, python: str, base_url: str, model: str, tokeni
         tail = log.read_text(errors="replace")[-1500:]
         raise BenchError(f"vllm bench serve failed (exit {proc.returncode}):\n{tail}", hint=f"read {log}")
     return metrics_from_bench(json.loads(path.read_text())), path
+
+
+def open_loop_probe(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str, work_dir: Path,
+                    name: str, burstiness: float = 1.0, warmups: int = 0,
+                    on_tick: Callable[[float, str], None] = lambda *_: None,
+                    ) -> Callable[[float, int, int], dict[str, float | None]]:
+    """The probe a goodput search calls: (rate, requests, seed) -> vllm bench serve's figures in our names."""
+
+    def probe(rate: float, n: int, seed: int) -> dict[str, float | None]:
+        loop = OpenLoop(rate, n, burstiness, warmups, seed)
+        metrics, _path = run_bench(scenario, python, base_url, model, tokenizer, work_dir, f"{name}-p{seed}",
+                                   lambda t: on_tick(t, f"probe {seed}: {rate:g} req/s"), open_loop=loop)
+        return metrics
+
+    return probe
 
 
 def python_for_bench() -> str:

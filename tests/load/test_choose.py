@@ -38,3 +38,35 @@ def test_failed_candidates_never_win() -> None:
 def test_without_slo_the_fastest_wins() -> None:
     c = choose([m("a", 100, 1), m("b", 300, 99999)], [])
     assert c.winner and c.winner.key == "b" and c.meets_slo
+
+
+def g(key: str, goodput: float, tok_s: float, ttft: float, overrides: dict | None = None,
+      answers: list[str] | None = None, numerics: str | None = None) -> Measured:
+    metrics = {"goodput_rps": goodput, "output_tokens_per_s": tok_s, "p95_ttft_ms": ttft}
+    return Measured(key, key, overrides if overrides is not None else {"k": key}, metrics, None, numerics,
+                    answers=answers)
+
+
+def test_goodput_ranks_by_the_rate_that_held_not_by_throughput() -> None:
+    # b serves more tokens at its point but held the SLO at a lower rate; z never held it (goodput 0).
+    c = choose([g("a", 28.0, 3000, 700), g("b", 20.0, 3500, 600), g("z", 0.0, 4000, 790)],
+               parse_slo("p95_ttft_ms<800"))
+    assert c.winner and c.winner.key == "a" and c.meets_slo and "goodput 28.00 req/s" in c.reason
+    none = choose([g("z", 0.0, 4000, 900)], parse_slo("p95_ttft_ms<800"))
+    assert none.winner and not none.meets_slo
+
+
+def test_quality_guard_compares_answers_with_the_baseline() -> None:
+    from types import SimpleNamespace
+
+    from stack.load.tune import quality_checks
+
+    base = g("base", 20, 1, 1, overrides={}, answers=["a", "b", "c", "d"])
+    fp8 = g("fp8", 25, 1, 1, {"quantization": "fp8"}, ["a", "b", "x", "d"], "weights quantization fp8")
+    plain = g("seqs", 21, 1, 1, {"max_num_seqs": 8}, ["a", "b", "c", "d"])
+    real = SimpleNamespace(resolved=SimpleNamespace(engine={}))
+    checks = quality_checks([base, fp8, plain], real)  # type: ignore[arg-type]
+    assert set(checks) == {"fp8"} and checks["fp8"]["exact_match"] == 0.75
+    assert "3 of 4 answers identical" in checks["fp8"]["note"]
+    dummy = SimpleNamespace(resolved=SimpleNamespace(engine={"load_format": "dummy"}))
+    assert "not possible: dummy weights" in quality_checks([base, fp8], dummy)["fp8"]["note"]  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ def _state(out: Path) -> list[Measured]:
 def test_tune_two_candidates_picks_by_the_rule_and_resumes(vstack: Vstack, tmp_path: Path) -> None:
     scenario = str(write_scenario(tmp_path))
     out = tmp_path / "tune"
-    common = ["tune", "--scenario", scenario, "--no-baseline", "--out", str(out)]
+    common = ["tune", "--scenario", scenario, "--mode", "capacity", "--no-baseline", "--out", str(out)]
 
     # First one candidate (as if the run had been stopped there), then the grid of two: one is reused.
     first = vstack(*common, "--set", "max_num_seqs=1", "--slo", "error_rate<0.5", timeout=400)
@@ -68,7 +68,7 @@ def test_changed_scenario_refuses_to_resume(vstack: Vstack, tmp_path: Path) -> N
     out = tmp_path / "tune"
     out.mkdir()
     (out / "tune-state.json").write_text(json.dumps({"fingerprint": {"scenario": {}}, "results": {}}))
-    proc = vstack("tune", "--scenario", str(write_scenario(tmp_path)), "--set", "max_num_seqs=2", "--out", str(out),
-                  timeout=200)
+    proc = vstack("tune", "--scenario", str(write_scenario(tmp_path)), "--mode", "capacity", "--set",
+                  "max_num_seqs=2", "--out", str(out), timeout=200)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "measured under other conditions" in proc.stderr and "--restart" in proc.stderr

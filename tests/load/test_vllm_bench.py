@@ -35,3 +35,15 @@ def test_result_json_of_both_versions() -> None:
         assert m["output_tokens_per_s"] == raw["output_throughput"]
         assert m["p95_e2e_ms"] == raw["p95_e2el_ms"] and m["p99_ttft_ms"] == raw["p99_ttft_ms"]
         assert m["error_rate"] == 0 and m["requests"] == raw["num_prompts"]
+
+
+def test_open_loop_probe_has_no_concurrency_cap(tmp_path) -> None:
+    from stack.load.vllm_bench import OpenLoop
+
+    s = load_scenario("gpu-8b-1024-128")
+    text = " ".join(bench_command(s, "py", "u", "m", "t", tmp_path, "r", OpenLoop(12.5, 250, 0.5, 8, 3)))
+    for part in ("--num-prompts 250", "--request-rate 12.5", "--burstiness 0.5", "--num-warmups 8", "--seed 3"):
+        assert part in text
+    assert "--max-concurrency" not in text and "--num-prompts 320" not in text
+    capacity = " ".join(bench_command(s, "py", "u", "m", "t", tmp_path, "r", OpenLoop(float("inf"), 200)))
+    assert "--request-rate inf" in capacity and "--num-warmups" not in capacity

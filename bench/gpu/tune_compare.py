@@ -1,0 +1,80 @@
+"""`vstack tune` next to vLLM's auto_tune (port), and the 70B rows against ADR-003, from one run's folder.
+
+    python3 bench/gpu/tune_compare.py FOLDER        (FOLDER: /tmp/vstack-gpu-tune on the device, or $OUT)
+
+Reads FOLDER/tune-*/tune.json (ours) and FOLDER/auto-tune-*/result.txt (the port's); prints markdown:
+goodput (req/s at which the SLO held), output tok/s there, per GPU, and the wall time each tuner spent.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ADR003_PER_GPU = 12_000 / 8  # output tok/s per A100, ADR-003
+
+
+def ours(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    rows = []
+    for c in data["candidates"]:
+        m = c.get("metrics") or {}
+        tp = re.search(r"--tensor-parallel-size (\d+)", m.get("command") or "")  # GPUs the engine used
+        rows.append((c["label"], m.get("goodput_rps"), m.get("goodput_output_tokens_per_s"), m.get("p95_ttft_ms"),
+                     c.get("error"), int(tp.group(1)) if tp else 1))
+    return {"name": path.parent.name, "winner": data["choice"]["winner"], "meets": data["choice"]["meets_slo"],
+            "rows": rows, "spent_s": data.get("spent_s"), "complete": data.get("complete"),
+            "machine": data["machine"], "slo": data["slo"]["clauses"]}
+
+
+def theirs(path: Path) -> dict:
+    text = path.read_text()
+    rows = [dict((k, v.strip()) for k, v in re.findall(r"(\w+): ([^,]+)", line))
+            for line in text.splitlines() if line.startswith("max_num_seqs:") and "request_rate:" in line]
+    seconds = sum(int(s) for s in re.findall(r"seconds: (\d+)", text))
+    best = max(rows, key=lambda r: float(r["throughput"]), default=None)
+    return {"name": path.parent.name, "rows": rows, "best": best, "seconds": seconds,
+            "missed": len(re.findall(r"does not meet", text)), "header": text.splitlines()[0] if text else ""}
+
+
+def fmt(x: object, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}" if isinstance(x, int | float) else str(x)
+
+
+def main(folder: Path) -> int:
+    for path in sorted(folder.glob("tune-*/tune.json")):
+        o = ours(path)
+        print(f"## vstack tune: {o['name']} ({', '.join(o['machine'].get('gpus') or [])}, {o['machine'].get('vllm')}, "
+              f"{o['machine'].get('date')}); SLO {', '.join(o['slo'])}")
+        print(f"\nwinner: **{o['winner']}** (meets the SLO: {o['meets']}); {fmt(o['spent_s'], 0)} s over every call"
+              + ("" if o["complete"] else " (NOT finished)") + "\n")
+        print("| candidate | goodput req/s | output tok/s there | GPUs | per GPU | vs ADR-003 1,500/GPU | p95 TTFT ms "
+              "| error |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for label, rps, tps, ttft, err, gpus in o["rows"]:
+            per = tps / gpus if tps else None
+            ratio = f"{per / ADR003_PER_GPU:.2f}x" if per else "-"
+            cells = [label, fmt(rps, 2), fmt(tps), str(gpus), fmt(per), ratio, fmt(ttft, 0), err or ""]
+            print("| " + " | ".join(cells) + " |")
+        print()
+    for path in sorted(folder.glob("auto-tune-*/result.txt")):
+        t = theirs(path)
+        print(f"## vLLM auto_tune (port): {t['name']}\n\n{t['header']}\n")
+        print("| max_num_seqs | max_num_batched_tokens | request rate held | goodput req/s | throughput req/s | "
+              "output tok/s | s |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for r in t["rows"]:
+            print(f"| {r['max_num_seqs']} | {r['max_num_batched_tokens']} | {r['request_rate']} | {r.get('goodput')} | "
+                  f"{r['throughput']} | {r.get('output_tok_s')} | {r.get('seconds')} |")
+        best = t["best"]
+        print(f"\nbest: {best['max_num_seqs']} x {best['max_num_batched_tokens']}, {best['throughput']} req/s"
+              if best else "\nbest: none met the limit")
+        print(f"{t['missed']} combination(s) missed the limit; {t['seconds']} s in all (gpu_memory_utilization search "
+              "included)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/vstack-gpu-tune")))

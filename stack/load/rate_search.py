@@ -1,0 +1,212 @@
+"""Goodput: the highest open-loop request rate at which an SLO still holds, found by bisection.
+
+A probe loads the engine at an offered rate (Poisson arrivals, or gamma with a burstiness) with enough
+requests for a stable p95, after warm-up requests that are kept out of its figures (vLLM's own
+`--num-warmups`). The search first measures the capacity (every request at once: the most it can serve),
+brackets the SLO's edge below it, bisects to a tolerance, and repeats the winning rate: a rate counts only
+when every measurement of it met the SLO. The search is a pure function of its probes' verdicts, so a
+resumed search replays the probes measured earlier instead of measuring them again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from stack.config.slo import Clause, all_met, distance, evaluate
+from stack.errors import StackError
+
+Role = Literal["capacity", "probe", "repeat"]
+INF = math.inf
+
+
+@dataclass
+class SearchSettings:
+    """From the scenario's `tune:` section (stack.load.scenario.TuneSettings)."""
+
+    burstiness: float = 1.0  # 1: Poisson arrivals; < 1 burstier, > 1 more even (vllm bench serve's gamma)
+    min_requests: int = 200  # per probe: p95 from at least this many requests
+    probe_s: float = 20.0  # per probe: at least this many seconds of arrivals at the offered rate
+    max_requests: int = 2000
+    warmups: int = 8  # sent before each probe, excluded from its figures
+    tolerance: float = 0.1  # stop bisecting when the bracket is this narrow (relative)
+    max_probes: int = 8  # besides the repeats
+    repeats: int = 1  # extra measurements of the winning rate
+    rate_start: float | None = None  # none: start from the measured capacity
+    rate_min: float = 0.05
+
+    def requests_for(self, rate: float) -> int:
+        if math.isinf(rate):
+            return self.min_requests
+        return max(self.min_requests, min(self.max_requests, math.ceil(rate * self.probe_s)))
+
+
+@dataclass
+class Point:
+    rate: float  # offered requests/s; inf = every request at once (capacity)
+    role: Role
+    requests: int
+    met: bool
+    metrics: dict[str, Any]
+    seconds: float = 0.0
+    misses: list[str] = field(default_factory=list)  # the clauses it missed, described
+
+    @property
+    def achieved_rps(self) -> float:
+        return float(self.metrics.get("requests_per_s") or 0.0)
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["rate"] = None if math.isinf(self.rate) else self.rate
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Point:
+        rate = data.get("rate")
+        return cls(**{**data, "rate": INF if rate is None else float(rate)})
+
+
+@dataclass
+class SearchResult:
+    goodput_rps: float  # offered rate at which the SLO held (every measurement of it); 0: not even rate_min
+    points: list[Point]
+    best: Point | None  # the last measurement at the goodput rate (its figures are the candidate's)
+    note: str
+
+
+class BudgetExhausted(StackError):
+    """The time budget ends before the next probe: the points so far are kept for the resumed search."""
+
+    def __init__(self, points: list[Point]) -> None:
+        super().__init__("time budget reached during a rate search")
+        self.points = points
+
+
+Probe = Callable[[float, int, int], dict[str, Any]]  # (rate, requests, seed) -> summary metrics
+
+
+def round_rate(rate: float) -> float:
+    """3 significant figures: readable, and what a resumed search matches earlier probes by."""
+    if math.isinf(rate) or rate <= 0:
+        return rate
+    return float(f"{rate:.3g}")
+
+
+class _Replay:
+    """Earlier points, handed back in order while the search asks for the same (rate, role) again."""
+
+    def __init__(self, earlier: Sequence[Point]) -> None:
+        self._it: Iterator[Point] = iter(list(earlier))
+        self.live = True
+
+    def take(self, rate: float, role: Role) -> Point | None:
+        if not self.live:
+            return None
+        nxt = next(self._it, None)
+        if nxt is not None and nxt.role == role and (nxt.rate == rate or (math.isinf(nxt.rate) and math.isinf(rate))):
+            return nxt
+        self.live = False  # the search went elsewhere: everything after is measured afresh
+        return None
+
+
+def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, earlier: Sequence[Point] = (),
+                   deadline: float | None = None,
+                   on_point: Callable[[Point, list[Point]], None] = lambda _p, _all: None) -> SearchResult:
+    """Bisection on the offered rate; `deadline` (time.monotonic()) stops it before a probe that would not fit.
+    `on_point(point, every point so far)` after each new measurement (replayed ones included in the list)."""
+    points: list[Point] = []
+    replay = _Replay(earlier)
+    last_overhead = [15.0]  # seconds a probe costs besides its arrivals (bench start, warm-up, drain)
+
+    def measure(rate: float, role: Role) -> Point:
+        rate = round_rate(rate)
+        again = replay.take(rate, role)
+        if again is not None:
+            points.append(again)
+            return again
+        n = s.requests_for(rate)
+        if deadline is not None:
+            arrivals = 0.0 if math.isinf(rate) else n / rate
+            if time.monotonic() + arrivals + last_overhead[0] > deadline:
+                raise BudgetExhausted(points)
+        started = time.monotonic()
+        metrics = probe(rate, n, len(points) + 1)  # the seed: new prompts each probe (no prefix-cache hits)
+        took = time.monotonic() - started
+        last_overhead[0] = max(5.0, took - (0.0 if math.isinf(rate) else n / rate))
+        checks = evaluate(clauses, metrics)
+        point = Point(rate, role, n, all_met(checks), metrics, round(took, 1),
+                      [r.describe() for r in checks if not r.met])
+        points.append(point)
+        on_point(point, list(points))
+        return point
+
+    def passing_everywhere(rate: float) -> bool:
+        return all(p.met for p in points if p.rate == rate)
+
+    first_rate = s.rate_start
+    if first_rate is None:
+        cap = measure(INF, "capacity")
+        if cap.met:  # even everything at once meets the SLO: the capacity is the goodput
+            return SearchResult(cap.achieved_rps, points, cap, "the SLO holds with every request at once: "
+                                "goodput = capacity")
+        first_rate = cap.achieved_rps or 1.0
+    lo: float | None = None
+    hi: float | None = None
+    r = round_rate(first_rate)
+    probes = 0
+    while probes < s.max_probes:  # bracket: grow while it passes, halve while it fails
+        p = measure(r, "probe")
+        probes += 1
+        if p.met:
+            lo = r
+            if hi is not None:
+                break
+            r = round_rate(r * 1.5)
+        else:
+            hi = r
+            if lo is not None:
+                break
+            r = round_rate(r / 2)
+            if r < s.rate_min:
+                return SearchResult(0.0, points, None, f"the SLO fails even at {points[-1].rate:g} req/s")
+    while True:
+        while lo is not None and hi is not None and hi / lo - 1 > s.tolerance and probes < s.max_probes:
+            mid = round_rate((lo + hi) / 2)
+            if mid in (lo, hi):
+                break
+            p = measure(mid, "probe")
+            probes += 1
+            lo, hi = (mid, hi) if p.met else (lo, mid)
+        if lo is None:
+            return SearchResult(0.0, points, None, f"no rate down to {points[-1].rate:g} req/s meets the SLO")
+        for _ in range(s.repeats):
+            if not measure(lo, "repeat").met:
+                break
+        if passing_everywhere(lo):
+            best = [p for p in points if p.rate == lo][-1]
+            edge = f"fails at {hi:g}" if hi is not None else f"not tried above {lo:g} (probe limit)"
+            return SearchResult(lo, points, best, f"holds at {lo:g} req/s (measured {sum(p.rate == lo for p in points)}"
+                                f"x), {edge}")
+        # The repeat failed: that rate does not count; the highest rate below it that always passed does.
+        hi = lo
+        below = [p.rate for p in points if p.rate < lo and passing_everywhere(p.rate)]
+        lo = max(below) if below else None
+        if lo is None:
+            r = round_rate(hi / 2)
+            while probes < s.max_probes and r >= s.rate_min:
+                probes += 1
+                if measure(r, "probe").met:
+                    lo = r
+                    break
+                hi, r = r, round_rate(r / 2)
+            if lo is None:
+                return SearchResult(0.0, points, None, "no rate met the SLO on every measurement")
+        # Ends: each round either returns or lowers `lo` to an earlier, always-passing rate.
+
+
+def closest_distance(points: Sequence[Point], clauses: Sequence[Clause]) -> float:
+    """For ranking candidates where no rate met the SLO: the smallest shortfall of any probe."""
+    return min((distance(evaluate(clauses, p.metrics)) for p in points), default=math.inf)

