@@ -57,7 +57,11 @@ class EngineHost:
         self.log_path: Path | None = None
         self.log_start = 0
 
-    def start(self, argv: list[str], env: dict[str, str], log_path: str, engine_host: str) -> dict:
+    def start(self, argv: list[str], env: dict[str, str], log_path: str, engine_host: str,
+              drop_env: tuple[str, ...] = ()) -> dict:  # fmt: skip
+        """Start the engine on this node; `drop_env`: variables of the actor's own environment the engine
+        must not inherit (Ray empties CUDA_VISIBLE_DEVICES for an actor without GPUs; a pipeline's API
+        server must still see the node's devices to start vLLM's CUDA platform)."""
         import ray
 
         host = node_ip(engine_host)
@@ -70,7 +74,8 @@ class EngineHost:
             log.write(f"\n==> vstack (ray node {ray.get_runtime_context().get_node_id()[:8]}): starting\n".encode())
             log.flush()
             self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                                          env={**{k: v for k, v in os.environ.items() if k not in drop_env},
+                                               **env, "PYTHONUNBUFFERED": "1"},
                                           start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
         return {"host": host, "port": port, "pid": self.popen.pid,
                 "node_id": ray.get_runtime_context().get_node_id()}  # fmt: skip

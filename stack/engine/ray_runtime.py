@@ -208,7 +208,9 @@ class RayReplicaSet:
         self._move(r, "starting", f"placing on node {p.nodes[0][:8]}: {p.reason}")
         argv, env = list(self.spec.engine.argv), dict(self.spec.engine.env)
         cpus = self.demand.cpus
+        drop: tuple[str, ...] = ()
         if p.pipeline_parallel > 1:
+            drop = ("CUDA_VISIBLE_DEVICES",)
             # vLLM's Ray executor places the workers (its own placement group, all or nothing); the actor
             # holds the API server's CPU on the first stage's node.
             argv += ["--distributed-executor-backend", "ray", "--pipeline-parallel-size", str(p.pipeline_parallel),
@@ -229,7 +231,7 @@ class RayReplicaSet:
         r.actor = ray.remote(EngineHost).options(max_restarts=0, **options).remote()
         log_path = str(self.spec.log_path.with_name(f"{self.spec.log_path.stem}-r{r.index}.log"))
         try:
-            got = ray.get(r.actor.start.remote(argv, env, log_path, self.cfg.engine_host),
+            got = ray.get(r.actor.start.remote(argv, env, log_path, self.cfg.engine_host, drop),
                           timeout=self.cfg.placement_timeout_s)  # fmt: skip
         except Exception as exc:  # Ray's errors (actor died, timeout): the replica did not start
             self._end(r, 0)
