@@ -55,26 +55,48 @@ def stack_config(tmp: Path, model_dir: Path, address: str, replicas: int, routin
 
 
 @contextlib.contextmanager
-def ray_gateway(cfg) -> Iterator[Gateway]:
-    """plan_engines + build_gateway (the composition root), served in a thread; engines stopped on exit."""
+def ray_gateway_for(cfg, default: str) -> Iterator[tuple[Gateway, object]]:
+    """plan_engines + build_gateway (the composition root), served in a thread; (gateway, planned stack).
+    On exit the gateway stops its engines; any engine process that outlived its actor is stopped too and
+    named in an AssertionError (there should be none)."""
     from stack.assemble import build_gateway, plan_engines
     from stack.engine.process import stop_process_tree
 
-    planned = plan_engines(cfg, SERVED, on_status=lambda _m: None)
+    planned = plan_engines(cfg, default, on_status=lambda _m: None)
     app, sup = build_gateway(planned)
-    pids: set[int] = set()
+    pids: set[tuple[int, str]] = set()  # (pid, port) of every replica seen
     try:
         with app_in_thread(app, graceful_s=5, start_s=60, join_s=60) as (url, loop):
             gw = Gateway(url, app, loop)
             gw.pids = pids  # type: ignore[attr-defined]
-            yield gw
+            yield gw, planned
     finally:
         for slot in sup.manager.slots.values():
             describe = getattr(slot.runtime, "describe", None)
-            pids.update(r["pid"] for r in (describe()["replicas"] if describe else []) if r["pid"])
-        # Engines the stack started and that outlived their actor (there should be none) are stopped too.
-        left = [pid for pid in pids for pid in stop_process_tree(pid, 5)]
+            record(pids, describe()["replicas"] if describe else [])
+        left = [p for pid, port in pids if ours(pid, port) for p in stop_process_tree(pid, 5)]
         assert left == [], f"engine processes left running: {left}"
+
+
+def record(pids: set[tuple[int, str]], replicas: list[dict]) -> None:
+    pids.update((r["pid"], r["url"].rsplit(":", 1)[-1]) for r in replicas if r["pid"] and r["url"])
+
+
+def ours(pid: int, port: str) -> bool:
+    """Still the engine we started (a dead engine's pid may be another process's by now)."""
+    import psutil
+
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "--port" in argv and argv[argv.index("--port") + 1 : argv.index("--port") + 2] == [port]
+
+
+@contextlib.contextmanager
+def ray_gateway(cfg) -> Iterator[Gateway]:
+    with ray_gateway_for(cfg, SERVED) as (gw, _planned):
+        yield gw
 
 
 def wait_replicas(gw: Gateway, ready: int, timeout: float) -> list[dict]:
@@ -83,7 +105,7 @@ def wait_replicas(gw: Gateway, ready: int, timeout: float) -> list[dict]:
     while time.monotonic() < deadline:
         slot = gw.state.manager.slots[SERVED]
         reps = slot.runtime.describe()["replicas"] if hasattr(slot.runtime, "describe") else []
-        gw.pids.update(r["pid"] for r in reps if r["pid"])  # type: ignore[attr-defined]
+        record(gw.pids, reps)  # type: ignore[attr-defined]
         if sum(r["state"] == "ready" for r in reps) >= ready and str(slot.state) == "ready":
             return reps
         if str(slot.state) == "failed":
