@@ -34,6 +34,5 @@ nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv | tee "$
 python3 -c "import ray, vllm; print('ray', ray.__version__, 'vllm', vllm.__version__)" 2>&1 | tee -a "$out/ray_pp.log"
 timeout 560 python3 -m bench.gpu.ray_pp --out "$out/ray-pp-h200x2.json" 2>&1 | tee -a "$out/ray_pp.log"
 code=${PIPESTATUS[0]}
-find /tmp -maxdepth 4 -name 'llama8b*.log' -newer "$out/ray_pp.log" -exec cp {} "$out/" \; 2>/dev/null
 tar -C /tmp/ray -cJf "$out/ray-session-logs.tar.xz" session_latest/logs 2>/dev/null
 exit "$code"
