@@ -63,12 +63,14 @@ def head_reachable(timeout: float = 3.0) -> bool:
     ray = import_ray()
     import concurrent.futures
 
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        try:
-            pool.submit(ray.nodes).result(timeout=timeout)
-            return True
-        except Exception:  # a timeout or any RPC error: the answer is "down", said in /admin/models
-            return False
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ray head probe")
+    try:
+        pool.submit(ray.nodes).result(timeout=timeout)
+        return True
+    except Exception:  # a timeout or any RPC error: the answer is "down", said in /admin/models
+        return False
+    finally:
+        pool.shutdown(wait=False)  # a call hanging on a lost head must not hold the watch
 
 
 def gcs_address() -> str:
