@@ -121,3 +121,25 @@ def test_unknown_replica_routing_is_refused() -> None:
     with pytest.raises(ConfigError) as err:
         load_config(text=json.dumps({"gateway": {"replica_routing": "random"}}))
     assert "replica_routing" in str(err.value)
+
+
+def test_replicas_become_deployments_and_only_ready_ones_route() -> None:
+    from stack.gateway.engines import sync_replicas
+    from stack.gateway.registry import DeploymentRegistry
+    from stack.manager.slot import Slot
+    from stack.manager.states import ModelState
+
+    registry = DeploymentRegistry()
+    registry.add(Deployment(id="engine-m", model_group="m", kind="local", upstream_model="m", state="ready",
+                            labels={"runtime": "ray", "role": "set"}))  # fmt: skip
+    slot = Slot("m", runtime=None)  # type: ignore[arg-type]  # only its state is read
+    slot.state = ModelState.READY
+    reps = [{"replica": 0, "state": "ready", "url": "http://10.0.0.1:8001", "node": "aaaa", "detail": ""},
+            {"replica": 1, "state": "lost", "url": "http://10.0.0.2:8001", "node": "bbbb", "detail": "gone"}]
+    sync_replicas(registry, "engine-m", slot, reps)
+    assert [d.id for d in registry.ready("m")] == ["engine-m-r0"]  # the set itself never routes
+    assert registry.get("engine-m-r1").state == "failed" and registry.get("engine-m-r1").labels["node"] == "bbbb"
+    reps[1] = {**reps[1], "state": "ready", "url": "http://10.0.0.3:8001", "node": "cccc", "detail": "restored"}
+    sync_replicas(registry, "engine-m", slot, reps)
+    assert sorted(d.id for d in registry.ready("m")) == ["engine-m-r0", "engine-m-r1"]
+    assert registry.get("engine-m-r1").api_base == "http://10.0.0.3:8001"
