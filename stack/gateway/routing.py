@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.errors import ModelNotFound
 from stack.gateway.registry import Deployment, DeploymentRegistry
+from stack.gateway.replicas import ReplicaChooser, is_replica
 
 log = logging.getLogger("stack.gateway.routing")
 
@@ -51,6 +52,7 @@ class Routing:
             cooldown_time=settings.cooldown_s,
             enable_pre_call_checks=False,
         )
+        self.replicas = ReplicaChooser(settings.replica_routing, settings.affinity_prefix_chars)
         registry.subscribe(self._sync)
         for dep in registry.all():
             self._sync(dep.id, None, dep)
@@ -59,9 +61,9 @@ class Routing:
     def _sync(self, dep_id: str, before: Deployment | None, after: Deployment | None) -> None:
         from litellm.types.router import Deployment as RouterDeployment
 
-        if before is not None and before.state == "ready":
+        if before is not None and before.state == "ready" and before.routable:
             self.router.delete_deployment(id=dep_id)
-        if after is not None and after.state == "ready":
+        if after is not None and after.state == "ready" and after.routable:
             self.router.add_deployment(RouterDeployment(**after.router_entry()))
 
     # -- names ---------------------------------------------------------------------------------------
@@ -101,11 +103,18 @@ class Routing:
         ]
 
     # -- Router ----------------------------------------------------------------------------------
-    async def pick(self, group: str, exclude: set[str]) -> Deployment | None:
-        """A ready deployment of `group` that is not cooling down, chosen by the Router; None if none."""
+    async def pick(self, group: str, exclude: set[str], body: dict | None = None) -> Deployment | None:
+        """A ready deployment of `group` that is not cooling down, chosen by the Router; None if none.
+        A model's replicas (manager.runtime: ray) are chosen by `gateway.replica_routing` instead."""
         candidates = [d for d in self.registry.ready(group) if d.id not in exclude]
         if not candidates:
             return None
+        if any(is_replica(d) for d in candidates):
+            cooling = self.cooling_down() if len(candidates) > 1 else set()
+            rest = [d for d in candidates if is_replica(d) and d.id not in cooling]
+            if rest:
+                return self.replicas.choose(rest, body)
+            candidates = [d for d in candidates if not is_replica(d)] or candidates
         if len(candidates) == 1 and len(self.registry.ready(group)) == 1:
             # One deployment: the Router's only decision is whether it is cooling down; ask just that
             # (the full selection costs ~0.3 ms per request and would pick the same one).

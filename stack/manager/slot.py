@@ -62,4 +62,5 @@ class Slot:
             "restarts": len(self.restarts), "last_switch": self.last_switch,
             "log_tail": self.log_tail if self.state == ModelState.FAILED else "",
             "engine": getattr(self.runtime.spec, "base_url", None),
+            **(self.runtime.describe() if hasattr(self.runtime, "describe") else {}),  # replicas on Ray
         }  # fmt: skip

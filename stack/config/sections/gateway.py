@@ -88,6 +88,14 @@ class GatewayConfig(_Strict):
     routing_strategy: Literal["simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2"] = (
         "simple-shuffle"
     )
+    replica_routing: Literal["least_outstanding", "prefix_affinity", "round_robin"] = Field(
+        "least_outstanding", description="among a model's replicas (manager.runtime: ray): the one with the fewest "
+        "requests in flight; the one whose prefix cache holds the prompt's prefix (same prefix or session -> same "
+        "replica); or in turn",
+    )
+    affinity_prefix_chars: int = Field(
+        512, ge=16, description="prefix_affinity: how much of the prompt (characters) names its prefix"
+    )
     api_keys: list[KeyRef] = Field(
         default_factory=list, description="keys accepted on /v1/*; none configured means no key is required"
     )

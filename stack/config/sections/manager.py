@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # What an engine container gets from the gateway's environment (values never logged): Hub access and the
 # engine overrides an operator set for the gateway (VSTACK_ENGINE__* are passed whole, by prefix).
@@ -49,6 +49,43 @@ class DockerRuntimeConfig(BaseModel):
         None, description="/dev/shm of an engine container, where vLLM's workers share tensors (default: 2g on "
         "CPU, 16g for GPU engines, whose tensor-parallel workers exchange through it)",
     )
+
+
+class RayRuntimeConfig(BaseModel):
+    """Where engines go when `manager.runtime` is ray: a Ray cluster's nodes (adr/0017-ray-cluster-runtime.md).
+    Ray places and reserves; the stack plans per node, starts vLLM on the chosen nodes and routes among
+    the replicas."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = Field(
+        "auto", description="the Ray cluster: host:port of its head (GCS), `auto` (RAY_ADDRESS or the local "
+        "cluster `ray start --head` made), or ray://host:10001 (Ray Client)",
+    )
+    namespace: str = Field("vstack", description="Ray namespace of the engine actors and placement groups")
+    replicas: dict[str, int] = Field(
+        default_factory=dict, description="model (name, profile or served name) -> replicas; others get 1",
+    )
+    cpus_per_engine: float = Field(
+        1, gt=0, description="Ray CPUs each engine reserves (a CPU engine's whole compute; a GPU engine's API server)"
+    )
+    placement_timeout_s: float = Field(
+        60, gt=0, description="how long a replica waits for its placement group before it is refused"
+    )
+    restore: bool = Field(True, description="start a lost replica again where the cluster has room")
+    health_interval_s: float = Field(1.0, gt=0, description="how often each replica's /health is asked")
+    engine_host: Literal["node", "loopback"] = Field(
+        "node", description="node: engines listen on their node's cluster IP (an internal network: the gateway "
+        "must reach them there); loopback: 127.0.0.1 (a one-machine test cluster)",
+    )
+
+    @field_validator("replicas")
+    @classmethod
+    def _positive(cls, value: dict[str, int]) -> dict[str, int]:
+        bad = [f"{k}: {v}" for k, v in value.items() if not isinstance(v, int) or v < 1]
+        if bad:
+            raise ValueError(f"replicas must be whole numbers >= 1 ({', '.join(bad)})")
+        return value
 
 
 class ManagerConfig(BaseModel):
@@ -109,11 +146,13 @@ class ManagerConfig(BaseModel):
     restart_window_s: float = Field(600, gt=0)
     restart_backoff_s: float = Field(2, ge=0, description="first restart's delay; doubles each time")
     retry_failed_s: float = Field(30, ge=0, description="a failed model is tried again on a request after this")
-    runtime: Literal["local", "docker"] = Field(
+    runtime: Literal["local", "docker", "ray"] = Field(
         "local", description="local: engines are child processes of the gateway; docker: engine containers started "
-        "through the Docker socket (manager.docker says where)",
+        "through the Docker socket (manager.docker says where); ray: engines on a Ray cluster's nodes, with "
+        "replicas (manager.ray says where)",
     )
     docker: DockerRuntimeConfig = Field(default_factory=DockerRuntimeConfig)
+    ray: RayRuntimeConfig = Field(default_factory=RayRuntimeConfig)
 
     @model_validator(mode="after")
     def _preload_subset(self) -> ManagerConfig:

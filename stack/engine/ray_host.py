@@ -1,0 +1,92 @@
+"""What runs on a Ray node for one replica: a small actor that starts vLLM as its child and answers for it.
+
+The actor holds the replica's resources (its placement group bundle, or its node for a pipeline whose
+workers vLLM's Ray executor places), picks a free port on its node, and starts the engine in its own
+process group with PR_SET_PDEATHSIG: when the actor dies (killed, or its node lost) the engine dies with
+it, so a lost node never leaves an engine serving that nobody routes to or stops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+from stack.engine.diagnose import log_size, log_tail
+from stack.engine.process import stop_process_tree
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def bind_to(argv: list[str], host: str, port: int) -> list[str]:
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--host":
+            out[i + 1] = host
+        elif arg == "--port":
+            out[i + 1] = str(port)
+    return out
+
+
+def node_ip(engine_host: str) -> str:
+    if engine_host == "loopback":
+        return "127.0.0.1"
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def free_port_on(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class EngineHost:
+    """The actor's class (made a Ray actor by stack.engine.ray_runtime). Its methods run on its node."""
+
+    def __init__(self) -> None:
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.log_path: Path | None = None
+        self.log_start = 0
+
+    def start(self, argv: list[str], env: dict[str, str], log_path: str, engine_host: str,
+              drop_env: tuple[str, ...] = ()) -> dict:  # fmt: skip
+        """Start the engine on this node; `drop_env`: variables of the actor's own environment the engine
+        must not inherit (Ray empties CUDA_VISIBLE_DEVICES for an actor without GPUs; a pipeline's API
+        server must still see the node's devices to start vLLM's CUDA platform)."""
+        import ray
+
+        host = node_ip(engine_host)
+        port = free_port_on(host)
+        self.log_path = Path(log_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_start = log_size(self.log_path)
+        argv = bind_to(argv, host, port)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n==> vstack (ray node {ray.get_runtime_context().get_node_id()[:8]}): starting\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env={**{k: v for k, v in os.environ.items() if k not in drop_env},
+                                               **env, "PYTHONUNBUFFERED": "1"},
+                                          start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
+        return {"host": host, "port": port, "pid": self.popen.pid,
+                "node_id": ray.get_runtime_context().get_node_id()}  # fmt: skip
+
+    def exit_code(self) -> int | None:
+        return self.popen.poll() if self.popen else None
+
+    def stop(self, grace: float = 20) -> list[int]:
+        if self.popen is None:
+            return []
+        return stop_process_tree(self.popen.pid, grace)
+
+    def logs(self, lines: int = 40) -> str:
+        return log_tail(self.log_path, lines, self.log_start) if self.log_path else ""

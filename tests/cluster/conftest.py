@@ -1,0 +1,11 @@
+"""tests/cluster: a real local Ray cluster of several nodes and the stack on it (bench/ray_local.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+
+from bench.ray_local import SERVED, ray_cluster, ray_gateway, stack_config, wait_replicas
+
+__all__ = ["SERVED", "ray_cluster", "ray_gateway", "stack_config", "wait_replicas"]
