@@ -169,7 +169,8 @@ def check(args: argparse.Namespace) -> dict:
         required, _ = chat("base", tools=[TOOL], tool_choice="required", parallel_tool_calls=False)
         auto, _ = chat("base", tools=[TOOL], tool_choice="auto")
         for label, reply in (("named", named), ("required", required)):
-            calls = reply["choices"][0]["message"].get("tool_calls") or []
+            row[f"tool {label} status"] = reply["status"]  # a 500 (no choices) is recorded, not a KeyError
+            calls = ((reply.get("choices") or [{}])[0].get("message") or {}).get("tool_calls") or []
             checks[f"tool {label}"] = bool(calls) and all(
                 "city" in json.loads(call["function"]["arguments"]) for call in calls)
         checks["tool auto accepted"] = auto["status"] == 200
