@@ -149,7 +149,13 @@ def check(args: argparse.Namespace) -> dict:
                                                       **extra})  # fmt: skip
             return {"status": r.status_code, **r.json()}, time.perf_counter() - start
 
-        base_text = chat("base")[0]["choices"][0]["message"]["content"]
+        base_reply = chat("base", logprobs=True, top_logprobs=2)[0]
+        base_text = base_reply["choices"][0]["message"]["content"]
+        # Evidence for the tool-choice failure seen with LoRA on dummy weights: degenerate (NaN) logits show up
+        # as the same token over and over with NaN / -inf logprobs.
+        row["base_text"] = (base_text or "")[:80]
+        row["base_logprobs"] = [str(t.get("logprob")) for t in
+                                ((base_reply["choices"][0].get("logprobs") or {}).get("content") or [])[:4]]
         loads, answers = {}, {}
         for name in names:
             start = time.perf_counter()
