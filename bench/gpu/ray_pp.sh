@@ -14,26 +14,14 @@
 # (README "More than one machine" lists the exact calls.) Results: $OUT/ray-pp-h200x2.json, ray_pp.log and
 # the engine's logs.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$root"
-parts=${VSTACK_GPU_PARTS:-/tmp/vstack-parts}
-site=${VSTACK_GPU_SITE:-/tmp/vstack-site}
-out=${OUT:-$root/bench/results/out}
-mkdir -p "$parts" "$out"
-for p in "$root"/.gpu[0-9]/part.* "$root"/.gpuray/part.ray.*; do [ -e "$p" ] && cp "$p" "$parts/"; done
+source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 if [ "${1:-}" = "--stash" ]; then ls -la "$parts"; exit 0; fi
-if [ ! -d "$site/vllm" ]; then
-  mkdir -p "$site"
-  ls "$parts"/part.[0-9]* >/dev/null 2>&1 || { echo "no site parts in $parts: carry .gpu1/ .gpu2/ ... first"; exit 2; }
-  cat $(ls "$parts"/part.[0-9]* | sort) | xz -dc -T16 | tar -C "$site" -xf - || { echo "site parts do not unpack"; exit 2; }
-fi
+unpack_site
 if [ ! -d "$site/ray" ]; then
   [ -e "$parts/part.ray.00" ] || { echo "no Ray part in $parts: carry .gpuray/ (bench/gpu/build_ray_part.sh)"; exit 2; }
   xz -dc -T16 "$parts/part.ray.00" | tar -C "$site" -xf - || { echo "the Ray part does not unpack"; exit 2; }
 fi
-export PYTHONPATH="$site:$root" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 \
-  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-  LITELLM_LOCAL_MODEL_COST_MAP=True RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
+export RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv | tee "$out/ray_pp.log"
 python3 -c "import ray, vllm; print('ray', ray.__version__, 'vllm', vllm.__version__)" 2>&1 | tee -a "$out/ray_pp.log"
 timeout 560 python3 -m bench.gpu.ray_pp --out "$out/ray-pp-h200x2.json" 2>&1 | tee -a "$out/ray_pp.log"

@@ -8,22 +8,9 @@
 # carried with this one), runs bench/gpu/suite.py through the project's own code, then the assertions in
 # tests/gpu against the results it wrote. Logs, results and the engines' logs land in $OUT when it is set.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$root"
-parts=${VSTACK_GPU_PARTS:-/tmp/vstack-parts}
-site=${VSTACK_GPU_SITE:-/tmp/vstack-site}
-out=${OUT:-$root/bench/results/out}
-mkdir -p "$parts" "$out"
-for p in "$root"/.gpu[0-9]/part.*; do [ -e "$p" ] && cp "$p" "$parts/"; done
+source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 if [ "${1:-}" = "--stash" ]; then ls -la "$parts"; exit 0; fi
-if [ ! -d "$site/vllm" ]; then
-  mkdir -p "$site"
-  ls "$parts"/part.* >/dev/null 2>&1 || { echo "no site parts in $parts: carry .gpu1/ .gpu2/ ... first (README)"; exit 2; }
-  cat $(ls "$parts"/part.* | sort) | xz -dc -T16 | tar -C "$site" -xf - || { echo "the site parts do not unpack: are all of them stashed?"; exit 2; }
-fi
-export PYTHONPATH="$site:$root" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 \
-  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-  LITELLM_LOCAL_MODEL_COST_MAP=True
+unpack_site
 work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-suite}
 # Results outlive the checkout's resync between calls on a warm machine: rows of earlier calls are kept.
 export VSTACK_GPU_RESULTS_DIR=${VSTACK_GPU_RESULTS_DIR:-$work/results}

@@ -17,23 +17,12 @@
 # (tee'd as it runs, so a run stopped at its limit still returns what it printed), the engines' logs.
 # On an H200 (kind nvidia-h200) the same calls work; compare timings only within one device kind.
 set -uo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$root"
+source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 scenario=${1:-pair}
 repeat=${2:-$([ "$scenario" = round ] && echo 2 || echo 3)}
-parts=${VSTACK_GPU_PARTS:-/tmp/vstack-parts}
-site=${VSTACK_GPU_SITE:-/tmp/vstack-site}
-out=${OUT:-$root/bench/results/out}
 work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-switch}/$scenario
-mkdir -p "$parts" "$out" "$work"
-for p in "$root"/.gpu[0-9]/part.*; do [ -e "$p" ] && cp "$p" "$parts/"; done
-if [ ! -d "$site/vllm" ]; then
-  mkdir -p "$site"
-  ls "$parts"/part.* >/dev/null 2>&1 || { echo "no site parts in $parts: carry .gpu1/ .gpu2/ ... first (header)"; exit 2; }
-  cat $(ls "$parts"/part.* | sort) | xz -dc -T16 | tar -C "$site" -xf - || { echo "the site parts do not unpack"; exit 2; }
-fi
-export PYTHONPATH="$site:$root" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 \
-  VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 LITELLM_LOCAL_MODEL_COST_MAP=True
+mkdir -p "$work"
+unpack_site
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$out/switch_time_$scenario.log"
 free -g | tee -a "$out/switch_time_$scenario.log"
 python3 bench/switch_time.py --gpu --scenario "$scenario" --repeat "$repeat" --logs "$work" \

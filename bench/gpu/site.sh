@@ -1,0 +1,25 @@
+# Sourced by every script that runs on the lent GPU machine (suite.sh, switch_time.sh, tune_env.sh, ray_pp.sh):
+# the repository root, $parts/$site/$out, the parts carried with this call kept in $parts for later calls
+# (.gpuN/ the site built by bench/gpu/build_site.sh, .gpuray/ Ray's part), `unpack_site`, and the env they
+# all run vLLM under. A machine stays warm ~30 s after a call; what is in /tmp outlives the checkout's resync.
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$root"
+parts=${VSTACK_GPU_PARTS:-/tmp/vstack-parts}
+site=${VSTACK_GPU_SITE:-/tmp/vstack-site}
+out=${OUT:-$root/bench/results/out}
+mkdir -p "$parts" "$out"
+for p in "$root"/.gpu[0-9]/part.* "$root"/.gpuray/part.*; do [ -e "$p" ] && cp "$p" "$parts/"; done
+
+# The site's own parts are part.NN: Ray's (part.ray.NN) are unpacked by ray_pp.sh, never into this stream.
+unpack_site() {
+  [ -d "$site/vllm" ] && return 0
+  mkdir -p "$site"
+  ls "$parts"/part.[0-9]* >/dev/null 2>&1 \
+    || { echo "no site parts in $parts: carry .gpu1/ .gpu2/ .gpu3/ first (README GPU suite)"; exit 2; }
+  cat $(ls "$parts"/part.[0-9]* | sort) | xz -dc -T16 | tar -C "$site" -xf - \
+    || { echo "the site parts do not unpack: are all of them stashed?"; exit 2; }
+}
+
+export PYTHONPATH="$site:$root" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 \
+  NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+  LITELLM_LOCAL_MODEL_COST_MAP=True
