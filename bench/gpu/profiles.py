@@ -39,6 +39,8 @@ KV_PATTERNS = {
     "weights_gib": r"Model loading took ([\d.]+) ?GiB",
     "torch_peak_gib": r"torch peak memory increase: ([\d.]+) ?GiB",
     "non_torch_gib": r"non-torch forward increase memory: ([\d.]+) ?GiB",
+    "cudagraph_gib": r"Estimated CUDA graph memory: ([\d.]+) GiB",
+    "non_kv_gib": r"Total non KV cache memory: ([\d.]+) ?GiB",
 }
 JSON_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
                "additionalProperties": False}
@@ -124,11 +126,18 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
         overrides["tensor_parallel_size"] = device.count
         held_to = (held_to + "; " if held_to else "") + (f"tensor parallel {device.count} of {hw.gpu_count}, "
                                                           f"{device_gib:.1f} GiB per GPU")
+    engine_env: dict[str, str] = {}
     if hardware_patch and device.hopper and not str(hw.compute_capability or "").startswith("9."):
-        # Held to the card's memory, not its kernels: vLLM picks them from this GPU (Machete for 4-bit on
-        # Hopper, with 16-bit zero points), so the planner plans for this GPU's compute capability.
-        hardware_patch["compute_capability"] = "9.0"
-        held_to += "; Hopper kernels"
+        # The card's kernels too, not only its memory: vLLM would serve 4-bit weights through Machete here
+        # (Hopper only, 16-bit zero points) but through Marlin on the Ada/Ampere card the profile is for.
+        # With Machete disabled vLLM takes the next kernel in its list, Marlin, as on the card; the planner
+        # keeps the card's compute capability.
+        engine_env["VLLM_DISABLED_KERNELS"] = "MacheteLinearKernel"
+        held_to += "; the card's kernels (Machete off: Marlin)"
+    if hw.accelerator != "cpu":
+        # vLLM's profile result (torch peak, non-torch increase) is logged at debug level only: the row keeps
+        # every term of vLLM's budget beside the planner's.
+        engine_env["VLLM_LOGGING_LEVEL"] = "DEBUG"
     models = [resolved.model.name, *(extra_models or [])]
     model_patch = {}
     for name in models:
@@ -142,7 +151,7 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
         **({"hardware": {hw.name: hardware_patch}} if hardware_patch else {}),
         **({"manager": manager} if manager else {}),
         # CPU (the driver's own test): one fixed KV space, so that the planner and the engine see the same.
-        **({"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}} if hw.accelerator == "cpu" else {}),
+        **({"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}} if hw.accelerator == "cpu" else {"env": engine_env}),
     }
     path = work / f"overlay-{profile}.yaml"
     path.write_text(yaml.safe_dump(overlay, sort_keys=False))
@@ -202,6 +211,40 @@ def chat_checks(base: str, served: str) -> dict[str, Any]:
     except ValueError:
         out["json_ok"] = False
     out["json_answer"] = text[:200]
+    out.update(tool_checks(client, served))
+    return out
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+    "additionalProperties": False}}}  # fmt: skip
+
+
+def tool_checks(client: Any, served: str) -> dict[str, Any]:
+    """Tool calling as the shipped profile serves it (its model family's parser): a named and a `required`
+    choice give a call whose arguments parse with the schema's key (vLLM holds them to the schema with
+    structured outputs, so even random weights must); `auto` is accepted. Through the gateway."""
+    out: dict[str, Any] = {"tools": {}}
+    for label, choice in (("named", {"type": "function", "function": {"name": "get_weather"}}),
+                          ("required", "required"), ("auto", "auto")):
+        try:
+            resp = client.chat.completions.create(
+                model=served, messages=[{"role": "user", "content": "t5 t6"}], max_tokens=120, temperature=0,
+                tools=[WEATHER], tool_choice=choice, **({} if label == "auto" else {"parallel_tool_calls": False}))
+        except Exception as exc:  # the status and message go into the row
+            out["tools"][label] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        calls = resp.choices[0].message.tool_calls or []
+        if label == "auto":
+            out["tools"][label] = f"accepted ({len(calls)} calls)"
+            continue
+        try:
+            ok = bool(calls) and all(set(json.loads(c.function.arguments)) == {"city"} for c in calls)
+        except ValueError:
+            ok = False
+        out["tools"][label] = "ok" if ok else f"no parseable call: {str(calls)[:160]}"
+    out["tools_ok"] = out["tools"].get("named") == "ok" and out["tools"].get("required") == "ok" and \
+        str(out["tools"].get("auto", "")).startswith("accepted")
     return out
 
 

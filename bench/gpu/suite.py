@@ -156,7 +156,8 @@ def verdict(row: dict[str, Any]) -> str:
         if err is None or abs(err) > KV_TOLERANCE:
             bad.append(f"KV {err:+.1%}" if err is not None else "KV not compared")
     if kind == "profile":
-        labels = {"chat_ok": "chat", "json_ok": "json_schema", "metrics_ok": "metrics", "stopped_clean": "stop"}
+        labels = {"chat_ok": "chat", "json_ok": "json_schema", "tools_ok": "tools", "metrics_ok": "metrics",
+                  "stopped_clean": "stop"}
         bad += [f"{label} failed" for key, label in labels.items() if not row.get(key)]
     if kind == "switch" and not row.get("ok"):
         bad.append("switch failed")
@@ -181,19 +182,20 @@ def _tokens(row: dict[str, Any], side: str) -> str:
 def table(result: dict[str, Any], markdown: bool = False) -> str:
     rows = result.get("rows", [])
     lines: list[list[str]] = []
-    head = ["row", "device", "started (s)", "chat", "json_schema", "metrics", "KV planner", "KV vLLM", "error",
-            "stopped clean", "note"]
+    head = ["row", "device", "started (s)", "chat", "json_schema", "tools", "metrics", "KV planner", "KV vLLM",
+            "error", "stopped clean", "note"]
     yes = {True: "OK", False: "FAIL", None: "-"}
     for r in rows:
         kind = r.get("kind")
         if kind == "profile":
             lines.append([r["row"], r.get("device", ""), str(r.get("started_s", "-")), yes[r.get("chat_ok")],
-                          yes[r.get("json_ok")], yes[r.get("metrics_ok")], _tokens(r, "planner"),
+                          yes[r.get("json_ok")], yes[r.get("tools_ok")], yes[r.get("metrics_ok")],
+                          _tokens(r, "planner"),
                           _tokens(r, "vllm"), _pct(r), yes[r.get("stopped_clean")],
                           r.get("held_to") or "" if "error" not in r else "error: " + r["error"][-80:]])
         elif kind == "layout":
             note = r.get("layout", "") + ("" if r.get("new_shape") else " (shape checked before)")
-            lines.append([r["row"], r.get("device", ""), str(r.get("seconds", "-")), "-", "-", "-",
+            lines.append([r["row"], r.get("device", ""), str(r.get("seconds", "-")), "-", "-", "-", "-",
                           _tokens(r, "planner"), _tokens(r, "vllm"), _pct(r), "-",
                           note if "error" not in r else "error: " + str(r["error"])[-80:]])
         elif kind == "switch":
@@ -201,10 +203,10 @@ def table(result: dict[str, Any], markdown: bool = False) -> str:
             note = (f"B cold {s.get('ours_cold')} s; wake+first token: vstack {s.get('ours_wake_median')} s, "
                     f"raw vLLM {s.get('raw_wake_median')} s; asleep holds {r.get('asleep_holds_gib')} GiB")
             lines.append([r["row"], r.get("device", ""), str(r.get("ours", {}).get("a_started_s", "-")),
-                          "-", "-", "-", "-", "-", "-", yes[r.get("ours", {}).get("stopped_clean")],
+                          "-", "-", "-", "-", "-", "-", "-", yes[r.get("ours", {}).get("stopped_clean")],
                           note if r.get("ok") else "FAILED: " + str(r.get("ours", {}).get("error", note))[-120:]])
         else:
-            lines.append([r["row"], r.get("device", ""), "-", "-", "-", "-", "-", "-", "-", "-",
+            lines.append([r["row"], r.get("device", ""), "-", "-", "-", "-", "-", "-", "-", "-", "-",
                           r.get("status") or ("OK" if r.get("ok") else str(r.get("error", ""))[-80:])])
     lines = [[" ".join(str(c).split()) for c in line] for line in lines]
     title = f"{result.get('device')} x{result.get('gpus')}, vLLM {result.get('vllm')}, {result.get('date')}"

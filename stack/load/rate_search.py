@@ -2,9 +2,10 @@
 
 A probe loads the engine at an offered rate (Poisson arrivals, or gamma with a burstiness) with enough
 requests for a stable p95, after warm-up requests that are kept out of its figures (vLLM's own
-`--num-warmups`). The search first measures the capacity (every request at once: the most it can serve),
-brackets the SLO's edge below it, bisects to a tolerance, and repeats the winning rate: a rate counts only
-when every measurement of it met the SLO. The search is a pure function of its probes' verdicts, so a
+`--num-warmups`). The search first measures the capacity (every request at once), brackets the SLO's edge
+from there (below it when the burst missed the SLO, above it when it met it: a rate above counts only if
+the engine served more than under the burst), bisects to a tolerance, and repeats the winning rate: a rate
+counts only when every measurement of it met the SLO. The search is a pure function of its probes' verdicts, so a
 resumed search replays the probes measured earlier instead of measuring them again.
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from stack.config.slo import Clause, all_met, distance, evaluate
+from stack.config.slo import Clause, distance, evaluate
 from stack.errors import StackError
 
 Role = Literal["capacity", "probe", "repeat"]
@@ -120,6 +121,7 @@ def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, e
     points: list[Point] = []
     replay = _Replay(earlier)
     last_overhead = [15.0]  # seconds a probe costs besides its arrivals (bench start, warm-up, drain)
+    ceiling = [INF]  # where the burst met the SLO: its served rate, which a faster offer must beat
 
     def measure(rate: float, role: Role) -> Point:
         rate = round_rate(rate)
@@ -137,8 +139,13 @@ def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, e
         took = time.monotonic() - started
         last_overhead[0] = max(5.0, took - (0.0 if math.isinf(rate) else n / rate))
         checks = evaluate(clauses, metrics)
-        point = Point(rate, role, n, all_met(checks), metrics, round(took, 1),
-                      [r.describe() for r in checks if not r.met])
+        misses = [r.describe() for r in checks if not r.met]
+        if rate > ceiling[0] and float(metrics.get("requests_per_s") or 0.0) <= ceiling[0]:
+            # Offered past what the burst served and served no more: the engine did not keep pace, whatever a
+            # short probe's latencies say (a generous SLO would otherwise climb without end).
+            misses.append(f"served {float(metrics.get('requests_per_s') or 0.0):.4g} req/s of {rate:g} offered, "
+                          f"no more than all at once ({ceiling[0]:.4g}): not keeping pace")
+        point = Point(rate, role, n, not misses, metrics, round(took, 1), misses)
         points.append(point)
         on_point(point, list(points))
         return point
@@ -149,10 +156,12 @@ def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, e
     first_rate = s.rate_start
     if first_rate is None:
         cap = measure(INF, "capacity")
-        if cap.met:  # even everything at once meets the SLO: the capacity is the goodput
-            return SearchResult(cap.achieved_rps, points, cap, "the SLO holds with every request at once: "
-                                "goodput = capacity")
+        # Every candidate's goodput is an open-loop rate, bracketed and repeated, even where the burst met the
+        # SLO: a burst's rate counts its drain tail, so scoring it against another candidate's offered rate
+        # would compare two different things. The burst only gives the first rate to offer.
         first_rate = cap.achieved_rps or 1.0
+        if cap.met:
+            ceiling[0] = cap.achieved_rps
     lo: float | None = None
     hi: float | None = None
     r = round_rate(first_rate)

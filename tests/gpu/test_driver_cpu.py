@@ -13,7 +13,7 @@ import pytest
 from bench.gpu.device import Device
 from bench.gpu.models import CHARS, vocabulary, write_model
 from bench.gpu.profiles import parse_engine_log, prepare, run_profile
-from bench.gpu.suite import table, tools_row, verdict
+from bench.gpu.suite import table, verdict
 
 CPU = Device("cpu", 0, 0, 0)
 
@@ -28,6 +28,23 @@ def test_tokenizer_spells_json_and_decodes_it_exactly(tmp_path: Path) -> None:
     assert len(vocabulary(500)) == 500 and not any(c.isspace() for c in CHARS)
     assert json.loads((folder / "config.json").read_text())["eos_token_id"] == 1
     assert tok.apply_chat_template([{"role": "user", "content": "t7 t8"}], tokenize=False).strip() == "t7 t8"
+
+
+def test_random_prompts_keep_their_length_through_decode_and_encode(tmp_path: Path) -> None:
+    """vllm bench serve's random dataset decodes random ids and encodes the text again: a 1024-token prompt
+    must stay ~1024 tokens (with words fused by the decoder it once shrank to 11, and every GPU benchmark
+    measured 11-token prompts)."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    folder = write_model(tmp_path / "m", {"model_type": "llama", "vocab_size": 128256})
+    tok = AutoTokenizer.from_pretrained(folder)
+    rng = random.Random(7)
+    ids = [rng.randrange(3, 128256) for _ in range(1024)]
+    again = tok(tok.decode(ids), add_special_tokens=False).input_ids
+    assert len(again) >= 1000  # a char after a word (`t12` + `3`) may fuse: rare
+    assert again[:50] == ids[:50] or sum(a == b for a, b in zip(again, ids, strict=False)) > 500
 
 
 def test_engine_log_figures() -> None:
@@ -77,24 +94,17 @@ def test_eight_gpu_profile_scales_to_the_gpus_here(tmp_path: Path) -> None:
 
 
 def test_verdicts_and_table() -> None:
-    good = {"row": "p", "kind": "profile", "chat_ok": True, "json_ok": True, "metrics_ok": True,
+    good = {"row": "p", "kind": "profile", "chat_ok": True, "json_ok": True, "tools_ok": True, "metrics_ok": True,
             "stopped_clean": True, "kv_error": 0.012, "started_s": 80.0, "planner": {"kv_tokens": 1012},
             "vllm": {"kv_tokens": 1000}}
     assert verdict(good) == "ok"
     assert verdict({**good, "kv_error": -0.05}) == "FAILED: KV -5.0%"
     assert verdict({**good, "json_ok": False}) == "FAILED: json_schema failed"
+    assert verdict({**good, "tools_ok": False}) == "FAILED: tools failed"
     assert verdict({"row": "l", "kind": "layout"}) == "FAILED: KV not compared"
     text = table({"device": "NVIDIA H200", "gpus": 1, "vllm": "0.26.0", "date": "2026-11-23", "rows": [good]},
                  markdown=True)
     assert "| p |" in text and "+1.2%" in text and "1,012" in text
-
-
-def test_tools_row_pending_until_written(tmp_path: Path) -> None:
-    from bench.gpu import suite
-
-    if suite.TOOLS_ROW.is_file():
-        pytest.skip("bench/gpu/rows/lora_tools.py exists: the row runs on the GPU")
-    assert tools_row(CPU, tmp_path, tmp_path)["status"] == "pending"
 
 
 @pytest.mark.e2e
@@ -107,6 +117,7 @@ def test_profile_row_on_the_cpu_build(tmp_path: Path) -> None:
     assert "error" not in row, row.get("error")
     assert row["chat_ok"], row
     assert row["json_ok"], row["json_answer"]
+    assert row["tools_ok"], row["tools"]  # the profile's model family sets the tool parser
     assert row["metrics_ok"], row["metrics"]
     assert row["down_exit"] == 0 and row["stopped_clean"]
     assert row["vllm"]["kv_tokens"] > 0 and abs(row["kv_error"]) <= 0.03, (row["planner"], row["vllm"])

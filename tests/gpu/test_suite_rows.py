@@ -37,6 +37,7 @@ def test_profile_served_end_to_end(row: dict[str, Any]) -> None:
     assert row["started_s"] > 0 and row["up_exit"] == 0
     assert row["chat_ok"], row.get("chat")
     assert row["json_ok"], row.get("json_answer")
+    assert row["tools_ok"], row.get("tools")  # named/required parse, auto accepted: the profile's tool parser
     assert row["metrics_ok"], row.get("metrics")
     assert abs(row["kv_error"]) <= KV_TOLERANCE, (row["planner"], row["vllm"])
     assert row["stopped_clean"], row.get("memory_after")
