@@ -43,6 +43,29 @@ def fmt(x: object, digits: int = 1) -> str:
     return "-" if x is None else f"{x:,.{digits}f}" if isinstance(x, int | float) else str(x)
 
 
+def rejudge(path: Path, keep_pace: float = 0.85) -> None:
+    """The probes a tune recorded, judged again with the keep-pace rule (stack.load.rate_search): the highest
+    offered rate at which every measurement met the SLO and the engine served >= keep_pace of the offer. For
+    runs recorded before the rule: what they measured, not what a search under it would have probed."""
+    data = json.loads(path.read_text())
+    print(f"### {path.parent.name}: recorded probes judged with keep_pace {keep_pace}\n")
+    print("| candidate | highest sustained rate req/s | served there req/s | p95 TTFT ms | p95 TPOT ms | recorded goodput |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for c in data["candidates"]:
+        by_rate: dict[float, list[dict]] = {}
+        for p in c.get("points") or []:
+            if p.get("rate") is not None:
+                by_rate.setdefault(float(p["rate"]), []).append(p)
+        held = [r for r, ps in by_rate.items() if all(
+            p["met"] and (p["metrics"].get("requests_per_s") or 0) >= keep_pace * r for p in ps)]
+        best = max(held, default=None)
+        last = by_rate[best][-1]["metrics"] if best is not None else {}
+        print(f"| {c['label']} | {fmt(best, 1)} | {fmt(last.get('requests_per_s'), 2)} | "
+              f"{fmt(last.get('p95_ttft_ms'), 0)} | {fmt(last.get('p95_tpot_ms'), 1)} | "
+              f"{fmt((c.get('metrics') or {}).get('goodput_rps'), 2)} |")
+    print()
+
+
 def main(folder: Path) -> int:
     for path in sorted(folder.glob("tune-*/tune.json")):
         o = ours(path)
@@ -59,6 +82,8 @@ def main(folder: Path) -> int:
             cells = [label, fmt(rps, 2), fmt(tps), str(gpus), fmt(per), ratio, fmt(ttft, 0), err or ""]
             print("| " + " | ".join(cells) + " |")
         print()
+    for path in sorted(folder.glob("tune-*/tune.json")):
+        rejudge(path)
     for path in sorted(folder.glob("auto-tune-*/result.txt")):
         t = theirs(path)
         print(f"## vLLM auto_tune (port): {t['name']}\n\n{t['header']}\n")

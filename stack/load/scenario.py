@@ -143,13 +143,15 @@ class TuneSettings(_Strict):
     repeats: int = Field(1, ge=0, description="goodput: extra measurements of the winning rate")
     rate_start: float | None = Field(None, gt=0, description="goodput: first rate (default: the capacity)")
     rate_min: float = Field(0.05, gt=0, description="goodput: give up below this rate")
+    keep_pace: float = Field(0.85, ge=0, le=1, description="goodput: a probe counts only if the engine served at "
+                             "least this share of the offered rate (arrivals plus drain)")
 
     def search(self):  # -> stack.load.rate_search.SearchSettings (imported late: no cycle)
         from stack.load.rate_search import SearchSettings
 
         return SearchSettings(self.burstiness, self.min_requests, self.probe_s, self.max_requests,
                               8 if self.warmups is None else self.warmups, self.tolerance, self.max_probes,
-                              self.repeats, self.rate_start, self.rate_min)
+                              self.repeats, self.rate_start, self.rate_min, self.keep_pace)
 
 
 class Scenario(_Strict):

@@ -59,7 +59,20 @@ def test_slo_met_at_once_still_bisects_open_loop_and_never_met_means_zero() -> N
     assert easy.goodput_rps == CAPACITY and easy.best is easy.points[-1] and easy.best.role == "repeat"
     above = [p for p in easy.points if CAPACITY < p.rate < INF]
     assert above and not any(p.met for p in above)
-    assert all("not keeping pace" in p.misses[0] for p in above)
+    assert all("not keeping pace" in p.misses[-1] or "piled up" in p.misses[-1] for p in above)
+
+
+def test_a_rate_the_engine_does_not_keep_pace_with_does_not_count() -> None:
+    # TTFT meets the SLO everywhere (a short probe: the excess piles up in the running batch), but above 30
+    # req/s the engine serves only 30: those offers miss, and the goodput stays where it kept pace.
+    def batch_grows(rate: float, n: int, seed: int) -> dict:
+        return {"requests_per_s": min(rate, 30.0) * 0.92, "p95_ttft_ms": 300.0, "requests": n}
+
+    found = search_goodput(Recorder(batch_grows), parse_slo("p95_ttft_ms<800"),
+                           SearchSettings(min_requests=10, tolerance=0.05, rate_start=20, max_probes=10))
+    assert 28 <= found.goodput_rps <= 30 * 0.92 / 0.85
+    slow = [p for p in found.points if p.rate > 30 * 0.92 / 0.85]
+    assert slow and all(not p.met and "piled up" in p.misses[0] for p in slow)
     hard = search_goodput(Recorder(), parse_slo("p95_ttft_ms<50"), SearchSettings(min_requests=10, rate_min=1))
     assert hard.goodput_rps == 0 and hard.best is None and "fails even at" in hard.note
 
