@@ -3,7 +3,7 @@
 No model hub is reachable on the lent GPU machine, and the suite checks shapes, memory and the serving path,
 not text: random weights of the real shape load in seconds and use exactly the real memory. The tokenizer
 is word-level: its first ids are single characters (so structured output can spell JSON: `{`, `"`, `:`,
-letters, digits; no whitespace token, so a grammar never loops on blanks), then `t<N>` words up to the
+letters, digits; no whitespace-only token, so a grammar never loops on blanks), then `t<N>` words up to the
 model's vocabulary size. Its decoder concatenates tokens (a JSON answer decodes exactly as generated), and
 a chat template joins the messages' contents. Test-only: never ship these folders as models.
 """
@@ -18,8 +18,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "stack" / "planner" / "known_configs"  # the config.json copies the planner ships
 SPECIALS = ["<s>", "</s>", "<unk>"]
-# Every printable ASCII character but whitespace: enough to spell any JSON answer.
-CHARS = [c for c in string.printable if not c.isspace()]
+# Printable ASCII characters, but whitespace, `:` and `,`, which come only as `: ` and `, `: enough to spell
+# any JSON answer, and the tool-call formats vLLM holds tool calls to with xgrammar structural tags (hermes
+# `<tool_call>{"name": "f", "arguments": {...}}</tool_call>`, llama `{"name": "f", "parameters": ...}`),
+# whose separators carry a space. A bare `:` would be a dead end there (no token continues it with the space:
+# every token masked, vLLM ends the request with a 500 "grammar rejected tokens [0]"), and a whitespace-only
+# token would let random weights pad a JSON answer with blanks until max_tokens. Without a newline token the
+# grammar takes hermes' one-line form. tests/gpu/test_driver_cpu.py walks both grammars at random.
+CHARS = [c for c in string.printable if not c.isspace() and c not in ":,"] + [": ", ", "]
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 

@@ -49,7 +49,8 @@ def rejudge(path: Path, keep_pace: float = 0.85) -> None:
     runs recorded before the rule: what they measured, not what a search under it would have probed."""
     data = json.loads(path.read_text())
     print(f"### {path.parent.name}: recorded probes judged with keep_pace {keep_pace}\n")
-    print("| candidate | highest sustained rate req/s | served there req/s | p95 TTFT ms | p95 TPOT ms | recorded goodput |")
+    print("| candidate | highest sustained rate req/s | served there req/s | p95 TTFT ms | p95 TPOT ms "
+          "| recorded goodput |")
     print("| --- | --- | --- | --- | --- | --- |")
     for c in data["candidates"]:
         by_rate: dict[float, list[dict]] = {}

@@ -23,11 +23,51 @@ def test_tokenizer_spells_json_and_decodes_it_exactly(tmp_path: Path) -> None:
 
     folder = write_model(tmp_path / "m", {"model_type": "llama", "vocab_size": 500})
     tok = AutoTokenizer.from_pretrained(folder)
-    ids = [tok.convert_tokens_to_ids(c) for c in '{"ok":true}']
-    assert tok.decode(ids) == '{"ok":true}'
-    assert len(vocabulary(500)) == 500 and not any(c.isspace() for c in CHARS)
+    pieces = ["{", '"', "o", "k", '"', ": ", "t", "r", "u", "e", ", ", '"', "n", '"', ": ", "1", "}"]
+    ids = [tok.convert_tokens_to_ids(p) for p in pieces]
+    assert tok.unk_token_id not in ids and tok.decode(ids) == '{"ok": true, "n": 1}'
+    assert len(vocabulary(500)) == 500 and not any(c.isspace() for c in CHARS)  # no whitespace-only token
     assert json.loads((folder / "config.json").read_text())["eos_token_id"] == 1
     assert tok.apply_chat_template([{"role": "user", "content": "t7 t8"}], tokenize=False).strip() == "t7 t8"
+
+
+def test_tool_call_grammars_never_dead_end_on_the_dummy_vocabulary(tmp_path: Path) -> None:
+    """Random walks through the grammars vLLM holds answers to (hermes tool-call structural tags, named and
+    required, and a JSON schema) over the dummy vocabulary: at every step some token is allowed (a state with
+    none made vLLM end tool-call requests with a 500, 'grammar rejected tokens [0]'), and walks finish."""
+    import random
+    from types import SimpleNamespace
+
+    xgr = pytest.importorskip("xgrammar")
+    registry = pytest.importorskip("vllm.tool_parsers.structural_tag_registry")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(write_model(tmp_path / "m", {"model_type": "llama", "vocab_size": 600}))
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok))
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
+    tool = SimpleNamespace(type="function", function=SimpleNamespace(name="get_weather", parameters=params,
+                                                                    strict=True))
+    compiler = xgr.GrammarCompiler(info)
+    grammars = {choice: compiler.compile_structural_tag(registry._hermes_style_structural_tag(
+        [tool], choice, "<tool_call>", "</tool_call>").model_dump_json()) for choice in ("forced", "required")}
+    grammars["json"] = compiler.compile_json_schema(json.dumps(params), any_whitespace=True)
+    bitmask, rng = xgr.allocate_token_bitmask(1, info.vocab_size), random.Random(0)
+    for name, grammar in grammars.items():
+        finished = 0
+        for _ in range(60):
+            matcher = xgr.GrammarMatcher(grammar)
+            for _step in range(200):
+                matcher.fill_next_token_bitmask(bitmask)
+                row = bitmask[0].tolist()
+                allowed = [t for t in range(len(tok)) if (row[t // 32] >> (t % 32)) & 1]
+                assert allowed, f"{name}: no token allowed after {matcher}"
+                chars = [t for t in allowed if t < 3 + len(CHARS)]  # words only where nothing else fits: short
+                assert matcher.accept_token(rng.choice(chars or allowed))
+                if matcher.is_terminated():
+                    finished += 1
+                    break
+        assert finished >= 10, f"{name}: only {finished} of 60 random walks finished in 200 tokens"
 
 
 def test_random_prompts_keep_their_length_through_decode_and_encode(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """GPU row: LoRA adapters (load on demand, LRU past max_loras/max_cpu_loras) on a real vLLM, one engine
-start, with tool choice auto/required/named recorded under LoRA (checked on every profile row instead). Issue 13; the CPU side is tests/models/test_served_e2e.py.
+start, with tool choice auto/required/named recorded under LoRA (checked on every profile row instead).
+Issue 13; the CPU side is tests/models/test_served_e2e.py.
 
 Needs: a Python with vLLM (the GPU site: PYTHONPATH=/tmp/site, see ../shared/gpu/README.md), torch,
 safetensors and httpx; a model folder (config.json + tokenizer; `make_model.py DIR llama8b` gives one,
