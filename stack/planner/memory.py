@@ -34,14 +34,15 @@ SAMPLER_BYTES_PER_LOGIT = 4
 HIDDEN_BUFFERS_PER_TOKEN = 4
 # Fused MoE keeps several hidden-size copies per routed token (permuted input, expert output, reduction).
 MOE_HIDDEN_COPIES = 4
-# A torch.compile'd profile pass (vLLM 0.26, model runner v2) peaks at about one copy of the embedding matrix
-# (vocabulary x hidden x dtype, per tensor-parallel rank) even when the forward's activations are smaller:
-# measured on an H200 held to an RTX 4090 at 2048 batched tokens, Qwen2.5-7B 1.04 GiB (embedding 1.02) and
-# Qwen2.5-32B-AWQ 1.49 GiB (embedding 1.45); eager passes of the same shapes follow the forward's activations.
-# Where in the compiled path the copy is made is not located yet (README "GPU suite": open questions), so the
-# term is the embedding's size, not a constant: the old 1.0 GiB floor fitted only models whose embedding is
-# ~1 GiB (Llama-3.1-8B 0.98, Qwen2.5-7B 1.02) and was 0.45 GiB short on the 32B.
+# A torch.compile'd profile pass (vLLM 0.26, model runner v2) peaks at one copy of the embedding matrix
+# (vocabulary x hidden x dtype, per tensor-parallel rank) plus two hidden-size activations of the batch, even
+# when the forward's activations are smaller. Measured on an H200: Qwen2.5-7B 1.04 GiB (1.02 + 0.03) and
+# Qwen2.5-32B-AWQ 1.49 GiB (1.45 + 0.04) at 2048 batched tokens, Llama-3.1-8B 1.10 GiB (0.98 + 0.13) at 8192;
+# eager passes of the same shapes follow the forward's activations. Where in the compiled path the copy is
+# made is not located yet (README "GPU suite"), so the term is built from the shapes, not a constant: the old
+# 1.0 GiB floor fitted only models whose embedding is ~1 GiB and was 0.5 GiB short on the 32B.
 COMPILED_EMBEDDING_COPIES = 1
+COMPILED_HIDDEN_COPIES = 2
 # CUDA graphs: vLLM 0.26 profiles their memory (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS) but deducted none
 # from the KV cache in every run measured; the graphs live in the headroom above gpu_memory_utilization.
 CUDAGRAPH_BASE_GIB = 0.0
@@ -144,7 +145,8 @@ def activation_peak_bytes(shape: ModelShape, batched_tokens: int, num_seqs: int,
     # The dummy sampler pass takes min(max_num_seqs, max_num_batched_tokens) rows of logits (full vocab).
     sampler = min(num_seqs, batched_tokens) * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT
     embedding = shape.vocab_size * shape.hidden_size * b / tp
-    compiled_transient = COMPILED_EMBEDDING_COPIES * embedding if compiled else 0
+    compiled_transient = (COMPILED_EMBEDDING_COPIES * embedding
+                          + COMPILED_HIDDEN_COPIES * batched_tokens * shape.hidden_size * b) if compiled else 0
     return int(max(forward, sampler, compiled_transient))
 
 

@@ -70,12 +70,14 @@ def test_activation_peak_calibration_points() -> None:
     """vLLM's measured torch peak (H200, 0.26.0): 0.88 GiB for Llama-3.1-8B eager at 8192 tokens."""
     s = shape_of("meta-llama--Llama-3.1-8B-Instruct")
     assert activation_peak_bytes(s, 8192, 1024, 1) / GIB == pytest.approx(0.88, abs=0.1)
-    assert activation_peak_bytes(s, 2048, 64, 1, compiled=True) / GIB == pytest.approx(0.98, abs=0.02)
+    assert activation_peak_bytes(s, 2048, 64, 1, compiled=True) / GIB == pytest.approx(1.01, abs=0.02)
+    assert activation_peak_bytes(s, 8192, 1024, 1, compiled=True) / GIB == pytest.approx(1.10, rel=0.05)
 
 
 def test_compiled_peak_follows_the_embedding_not_a_constant() -> None:
     """Compiled profile passes on an H200 held to an RTX 4090 (2048 batched tokens, vLLM 0.26): Qwen2.5-7B
-    1.04 GiB, Qwen2.5-32B-AWQ 1.49 GiB; the planner within 5% of both, and split by tensor parallel."""
+    1.04 GiB, Qwen2.5-32B-AWQ 1.49 GiB (Llama-3.1-8B at 8192: 1.10 GiB, above); within 5%, split by tensor
+    parallel."""
     seven, big = shape_of("Qwen--Qwen2.5-7B-Instruct"), shape_of("Qwen--Qwen2.5-32B-Instruct-AWQ")
     assert activation_peak_bytes(seven, 2048, 16, 1, compiled=True) / GIB == pytest.approx(1.04, rel=0.05)
     assert activation_peak_bytes(big, 2048, 16, 1, compiled=True) / GIB == pytest.approx(1.49, rel=0.05)
