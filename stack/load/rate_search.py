@@ -153,7 +153,7 @@ def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, e
         elif rate > ceiling[0] and served <= ceiling[0]:
             # Offered past what the burst served and served no more: the engine did not keep pace, whatever a
             # short probe's latencies say (a generous SLO would otherwise climb without end).
-            misses.append(f"served {float(metrics.get('requests_per_s') or 0.0):.4g} req/s of {rate:g} offered, "
+            misses.append(f"served {served:.4g} req/s of {rate:g} offered, "
                           f"no more than all at once ({ceiling[0]:.4g}): not keeping pace")
         point = Point(rate, role, n, not misses, metrics, round(took, 1), misses)
         points.append(point)
