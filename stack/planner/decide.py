@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stack.config.schema import HardwareProfile
+from stack.planner.allocator import rounding_bytes
 from stack.planner.errors import FitError
 from stack.planner.kv_layout import cache_dtype_bytes, in_flight_tokens
 from stack.planner.lora import describe as describe_lora
@@ -25,6 +26,7 @@ from stack.planner.memory import (
 )
 from stack.planner.model_meta import ModelShape
 from stack.planner.plan import Decision, Plan, Request
+from stack.planner.weight_tensors import weight_tensor_sizes
 from stack.planner.weights import Weights, machete_zero_point_bytes
 from stack.vllm import cpu
 from stack.vllm.cpu import CPU_KV_ENV
@@ -79,6 +81,8 @@ class _Fit:
         self.weights = inp.weights.on_load(engine.get("quantization"))
         if inp.machine.accelerator != "cpu":
             self.weights += machete_zero_point_bytes(shape, hw.compute_capability)
+            # memory_allocated counts the caching allocator's blocks: per rank, so times tp here
+            self.weights += tp * rounding_bytes(weight_tensor_sizes(shape, engine.get("quantization"), tp))
         self.lora = lora_gpu_bytes(shape, engine, tp)  # adapter slots, per GPU: counted with the weights
         if inp.machine.accelerator == "cpu":
             self.budget = cpu_budget(weights_total=self.weights + self.lora, kv_space=_cpu_kv_space(inp),
