@@ -26,6 +26,9 @@ SPECIALS = ["<s>", "</s>", "<unk>"]
 # token would let random weights pad a JSON answer with blanks until max_tokens. Without a newline token the
 # grammar takes hermes' one-line form. tests/gpu/test_driver_cpu.py walks both grammars at random.
 CHARS = [c for c in string.printable if not c.isspace() and c not in ":,"] + [": ", ", "]
+# Words the tool parsers of the shipped profiles look up in the vocabulary when they start (llama3_json raises
+# without its bot token, mistral without [TOOL_CALLS]); hermes finds its tags as text.
+PARSER_TOKENS = ["<|python_tag|>", "[TOOL_CALLS]"]
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 
@@ -40,8 +43,8 @@ def fixture_config(name: str) -> dict[str, Any]:
 
 def vocabulary(size: int) -> dict[str, int]:
     vocab = {tok: i for i, tok in enumerate(SPECIALS)}
-    for ch in CHARS:
-        vocab[ch] = len(vocab)
+    for word in [*CHARS, *PARSER_TOKENS]:
+        vocab[word] = len(vocab)
     for i in range(len(vocab), size):
         vocab[f"t{i}"] = i
     return vocab

@@ -215,9 +215,15 @@ def chat_checks(base: str, served: str) -> dict[str, Any]:
     return out
 
 
+# The city is an enum so the grammar closes the string: a free string over random weights and a 150k-word
+# vocabulary almost never picks the closing quote, and the call was cut at max_tokens (unparseable JSON).
+# A `required` call spelled char by char is ~74 tokens, and vLLM's grammar allows further calls after it
+# (parallel_tool_calls=false is applied after parsing): with random weights each stop is a coin toss, and a
+# call cut at max_tokens makes the parser drop them all.
+MAX_TOOL_TOKENS = 600
 WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-    "additionalProperties": False}}}  # fmt: skip
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]}},
+    "required": ["city"], "additionalProperties": False}}}  # fmt: skip
 
 
 def tool_checks(client: Any, served: str) -> dict[str, Any]:
@@ -229,7 +235,8 @@ def tool_checks(client: Any, served: str) -> dict[str, Any]:
                           ("required", "required"), ("auto", "auto")):
         try:
             resp = client.chat.completions.create(
-                model=served, messages=[{"role": "user", "content": "t5 t6"}], max_tokens=120, temperature=0,
+                model=served, messages=[{"role": "user", "content": "t5 t6"}], max_tokens=MAX_TOOL_TOKENS,
+                temperature=0,
                 tools=[WEATHER], tool_choice=choice, **({} if label == "auto" else {"parallel_tool_calls": False}))
         except Exception as exc:  # the status and message go into the row
             out["tools"][label] = f"{type(exc).__name__}: {str(exc)[:200]}"
