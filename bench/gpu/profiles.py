@@ -235,8 +235,8 @@ def tool_checks(client: Any, served: str) -> dict[str, Any]:
                           ("required", "required"), ("auto", "auto")):
         try:
             resp = client.chat.completions.create(
-                model=served, messages=[{"role": "user", "content": "t5 t6"}], max_tokens=MAX_TOOL_TOKENS,
-                temperature=0,
+                model=served, messages=[{"role": "user", "content": "t5 t6"}], temperature=0,
+                max_tokens=16 if label == "auto" else MAX_TOOL_TOKENS,  # auto is free text: only accepted
                 tools=[WEATHER], tool_choice=choice, **({} if label == "auto" else {"parallel_tool_calls": False}))
         except Exception as exc:  # the status and message go into the row
             out["tools"][label] = f"{type(exc).__name__}: {str(exc)[:200]}"

@@ -56,6 +56,11 @@ def test_one_up_loads_config_once_detects_once_and_plans_each_model_once(
     config = tmp_path / "two-models.yaml"
     config.write_text(f"models:\n  tiny:\n    source: {{path: {tiny}}}\n"
                       "manager:\n  models: [smollm2-135m-instruct, tiny]\n")
+    env = {"VSTACK_STATE_DIR": str(tmp_path / "state"), "HF_HUB_OFFLINE": "1"}
+    # The default model's files are here first (as after any earlier `vstack up`): a model fetched during `up`
+    # is planned twice by design, before the download (refused early if it cannot fit) and from the files.
+    pulled = CliRunner().invoke(app, ["--config", str(config), "models", "pull", "smollm2-135m-instruct"], env=env)
+    assert pulled.exit_code == 0, pulled.output
     calls: Counter = Counter()
     count_calls(monkeypatch, calls, "load_config", stack.config.loader.load_config)
     count_calls(monkeypatch, calls, "detect", stack.hardware.detect)
@@ -63,7 +68,6 @@ def test_one_up_loads_config_once_detects_once_and_plans_each_model_once(
                 lambda resolved, *a, **k: resolved.model.name)
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)  # no serving loop, no engines
 
-    result = CliRunner().invoke(app, ["--config", str(config), "up", "-f", "--port", "0"],
-                                env={"VSTACK_STATE_DIR": str(tmp_path / "state"), "HF_HUB_OFFLINE": "1"})
+    result = CliRunner().invoke(app, ["--config", str(config), "up", "-f", "--port", "0"], env=env)
     assert result.exit_code == 0, result.output
     assert calls == Counter({"load_config": 1, "detect": 1, "plan:smollm2-135m-instruct": 1, "plan:tiny": 1})
