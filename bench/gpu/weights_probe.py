@@ -6,7 +6,7 @@ the caching-allocator block each one sits in (torch.cuda.memory_snapshot). Besid
 weights (config estimate), its tensor list (stack.planner.weight_tensors) and allocator rounding
 (stack.planner.allocator). Run on the lent GPU by bench/gpu/weights_probe.sh; prints one JSON line.
 
-    python -m bench.gpu.weights_probe FIXTURE [--set key=value ...] [--env KEY=VALUE ...]
+    [VLLM_DISABLED_KERNELS=MacheteLinearKernel] python -m bench.gpu.weights_probe FIXTURE [--set key=value ...]
 """
 
 from __future__ import annotations
@@ -84,8 +84,7 @@ def main() -> int:
     cc = ".".join(map(str, torch.cuda.get_device_capability()))
     quant = options.get("quantization")
     planned = weights_from_config(shape).on_load(quant)
-    machete = 0 if os.environ.get("VLLM_DISABLED_KERNELS", "").find("Machete") >= 0 else \
-        machete_zero_point_bytes(shape, cc)
+    machete = 0 if "Machete" in os.environ.get("VLLM_DISABLED_KERNELS", "") else machete_zero_point_bytes(shape, cc)
     sizes = weight_tensor_sizes(shape, quant)
     tensors = got.pop("tensors")
     measured_bytes = sum(t["bytes"] for t in tensors)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -26,15 +25,10 @@ TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_si
 
 
 def count_calls(monkeypatch: pytest.MonkeyPatch, calls: Counter, key: str, original, keyed=None) -> None:
-    """Every reference to `original` in the stack's loaded modules now counts its calls.
-
-    Only calls from this test's thread and threads it starts count: a thread an earlier test left behind
-    (a manager's background plan of the default model, say) can still be finishing under a loaded CI."""
-    earlier = {t.ident for t in threading.enumerate()} - {threading.get_ident()}
+    """Every reference to `original` in the stack's loaded modules now counts its calls."""
 
     def counted(*args, **kwargs):
-        if threading.get_ident() not in earlier:
-            calls[key if keyed is None else f"{key}:{keyed(*args, **kwargs)}"] += 1
+        calls[key if keyed is None else f"{key}:{keyed(*args, **kwargs)}"] += 1
         return original(*args, **kwargs)
 
     for name, module in list(sys.modules.items()):
