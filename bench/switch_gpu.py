@@ -1,18 +1,23 @@
 """`bench/switch_time.py --gpu`: sleeping switches on one GPU, ours next to raw vLLM and the bus limit, one run.
 
-The same engines serve both sides (no second set of cold starts, the same memory layout): the model manager
-starts each model once and switches (vstack: tiers, overlapped wake, NVML checks; once with the overlap and
-once with it off), then the same engines are switched by hand with vLLM's raw endpoints (POST A/sleep?level=1,
-POST B/wake_up, first token), interleaved round by round. Before any engine starts, a pinned torch copy
-measures the bus (host->GPU, GPU->host, both at once): the bus limit of a switch is its weights over those.
+Ours: the model manager starts each model once and switches (tiers, overlapped wake, NVML checks; once with
+the overlap and once with it off) on engines started as `vstack up` starts them: the ledger's runtime
+patches on (gpu-sleep-wake-at-bus-speed) and the weights' host copy kept (stack.engine.sleep_copy). The same
+engines are then switched by hand with vLLM's endpoints (raw-patched: POST A/sleep?level=1, POST B/wake_up,
+first token), which separates the patch's share from the manager's. Raw vLLM: after ours are gone, the same
+models on unpatched engines (VSTACK_RUNTIME_PATCHES=0), switched by hand the same way. Before any engine
+starts, a pinned torch copy measures the bus (host->GPU, GPU->host, both at once): the bus limit of a switch
+is its weights over those.
 
-    scenario pair   8B -> 3B -> 8B ... (Llama-3.1-8B and Llama-3.2-3B shapes), `--repeat` times each way;
-                    then once with the 3B at level 2 (weights dropped, reloaded on wake: the tier beyond RAM)
-    scenario round  4 models of 3B-8B shapes asked in turn (8B, 3B, Qwen2.5-7B, Mistral-7B), `--repeat` rounds
+    scenario pair   8B -> 3B -> 8B ... (Llama-3.1-8B and Llama-3.2-3B shapes), `--repeat` times each way
+    scenario round  4 models of 3B-8B shapes asked in turn (8B, 3B, Qwen2.5-7B, Mistral-7B), `--repeat` rounds;
+                    `--sides ours` and `--sides raw` in two device calls (8 starts do not fit one)
 
 Per switch it records: total (request to first token), the manager's phases (sleep, wake of the weights, of
 the KV cache, ready), its own overhead (switch time not in a phase), and for raw vLLM sleep, wake, first token.
-Dummy weights (`--load-format dummy`) of the real shapes: real memory, real copies. GPU only.
+The engines' logs carry the patch's own `vstack sleep:` / `vstack wake` lines (copied, reused, unmap, maps).
+Dummy weights (`--load-format dummy`) of the real shapes: real memory, real copies. GPU only. A level-2
+switch cannot be measured on dummy weights (vLLM refuses `reload_weights` for them).
 """
 
 from __future__ import annotations
@@ -111,13 +116,14 @@ class Bench:
     """The manager in a thread with its own loop, over LocalEngines it starts (sleep mode on)."""
 
     def __init__(self, models: dict[str, Path], utilization: float, max_len: int, logs: Path,
-                 launcher: list[str]) -> None:  # fmt: skip
+                 launcher: list[str], patched: bool = True) -> None:  # fmt: skip
         import psutil
 
         from stack.config import load_config
         from stack.config.sections.manager import ManagerConfig
         from stack.engine.process import EngineSpec
         from stack.engine.runtime import LocalEngine, with_port
+        from stack.engine.sleep_copy import sleep_copy_env
         from stack.hardware import detect, match_profile
         from stack.manager.manager import ModelManager
         from stack.manager.memory import NvmlProbe, host_budget_bytes
@@ -132,13 +138,17 @@ class Bench:
         self.plans = {n: plan_model(cfg, str(p), hw.name, engine=engine) for n, p in models.items()}
         self.settings = ManagerConfig(min_residency_s=0, quiet_s=0, idle_ttl_s=0, queue_timeout_s=900,
                                       restart_max=0)  # fmt: skip
+        # Ours: the ledger's runtime patches on and the host copy kept, as `vstack up` starts a GPU engine
+        # (stack.engine.launch); raw vLLM: the same command with every runtime patch off.
+        env = {"VLLM_SERVER_DEV_MODE": "1", **(sleep_copy_env({**engine, "enable_sleep_mode": True}) if patched
+                                              else {"VSTACK_RUNTIME_PATCHES": "0"})}  # fmt: skip
+        tag = "" if patched else "raw-"
         slots = []
         for name, folder in models.items():
             argv = [*launcher, "serve", str(folder), "--host", "127.0.0.1", "--port", "0", "--served-model-name",
                     name, "--load-format", "dummy", "--enforce-eager", "--max-model-len", str(max_len),
                     "--gpu-memory-utilization", str(utilization), "--enable-sleep-mode"]  # fmt: skip
-            spec = EngineSpec(name, "bench", argv, {"VLLM_SERVER_DEV_MODE": "1"}, "127.0.0.1", 0,
-                              logs / f"{name}.log", [])  # fmt: skip
+            spec = EngineSpec(name, "bench", argv, env, "127.0.0.1", 0, logs / f"{tag}{name}.log", [])
             factory = lambda s=spec: LocalEngine(with_port(s, free_port()))  # noqa: E731
             plan = self.plans[name]
             slots.append(Slot(name, factory(), factory, plan.budget.requested, "planner", True,
@@ -218,61 +228,81 @@ def median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
 
 
-def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path, launcher: list[str]) -> dict:
+def _cycle(order: list[str], cur: str) -> list[str]:
+    """Every model once, starting after `cur` and ending on it."""
+    return [*order[order.index(cur) + 1 :], *order[: order.index(cur) + 1]]
+
+
+def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path, launcher: list[str],
+        sides: set[str] | None = None) -> dict:  # fmt: skip
+    """`sides`: "ours" (the manager on patched engines, and vLLM's endpoints by hand on those same engines:
+    raw-patched) and "raw" (vLLM unpatched, its own engines started after ours are gone); both by default."""
+    sides = sides or {"ours", "raw"}
     names = SCENARIOS[scenario]
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     measured_bus = bus()
     print("bus:", measured_bus, flush=True)
     models = make_models(names, work / "models")
-    b = Bench(models, utilization, max_len, logs, launcher)
     result: dict[str, Any] = {"scenario": scenario, "utilization": utilization, "bus": measured_bus,
-                              "host_budget_gib": round((b.capacity.host_budget or 0) / GIB, 1),
-                              "gpu_total_gib": round(b.total / GIB, 2), "models": {}, "starts": [], "switches": []}
-    for n in names:
-        s = b.manager.slots[n]
-        result["models"][n] = {"weights_gib": round((s.weights_gpu or 0) / GIB, 2), "need_gib": round(s.need / GIB, 2),
-                               "tier": str(s.tier), "tier_reason": s.tier_reason}  # fmt: skip
-    weights = {n: b.manager.slots[n].weights_gpu or 0 for n in names}
-    try:
+                              "sides": sorted(sides), "models": {}, "starts": [], "switches": []}  # fmt: skip
+    order = names if scenario == "round" else [names[0], names[1]]
+    weights: dict[str, int] = {}
+
+    def record(step: dict[str, Any], frm: str, to: str) -> None:
+        step["bus"] = bus_limit(weights[frm], weights[to], measured_bus)
+        result["switches"].append(step)
+        print(json.dumps(step), flush=True)
+
+    def start_all(b: Bench, label: str) -> str:
+        result["host_budget_gib"] = round((b.capacity.host_budget or 0) / GIB, 1)
+        result["gpu_total_gib"] = round(b.total / GIB, 2)
+        for n in names:
+            s = b.manager.slots[n]
+            weights[n] = s.weights_gpu or 0
+            result["models"][n] = {"weights_gib": round(weights[n] / GIB, 2), "need_gib": round(s.need / GIB, 2),
+                                   "tier": str(s.tier), "tier_reason": s.tier_reason}  # fmt: skip
         for n in names:  # each started once (the one before it put to sleep)
-            step = b.request(n)
+            step = {"side": label, **b.request(n)}
             result["starts"].append(step)
             print("start", json.dumps(step), flush=True)
-        cur = names[-1]
-        order = names if scenario == "round" else [names[0], names[1]]
-        for r in range(repeat):
-            for overlap in (True, False):  # ours with the overlap, then with it off (the manager's sequential)
-                b.manager.settings = b.settings.model_copy(update={"overlap_wake": overlap})
-                for n in [*order[order.index(cur) + 1:], *order[: order.index(cur) + 1]]:
-                    step = {"side": "vstack" if overlap else "vstack-sequential", "round": r, "from": cur,
-                            **b.request(n), "bus": bus_limit(weights[cur], weights[n], measured_bus)}  # fmt: skip
-                    result["switches"].append(step)
-                    print(json.dumps(step), flush=True)
-                    cur = n
-            for n in [*order[order.index(cur) + 1:], *order[: order.index(cur) + 1]]:
-                step = {"side": "raw", "round": r, **b.raw(cur, n, by_tag=r == 0),
-                        "bus": bus_limit(weights[cur], weights[n], measured_bus)}  # fmt: skip
-                result["switches"].append(step)
-                print(json.dumps(step), flush=True)
-                cur = n
-        if scenario == "pair":  # the level-2 tier on the real engine: the 3B's weights dropped, then reloaded
-            from stack.manager.tiers import Tier
+        return names[-1]
 
-            small = b.manager.slots[names[1]]
-            small.tier, small.tier_reason = Tier.LEVEL2, "forced by the benchmark"
-            for n in [x for x in order if x != cur] + [cur]:
-                step = {"side": "vstack-level2", "from": cur, **b.request(n)}
-                result["switches"].append(step)
-                print(json.dumps(step), flush=True)
-                cur = n
+    try:
+        if "ours" in sides:
+            b = Bench(models, utilization, max_len, logs, launcher, patched=True)
+            try:
+                cur = start_all(b, "vstack")
+                for r in range(repeat):
+                    for overlap in (True, False):  # the manager with the overlapped wake, then sequential
+                        b.manager.settings = b.settings.model_copy(update={"overlap_wake": overlap})
+                        for n in _cycle(order, cur):
+                            side = "vstack" if overlap else "vstack-sequential"
+                            record({"side": side, "round": r, "from": cur, **b.request(n)}, cur, n)
+                            cur = n
+                    for n in _cycle(order, cur):  # vLLM's endpoints by hand on the patched engines, one wake call
+                        record({"side": "raw-patched", "round": r, **b.raw(cur, n)}, cur, n)
+                        cur = n
+            finally:
+                b.close()
+        if "raw" in sides:
+            b = Bench(models, utilization, max_len, logs, launcher, patched=False)
+            try:
+                cur = start_all(b, "raw")
+                for r in range(repeat):
+                    for n in _cycle(order, cur):
+                        record({"side": "raw", "round": r, **b.raw(cur, n, by_tag=r == 0)}, cur, n)
+                        cur = n
+            finally:
+                b.close()
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         print("error:", result["error"], flush=True)
-    finally:
-        b.close()
     result["summary"] = summarize(result)
     return result
+
+
+SIDES = ("vstack", "vstack-sequential", "raw-patched", "raw")
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -280,17 +310,21 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for s in result["switches"]:
         key = f"{s.get('from')}->{s['to']}"
-        row = out.setdefault(key, {"vstack": [], "vstack-sequential": [], "raw": [], "vstack-level2": [],
-                                   "bus": s.get("bus")})  # fmt: skip
+        row = out.setdefault(key, {**{side: [] for side in SIDES}, "bus": s.get("bus")})
         row[s["side"]].append(s["total_s"])
     for row in out.values():
-        for side in ("vstack", "vstack-sequential", "raw", "vstack-level2"):
+        for side in SIDES:
             row[side] = median(row[side])
+        ours = [row[side] for side in ("vstack", "vstack-sequential") if row[side]]
+        row["best_vstack"] = min(ours) if ours else None
         row["ratio_vstack_to_raw"] = round(row["vstack"] / row["raw"], 3) if row["vstack"] and row["raw"] else None
+        row["ratio_best_to_raw"] = round(row["best_vstack"] / row["raw"], 3) if ours and row["raw"] else None
     cold = [s for s in result["switches"] if s["side"].startswith("vstack") and s.get("kind") == "cold"]
     out["_checks"] = {"cold_starts_in_switches": len(cold),
                       "every_switch_le_raw": all((r["ratio_vstack_to_raw"] or 9) <= 1.0 for k, r in out.items()
-                                                 if not k.startswith("_"))}  # fmt: skip
+                                                 if not k.startswith("_")),
+                      "every_switch_le_half_raw": all((r["ratio_best_to_raw"] or 9) <= 0.5 for k, r in out.items()
+                                                      if not k.startswith("_"))}  # fmt: skip
     return out
 
 
@@ -301,7 +335,8 @@ def main(args: Any) -> None:
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    result = run(args.scenario, args.repeat, args.utilization, 2048, work, shlex.split(args.launcher))
+    sides = set(args.sides.split(",")) if args.sides else None
+    result = run(args.scenario, args.repeat, args.utilization, 2048, work, shlex.split(args.launcher), sides)
     result["date"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(result["summary"], indent=1))
     if args.out:

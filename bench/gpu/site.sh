@@ -12,12 +12,27 @@ for p in "$root"/.gpu[0-9]/part.* "$root"/.gpuray/part.*; do [ -e "$p" ] && cp "
 
 # The site's own parts are part.NN: Ray's (part.ray.NN) are unpacked by ray_pp.sh, never into this stream.
 unpack_site() {
-  [ -d "$site/vllm" ] && return 0
+  [ -d "$site/vllm" ] && { register_patches; return 0; }
   mkdir -p "$site"
   ls "$parts"/part.[0-9]* >/dev/null 2>&1 \
     || { echo "no site parts in $parts: carry .gpu1/ .gpu2/ .gpu3/ first (README GPU suite)"; exit 2; }
   cat $(ls "$parts"/part.[0-9]* | sort) | xz -dc -T16 | tar -C "$site" -xf - \
     || { echo "the site parts do not unpack: are all of them stashed?"; exit 2; }
+  register_patches
+}
+
+# The project runs from the checkout (PYTHONPATH), not installed, so vLLM would not find its
+# `vllm.general_plugins` entry point (the ledger's runtime patches): declared here from pyproject.toml, as
+# `pip install` would. VSTACK_RUNTIME_PATCHES=0 still turns them off per process.
+register_patches() {
+  local info="$site/vllm_stack_checkout-0.dist-info"
+  mkdir -p "$info"
+  printf 'Metadata-Version: 2.1\nName: vllm-stack-checkout\nVersion: 0\n' > "$info/METADATA"
+  python3 - "$root/pyproject.toml" > "$info/entry_points.txt" <<'PY'
+import sys, tomllib
+eps = tomllib.load(open(sys.argv[1], "rb"))["project"]["entry-points"]["vllm.general_plugins"]
+print("[vllm.general_plugins]", *(f"{k} = {v}" for k, v in eps.items()), sep="\n")
+PY
 }
 
 export PYTHONPATH="$site:$root" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 \

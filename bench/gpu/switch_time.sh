@@ -2,16 +2,18 @@
 # Sleeping switches on one GPU: vstack (tiers, overlapped wake) vs raw vLLM sleep + wake vs the bus limit from a
 # pinned torch copy, measured in the same run on the same engines (bench/switch_time.py --gpu, issue 14).
 #
-#   bash bench/gpu/switch_time.sh pair  [REPEAT]   8B <-> 3B shapes, REPEAT times each way (default 3), then
-#                                                  once with the 3B at level 2 (weights reloaded): ~4 min
-#   bash bench/gpu/switch_time.sh round [REPEAT]   4 models of 3B-8B shapes asked in turn (default 2): ~7 min
+#   bash bench/gpu/switch_time.sh pair  [REPEAT]        8B <-> 3B shapes, REPEAT times each way (default 3): ours
+#                                                       (patched engines), then raw vLLM's own engines: ~6 min
+#   bash bench/gpu/switch_time.sh round [REPEAT] SIDES  4 models of 3B-8B shapes asked in turn (default 2); SIDES
+#                                                       ours or raw, one per call (each side starts 4 engines)
 #
 # Device-tool calls for the lead (from /work/main after merging branch `switch`; the site parts are the GPU
 # suite's, built by `bash bench/gpu/build_site.sh`; back to back, a machine stays warm ~30 s after a call):
 #   run kind=nvidia-h100-x1 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"
 #   run                     carry=[".gpu2"] command="bash bench/gpu/suite.sh --stash"
 #   run                     carry=[".gpu3"] command="bash bench/gpu/suite.sh --stash && bash bench/gpu/switch_time.sh pair"
-#   run                                     command="bash bench/gpu/switch_time.sh round"
+#   run                                     command="bash bench/gpu/switch_time.sh round 2 ours"
+#   run                                     command="bash bench/gpu/switch_time.sh round 2 raw"
 # (timeout_s 600 each.) The parts unpack once into /tmp/vstack-site (as suite.sh does). Results come back under
 # $OUT: switch_time_gpu_<scenario>.json (every switch, its phases, the summary), switch_time_<scenario>.log
 # (tee'd as it runs, so a run stopped at its limit still returns what it printed), the engines' logs.
@@ -20,13 +22,15 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 scenario=${1:-pair}
 repeat=${2:-$([ "$scenario" = round ] && echo 2 || echo 3)}
+sides=${3:-ours,raw}
 work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-switch}/$scenario
 mkdir -p "$work"
 unpack_site
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$out/switch_time_$scenario.log"
 free -g | tee -a "$out/switch_time_$scenario.log"
-python3 bench/switch_time.py --gpu --scenario "$scenario" --repeat "$repeat" --logs "$work" \
-  --out "$out/switch_time_gpu_$scenario.json" 2>&1 | tee -a "$out/switch_time_$scenario.log"
+tag=$scenario$([ "$sides" = ours,raw ] || echo "-${sides//,/-}")
+python3 bench/switch_time.py --gpu --scenario "$scenario" --repeat "$repeat" --sides "$sides" --logs "$work" \
+  --out "$out/switch_time_gpu_$tag.json" 2>&1 | tee -a "$out/switch_time_$scenario.log"
 code=${PIPESTATUS[0]}
-tar -C "$work" -cJf "$out/switch-engine-logs-$scenario.tar.xz" logs 2>/dev/null
+tar -C "$work" -cJf "$out/switch-engine-logs-$tag.tar.xz" logs 2>/dev/null
 exit "$code"

@@ -1,0 +1,262 @@
+"""GPU: sleep and wake at the bus's speed (issue 14, patch ledger `gpu-sleep-wake-at-bus-speed`).
+
+vLLM's `CuMemAllocator` (0.26-0.33) pays for two things a model switch does not need:
+
+1. Every level-1 sleep allocates fresh pinned host buffers and copies every weight allocation into them
+   with a synchronous `cudaMemcpy`, one allocation after the other, although weights do not change while
+   an inference engine serves: from the second sleep on, the copy made at the first one is still exact.
+   With VSTACK_SLEEP_KEEP_HOST_COPY=1 (the stack sets it only where weights cannot change: no LoRA slots,
+   no KV scales computed at run time, no expert load balancing; stack.engine.sleep_copy) the copy is kept
+   across wakes, and a later sleep only unmaps. Host memory is what vLLM holds anyway: torch's caching host
+   allocator keeps the freed pinned blocks (vllm#16663). A spot check (first and last bytes of every
+   allocation against the kept copy) recopies an allocation that changed anyway, and says so.
+2. `wake_up` maps and copies each allocation synchronously in turn. Here each copy is issued
+   asynchronously on a side stream right after its map, so the next maps (the KV cache's too, in a
+   one-call wake) run under the copies; one synchronize ends the wake.
+
+Level 2 (nothing offloaded) drops the kept copies: level 2 is chosen where host RAM is short. The logs
+say where the time went (`vstack sleep:` / `vstack wake:` lines in the engine log).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+MARK = "_vstack_patch"
+KEEP_ENV = "VSTACK_SLEEP_KEEP_HOST_COPY"
+SPOT_BYTES = 4096  # bytes compared at each end of an allocation before a kept copy is reused
+log = logging.getLogger("vllm.vstack_patches.sleep")
+
+
+class Ops(Protocol):
+    """What the sleep and wake need from the device (CudaOps on the GPU; tests bring host memory)."""
+
+    def map(self, handle: Any) -> None: ...
+    def unmap(self, handle: Any) -> None: ...
+    def host_buffer(self, size: int) -> Any: ...  # a uint8 torch tensor (pinned on the GPU)
+    def to_host(self, dst: int, src: int, size: int) -> None: ...  # queued; done at wait()
+    def to_device(self, dst: int, src: int, size: int) -> None: ...
+    def wait(self) -> None: ...
+    def collect(self) -> None: ...
+
+
+def keep_enabled() -> bool:
+    return os.environ.get(KEEP_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _tags(offload_tags: tuple[str, ...] | str | None, default: str) -> tuple[str, ...]:
+    if offload_tags is None:
+        return (default,)
+    return (offload_tags,) if isinstance(offload_tags, str) else tuple(offload_tags)
+
+
+def _spot_check(ops: Ops, reused: list[tuple[int, Any, Any]]) -> list[tuple[int, Any, Any]]:
+    """The reused copies whose first or last bytes differ from the device's now (changed while awake)."""
+    import torch
+
+    ends = [min(SPOT_BYTES, data.handle[1]) for _ptr, data, _kept in reused]
+    scratch = ops.host_buffer(2 * sum(ends))  # one buffer for every probe: pinned allocations are slow
+    at, probes = 0, []
+    for (ptr, data, kept), n in zip(reused, ends, strict=True):
+        size = data.handle[1]
+        ops.to_host(scratch.data_ptr() + at, ptr, n)
+        ops.to_host(scratch.data_ptr() + at + n, ptr + size - n, n)
+        probes.append((ptr, data, kept, at, n))
+        at += 2 * n
+    ops.wait()
+    changed = []
+    for ptr, data, kept, at, n in probes:
+        size = data.handle[1]
+        if not (
+            torch.equal(scratch[at : at + n], kept[:n]) and torch.equal(scratch[at + n : at + 2 * n], kept[size - n :])
+        ):
+            changed.append((ptr, data, kept))
+    return changed
+
+
+def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, keep: bool) -> dict[str, float]:
+    """vLLM's CuMemAllocator.sleep: offload the tagged allocations, discard the rest, release all."""
+    tags = _tags(offload_tags, allocator.default_tag)
+    t0 = time.perf_counter()
+    copied = reused = discarded = 0
+    items = list(allocator.pointer_to_data.items())
+    fresh, kept_ok = [], []
+    for ptr, data in items:
+        size = data.handle[1]
+        if data.tag not in tags:
+            data._vstack_host = None  # level 2 or an untagged pool: the weights go, their copy too
+            discarded += size
+            continue
+        kept = getattr(data, "_vstack_host", None) if keep else None
+        if kept is not None and kept.numel() == size:
+            kept_ok.append((ptr, data, kept))
+            continue
+        host = ops.host_buffer(size)
+        ops.to_host(host.data_ptr(), ptr, size)
+        data.cpu_backup_tensor = host
+        fresh.append(data)
+        copied += size
+    changed = _spot_check(ops, kept_ok) if kept_ok else []
+    for ptr, data, kept in changed:  # weights changed while awake: this copy is stale, take a new one
+        ops.to_host(kept.data_ptr(), ptr, data.handle[1])
+        copied += data.handle[1]
+    ops.wait()
+    for _ptr, data, kept in kept_ok:
+        data.cpu_backup_tensor = kept
+        reused += data.handle[1]
+    reused -= sum(d.handle[1] for _p, d, _k in changed)
+    t_copy = time.perf_counter()
+    for _ptr, data in items:
+        try:
+            ops.unmap(data.handle)
+        finally:
+            data.is_asleep = True
+    t_unmap = time.perf_counter()
+    ops.collect()
+    done = time.perf_counter()
+    gib = 1024**3
+    if changed:
+        log.warning(
+            "vstack sleep: %d allocations changed while awake and were copied again; the kept host copy "
+            "assumes weights never change (unset %s for this engine)",
+            len(changed),
+            KEEP_ENV,
+        )
+    log.info(
+        "vstack sleep: %.2f GiB copied to host (%.1f GB/s), %.2f GiB kept copy reused, %.2f GiB discarded; "
+        "copy %.3f s, unmap %.3f s, collect %.3f s",
+        copied / gib,
+        copied / max(t_copy - t0, 1e-9) / 1e9,
+        reused / gib,
+        discarded / gib,
+        t_copy - t0,
+        t_unmap - t_copy,
+        done - t_unmap,
+    )
+    return {"copied": copied, "reused": reused, "discarded": discarded, "changed": len(changed),
+            "seconds": done - t0}  # fmt: skip
+
+
+def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) -> dict[str, float]:
+    """vLLM's CuMemAllocator.wake_up: map the tagged allocations, copy back what was offloaded."""
+    wanted = None if tags is None else set(tags)
+    t0 = time.perf_counter()
+    moved = mapped = 0
+    restored = []
+    for ptr, data in allocator.pointer_to_data.items():
+        if wanted is not None and data.tag not in wanted:
+            continue
+        ops.map(data.handle)
+        data.is_asleep = False
+        mapped += data.handle[1]
+        host = data.cpu_backup_tensor
+        if host is not None:
+            ops.to_device(ptr, host.data_ptr(), data.handle[1])  # runs while the next allocations map
+            moved += data.handle[1]
+            restored.append((data, host))
+    t_issued = time.perf_counter()
+    ops.wait()
+    for data, host in restored:
+        data._vstack_host = host if keep else None
+        data.cpu_backup_tensor = None
+    done = time.perf_counter()
+    gib = 1024**3
+    log.info(
+        "vstack wake %s: %.2f GiB mapped, %.2f GiB copied to the GPU in %.3f s (%.1f GB/s; maps and issue %.3f s)",
+        sorted(wanted) if wanted else "all",
+        mapped / gib,
+        moved / gib,
+        done - t0,
+        moved / max(done - t0, 1e-9) / 1e9,
+        t_issued - t0,
+    )
+    return {"mapped": mapped, "moved": moved, "seconds": done - t0}
+
+
+class CudaOps:
+    """The allocator's own map/unmap (vLLM's C extension) and cudaMemcpyAsync on a side stream."""
+
+    H2D, D2H = 1, 2  # cudaMemcpyKind
+
+    def __init__(self) -> None:
+        import ctypes
+
+        import torch
+        from vllm.device_allocator import cumem
+
+        self.cumem, self.torch = cumem, torch
+        fn = cumem.libcudart.lib.cudaMemcpyAsync
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        self.copy = fn
+        self.stream = torch.cuda.Stream()
+
+    def map(self, handle: Any) -> None:
+        self.cumem.create_and_map(handle)
+
+    def unmap(self, handle: Any) -> None:
+        self.cumem.unmap_and_release(handle)
+
+    def host_buffer(self, size: int) -> Any:
+        from vllm.utils.torch_utils import is_pin_memory_available
+
+        return self.torch.empty(size, dtype=self.torch.uint8, device="cpu", pin_memory=is_pin_memory_available())
+
+    def _copy(self, dst: int, src: int, size: int, kind: int) -> None:
+        err = self.copy(dst, src, size, kind, self.stream.cuda_stream)
+        if err:
+            raise RuntimeError(f"cudaMemcpyAsync failed with CUDA error {err}")
+
+    def to_host(self, dst: int, src: int, size: int) -> None:
+        self._copy(dst, src, size, self.D2H)
+
+    def to_device(self, dst: int, src: int, size: int) -> None:
+        self._copy(dst, src, size, self.H2D)
+
+    def wait(self) -> None:
+        self.stream.synchronize()
+
+    def collect(self) -> None:
+        import gc
+
+        gc.collect()
+        self.torch.cuda.empty_cache()
+
+
+def _ops(allocator: Any) -> CudaOps:
+    ops = getattr(allocator, "_vstack_ops", None)
+    if ops is None:
+        ops = allocator._vstack_ops = CudaOps()
+    return ops
+
+
+def _sleep(self: Any, offload_tags: tuple[str, ...] | str | None = None) -> None:
+    sleep(self, offload_tags, _ops(self), keep_enabled())
+
+
+def _wake_up(self: Any, tags: list[str] | None = None) -> None:
+    wake_up(self, tags, _ops(self), keep_enabled())
+
+
+setattr(_sleep, MARK, "gpu-sleep-wake-at-bus-speed")
+setattr(_wake_up, MARK, "gpu-sleep-wake-at-bus-speed")
+
+
+def apply() -> bool:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return False  # ROCm and XPU allocators differ (hipMemcpyAsync, chunked handles): upstream's path
+    from vllm.device_allocator import cumem
+
+    if not cumem.cumem_available:
+        return False
+    cls = cumem.CuMemAllocator
+    if getattr(cls.sleep, MARK, None):
+        return False
+    cls.sleep, cls.wake_up = _sleep, _wake_up
+    return True

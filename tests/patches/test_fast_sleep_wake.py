@@ -1,0 +1,183 @@
+"""The sleep/wake runtime patch's bookkeeping (stack/patches/runtime/fast_sleep_wake.py) on this CPU.
+
+The GPU's part (cuMemCreate/cuMemMap through vLLM's C extension, cudaMemcpyAsync on a side stream) cannot run
+here: `HostDevice` stands in for GPU memory with host buffers that behave like the allocator's virtual
+addresses (the address stays, unmap loses the contents, map gives garbage) and copies that are real memmoves.
+What is tested is what the patch decides: what is copied, reused, recopied, dropped, and that the bytes that
+come back are the bytes that went out. The GPU path is measured by `bash bench/gpu/switch_time.sh pair`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.device_allocator import AllocationData
+
+from stack.engine.sleep_copy import KEEP_ENV, keep_host_copy, sleep_copy_env
+from stack.patches.runtime import fast_sleep_wake as fsw
+
+MIB = 1024**2
+
+
+class HostDevice:
+    """Allocations at fixed addresses; unmapped memory must never be read or written."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, ctypes.Array] = {}
+        self.mapped: set[int] = set()
+        self.copies: list[tuple[str, int]] = []  # (direction, bytes)
+        self.waits = 0
+
+    def allocate(self, size: int, fill: int) -> int:
+        buf = (ctypes.c_ubyte * size)()
+        ctypes.memset(buf, fill, size)
+        ptr = ctypes.addressof(buf)
+        self.buffers[ptr] = buf
+        self.mapped.add(ptr)
+        return ptr
+
+    def _owner(self, ptr: int) -> int:
+        for base, buf in self.buffers.items():
+            if base <= ptr < base + len(buf):
+                assert base in self.mapped, "copy from or to unmapped GPU memory"
+                return base
+        raise AssertionError(f"{ptr:#x} is not device memory")
+
+    def map(self, handle) -> None:
+        ptr = handle[2]
+        assert ptr not in self.mapped, "mapped twice"
+        ctypes.memset(self.buffers[ptr], 0xEE, handle[1])  # fresh physical memory: garbage
+        self.mapped.add(ptr)
+
+    def unmap(self, handle) -> None:
+        ptr = handle[2]
+        assert ptr in self.mapped, "released twice"
+        ctypes.memset(self.buffers[ptr], 0xDD, handle[1])
+        self.mapped.discard(ptr)
+
+    def host_buffer(self, size: int) -> torch.Tensor:
+        return torch.empty(size, dtype=torch.uint8)
+
+    def to_host(self, dst: int, src: int, size: int) -> None:
+        self._owner(src)
+        ctypes.memmove(dst, src, size)
+        self.copies.append(("d2h", size))
+
+    def to_device(self, dst: int, src: int, size: int) -> None:
+        self._owner(dst)
+        ctypes.memmove(dst, src, size)
+        self.copies.append(("h2d", size))
+
+    def wait(self) -> None:
+        self.waits += 1
+
+    def collect(self) -> None:
+        pass
+
+    def read(self, ptr: int) -> bytes:
+        return bytes(self.buffers[ptr])
+
+    def copied(self, direction: str) -> int:
+        return sum(n for d, n in self.copies if d == direction)
+
+
+@pytest.fixture
+def engine() -> tuple[HostDevice, SimpleNamespace, dict[str, list[int]]]:
+    """Three weight allocations (one of them smaller than the spot-check window) and two KV cache ones."""
+    dev = HostDevice()
+    table, by_tag = {}, {"weights": [], "kv_cache": []}
+    for i, (tag, size) in enumerate([("weights", 3 * MIB), ("weights", 1000), ("weights", 2 * MIB + 5),
+                                     ("kv_cache", 4 * MIB), ("kv_cache", 4 * MIB)]):  # fmt: skip
+        ptr = dev.allocate(size, fill=i + 1)
+        table[ptr] = AllocationData((0, size, ptr, 1000 + i), tag)
+        by_tag[tag].append(ptr)
+    return dev, SimpleNamespace(pointer_to_data=table, default_tag="default"), by_tag
+
+
+def weights_bytes(by_tag, dev) -> dict[int, bytes]:
+    return {p: dev.read(p) for p in by_tag["weights"]}
+
+
+def test_level1_round_trip_restores_the_weights_and_discards_the_kv_cache(engine) -> None:
+    dev, alloc, by_tag = engine
+    before = weights_bytes(by_tag, dev)
+    slept = fsw.sleep(alloc, ("weights",), dev, keep=False)
+    total_w = sum(len(b) for b in before.values())
+    assert slept["copied"] == total_w and slept["reused"] == 0 and slept["discarded"] == 8 * MIB
+    assert not dev.mapped and all(d.is_asleep for d in alloc.pointer_to_data.values())
+    woke = fsw.wake_up(alloc, None, dev, keep=False)
+    assert woke["moved"] == total_w and woke["mapped"] == total_w + 8 * MIB
+    assert weights_bytes(by_tag, dev) == before
+    assert all(dev.read(p) == b"\xee" * 4 * MIB for p in by_tag["kv_cache"])  # mapped, not restored
+    assert all(getattr(d, "_vstack_host", None) is None for d in alloc.pointer_to_data.values())
+    assert all(d.cpu_backup_tensor is None for d in alloc.pointer_to_data.values())
+
+
+def test_kept_copy_makes_the_second_sleep_a_release_only(engine) -> None:
+    dev, alloc, by_tag = engine
+    before = weights_bytes(by_tag, dev)
+    total_w = sum(len(b) for b in before.values())
+    fsw.sleep(alloc, ("weights",), dev, keep=True)
+    fsw.wake_up(alloc, ["weights"], dev, keep=True)
+    fsw.wake_up(alloc, ["kv_cache"], dev, keep=True)  # the manager's split wake
+    d2h = dev.copied("d2h")
+    again = fsw.sleep(alloc, ("weights",), dev, keep=True)
+    assert again["copied"] == 0 and again["reused"] == total_w and again["changed"] == 0
+    assert dev.copied("d2h") - d2h < 3 * 2 * fsw.SPOT_BYTES  # only the spot checks crossed the bus
+    fsw.wake_up(alloc, None, dev, keep=True)
+    assert weights_bytes(by_tag, dev) == before
+
+
+def test_a_weight_changed_while_awake_is_copied_again_and_said(engine, caplog) -> None:
+    dev, alloc, by_tag = engine
+    fsw.sleep(alloc, ("weights",), dev, keep=True)
+    fsw.wake_up(alloc, None, dev, keep=True)
+    ptr = by_tag["weights"][0]
+    ctypes.memset(ptr, 0x42, 16)  # e.g. an adapter written into a LoRA slot
+    changed = weights_bytes(by_tag, dev)
+    with caplog.at_level(logging.WARNING, logger="vllm.vstack_patches.sleep"):
+        slept = fsw.sleep(alloc, ("weights",), dev, keep=True)
+    assert slept["changed"] == 1 and slept["copied"] == 3 * MIB
+    assert KEEP_ENV in caplog.text
+    fsw.wake_up(alloc, None, dev, keep=True)
+    assert weights_bytes(by_tag, dev) == changed  # the new bytes, not the stale copy
+
+
+def test_level2_drops_the_kept_copies(engine) -> None:
+    dev, alloc, by_tag = engine
+    fsw.sleep(alloc, ("weights",), dev, keep=True)
+    fsw.wake_up(alloc, None, dev, keep=True)
+    assert all(alloc.pointer_to_data[p]._vstack_host is not None for p in by_tag["weights"])
+    slept = fsw.sleep(alloc, (), dev, keep=True)  # level 2: nothing offloaded
+    assert slept["copied"] == 0 and slept["reused"] == 0
+    assert all(d._vstack_host is None and d.cpu_backup_tensor is None for d in alloc.pointer_to_data.values())
+
+
+def test_copies_are_waited_for_once_per_call_not_per_allocation(engine) -> None:
+    dev, alloc, _ = engine
+    fsw.sleep(alloc, ("weights",), dev, keep=False)
+    waits = dev.waits
+    fsw.wake_up(alloc, None, dev, keep=False)
+    assert dev.waits - waits == 1
+
+
+@pytest.mark.parametrize(
+    ("engine_options", "keep"),
+    [
+        ({"enable_sleep_mode": True}, True),
+        ({"enable_sleep_mode": True, "enable_lora": True}, False),
+        ({"enable_sleep_mode": True, "calculate_kv_scales": True}, False),
+        ({"enable_sleep_mode": True, "enable_eplb": True}, False),
+        ({}, False),
+    ],
+)
+def test_the_host_copy_is_kept_only_where_weights_cannot_change(engine_options, keep) -> None:
+    ok, why = keep_host_copy(engine_options)
+    assert ok is keep
+    assert sleep_copy_env(engine_options) == ({KEEP_ENV: "1"} if keep else {})
+    if engine_options.get("enable_lora"):
+        assert "LoRA" in why
