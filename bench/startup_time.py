@@ -53,9 +53,9 @@ def first_token(base_url: str, model: str, deadline: float) -> float:
     raise TimeoutError(f"no first token from {base_url} before the deadline")
 
 
-def time_vstack(profile: str | None, env: dict[str, str], timeout: float) -> float:
+def time_vstack(profile: str | None, env: dict[str, str], timeout: float, config: Path | None = None) -> float:
     port = free_port()
-    cli = [sys.executable, "-m", "stack.entrypoints.cli"]
+    cli = [sys.executable, "-m", "stack.entrypoints.cli", *(["--config", str(config)] if config else [])]
     started = time.monotonic()
     up = subprocess.Popen([*cli, "up", *([profile] if profile else []), "--port", str(port)], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -77,8 +77,8 @@ def time_vstack(profile: str | None, env: dict[str, str], timeout: float) -> flo
 
 
 def time_plain(profile: str | None, overrides: dict, timeout: float, env: dict[str, str] | None = None,
-               log_path: Path | None = None) -> tuple[float, str]:  # fmt: skip
-    cfg = load_config(overrides=overrides)
+               log_path: Path | None = None, config: Path | None = None) -> tuple[float, str]:  # fmt: skip
+    cfg = load_config(config, overrides=overrides)
     plan = plan_one(cfg, profile, detect(), on_status=lambda _s: None)
     if log_path is None:
         log_path = Path(tempfile.mkdtemp(prefix="plain-vllm-")) / "engine.log"
@@ -120,11 +120,12 @@ def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, s
         for which in ("first", "repeat"):
             if kind == "vstack_up":
                 state = Path(tempfile.mkdtemp(prefix="vstack-startup-"))
-                seconds = time_vstack(args.profile, {**env_k, "VSTACK_STATE_DIR": str(state)}, args.timeout)
+                seconds = time_vstack(args.profile, {**env_k, "VSTACK_STATE_DIR": str(state)}, args.timeout,
+                                      args.config)
                 logs = sorted(state.rglob("*.log"))
             else:
                 log = Path(cache) / f"plain-{which}.log"
-                seconds, command = time_plain(args.profile, overrides, args.timeout, env_k, log)
+                seconds, command = time_plain(args.profile, overrides, args.timeout, env_k, log, args.config)
                 logs = [log]
             runs[kind][which] = round(seconds, 2)
             outcomes[kind][which] = compile_outcome(logs)
@@ -139,6 +140,7 @@ def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, s
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", help="profile or model (default: what `vstack up` serves)")
+    ap.add_argument("--config", type=Path, help="a config overlay (the GPU bench's: bench/gpu/startup.sh)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--eager", action="store_true", help="enforce_eager for both (skips compile warm-up)")
     ap.add_argument("--timeout", type=float, default=900)

@@ -202,7 +202,7 @@ class CudaOps:
         self.cumem.unmap_and_release(handle)
 
     def host_buffer(self, size: int) -> Any:
-        from vllm.utils.torch_utils import is_pin_memory_available
+        from vllm.utils.platform_utils import is_pin_memory_available
 
         return self.torch.empty(size, dtype=self.torch.uint8, device="cpu", pin_memory=is_pin_memory_available())
 

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# First and repeat start on the GPU (issue 14, item 4): `vstack up PROFILE` to its first token on an empty
+# compile cache, then again with the cache it left, next to plain `vllm serve` (the command `vstack config
+# render` prints) first and repeat, each kind on its own cache, in one run (bench/startup_time.py).
+#
+#   bash bench/gpu/startup.sh [PROFILE]     default rtx4090-qwen2.5-7b (held to 24 GiB): ~5 min
+#
+# Device-tool call (after the site parts are stashed, as for bench/gpu/suite.sh):
+#   run command="bash bench/gpu/startup.sh" timeout_s=600
+# Results under $OUT: startup_gpu_<profile>.json and startup_gpu.log (tee'd as it runs).
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
+profile=${1:-rtx4090-qwen2.5-7b}
+work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-startup}
+rm -rf "$work" && mkdir -p "$work"
+unpack_site
+overlay=$(python3 -m bench.gpu.startup_prep "$profile" "$work") || exit 2
+python3 bench/startup_time.py --first-and-repeat --profile "$profile" --config "$overlay" \
+  --out "$out/startup_gpu_$profile.json" 2>&1 | tee "$out/startup_gpu.log"
+exit "${PIPESTATUS[0]}"
