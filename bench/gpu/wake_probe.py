@@ -55,11 +55,7 @@ def main() -> None:
     from stack.patches.runtime import fast_sleep_wake as fsw
 
     upstream_sleep, upstream_wake = CuMemAllocator.sleep, CuMemAllocator.wake_up
-    n = 4 * GIB
-    h, d = torch.empty(n, dtype=torch.uint8, pin_memory=True), torch.empty(n, dtype=torch.uint8, device="cuda")
-    best = min(timed(lambda: d.copy_(h, non_blocking=True)) for _ in range(4))
-    say("bus", gbps=round(n / best / 1e9, 1))
-    del h, d
+    bus()
     torch.cuda.empty_cache()
 
     alloc = CuMemAllocator.get_instance()
@@ -94,16 +90,8 @@ def main() -> None:
     say("weights_intact", ok=ok)
 
     kept = [data._vstack_host for data in alloc.pointer_to_data.values() if data.tag == "weights"]
-    plain = [torch.empty(k.numel(), dtype=torch.uint8, device="cuda") for k in kept]
-    for r in range(args.repeat):
-        t = timed(lambda: [p.copy_(k, non_blocking=True) for p, k in zip(plain, kept, strict=True)])
-        say("kept->malloc", round=r, seconds=round(t, 3), gbps=round(wbytes / t / 1e9, 1))
     one = torch.empty(sum(k.numel() for k in kept), dtype=torch.uint8, pin_memory=True)
-    for r in range(args.repeat):
-        t = timed(lambda: [p.copy_(one[o:o + p.numel()], non_blocking=True)
-                           for p, o in zip(plain, offsets(plain), strict=True)])  # fmt: skip
-        say("arena->malloc", round=r, seconds=round(t, 3), gbps=round(wbytes / t / 1e9, 1))
-    del plain
+    to_malloc(kept, one, args.repeat)
     torch.cuda.empty_cache()
     datas = [(ptr, data) for ptr, data in alloc.pointer_to_data.items() if data.tag == "weights"]
     for r in range(args.repeat):
@@ -121,7 +109,31 @@ def main() -> None:
             data.cpu_backup_tensor = None
         fsw.wake_up(alloc, ["kv_cache"], ops, keep=True)
         say("arena->cumem", round=r, seconds=round(t, 3), gbps=round(wbytes / t / 1e9, 1))
-    del kv
+    say("done", kv_allocations=len(kv))
+
+
+def bus() -> None:
+    import torch
+
+    n = 4 * GIB
+    h, d = torch.empty(n, dtype=torch.uint8, pin_memory=True), torch.empty(n, dtype=torch.uint8, device="cuda")
+    best = min(timed(lambda: d.copy_(h, non_blocking=True)) for _ in range(4))
+    say("bus", gbps=round(n / best / 1e9, 1))
+
+
+def to_malloc(kept, one, repeat: int) -> None:
+    """The kept host buffers, then one arena of the same bytes, into plain cudaMalloc tensors."""
+    import torch
+
+    plain = [torch.empty(k.numel(), dtype=torch.uint8, device="cuda") for k in kept]
+    total = sum(k.numel() for k in kept)
+    for r in range(repeat):
+        t = timed(lambda: [p.copy_(k, non_blocking=True) for p, k in zip(plain, kept, strict=True)])
+        say("kept->malloc", round=r, seconds=round(t, 3), gbps=round(total / t / 1e9, 1))
+    for r in range(repeat):
+        t = timed(lambda: [p.copy_(one[o : o + p.numel()], non_blocking=True)
+                           for p, o in zip(plain, offsets(plain), strict=True)])  # fmt: skip
+        say("arena->malloc", round=r, seconds=round(t, 3), gbps=round(total / t / 1e9, 1))
 
 
 def offsets(tensors) -> list[int]:
