@@ -152,7 +152,9 @@ class Bench:
             factory = lambda s=spec: LocalEngine(with_port(s, free_port()))  # noqa: E731
             plan = self.plans[name]
             slots.append(Slot(name, factory(), factory, plan.budget.requested, "planner", True,
-                              weights_gpu=plan.budget.weights, weights_host=plan.weights.total_bytes))  # fmt: skip
+                              weights_gpu=plan.budget.weights, weights_host=plan.weights.total_bytes,
+                              keeps_host_copy=bool(sleep_copy_env({**engine, "enable_sleep_mode": True}))
+                              and patched))  # fmt: skip
         vm = psutil.virtual_memory()
         host = host_budget_bytes(self.settings, SimpleNamespace(ram_total=vm.total, ram_available=vm.available),
                                  len(slots))  # fmt: skip

@@ -26,6 +26,7 @@ from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.launch import EnginePlan, free_port, log_path_for, plan_engine
 from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
+from stack.engine.sleep_copy import KEEP_ENV
 from stack.errors import EngineError, StackError
 from stack.gateway.adapters import Adapter, Base, adapter_from_info
 from stack.gateway.app import create_app
@@ -180,7 +181,8 @@ def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None
     lora, adapters = lora_of(plan)
     return ManagedEngine(engine, served, served, factory=factory, need=need, need_source=source,
                          can_sleep=sleep_mode(cfg, plan), weights_gpu=weights_gpu, weights_host=weights_host,
-                         preload=preload, task=plan.resolved.model.task, lora=lora, adapters=adapters)  # fmt: skip
+                         preload=preload, task=plan.resolved.model.task, lora=lora, adapters=adapters,
+                         keeps_host_copy=plan.env.get(KEEP_ENV) == "1")  # fmt: skip
 
 
 def lora_of(plan: EnginePlan) -> tuple[Base | None, list[Adapter]]:

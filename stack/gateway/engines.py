@@ -45,6 +45,7 @@ class ManagedEngine:
     task: str = "generate"  # what the model does (stack.gateway.tasks): generate or embed
     lora: Base | None = None  # the engine runs with LoRA: its limits
     adapters: list[Adapter] = field(default_factory=list)  # served on this engine, loaded on first request
+    keeps_host_copy: bool = False  # a later sleep only releases memory (stack.engine.sleep_copy)
 
 
 # Without manager settings the supervisor behaves as it always did: every engine starts at once, shares
@@ -65,7 +66,8 @@ class EngineSupervisor:
         for m in engines:
             m.deployment_id = m.deployment_id or f"engine-{m.model_group}"
         slots = [Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep,
-                      weights_gpu=m.weights_gpu, weights_host=m.weights_host) for m in engines]  # fmt: skip
+                      weights_gpu=m.weights_gpu, weights_host=m.weights_host, keeps_host_copy=m.keeps_host_copy)
+                 for m in engines]  # fmt: skip
         self.manager = ModelManager(
             slots, self.settings, self.capacity, probe=probe, startup_timeout_s=startup_timeout_s,
             stop_grace_s=stop_grace_s, retry_after_s=retry_after_s,

@@ -215,7 +215,7 @@ class ModelManager:
                 kind = plan.kind
                 order = self.order_for(slot, plan)
                 if order.overlap:
-                    woke = await self._overlapped(slot, self.slots[plan.evict[0].name], phases)
+                    woke = await self._overlapped(slot, self.slots[plan.evict[0].name], phases, order.weights_first)
                 else:
                     for e in plan.evict:
                         t = self.clock()
@@ -277,8 +277,10 @@ class ModelManager:
         if len(sleepers) != len(plan.evict):
             return Order(False, "a model is stopped, not put to sleep: sequential")
         free = self.capacity.total - sum(held(s.view(), self.capacity) for s in self.slots.values())
-        order = switch_order(slot.weights_gpu, free, self.capacity.total, target_tier=slot.tier,
-                             evicted=sleepers, enabled=self.settings.overlap_wake)  # fmt: skip
+        victim = self.slots[sleepers[0]]
+        release_only = victim.host_copy_held and (victim.tier.sleep_level or 1) == 1
+        order = switch_order(slot.weights_gpu, free, self.capacity.total, target_tier=slot.tier, evicted=sleepers,
+                             enabled=self.settings.overlap_wake, release_only=release_only)  # fmt: skip
         if order.overlap and not isinstance(self.probe, NoProbe) and self.probe.used() is None:
             return Order(False, "no NVML reading: the freed memory could not be checked")
         log.info("switch order for %s: %s (%s)", slot.name, "overlap" if order.overlap else "sequential", order.reason)
@@ -300,6 +302,7 @@ class ModelManager:
             self.move(victim, S.SLEEPING, f"sleep level {level}")
             try:
                 await asyncio.to_thread(victim.runtime.sleep, level)
+                self._slept(victim, level)
                 if self._verify_sleep(victim, before, self.probe.used(), 0):
                     return
             except EngineError as exc:
@@ -322,8 +325,15 @@ class ModelManager:
                     before, after, grown)  # fmt: skip
         return False
 
+    @staticmethod
+    def _slept(victim: Slot, level: int) -> None:
+        """A level-1 sleep left the weights' host copy in the engine (kept there where it keeps one); level 2
+        dropped it."""
+        victim.host_copy_held = victim.keeps_host_copy and level == 1
+
     async def stop_engine(self, slot: Slot, why: str) -> None:
         self.move(slot, S.STOPPING, why)
+        slot.host_copy_held = False  # a new engine process starts without one
         await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
         slot.residue = 0
         self.move(slot, S.STOPPED, why)
@@ -360,19 +370,31 @@ class ModelManager:
         await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
         return False
 
-    async def _overlapped(self, slot: Slot, victim: Slot, phases: dict[str, float]) -> bool:
+    async def _overlapped(self, slot: Slot, victim: Slot, phases: dict[str, float],
+                          weights_first: bool = False) -> bool:  # fmt: skip
         """Put `victim` to sleep while `slot`'s weights come back (opposite directions of the bus); then the
         KV cache once the victim's memory is verifiably free. switch_order allowed it: the weights fit beside
-        the victim awake. A sleep that freed too little stops the victim before the KV cache is woken."""
+        the victim awake. A sleep that freed too little stops the victim before the KV cache is woken.
+        `weights_first`: the victim's sleep only releases memory, so the weights come back before it starts
+        (a release beside them would have the driver clear that memory on the same copy engines)."""
         self.metrics.evictions.labels(victim.name, str(Evict.SLEEP)).inc()
         before = self.probe.used()
         level = victim.tier.sleep_level or 1
-        self.move(victim, S.SLEEPING, f"sleep level {level}, overlapped with {slot.name}'s wake")
-        self.move(slot, S.STARTING, f"waking weights beside {victim.name}'s sleep")
+        sleep = self._timed(phases, f"sleep_{victim.name}_s", victim.runtime.sleep, level)
         t = self.clock()
-        slept, woke = await asyncio.gather(self._timed(phases, f"sleep_{victim.name}_s", victim.runtime.sleep, level),
-                                           self._wake_weights(slot, phases), return_exceptions=True)  # fmt: skip
+        if weights_first:
+            self.move(slot, S.STARTING, f"waking weights beside {victim.name}, awake")
+            woke = await asyncio.gather(self._wake_weights(slot, phases), return_exceptions=True)
+            self.move(victim, S.SLEEPING, f"sleep level {level}, after {slot.name}'s weights")
+            slept = await asyncio.gather(sleep, return_exceptions=True)
+            slept, woke = slept[0], woke[0]
+        else:
+            self.move(victim, S.SLEEPING, f"sleep level {level}, overlapped with {slot.name}'s wake")
+            self.move(slot, S.STARTING, f"waking weights beside {victim.name}'s sleep")
+            slept, woke = await asyncio.gather(sleep, self._wake_weights(slot, phases), return_exceptions=True)
         phases["overlap_s"] = round(self.clock() - t, 3)
+        if not isinstance(slept, BaseException):
+            self._slept(victim, level)
         grown = 0 if isinstance(woke, BaseException) else (slot.weights_gpu or 0)
         if isinstance(slept, BaseException) or not self._verify_sleep(victim, before, self.probe.used(), grown):
             if isinstance(slept, BaseException):
@@ -392,6 +414,7 @@ class ModelManager:
     async def _cold_start(self, slot: Slot) -> None:
         if slot.factory is not None:
             slot.runtime = slot.factory()  # a fresh free port each time (subscribers see it on the move)
+        slot.host_copy_held = False  # a new engine process: its first sleep copies
         self.move(slot, S.STARTING, "cold start")
         try:
             pid = await asyncio.to_thread(slot.runtime.start)

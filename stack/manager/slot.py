@@ -37,6 +37,8 @@ class Slot:
     weights_host: int | None = None  # weight bytes of all ranks: what a level-1 sleep keeps in host RAM
     tier: Tier = Tier.COLD  # where it waits asleep (stack.manager.tiers), set when the manager is built
     tier_reason: str = ""
+    keeps_host_copy: bool = False  # its engine keeps the weights' host copy between sleeps (stack.engine.sleep_copy)
+    host_copy_held: bool = False  # ... and holds one now (an earlier level-1 sleep of this engine process)
 
     def move(self, state: ModelState, detail: str = "") -> None:
         check_move(self.name, self.state, state)

@@ -70,6 +70,49 @@ def test_overlap_when_the_weights_fit_beside_the_awake_model() -> None:
     assert mgr.slots["b"].state == S.READY and b.starts == 1
 
 
+def test_weights_first_once_the_sleeping_model_holds_its_host_copy() -> None:
+    """A kept host copy makes a's sleep a release: b's weights come back before it starts, not beside it."""
+    gpu, a, b = pair(need_gib=60)
+    mgr = gpu_manager([a, b], gpu)
+    for name in ("a", "b"):
+        mgr.slots[name].keeps_host_copy = True
+
+    async def body() -> None:
+        await serve(mgr, "b")
+        await serve(mgr, "a")  # b's first sleep: it copies, so nothing is held yet (sequential, nothing awake)
+        assert mgr.slots["b"].host_copy_held
+        await serve(mgr, "b")  # a's first sleep copies: overlapped beside b's weights
+        first = mgr.slots["b"].last_switch
+        assert first["overlap"] and "woken while it sleeps" in first["order"]
+        await serve(mgr, "a")  # b held a copy since its last sleep: a's weights first, then b sleeps
+
+    run(body())
+    woke, slept = call(a, "wake weights"), call(b, "sleep")
+    assert woke[1] <= slept[0]  # one after the other, weights first
+    assert call(a, "wake kv_cache")[0] >= slept[1]
+    last = mgr.slots["a"].last_switch
+    assert last["overlap"] and "woken first, then b sleeps" in last["order"]
+    assert mgr.slots["b"].state == S.SLEEPING and mgr.slots["a"].state == S.READY
+
+
+def test_no_host_copy_held_after_a_restart_or_without_the_setting() -> None:
+    gpu, a, b = pair(need_gib=60)
+    mgr = gpu_manager([a, b], gpu)
+    mgr.slots["a"].keeps_host_copy = True  # b does not keep one (e.g. LoRA on)
+
+    async def body() -> None:
+        await serve(mgr, "b")
+        await serve(mgr, "a")
+        await serve(mgr, "b")
+        await serve(mgr, "a")  # b slept before, but keeps no copy: beside
+        assert "woken while it sleeps" in mgr.slots["a"].last_switch["order"]
+        assert mgr.slots["b"].host_copy_held is False
+        await mgr.stop_engine(mgr.slots["a"], "test")  # a new process starts without a copy
+        assert mgr.slots["a"].host_copy_held is False
+
+    run(body())
+
+
 def test_sequential_when_the_weights_do_not_fit_beside() -> None:
     gpu, a, b = pair(need_gib=70)  # 9.9 GiB free beside a: 15 GiB of weights would not fit
     mgr = gpu_manager([a, b], gpu)
