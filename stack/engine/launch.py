@@ -162,7 +162,7 @@ def plan_engine(
         resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes, fit, files, adapters
     )
     if check and not mismatch:
-        error = check_with_vllm(python, plan.vllm_args())
+        error = check_with_vllm(python, plan.vllm_args(), catalog, cfg.cache_dir)
         if error:
             raise ConfigError(
                 f"vLLM {catalog.version} rejects the rendered command: {error}",

@@ -6,6 +6,7 @@ another version (the ../shared/vllm-args format). Nothing here lists vLLM option
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -160,7 +161,35 @@ def installed_catalog(python: str, cache_dir: Path) -> VllmCatalog:
     return VllmCatalog.from_dump(data)
 
 
-def check_with_vllm(python: str, argv: list[str]) -> str | None:
-    """Parse the argv with vLLM's own serve parser; the error message, or None when it parses."""
+def check_with_vllm(python: str, argv: list[str], cache: VllmCatalog | None = None,
+                    cache_dir: Path | None = None) -> str | None:  # fmt: skip
+    """Parse the argv with vLLM's own serve parser; the error message, or None when it parses.
+
+    With `cache`/`cache_dir`, a command this vLLM accepted before is not parsed again: that parse imports
+    vLLM's CLI in a child process (10-20 s), on every repeat start of the same profile. The key is the
+    distribution, its version, our checker's source and the argv with the port left out (any free port is
+    taken per start); only acceptances are kept, so a rejection is always said afresh."""
+    marker = _check_marker(python, argv, cache, cache_dir)
+    if marker is not None and marker.is_file():
+        return None
     result = _run_introspect(python, "check", "--", *argv)
-    return None if result.get("ok") else result.get("error", "rejected")
+    if not result.get("ok"):
+        return result.get("error", "rejected")
+    if marker is not None:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps(argv))
+    return None
+
+
+def _check_marker(python: str, argv: list[str], catalog: VllmCatalog | None, cache_dir: Path | None) -> Path | None:
+    if catalog is None or cache_dir is None:
+        return None
+    args = list(argv)
+    for i, arg in enumerate(args):
+        if arg == "--port" and i + 1 < len(args):
+            args[i + 1] = "PORT"
+        elif arg.startswith("--port="):
+            args[i] = "--port=PORT"
+    checker = hashlib.sha256(Path(introspect.__file__).read_bytes()).hexdigest()
+    key = json.dumps([python, catalog.distribution, catalog.version, checker, args])
+    return cache_dir / "vllm-options" / "accepted" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"

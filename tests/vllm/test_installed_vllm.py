@@ -48,6 +48,26 @@ def test_vllms_own_parser_accepts_rendered_args_and_rejects_bad_values(installed
     assert error and "--max-model-len" in error
 
 
+def test_an_accepted_command_is_not_parsed_again_on_a_repeat_start(installed, tmp_path, monkeypatch) -> None:
+    import stack.vllm.options as options
+
+    argv = ["some/model", "--port", "8001", "--max-model-len", "2048"]
+    assert check_with_vllm(sys.executable, argv, installed, tmp_path) is None  # parsed by vLLM, remembered
+    assert len(list((tmp_path / "vllm-options" / "accepted").glob("*.json"))) == 1
+
+    def no_child(*_a, **_k):
+        raise AssertionError("vLLM's parser was started again")
+
+    monkeypatch.setattr(options, "_run_introspect", no_child)
+    again = ["some/model", "--port", "8002", "--max-model-len", "2048"]  # another free port, the same command
+    assert check_with_vllm(sys.executable, again, installed, tmp_path) is None
+    monkeypatch.undo()
+    bad = ["some/model", "--port", "8001", "--max-model-len", "lots"]
+    for _ in range(2):  # a rejection is never remembered: said afresh each time
+        assert "--max-model-len" in (check_with_vllm(sys.executable, bad, installed, tmp_path) or "")
+    assert len(list((tmp_path / "vllm-options" / "accepted").glob("*.json"))) == 1
+
+
 def test_every_shipped_profile_renders_for_every_known_vllm() -> None:
     cfg = load_config()
     info = detect()
