@@ -215,7 +215,7 @@ class ModelManager:
                 kind = plan.kind
                 order = self.order_for(slot, plan)
                 if order.overlap:
-                    woke = await self._overlapped(slot, self.slots[plan.evict[0].name], phases, order.weights_first)
+                    woke = await self._overlapped(slot, self.slots[plan.evict[0].name], phases)
                 else:
                     for e in plan.evict:
                         t = self.clock()
@@ -370,28 +370,18 @@ class ModelManager:
         await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
         return False
 
-    async def _overlapped(self, slot: Slot, victim: Slot, phases: dict[str, float],
-                          weights_first: bool = False) -> bool:  # fmt: skip
+    async def _overlapped(self, slot: Slot, victim: Slot, phases: dict[str, float]) -> bool:
         """Put `victim` to sleep while `slot`'s weights come back (opposite directions of the bus); then the
         KV cache once the victim's memory is verifiably free. switch_order allowed it: the weights fit beside
-        the victim awake. A sleep that freed too little stops the victim before the KV cache is woken.
-        `weights_first`: the victim's sleep only releases memory, so the weights come back before it starts
-        (a release beside them would have the driver clear that memory on the same copy engines)."""
+        the victim awake. A sleep that freed too little stops the victim before the KV cache is woken."""
         self.metrics.evictions.labels(victim.name, str(Evict.SLEEP)).inc()
         before = self.probe.used()
         level = victim.tier.sleep_level or 1
-        sleep = self._timed(phases, f"sleep_{victim.name}_s", victim.runtime.sleep, level)
+        self.move(victim, S.SLEEPING, f"sleep level {level}, overlapped with {slot.name}'s wake")
+        self.move(slot, S.STARTING, f"waking weights beside {victim.name}'s sleep")
         t = self.clock()
-        if weights_first:
-            self.move(slot, S.STARTING, f"waking weights beside {victim.name}, awake")
-            woke = await asyncio.gather(self._wake_weights(slot, phases), return_exceptions=True)
-            self.move(victim, S.SLEEPING, f"sleep level {level}, after {slot.name}'s weights")
-            slept = await asyncio.gather(sleep, return_exceptions=True)
-            slept, woke = slept[0], woke[0]
-        else:
-            self.move(victim, S.SLEEPING, f"sleep level {level}, overlapped with {slot.name}'s wake")
-            self.move(slot, S.STARTING, f"waking weights beside {victim.name}'s sleep")
-            slept, woke = await asyncio.gather(sleep, self._wake_weights(slot, phases), return_exceptions=True)
+        slept, woke = await asyncio.gather(self._timed(phases, f"sleep_{victim.name}_s", victim.runtime.sleep, level),
+                                           self._wake_weights(slot, phases), return_exceptions=True)  # fmt: skip
         phases["overlap_s"] = round(self.clock() - t, 3)
         if not isinstance(slept, BaseException):
             self._slept(victim, level)

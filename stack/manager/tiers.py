@@ -176,10 +176,6 @@ def wake_kv_s(m: GpuModel, bus: Bus) -> float:
 class Order:
     overlap: bool
     reason: str
-    # B's weights woken before A's sleep starts, not beside it: A's sleep only releases memory, and memory
-    # released by one process is cleared by the driver before another may use it, on the copy engines that
-    # B's weights come in through (bench/gpu/wake_probe.py; README "Switch at bus speed").
-    weights_first: bool = False
 
 
 def overlap_margin(total: int) -> int:
@@ -191,8 +187,12 @@ def switch_order(target_weights: int | None, free_beside: int, total: int, *, ta
                  evicted: Sequence[str], enabled: bool = True, release_only: bool = False) -> Order:  # fmt: skip
     """Overlap B's weight wake with A's sleep only when it cannot run out of memory: B sleeps (level 1 or 2),
     exactly one model is put to sleep for it, B's weight size is known, and B's weights plus a margin fit in
-    what is free now, with A still holding all of its memory. Otherwise sequential. `release_only`: A's sleep
-    copies nothing (its host copy is kept from an earlier sleep), so B's weights go first and A sleeps after."""
+    what is free now, with A still holding all of its memory. Otherwise sequential.
+
+    `release_only` (A's sleep copies nothing: its host copy is kept from an earlier sleep): sequential. There is
+    no copy of A's to hide, and the driver clears the memory A releases before B may use it, on the copy
+    engines B's weights come in through: beside A's sleep B's weights copy at half the bus, before it B's KV
+    cache waits for the clearing instead (H200, README "Switch at bus speed"); sequential was fastest."""
     if not enabled:
         return Order(False, "overlap off (manager.overlap_wake)")
     if target_tier == Tier.COLD:
@@ -203,12 +203,10 @@ def switch_order(target_weights: int | None, free_beside: int, total: int, *, ta
         return Order(False, "the target's weight size is unknown")
     margin = overlap_margin(total)
     if target_weights + margin <= free_beside:
-        fits = (f"weights {_gib(target_weights)} + margin {_gib(margin)} fit the {_gib(free_beside)} free "
-                f"beside {evicted[0]}")
         if release_only:
-            return Order(True, f"{fits}: woken first, then {evicted[0]} sleeps (its host copy is kept: a release only)",
-                         weights_first=True)  # fmt: skip
-        return Order(True, f"{fits}: woken while it sleeps")
+            return Order(False, f"{evicted[0]}'s sleep only releases memory (its host copy is kept): sequential")
+        return Order(True, f"weights {_gib(target_weights)} + margin {_gib(margin)} fit the {_gib(free_beside)} free "
+                           f"beside {evicted[0]}: woken while it sleeps")  # fmt: skip
     return Order(False, f"weights {_gib(target_weights)} + margin {_gib(margin)} do not fit the {_gib(free_beside)} "
                         f"free beside {evicted[0]}: it sleeps first")  # fmt: skip
 
