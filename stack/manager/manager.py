@@ -355,11 +355,17 @@ class ModelManager:
         await self._timed(phases, "ready_s", slot.runtime.wait_ready, 60.0)
 
     async def _wake(self, slot: Slot, phases: dict[str, float]) -> bool:
-        """Sequential wake: weights, then the KV cache (two calls, so each is timed)."""
+        """Sequential wake. Level 1: one call (vLLM maps the KV cache in the same round trip; on an H200 vLLM's
+        one call was 0.02-0.1 s faster than weights then KV cache); level 2: weights, their reload from the
+        files, then the KV cache."""
         self.move(slot, S.STARTING, f"waking up (level {slot.tier.sleep_level or 1})")
         try:
-            await self._wake_weights(slot, phases)
-            await self._wake_rest(slot, phases)
+            if slot.tier == Tier.LEVEL2:
+                await self._wake_weights(slot, phases)
+                await self._wake_rest(slot, phases)
+            else:
+                await self._timed(phases, "wake_s", slot.runtime.wake_up, None)
+                await self._timed(phases, "ready_s", slot.runtime.wait_ready, 60.0)
         except EngineError as exc:
             return await self._wake_failed(slot, exc)
         self._ready(slot, "woken up")

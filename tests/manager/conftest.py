@@ -118,7 +118,7 @@ class StandIn:
 
     def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
         t = time.perf_counter()
-        if tags == ["weights"]:
+        if tags in (["weights"], None):
             time.sleep(self.wake_s)
         self.calls.append((f"wake {','.join(tags or ['all'])}", t, time.perf_counter()))
         if self.fail_wake:

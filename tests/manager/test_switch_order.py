@@ -87,8 +87,8 @@ def test_sequential_once_the_sleeping_model_holds_its_host_copy() -> None:
         await serve(mgr, "a")  # b held a copy since its last sleep: it sleeps, then a wakes
 
     run(body())
-    woke, slept = call(a, "wake weights"), call(b, "sleep")
-    assert slept[1] <= woke[0]  # one after the other, the sleep first
+    woke, slept = call(a, "wake all"), call(b, "sleep")
+    assert slept[1] <= woke[0]  # one after the other, the sleep first, then one wake call
     last = mgr.slots["a"].last_switch
     assert not last["overlap"] and "only releases memory" in last["order"]
     assert mgr.slots["b"].state == S.SLEEPING and mgr.slots["a"].state == S.READY
@@ -116,7 +116,7 @@ def test_sequential_when_the_weights_do_not_fit_beside() -> None:
     gpu, a, b = pair(need_gib=70)  # 9.9 GiB free beside a: 15 GiB of weights would not fit
     mgr = gpu_manager([a, b], gpu)
     seconds = a_asleep_b_awake(mgr)
-    assert call(a, "sleep")[1] <= call(b, "wake weights")[0]
+    assert call(a, "sleep")[1] <= call(b, "wake all")[0]  # level 1: one wake call
     last = mgr.slots["b"].last_switch
     assert not last["overlap"] and "it sleeps first" in last["order"] and seconds >= 0.6
     assert mgr.slots["a"].state == S.SLEEPING and mgr.slots["b"].state == S.READY
@@ -126,7 +126,7 @@ def test_overlap_off_by_setting() -> None:
     gpu, a, b = pair(need_gib=60)
     mgr = gpu_manager([a, b], gpu, overlap_wake=False)
     a_asleep_b_awake(mgr)
-    assert not mgr.slots["b"].last_switch["overlap"] and call(a, "sleep")[1] <= call(b, "wake weights")[0]
+    assert not mgr.slots["b"].last_switch["overlap"] and call(a, "sleep")[1] <= call(b, "wake all")[0]
 
 
 def test_overlapped_sleep_that_frees_nothing_stops_the_model_before_the_kv_cache_wakes() -> None:
