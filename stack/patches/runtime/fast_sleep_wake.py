@@ -26,8 +26,9 @@ import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from stack.engine.sleep_copy import KEEP_ENV
+
 MARK = "_vstack_patch"
-KEEP_ENV = "VSTACK_SLEEP_KEEP_HOST_COPY"
 SPOT_BYTES = 4096  # bytes compared at each end of an allocation before a kept copy is reused
 log = logging.getLogger("vllm.vstack_patches.sleep")
 
@@ -82,9 +83,9 @@ def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, 
     """vLLM's CuMemAllocator.sleep: offload the tagged allocations, discard the rest, release all."""
     tags = _tags(offload_tags, allocator.default_tag)
     t0 = time.perf_counter()
-    copied = reused = discarded = 0
+    copied = discarded = 0
     items = list(allocator.pointer_to_data.items())
-    fresh, kept_ok = [], []
+    kept_ok = []
     for ptr, data in items:
         size = data.handle[1]
         if data.tag not in tags:
@@ -98,7 +99,6 @@ def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, 
         host = ops.host_buffer(size)
         ops.to_host(host.data_ptr(), ptr, size)
         data.cpu_backup_tensor = host
-        fresh.append(data)
         copied += size
     changed = _spot_check(ops, kept_ok) if kept_ok else []
     for ptr, data, kept in changed:  # weights changed while awake: this copy is stale, take a new one
@@ -107,8 +107,7 @@ def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, 
     ops.wait()
     for _ptr, data, kept in kept_ok:
         data.cpu_backup_tensor = kept
-        reused += data.handle[1]
-    reused -= sum(d.handle[1] for _p, d, _k in changed)
+    reused = sum(d.handle[1] for _p, d, _k in kept_ok) - sum(d.handle[1] for _p, d, _k in changed)
     t_copy = time.perf_counter()
     for _ptr, data in items:
         try:
