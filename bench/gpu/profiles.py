@@ -124,6 +124,9 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
         hardware_patch = {"name": hw.name, "planner": {"usable_memory_gib": round(device_gib, 4)}}
         # An 8-GPU profile on the GPUs at hand: tensor parallel over all of them, per-GPU memory as the card's.
         overrides["tensor_parallel_size"] = device.count
+        # On the hardware it scales, not stack-wide: a stack-level value would apply to every shipped profile,
+        # and the single-GPU ones are refused by validation (tensor parallel 2 on one GPU).
+        hardware_patch["engine"] = {"tensor_parallel_size": device.count}
         held_to = (held_to + "; " if held_to else "") + (f"tensor parallel {device.count} of {hw.gpu_count}, "
                                                           f"{device_gib:.1f} GiB per GPU")
     engine_env: dict[str, str] = {}
@@ -147,7 +150,8 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
     state = work / f"state-{profile}"
     overlay = {
         "state_dir": str(state), "cache_dir": str(work / "cache"), "startup_timeout_s": 420,
-        "engine": overrides, "models": model_patch,
+        "engine": {k: v for k, v in overrides.items() if k not in hardware_patch.get("engine", {})},
+        "models": model_patch,
         **({"hardware": {hw.name: hardware_patch}} if hardware_patch else {}),
         **({"manager": manager} if manager else {}),
         # CPU (the driver's own test): one fixed KV space, so that the planner and the engine see the same.

@@ -52,10 +52,12 @@ def two_gpu_nodes(cpus: int):
 def config(state: Path, model_dir: Path, address: str, max_model_len: int):
     from stack.config import load_config
 
-    entry = {"name": "llama8b", "source": {"path": str(model_dir)}, "served_name": "llama8b"}
+    # Pipeline parallel belongs to this model alone: at the stack level it would apply to every shipped profile.
+    entry = {"name": "llama8b", "source": {"path": str(model_dir)}, "served_name": "llama8b",
+             "engine": {"pipeline_parallel_size": 2}}
     return load_config(text=json.dumps({
         "models": {"llama8b": entry}, "state_dir": str(state), "startup_timeout_s": 900,
-        "engine": {"load_format": "dummy", "pipeline_parallel_size": 2, "max_model_len": max_model_len,
+        "engine": {"load_format": "dummy", "max_model_len": max_model_len,
                    "gpu_memory_utilization": 0.85},
         "manager": {"runtime": "ray", "idle_ttl_s": 0, "restart_max": 0, "ray": {"address": address}},
     }))  # fmt: skip
@@ -104,12 +106,13 @@ def main() -> int:
         folder = write_model(Path(tmp) / "models" / "llama8b", fixture_config(args.model))
         cluster = two_gpu_nodes(args.cpus)
         try:
-            result["nodes"] = [{"node": n["NodeID"][:8], "gpus": n["Resources"].get("GPU", 0)}
-                               for n in ray.nodes() if n["Alive"]]  # fmt: skip
             # The engine's log lands beside the results ($OUT): state/logs/llama8b-r0.log.
             cfg = config(args.out.parent / "ray_pp_state", folder, cluster.address, args.max_model_len)
             with ray_gateway_for(cfg, "llama8b") as (gw, planned):
                 result["placement"] = [p.to_dict() for p in planned.cluster.places]
+                # The runtime connected this driver to the cluster: Ray's node table answers from here on.
+                result["nodes"] = [{"node": n["NodeID"][:8], "gpus": n["Resources"].get("GPU", 0)}
+                                   for n in ray.nodes() if n["Alive"]]  # fmt: skip
                 deadline = time.monotonic() + 900
                 slot = gw.state.manager.slots["llama8b"]
                 while str(slot.state) != "ready" and time.monotonic() < deadline:

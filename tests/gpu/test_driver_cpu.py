@@ -138,6 +138,10 @@ def test_eight_gpu_profile_scales_to_the_gpus_here(tmp_path: Path) -> None:
     run = prepare(load_config(), "a100x8-llama-3.3-70b", two, tmp_path)
     assert run.engine_overrides["tensor_parallel_size"] == 2
     assert "tensor parallel 2 of 8" in run.held_to
+    # The overlay loads: tensor parallel 2 scales this profile's hardware, not every single-GPU profile too.
+    cfg = load_config(run.overlay)
+    assert cfg.hardware["a100-80gb-x8"].engine["tensor_parallel_size"] == 2
+    assert "tensor_parallel_size" not in cfg.engine
 
 
 def test_verdicts_and_table() -> None:
