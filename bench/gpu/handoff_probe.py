@@ -1,0 +1,265 @@
+"""Can a waking engine skip the driver's clearing of memory another engine just released? (issue 14)
+
+`bench/gpu/wake_probe.sh` found the floor of a sleeping switch between two engines: memory one process
+releases is cleared by the driver before another process maps it (KV-cache maps 0.2-0.4 s for ~97 GiB,
+weights copied in at 27-33 GB/s instead of 45-49 GB/s within one process). CUDA's virtual memory API lets
+the sleeping engine hand its physical memory to the waking one instead of releasing it: export each
+allocation as a POSIX file descriptor (`cuMemExportToShareableHandle`), pass the descriptors over a Unix
+socket (SCM_RIGHTS), import and map them there. Physical memory never returns to the driver, so nothing is
+cleared. This probe measures that before the allocator is built on it, with the driver API alone (ctypes
+on libcuda; no vLLM, no torch, no site parts needed):
+
+  fresh      a child process creates, maps and writes GIB in CHUNK pieces, then releases them and exits;
+             this process then creates and maps as much (what a wake does today)
+  own        this process releases its own memory and creates it again (the one-process reference)
+  handoff    a child creates, maps and writes GIB, exports every piece, sends the descriptors here,
+             releases its own handles and exits; this process imports and maps them (the proposed wake)
+
+Each step reports the map time, the copy rate of one pinned host buffer into the mapped memory (a wake's
+weights) and then a memset over the whole range (HBM speed unless the pages are still being cleared).
+One `HANDOFF_PROBE {json}` line per step.
+
+    python3 -m bench.gpu.handoff_probe [--gib 80] [--chunk-mib 1024] [--copy-gib 8]   (on the lent GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+GIB = 1024**3
+POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
+LOCATION_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
+READ_WRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+
+
+class Location(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
+
+
+class AllocFlags(ctypes.Structure):
+    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]  # fmt: skip
+
+
+class AllocationProp(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Location),
+                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", AllocFlags)]  # fmt: skip
+
+
+class AccessDesc(ctypes.Structure):
+    _fields_ = [("location", Location), ("flags", ctypes.c_int)]
+
+
+class Driver:
+    """The few CUDA driver calls the probe needs, each checked: a failure names the call and CUDA's code."""
+
+    def __init__(self, device: int = 0) -> None:
+        try:
+            self.lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise SystemExit(f"no NVIDIA driver here ({exc}): run this on the lent GPU machine") from exc
+        self.device = device
+        self.check("cuInit", 0)
+        dev = ctypes.c_int()
+        self.check("cuDeviceGet", ctypes.byref(dev), device)
+        ctx = ctypes.c_void_p()
+        self.check("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
+        self.check("cuCtxSetCurrent", ctx)
+        self.prop = AllocationProp(type=PINNED, requestedHandleTypes=POSIX_FD,
+                                   location=Location(LOCATION_DEVICE, device))  # fmt: skip
+        gran = ctypes.c_size_t()
+        self.check("cuMemGetAllocationGranularity", ctypes.byref(gran), ctypes.byref(self.prop), 0)
+        self.granularity = gran.value
+
+    def check(self, name: str, *args: object) -> None:
+        code = getattr(self.lib, name)(*args)
+        if code != 0:
+            raise RuntimeError(f"{name} failed with CUDA error {code}")
+
+    def create(self, size: int) -> int:
+        handle = ctypes.c_ulonglong()
+        self.check("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(self.prop),
+                   ctypes.c_ulonglong(0))  # fmt: skip
+        return handle.value
+
+    def reserve(self, size: int) -> int:
+        ptr = ctypes.c_ulonglong()
+        self.check("cuMemAddressReserve", ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0),
+                   ctypes.c_ulonglong(0), ctypes.c_ulonglong(0))  # fmt: skip
+        return ptr.value
+
+    def map(self, ptr: int, size: int, handle: int) -> None:
+        self.check("cuMemMap", ctypes.c_ulonglong(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0),
+                   ctypes.c_ulonglong(handle), ctypes.c_ulonglong(0))  # fmt: skip
+        desc = AccessDesc(Location(LOCATION_DEVICE, self.device), READ_WRITE)
+        self.check("cuMemSetAccess", ctypes.c_ulonglong(ptr), ctypes.c_size_t(size), ctypes.byref(desc),
+                   ctypes.c_size_t(1))  # fmt: skip
+
+    def unmap_release(self, ptr: int, size: int, handle: int) -> None:
+        self.check("cuMemUnmap", ctypes.c_ulonglong(ptr), ctypes.c_size_t(size))
+        self.check("cuMemRelease", ctypes.c_ulonglong(handle))
+
+    def export(self, handle: int) -> int:
+        fd = ctypes.c_int()
+        self.check("cuMemExportToShareableHandle", ctypes.byref(fd), ctypes.c_ulonglong(handle), POSIX_FD,
+                   ctypes.c_ulonglong(0))  # fmt: skip
+        return fd.value
+
+    def import_fd(self, fd: int) -> int:
+        handle = ctypes.c_ulonglong()
+        self.check("cuMemImportFromShareableHandle", ctypes.byref(handle), ctypes.c_void_p(fd), POSIX_FD)
+        return handle.value
+
+    def memset(self, ptr: int, size: int) -> None:
+        self.check("cuMemsetD8_v2", ctypes.c_ulonglong(ptr), ctypes.c_ubyte(7), ctypes.c_size_t(size))
+
+    def sync(self) -> None:
+        self.check("cuCtxSynchronize")
+
+    def host_pinned(self, size: int) -> int:
+        ptr = ctypes.c_void_p()
+        self.check("cuMemHostAlloc", ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_uint(0))
+        return ptr.value
+
+    def copy_in(self, dst: int, src: int, size: int) -> None:
+        self.check("cuMemcpyHtoD_v2", ctypes.c_ulonglong(dst), ctypes.c_void_p(src), ctypes.c_size_t(size))
+
+
+class Region:
+    """`count` pieces of `chunk` bytes mapped back to back in one reserved range, as an engine's allocation."""
+
+    def __init__(self, drv: Driver, chunk: int, count: int) -> None:
+        self.drv, self.chunk, self.count = drv, chunk, count
+        self.base = drv.reserve(chunk * count)
+        self.handles: list[int] = []
+
+    def fill(self, handles: list[int]) -> None:
+        for i, h in enumerate(handles):
+            self.drv.map(self.base + i * self.chunk, self.chunk, h)
+        self.handles = handles
+
+    def release(self) -> None:
+        for i, h in enumerate(self.handles):
+            self.drv.unmap_release(self.base + i * self.chunk, self.chunk, h)
+        self.handles = []
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def say(step: str, **fields: object) -> None:
+    print("HANDOFF_PROBE " + json.dumps({"step": step, **fields}), flush=True)
+
+
+def measure(drv: Driver, region: Region, step: str, map_s: float, host: int, copy: int, **extra: object) -> None:
+    size = region.chunk * region.count
+    # The copy first: a wake's weights land in memory just mapped, while the driver may still be clearing it.
+    copy_s = timed(lambda: (drv.copy_in(region.base, host, copy), drv.sync()))
+    memset_s = timed(lambda: (drv.memset(region.base, size), drv.sync()))
+    say(step, gib=round(size / GIB, 2), pieces=region.count, map_s=round(map_s, 4),
+        memset_s=round(memset_s, 4), memset_gbps=round(size / memset_s / 1e9, 1),
+        copy_gib=round(copy / GIB, 2), copy_gbps=round(copy / copy_s / 1e9, 1), **extra)  # fmt: skip
+
+
+def child(args: argparse.Namespace) -> int:
+    """The engine going to sleep: create, map and write; then release (fresh) or hand over (handoff)."""
+    drv = Driver()
+    chunk = args.chunk_mib * 1024**2
+    region = Region(drv, chunk, args.pieces)
+    region.fill([drv.create(chunk) for _ in range(args.pieces)])
+    drv.memset(region.base, chunk * args.pieces)
+    drv.sync()
+    if args.role == "handoff":
+        fds = [drv.export(h) for h in region.handles]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(args.sock)
+            for i in range(0, len(fds), 200):  # SCM_RIGHTS carries at most 253 descriptors a message
+                socket.send_fds(s, [b"x"], fds[i : i + 200])
+        for fd in fds:
+            os.close(fd)
+    region.release()  # handoff: the receiver's descriptors keep the physical memory alive
+    return 0
+
+
+def receive(server: socket.socket, count: int) -> list[int]:
+    conn, _ = server.accept()
+    fds: list[int] = []
+    with conn:
+        while len(fds) < count:
+            _msg, got, _flags, _addr = socket.recv_fds(conn, 16, count - len(fds))
+            if not got:
+                raise RuntimeError(f"the sleeping process sent {len(fds)} of {count} descriptors")
+            fds += got
+    return fds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, default=80, help="memory handed over (a KV cache of an 8B at 0.7 of an H200)")
+    ap.add_argument("--chunk-mib", type=int, default=1024, help="piece size (a multiple of the granularity, 2 MiB)")
+    ap.add_argument("--copy-gib", type=float, default=8, help="pinned host bytes copied into the mapped memory")
+    ap.add_argument("--role", choices=["fresh", "handoff"], help=argparse.SUPPRESS)
+    ap.add_argument("--sock", help=argparse.SUPPRESS)
+    ap.add_argument("--pieces", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.role:
+        return child(args)
+    chunk = args.chunk_mib * 1024**2
+    pieces = max(1, int(args.gib * GIB // chunk))
+    me = [sys.executable, "-m", "bench.gpu.handoff_probe", "--chunk-mib", str(args.chunk_mib), "--pieces", str(pieces)]
+
+    # The other engine first, alone on the GPU, as in a switch: this process opens CUDA only after it is gone.
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise SystemExit(f"no NVIDIA driver here ({exc}): run this on the lent GPU machine") from exc
+    subprocess.run([*me, "--role", "fresh"], check=True)
+    drv = Driver()
+    if chunk % drv.granularity:
+        raise SystemExit(f"--chunk-mib {args.chunk_mib}: not a multiple of the granularity {drv.granularity}")
+    copy = int(args.copy_gib * GIB)
+    host = drv.host_pinned(copy)
+    region = Region(drv, chunk, pieces)
+    map_s = timed(lambda: (region.fill([drv.create(chunk) for _ in range(pieces)]), drv.sync()))
+    measure(drv, region, "fresh", map_s, host, copy, note="created after another process released as much")
+
+    region.release()
+    map_s = timed(lambda: (region.fill([drv.create(chunk) for _ in range(pieces)]), drv.sync()))
+    measure(drv, region, "own", map_s, host, copy, note="created again after this process released its own")
+    region.release()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "handoff.sock")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(path)
+            server.listen(1)
+            sleeper = subprocess.Popen([*me, "--role", "handoff", "--sock", path])
+            fds = receive(server, pieces)
+            if sleeper.wait(120) != 0:
+                raise SystemExit("the handing-over process failed: see its error above")
+    t0 = time.perf_counter()
+    handles = [drv.import_fd(fd) for fd in fds]
+    import_s = time.perf_counter() - t0
+    for fd in fds:
+        os.close(fd)
+    map_s = timed(lambda: (region.fill(handles), drv.sync()))
+    measure(drv, region, "handoff", import_s + map_s, host, copy, import_s=round(import_s, 4),
+            note="imported from a process that exported, released its handles and exited")  # fmt: skip
+    region.release()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
