@@ -187,22 +187,31 @@ def child(args: argparse.Namespace) -> int:
             s.connect(args.sock)
             for i in range(0, len(fds), 200):  # SCM_RIGHTS carries at most 253 descriptors a message
                 socket.send_fds(s, [b"x"], fds[i : i + 200])
-        for fd in fds:
-            os.close(fd)
-    region.release()  # handoff: the receiver's descriptors keep the physical memory alive
+            for fd in fds:
+                os.close(fd)
+            region.release()  # the receiver's descriptors keep the physical memory alive
+            s.sendall(b"r")
+            s.recv(1)  # alive until the receiver has read NVML's per-process figures: whose memory is it now?
+        return 0
+    region.release()
     return 0
 
 
-def receive(server: socket.socket, count: int) -> list[int]:
-    conn, _ = server.accept()
+def receive(conn: socket.socket, count: int) -> list[int]:
     fds: list[int] = []
-    with conn:
-        while len(fds) < count:
-            _msg, got, _flags, _addr = socket.recv_fds(conn, 16, count - len(fds))
-            if not got:
-                raise RuntimeError(f"the sleeping process sent {len(fds)} of {count} descriptors")
-            fds += got
+    while len(fds) < count:
+        _msg, got, _flags, _addr = socket.recv_fds(conn, 1, count - len(fds))
+        if not got:
+            raise RuntimeError(f"the sleeping process sent {len(fds)} of {count} descriptors")
+        fds += got
     return fds
+
+
+def gpu_mib_by_pid() -> dict[str, int]:
+    """What NVML attributes to each process (nvidia-smi): the manager checks a sleeping engine's memory this way."""
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=False).stdout  # fmt: skip
+    return {p.strip(): int(m) for p, m in (line.split(",") for line in out.splitlines() if "," in line)}
 
 
 def main() -> int:
@@ -246,17 +255,25 @@ def main() -> int:
             server.bind(path)
             server.listen(1)
             sleeper = subprocess.Popen([*me, "--role", "handoff", "--sock", path])
-            fds = receive(server, pieces)
+            conn, _ = server.accept()
+            with conn:
+                fds = receive(conn, pieces)
+                if conn.recv(1) != b"r":
+                    raise SystemExit("the handing-over process did not release its handles: see its error above")
+                t0 = time.perf_counter()
+                handles = [drv.import_fd(fd) for fd in fds]
+                import_s = time.perf_counter() - t0
+                for fd in fds:
+                    os.close(fd)
+                map_s = timed(lambda: (region.fill(handles), drv.sync()))
+                by_pid = gpu_mib_by_pid()
+                conn.sendall(b"q")
             if sleeper.wait(120) != 0:
                 raise SystemExit("the handing-over process failed: see its error above")
-    t0 = time.perf_counter()
-    handles = [drv.import_fd(fd) for fd in fds]
-    import_s = time.perf_counter() - t0
-    for fd in fds:
-        os.close(fd)
-    map_s = timed(lambda: (region.fill(handles), drv.sync()))
     measure(drv, region, "handoff", import_s + map_s, host, copy, import_s=round(import_s, 4),
-            note="imported from a process that exported, released its handles and exited")  # fmt: skip
+            gpu_mib_by_pid={"receiver" if k == str(os.getpid()) else "sender (released)": v for k, v in by_pid.items()},
+            after_sender_exit=gpu_mib_by_pid(),
+            note="imported from a process that exported and released its handles")  # fmt: skip
     region.release()
     return 0
 
