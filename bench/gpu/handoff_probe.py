@@ -34,104 +34,17 @@ import sys
 import tempfile
 import time
 
+from stack.patches.runtime.cuda_vmm import CudaError, Driver
+
 GIB = 1024**3
-POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
-LOCATION_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
-READ_WRITE = 3  # CU_MEM_ACCESS_FLAGS_PROT_READWRITE
 
 
-class Location(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("id", ctypes.c_int)]
-
-
-class AllocFlags(ctypes.Structure):
-    _fields_ = [("compressionType", ctypes.c_ubyte), ("gpuDirectRDMACapable", ctypes.c_ubyte),
-                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 4)]  # fmt: skip
-
-
-class AllocationProp(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("requestedHandleTypes", ctypes.c_int), ("location", Location),
-                ("win32HandleMetaData", ctypes.c_void_p), ("allocFlags", AllocFlags)]  # fmt: skip
-
-
-class AccessDesc(ctypes.Structure):
-    _fields_ = [("location", Location), ("flags", ctypes.c_int)]
-
-
-class Driver:
-    """The few CUDA driver calls the probe needs, each checked: a failure names the call and CUDA's code."""
-
-    def __init__(self, device: int = 0) -> None:
-        try:
-            self.lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as exc:
-            raise SystemExit(f"no NVIDIA driver here ({exc}): run this on the lent GPU machine") from exc
-        self.device = device
-        self.check("cuInit", 0)
-        dev = ctypes.c_int()
-        self.check("cuDeviceGet", ctypes.byref(dev), device)
-        ctx = ctypes.c_void_p()
-        self.check("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
-        self.check("cuCtxSetCurrent", ctx)
-        self.prop = AllocationProp(type=PINNED, requestedHandleTypes=POSIX_FD,
-                                   location=Location(LOCATION_DEVICE, device))  # fmt: skip
-        gran = ctypes.c_size_t()
-        self.check("cuMemGetAllocationGranularity", ctypes.byref(gran), ctypes.byref(self.prop), 0)
-        self.granularity = gran.value
-
-    def check(self, name: str, *args: object) -> None:
-        code = getattr(self.lib, name)(*args)
-        if code != 0:
-            raise RuntimeError(f"{name} failed with CUDA error {code}")
-
-    def create(self, size: int) -> int:
-        handle = ctypes.c_ulonglong()
-        self.check("cuMemCreate", ctypes.byref(handle), ctypes.c_size_t(size), ctypes.byref(self.prop),
-                   ctypes.c_ulonglong(0))  # fmt: skip
-        return handle.value
-
-    def reserve(self, size: int) -> int:
-        ptr = ctypes.c_ulonglong()
-        self.check("cuMemAddressReserve", ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0),
-                   ctypes.c_ulonglong(0), ctypes.c_ulonglong(0))  # fmt: skip
-        return ptr.value
-
-    def map(self, ptr: int, size: int, handle: int) -> None:
-        self.check("cuMemMap", ctypes.c_ulonglong(ptr), ctypes.c_size_t(size), ctypes.c_size_t(0),
-                   ctypes.c_ulonglong(handle), ctypes.c_ulonglong(0))  # fmt: skip
-        desc = AccessDesc(Location(LOCATION_DEVICE, self.device), READ_WRITE)
-        self.check("cuMemSetAccess", ctypes.c_ulonglong(ptr), ctypes.c_size_t(size), ctypes.byref(desc),
-                   ctypes.c_size_t(1))  # fmt: skip
-
-    def unmap_release(self, ptr: int, size: int, handle: int) -> None:
-        self.check("cuMemUnmap", ctypes.c_ulonglong(ptr), ctypes.c_size_t(size))
-        self.check("cuMemRelease", ctypes.c_ulonglong(handle))
-
-    def export(self, handle: int) -> int:
-        fd = ctypes.c_int()
-        self.check("cuMemExportToShareableHandle", ctypes.byref(fd), ctypes.c_ulonglong(handle), POSIX_FD,
-                   ctypes.c_ulonglong(0))  # fmt: skip
-        return fd.value
-
-    def import_fd(self, fd: int) -> int:
-        handle = ctypes.c_ulonglong()
-        self.check("cuMemImportFromShareableHandle", ctypes.byref(handle), ctypes.c_void_p(fd), POSIX_FD)
-        return handle.value
-
-    def memset(self, ptr: int, size: int) -> None:
-        self.check("cuMemsetD8_v2", ctypes.c_ulonglong(ptr), ctypes.c_ubyte(7), ctypes.c_size_t(size))
-
-    def sync(self) -> None:
-        self.check("cuCtxSynchronize")
-
-    def host_pinned(self, size: int) -> int:
-        ptr = ctypes.c_void_p()
-        self.check("cuMemHostAlloc", ctypes.byref(ptr), ctypes.c_size_t(size), ctypes.c_uint(0))
-        return ptr.value
-
-    def copy_in(self, dst: int, src: int, size: int) -> None:
-        self.check("cuMemcpyHtoD_v2", ctypes.c_ulonglong(dst), ctypes.c_void_p(src), ctypes.c_size_t(size))
+def open_driver(device: int = 0) -> Driver:
+    """The stack's driver wrapper, in a process of its own (its own current context)."""
+    try:
+        return Driver(device, own_context=True)
+    except CudaError as exc:
+        raise SystemExit(f"{exc}: run this on the lent GPU machine") from exc
 
 
 class Region:
@@ -149,7 +62,8 @@ class Region:
 
     def release(self) -> None:
         for i, h in enumerate(self.handles):
-            self.drv.unmap_release(self.base + i * self.chunk, self.chunk, h)
+            self.drv.unmap(self.base + i * self.chunk, self.chunk)
+            self.drv.release(h)
         self.handles = []
 
 
@@ -175,11 +89,11 @@ def measure(drv: Driver, region: Region, step: str, map_s: float, host: int, cop
 
 def child(args: argparse.Namespace) -> int:
     """The engine going to sleep: create, map and write; then release (fresh) or hand over (handoff)."""
-    drv = Driver()
+    drv = open_driver()
     chunk = args.chunk_mib * 1024**2
     region = Region(drv, chunk, args.pieces)
     region.fill([drv.create(chunk) for _ in range(args.pieces)])
-    drv.memset(region.base, chunk * args.pieces)
+    drv.memset(region.base, chunk * args.pieces)  # written, as an engine's memory is
     drv.sync()
     if args.role == "handoff":
         fds = [drv.export(h) for h in region.handles]
@@ -235,7 +149,7 @@ def main() -> int:
     except OSError as exc:
         raise SystemExit(f"no NVIDIA driver here ({exc}): run this on the lent GPU machine") from exc
     subprocess.run([*me, "--role", "fresh"], check=True)
-    drv = Driver()
+    drv = open_driver()
     if chunk % drv.granularity:
         raise SystemExit(f"--chunk-mib {args.chunk_mib}: not a multiple of the granularity {drv.granularity}")
     copy = int(args.copy_gib * GIB)

@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from stack.engine.memory_handoff import SOCKET_ENV
 from stack.engine.sleep_copy import KEEP_ENV
 
 MARK = "_vstack_patch"
@@ -115,6 +116,8 @@ def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, 
         finally:
             data.is_asleep = True
     t_unmap = time.perf_counter()
+    after_sleep = getattr(ops, "after_sleep", None)  # the memory handoff: exported pieces to the broker
+    handed = after_sleep() if after_sleep else {}
     ops.collect()
     done = time.perf_counter()
     gib = 1024**3
@@ -136,8 +139,11 @@ def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, 
         t_unmap - t_copy,
         done - t_unmap,
     )
+    if handed:
+        log.info("vstack sleep: %.2f GiB in %d pieces handed to the next engine", handed["handed"] / gib,
+                 handed["pieces"])  # fmt: skip
     return {"copied": copied, "reused": reused, "discarded": discarded, "changed": len(changed),
-            "seconds": done - t0}  # fmt: skip
+            "seconds": done - t0, **{f"handoff_{k}": v for k, v in handed.items()}}  # fmt: skip
 
 
 def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) -> dict[str, float]:
@@ -146,9 +152,12 @@ def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) ->
     t0 = time.perf_counter()
     moved = mapped = 0
     restored = []
-    for ptr, data in allocator.pointer_to_data.items():
-        if wanted is not None and data.tag not in wanted:
-            continue
+    chosen = [(p, d) for p, d in allocator.pointer_to_data.items() if wanted is None or d.tag in wanted]
+    before_wake = getattr(ops, "before_wake", None)  # the memory handoff: pieces another engine handed over
+    if before_wake:
+        before_wake([d.handle[1] for _p, d in chosen])
+    zero_if_reused = getattr(ops, "zero_if_reused", None)
+    for ptr, data in chosen:
         ops.map(data.handle)
         data.is_asleep = False
         mapped += data.handle[1]
@@ -157,11 +166,15 @@ def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) ->
             ops.to_device(ptr, host.data_ptr(), data.handle[1])  # runs while the next allocations map
             moved += data.handle[1]
             restored.append((data, host))
+        elif zero_if_reused:
+            zero_if_reused(ptr, data.handle[1])
     t_issued = time.perf_counter()
     ops.wait()
     for data, host in restored:
         data._vstack_host = host if keep else None
         data.cpu_backup_tensor = None
+    after_wake = getattr(ops, "after_wake", None)
+    handoff = after_wake() if after_wake else None
     done = time.perf_counter()
     gib = 1024**3
     log.info(
@@ -173,7 +186,11 @@ def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) ->
         moved / max(done - t0, 1e-9) / 1e9,
         t_issued - t0,
     )
-    return {"mapped": mapped, "moved": moved, "seconds": done - t0}
+    if handoff:
+        log.info("vstack wake: %.2f GiB mapped from pieces another engine handed over, %.2f GiB created, %d "
+                 "pieces left over", handoff["imported"] / gib, handoff["created"] / gib, handoff["left"])  # fmt: skip
+    return {"mapped": mapped, "moved": moved, "seconds": done - t0,
+            **{f"handoff_{k}": v for k, v in (handoff or {}).items()}}  # fmt: skip
 
 
 class CudaOps:
@@ -226,10 +243,19 @@ class CudaOps:
         self.torch.cuda.empty_cache()
 
 
-def _ops(allocator: Any) -> CudaOps:
+def _ops(allocator: Any) -> Any:
     ops = getattr(allocator, "_vstack_ops", None)
     if ops is None:
-        ops = allocator._vstack_ops = CudaOps()
+        ops = CudaOps()
+        path = os.environ.get(SOCKET_ENV)
+        if path:  # the manager's broker: hand memory over between engines (experimental; adr/0016)
+            from stack.patches.runtime.cuda_vmm import Driver
+            from stack.patches.runtime.sleep_handoff import HandoffOps
+
+            device = ops.torch.cuda.current_device()
+            uuid = str(ops.torch.cuda.get_device_properties(device).uuid)
+            ops = HandoffOps(ops, Driver(device), path, uuid, ops.stream.cuda_stream)
+        allocator._vstack_ops = ops
     return ops
 
 
@@ -239,6 +265,29 @@ def _sleep(self: Any, offload_tags: tuple[str, ...] | str | None = None) -> None
 
 def _wake_up(self: Any, tags: list[str] | None = None) -> None:
     wake_up(self, tags, _ops(self), keep_enabled())
+
+
+def _handed_back(method: Any) -> Any:
+    """vLLM's free or discard, after an allocation mapped from handoff pieces got a handle of vLLM's own back."""
+
+    def free(self: Any, ptr: int) -> Any:
+        ops, data = getattr(self, "_vstack_ops", None), self.pointer_to_data.get(ptr)
+        if data is not None and hasattr(ops, "restore_for_free"):
+            ops.restore_for_free(data.handle)
+        return method(self, ptr)
+
+    def discard(self: Any, tags: tuple[str, ...] | str) -> Any:
+        ops = getattr(self, "_vstack_ops", None)
+        if hasattr(ops, "restore_for_free"):
+            chosen = (tags,) if isinstance(tags, str) else tuple(tags)
+            for data in self.pointer_to_data.values():
+                if data.tag in chosen and not data.is_asleep:
+                    ops.restore_for_free(data.handle)
+        return method(self, tags)
+
+    wrapped = free if method.__name__ == "_python_free_callback" else discard
+    setattr(wrapped, MARK, "gpu-sleep-wake-at-bus-speed")
+    return wrapped
 
 
 setattr(_sleep, MARK, "gpu-sleep-wake-at-bus-speed")
@@ -258,4 +307,8 @@ def apply() -> bool:
     if getattr(cls.sleep, MARK, None):
         return False
     cls.sleep, cls.wake_up = _sleep, _wake_up
+    if os.environ.get(SOCKET_ENV):  # before the allocator exists: it keeps its free callback bound at creation
+        for name in ("_python_free_callback", "discard"):
+            if hasattr(cls, name):
+                setattr(cls, name, _handed_back(getattr(cls, name)))
     return True

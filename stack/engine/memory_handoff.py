@@ -1,0 +1,231 @@
+"""GPU memory handed from a sleeping engine to the waking one, not released to the driver (adr/0016, 2026-11-24).
+
+Memory one process releases is cleared by the driver before another process may map it (~0.3 s for the ~97
+GiB of an 8B engine at 0.7 of an H200): the floor of a sleeping switch. The runtime patch
+`gpu-sleep-wake-at-bus-speed` can instead export the physical memory it maps as file descriptors (CUDA VMM,
+POSIX_FD handles) in pieces of a few fixed sizes; this broker, in the manager's process, holds them between
+A's sleep and B's wake, and B maps them in place of fresh memory.
+
+A descriptor is the memory itself, so the broker listens on a Unix socket in a 0700 directory, checks the
+peer's uid, and holds pieces only inside a switch window the manager opens just before A's sleep and closes
+right after B's wake; outside it every piece it gets is closed at once (freed, as a release would). Nothing
+here touches CUDA: the engine side lives in stack.patches.runtime.fast_sleep_wake.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import struct
+import tempfile
+import threading
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+MIB = 1024**2
+PIECE_SIZES = (512 * MIB, 32 * MIB, 2 * MIB)  # 2 MiB: the VMM granularity every allocation is aligned to
+SOCKET_ENV = "VSTACK_SLEEP_HANDOFF_SOCKET"
+BATCH = 200  # descriptors per message: SCM_RIGHTS carries at most 253
+TIMEOUT_S = 5.0
+log = logging.getLogger("stack.engine.handoff")
+
+
+def cover(size: int) -> list[int] | None:
+    """The pieces, largest first, that map `size` bytes exactly; None where the size is not 2 MiB-aligned."""
+    if size <= 0 or size % PIECE_SIZES[-1]:
+        return None
+    out: list[int] = []
+    for piece in PIECE_SIZES:
+        n, size = divmod(size, piece)
+        out += [piece] * n
+    return out
+
+
+def _send(sock: socket.socket, header: dict, fds: list[int] | None = None) -> None:
+    socket.send_fds(sock, [json.dumps(header).encode()], fds or [])
+
+
+def _recv(sock: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _flags, _addr = socket.recv_fds(sock, 65536, BATCH + 8)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        raise ConnectionError("the other side closed the connection")
+    return json.loads(data), fds
+
+
+class HandoffBroker:
+    """Pieces by (device, size), held only while a window is open for that device."""
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="vstack-handoff-", dir=directory))  # mode 0700
+        self.path = str(self._dir / "handoff.sock")
+        self._lock = threading.Lock()
+        self._pieces: dict[tuple[str, int], list[int]] = defaultdict(list)
+        self._windows: set[str] = set()
+        self._server: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self.stats = {"received": 0, "handed": 0, "dropped": 0, "refused_peers": 0}
+
+    # -- the manager's side --------------------------------------------------------------------------
+    def start(self) -> HandoffBroker:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        server.bind(self.path)
+        os.chmod(self.path, 0o600)
+        server.listen(8)
+        self._server = server
+        self._thread = threading.Thread(target=self._serve, name="gpu memory handoff", daemon=True)
+        self._thread.start()
+        return self
+
+    def open_window(self, device: str | None = None) -> None:
+        """Keep the pieces a sleeping engine hands over (for `device`, or every device) until close_window."""
+        with self._lock:
+            self._windows.add(device or "*")
+
+    def close_window(self) -> int:
+        """End every window; the pieces nobody took are closed (freed). Returns the bytes dropped."""
+        with self._lock:
+            self._windows.clear()
+            return self._drop_locked()
+
+    def held_bytes(self, device: str | None = None) -> int:
+        with self._lock:
+            return sum(size * len(fds) for (dev, size), fds in self._pieces.items() if device in (None, dev))
+
+    def stop(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
+            self._server.close()
+            self._server = None
+        with self._lock:
+            self._windows.clear()
+            self._drop_locked()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            self._dir.rmdir()
+
+    # -- the engines' side ---------------------------------------------------------------------------
+    def _serve(self) -> None:
+        while self._server is not None:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._session, args=(conn,), daemon=True, name="handoff session").start()
+
+    def _session(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(TIMEOUT_S)
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _pid, uid, _gid = struct.unpack("3i", creds)
+            if uid != os.getuid():  # a descriptor is GPU memory: only our own engines
+                self.stats["refused_peers"] += 1
+                log.warning("memory handoff: refused a connection from uid %d", uid)
+                return
+            try:
+                header, fds = _recv(conn)
+                if header.get("op") == "put":
+                    self._put(conn, header, fds)
+                elif header.get("op") == "take":
+                    self._take(conn, header)
+            except (OSError, ValueError, ConnectionError) as exc:
+                log.warning("memory handoff: a session ended early (%s)", exc)
+
+    def _put(self, conn: socket.socket, header: dict, fds: list[int]) -> None:
+        device = str(header["device"])
+        got: list[tuple[int, int]] = []
+        try:
+            got += zip(header["sizes"], fds, strict=True)
+            while header.get("more"):
+                header, fds = _recv(conn)
+                got += zip(header["sizes"], fds, strict=True)
+        except (OSError, ValueError, ConnectionError):
+            for fd in {*fds, *(fd for _s, fd in got)}:  # a broken hand-over keeps nothing
+                os.close(fd)
+            raise
+        with self._lock:
+            keep = device in self._windows or "*" in self._windows
+            for size, fd in got:
+                if keep:
+                    self._pieces[(device, int(size))].append(fd)
+                else:
+                    os.close(fd)
+            self.stats["received" if keep else "dropped"] += len(got)
+        _send(conn, {"kept": keep, "pieces": len(got)})
+
+    def _take(self, conn: socket.socket, header: dict) -> None:
+        device = str(header["device"])
+        out: list[tuple[int, int]] = []
+        with self._lock:
+            for size, count in header["want"].items():
+                stock = self._pieces.get((device, int(size)), [])
+                n = min(int(count), len(stock))
+                out += [(int(size), stock.pop()) for _ in range(n)]
+            self.stats["handed"] += len(out)
+        try:
+            for i in range(0, max(len(out), 1), BATCH):
+                part = out[i : i + BATCH]
+                _send(conn, {"sizes": [s for s, _ in part], "more": i + BATCH < len(out)}, [fd for _, fd in part])
+        finally:
+            for _size, fd in out:  # sent (the engine holds its own copies) or not: ours are closed either way
+                os.close(fd)
+
+    def _drop_locked(self) -> int:
+        dropped = 0
+        for (_dev, size), fds in self._pieces.items():
+            for fd in fds:
+                os.close(fd)
+            dropped += size * len(fds)
+            self.stats["dropped"] += len(fds)
+        self._pieces.clear()
+        return dropped
+
+
+# -- what the engine's runtime patch calls ------------------------------------------------------------
+def _connect(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(TIMEOUT_S)
+    sock.connect(path)
+    return sock
+
+
+def put_pieces(path: str, device: str, pieces: Iterable[tuple[int, int]]) -> bool:
+    """Hand (size, fd) pieces to the broker; True if it kept them (a window is open). The caller still owns
+    and closes its descriptors; on any failure the pieces are simply not handed over (freed as a release)."""
+    pieces = list(pieces)
+    try:
+        with _connect(path) as sock:
+            for i in range(0, max(len(pieces), 1), BATCH):
+                part = pieces[i : i + BATCH]
+                _send(sock, {"op": "put", "device": device, "sizes": [s for s, _ in part],
+                             "more": i + BATCH < len(pieces)}, [fd for _, fd in part])  # fmt: skip
+            reply, _ = _recv(sock)
+            return bool(reply.get("kept"))
+    except (OSError, ValueError, ConnectionError) as exc:
+        log.warning("memory handoff: could not hand %d pieces over (%s); released instead", len(pieces), exc)
+        return False
+
+
+def take_pieces(path: str, device: str, want: dict[int, int]) -> list[tuple[int, int]]:
+    """Up to `want` {size: count} pieces from the broker as (size, fd); the caller owns the descriptors."""
+    if not want:
+        return []
+    got: list[tuple[int, int]] = []
+    try:
+        with _connect(path) as sock:
+            _send(sock, {"op": "take", "device": device, "want": {str(k): v for k, v in want.items()}})
+            more = True
+            while more:
+                header, fds = _recv(sock)
+                got += list(zip(header["sizes"], fds, strict=True))
+                more = bool(header.get("more"))
+    except (OSError, ValueError, ConnectionError) as exc:
+        log.warning("memory handoff: no pieces taken (%s); fresh memory instead", exc)
+    return got

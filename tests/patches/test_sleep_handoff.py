@@ -1,0 +1,150 @@
+"""The sleep-mode memory handoff's bookkeeping (stack/patches/runtime/sleep_handoff.py) between two engines.
+
+No GPU here: `FakeVmm` stands in for CUDA's virtual memory API over `HostDevice` buffers (the allocations'
+fixed addresses, from test_fast_sleep_wake): a handle is a block of "physical" bytes that survives unmapping,
+an exported handle is a real memfd descriptor that travels through the real broker (stack.engine.memory_handoff)
+and imports as the same block. Fresh blocks are zeroed, as the driver's are. The GPU path: bench/gpu/handoff_probe.py
+and bash bench/gpu/switch_time.sh pair.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from types import SimpleNamespace
+
+import pytest
+from vllm.device_allocator import AllocationData
+
+from stack.engine.memory_handoff import HandoffBroker
+from stack.patches.runtime import fast_sleep_wake as fsw
+from stack.patches.runtime.sleep_handoff import HandoffOps
+from tests.patches.test_fast_sleep_wake import HostDevice
+
+MIB = 1024**2
+
+
+class FakeVmm:
+    """One GPU's physical memory shared by every engine in the test."""
+
+    def __init__(self, *devices: HostDevice) -> None:
+        self.devices = devices
+        self.blocks: dict[int, bytearray] = {}
+        self.handles: dict[int, int] = {}  # handle -> block
+        self.by_inode: dict[int, int] = {}  # exported descriptor's inode -> block
+        self.mapped: dict[int, int] = {}  # address -> handle
+        self.zeroed = 0
+        self._next = 1
+
+    def _new(self, block: int) -> int:
+        self._next += 1
+        self.handles[self._next] = block
+        return self._next
+
+    def _device(self, ptr: int) -> HostDevice | None:
+        return next((d for d in self.devices if ptr in d.buffers), None)
+
+    def create(self, size: int) -> int:
+        block = len(self.blocks) + 1
+        self.blocks[block] = bytearray(size)  # cleared by the driver
+        return self._new(block)
+
+    def map(self, ptr: int, size: int, handle: int) -> None:
+        assert ptr not in self.mapped and len(self.blocks[self.handles[handle]]) == size
+        ctypes.memmove(ptr, bytes(self.blocks[self.handles[handle]]), size)
+        self.mapped[ptr] = handle
+        dev = self._device(ptr)
+        if dev is not None:  # the allocation's first piece: the address range is usable again
+            dev.mapped.add(ptr)
+
+    def unmap(self, ptr: int, size: int) -> None:
+        handle = self.mapped.pop(ptr)
+        self.blocks[self.handles[handle]][:] = ctypes.string_at(ptr, size)  # the memory keeps what was written
+        ctypes.memset(ptr, 0xDD, size)
+        dev = self._device(ptr)
+        if dev is not None:
+            dev.mapped.discard(ptr)
+
+    def release(self, handle: int) -> None:
+        del self.handles[handle]
+
+    def export(self, handle: int) -> int:
+        fd = os.memfd_create("piece")
+        self.by_inode[os.fstat(fd).st_ino] = self.handles[handle]
+        return fd
+
+    def import_fd(self, fd: int) -> int:
+        return self._new(self.by_inode[os.fstat(fd).st_ino])
+
+    def zero(self, ptr: int, size: int, stream: int = 0) -> None:
+        ctypes.memset(ptr, 0, size)
+        self.zeroed += size
+
+
+def engine(dev: HostDevice, sizes: list[tuple[str, int]], fill: int) -> SimpleNamespace:
+    table = {}
+    for i, (tag, size) in enumerate(sizes):
+        ptr = dev.allocate(size, fill=fill + i)
+        table[ptr] = AllocationData((0, size, ptr, 1000 + i), tag)
+    return SimpleNamespace(pointer_to_data=table, default_tag="default")
+
+
+def tagged(alloc, tag: str) -> dict[int, bytes]:
+    return {p: ctypes.string_at(p, d.handle[1]) for p, d in alloc.pointer_to_data.items() if d.tag == tag}
+
+
+@pytest.fixture
+def gpu(tmp_path):
+    broker = HandoffBroker(tmp_path).start()
+    dev_a, dev_b = HostDevice(), HostDevice()
+    vmm = FakeVmm(dev_a, dev_b)
+    a = engine(dev_a, [("weights", 34 * MIB), ("weights", 4 * MIB), ("kv_cache", 64 * MIB)], fill=1)
+    b = engine(dev_b, [("weights", 6 * MIB), ("kv_cache", 66 * MIB)], fill=0x51)
+    ops_a = HandoffOps(dev_a, vmm, broker.path, "gpu-0")
+    ops_b = HandoffOps(dev_b, vmm, broker.path, "gpu-0")
+    try:
+        yield SimpleNamespace(broker=broker, vmm=vmm, a=a, b=b, ops_a=ops_a, ops_b=ops_b, dev_b=dev_b)
+    finally:
+        broker.stop()
+
+
+def test_b_wakes_in_the_memory_a_handed_over_with_its_weights_exact_and_its_kv_cache_zeroed(gpu) -> None:
+    weights_a, weights_b = tagged(gpu.a, "weights"), tagged(gpu.b, "weights")
+    # Both engines slept once (vLLM's own memory, released as upstream does); B stays asleep.
+    fsw.sleep(gpu.a, ("weights",), gpu.ops_a, keep=True)
+    fsw.sleep(gpu.b, ("weights",), gpu.ops_b, keep=True)
+    woke = fsw.wake_up(gpu.a, None, gpu.ops_a, keep=True)  # nothing handed over yet: fresh pieces
+    assert woke["handoff_imported"] == 0 and woke["handoff_created"] == 102 * MIB
+    assert tagged(gpu.a, "weights") == weights_a
+
+    gpu.broker.open_window("gpu-0")  # the manager: a switch A -> B begins
+    slept = fsw.sleep(gpu.a, ("weights",), gpu.ops_a, keep=True)
+    assert slept["copied"] == 0 and slept["handoff_handed"] == 102 * MIB  # release-only, memory kept
+    assert gpu.broker.held_bytes("gpu-0") == 102 * MIB
+
+    woke = fsw.wake_up(gpu.b, None, gpu.ops_b, keep=True)
+    # A left 3 x 32 + 3 x 2 MiB pieces; B's 6 + 66 MiB want 2 x 32 + 4 x 2: one 2 MiB piece is created fresh.
+    assert woke["handoff_imported"] == 70 * MIB and woke["handoff_created"] == 2 * MIB
+    assert tagged(gpu.b, "weights") == weights_b  # the host copy overwrote A's bytes
+    assert all(v == b"\0" * len(v) for v in tagged(gpu.b, "kv_cache").values())  # A's data is not readable in B
+    assert gpu.vmm.zeroed == 66 * MIB
+    assert gpu.broker.close_window() == 32 * MIB  # what B did not need is freed when the switch ends
+    assert gpu.broker.held_bytes() == 0
+
+
+def test_outside_a_window_a_sleep_frees_its_memory(gpu) -> None:
+    fsw.sleep(gpu.a, ("weights",), gpu.ops_a, keep=True)
+    fsw.wake_up(gpu.a, None, gpu.ops_a, keep=True)
+    slept = fsw.sleep(gpu.a, ("weights",), gpu.ops_a, keep=True)  # e.g. an idle sleep: no switch waits
+    assert slept["handoff_handed"] == 0 and slept["handoff_pieces"] > 0 and gpu.broker.held_bytes() == 0
+    woke = fsw.wake_up(gpu.a, None, gpu.ops_a, keep=True)
+    assert woke["handoff_imported"] == 0
+
+
+def test_vllm_freeing_an_allocation_mapped_from_pieces_gets_its_own_handle_back(gpu) -> None:
+    fsw.sleep(gpu.b, ("weights",), gpu.ops_b, keep=True)
+    fsw.wake_up(gpu.b, None, gpu.ops_b, keep=True)
+    ptr, data = next(iter(gpu.b.pointer_to_data.items()))
+    assert ptr in gpu.ops_b.ours and ptr in gpu.vmm.mapped
+    gpu.ops_b.restore_for_free(data.handle)  # what the patched free callback does before vLLM's C unmaps
+    assert ptr not in gpu.ops_b.ours and ptr not in gpu.vmm.mapped and ptr in gpu.dev_b.mapped  # vLLM's map
