@@ -116,7 +116,7 @@ class Bench:
     """The manager in a thread with its own loop, over LocalEngines it starts (sleep mode on)."""
 
     def __init__(self, models: dict[str, Path], utilization: float, max_len: int, logs: Path,
-                 launcher: list[str], patched: bool = True) -> None:  # fmt: skip
+                 launcher: list[str], patched: bool = True, handoff: bool = False) -> None:  # fmt: skip
         import psutil
 
         from stack.config import load_config
@@ -142,7 +142,14 @@ class Bench:
         # (stack.engine.launch); raw vLLM: the same command with every runtime patch off.
         env = {"VLLM_SERVER_DEV_MODE": "1", **(sleep_copy_env({**engine, "enable_sleep_mode": True}) if patched
                                               else {"VSTACK_RUNTIME_PATCHES": "0"})}  # fmt: skip
-        tag = "" if patched else "raw-"
+        tag = "handoff-" if handoff else "" if patched else "raw-"
+        # manager.sleep_handoff (experimental): a broker here, its socket in the patched engines' environment.
+        self.broker = None
+        if handoff:
+            from stack.engine.memory_handoff import SOCKET_ENV, HandoffBroker
+
+            self.broker = HandoffBroker().start()
+            env = {**env, SOCKET_ENV: self.broker.path}
         slots = []
         for name, folder in models.items():
             argv = [*launcher, "serve", str(folder), "--host", "127.0.0.1", "--port", "0", "--served-model-name",
@@ -163,6 +170,7 @@ class Bench:
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         self.manager = ModelManager(slots, self.settings, self.capacity, probe=NvmlProbe(), startup_timeout_s=900,
                                     stop_grace_s=15)  # fmt: skip
+        self.manager.handoff = self.broker
 
     def call(self, coro, timeout: float = 1800):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
@@ -215,6 +223,8 @@ class Bench:
 
     def close(self) -> None:
         self.call(self.manager.shutdown())
+        if self.broker is not None:
+            self.broker.stop()
 
 
 def free_port() -> int:
@@ -238,7 +248,8 @@ def _cycle(order: list[str], cur: str) -> list[str]:
 def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path, launcher: list[str],
         sides: set[str] | None = None) -> dict:  # fmt: skip
     """`sides`: "ours" (the manager on patched engines, and vLLM's endpoints by hand on those same engines:
-    raw-patched) and "raw" (vLLM unpatched, its own engines started after ours are gone); both by default."""
+    raw-patched), "handoff" (the manager with manager.sleep_handoff on patched engines, sequential switches:
+    adr/0016) and "raw" (vLLM unpatched, its own engines started after ours are gone); ours and raw by default."""
     sides = sides or {"ours", "raw"}
     names = SCENARIOS[scenario]
     logs = work / "logs"
@@ -287,6 +298,17 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                         cur = n
             finally:
                 b.close()
+        if "handoff" in sides:  # sequential switches with the memory handed over (manager.sleep_handoff)
+            b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True)
+            try:
+                cur = start_all(b, "vstack-handoff")
+                b.manager.settings = b.settings.model_copy(update={"overlap_wake": False})
+                for r in range(repeat):
+                    for n in _cycle(order, cur):
+                        record({"side": "vstack-handoff", "round": r, "from": cur, **b.request(n)}, cur, n)
+                        cur = n
+            finally:
+                b.close()
         if "raw" in sides:
             b = Bench(models, utilization, max_len, logs, launcher, patched=False)
             try:
@@ -304,7 +326,7 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     return result
 
 
-SIDES = ("vstack", "vstack-sequential", "raw-patched", "raw")
+SIDES = ("vstack", "vstack-sequential", "vstack-handoff", "raw-patched", "raw")
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -317,7 +339,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     for row in out.values():
         for side in SIDES:
             row[side] = median(row[side])
-        ours = [row[side] for side in ("vstack", "vstack-sequential") if row[side]]
+        ours = [row[side] for side in ("vstack", "vstack-sequential", "vstack-handoff") if row[side]]
         row["best_vstack"] = min(ours) if ours else None
         row["ratio_vstack_to_raw"] = round(row["vstack"] / row["raw"], 3) if row["vstack"] and row["raw"] else None
         row["ratio_best_to_raw"] = round(row["best_vstack"] / row["raw"], 3) if ours and row["raw"] else None

@@ -25,6 +25,7 @@ from stack.config.schema import StackConfig
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.launch import EnginePlan, free_port, log_path_for, plan_engine
+from stack.engine.memory_handoff import SOCKET_ENV, HandoffBroker
 from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
 from stack.engine.sleep_copy import KEEP_ENV
 from stack.errors import EngineError, StackError
@@ -237,14 +238,33 @@ def supervisor(planned: PlannedStack) -> EngineSupervisor:
     preload = set(cfg.manager.preload or [])
     wanted = lambda p: not preload or p.resolved.served_name in preload or p.resolved.model.name in preload  # noqa: E731
     cluster = planned.cluster
+    handoff = handoff_broker(cfg, planned)
     engines = [managed(cfg, planned.default, True, site, cluster)] + [
         managed(cfg, p, bool(preload) and wanted(p), site, cluster) for p in planned.others
     ]
     sleep = any(e.can_sleep for e in engines)
     capacity = Capacity(capacity_bytes(cfg.manager, hardware), sleep_supported=sleep,
                         host_budget=host_budget_bytes(cfg.manager, hardware, len(engines)))  # fmt: skip
-    return EngineSupervisor(engines, cfg.startup_timeout_s, cfg.stop_grace_s, cfg.manager, capacity,
-                            NvmlProbe() if hardware.gpus else None, cfg.gateway.retry_after_s)  # fmt: skip
+    sup = EngineSupervisor(engines, cfg.startup_timeout_s, cfg.stop_grace_s, cfg.manager, capacity,
+                           NvmlProbe() if hardware.gpus else None, cfg.gateway.retry_after_s)  # fmt: skip
+    sup.manager.handoff = handoff
+    return sup
+
+
+def handoff_broker(cfg: StackConfig, planned: PlannedStack) -> HandoffBroker | None:
+    """manager.sleep_handoff (experimental): the broker through which a sleeping engine's GPU memory goes to
+    the engine waking in its place; its socket is put in every sleeping engine's environment. Local GPU
+    engines only: a container or a Ray node cannot reach a socket of this process."""
+    plans = [planned.default, *planned.others]
+    sleepers = [p for p in plans if sleep_mode(cfg, p)]
+    if not cfg.manager.sleep_handoff or cfg.manager.runtime != "local" or len(sleepers) < 2:
+        return None
+    broker = HandoffBroker().start()
+    for plan in sleepers:
+        plan.env[SOCKET_ENV] = broker.path
+    logging.getLogger("stack.gateway").info("sleep handoff (experimental): GPU memory handed between %d engines "
+                                            "through %s", len(sleepers), broker.path)  # fmt: skip
+    return broker
 
 
 def build_gateway(planned: PlannedStack, on_startup: list | None = None) -> tuple[FastAPI, EngineSupervisor]:
@@ -252,7 +272,8 @@ def build_gateway(planned: PlannedStack, on_startup: list | None = None) -> tupl
     sup = supervisor(planned)
     warn_if_open(planned.cfg)
     app = create_app(planned.cfg.gateway, default_model=planned.default.resolved.served_name,
-                     on_startup=[sup.start, *(on_startup or [])], on_shutdown=[sup.stop],
+                     on_startup=[sup.start, *(on_startup or [])],
+                     on_shutdown=[sup.stop, *([sup.manager.handoff.stop] if sup.manager.handoff else [])],
                      manager=sup.manager)  # fmt: skip
     return app, sup
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from stack.config.sections.manager import ManagerConfig
+from stack.engine.memory_handoff import HandoffBroker
 from stack.engine.runtime import logs_of
 from stack.errors import EngineError
 from stack.manager.errors import ModelUnavailable
@@ -88,6 +89,7 @@ class ModelManager:
         self._last_group: str | None = None
         self.decisions: list[dict] = []  # the last switch decisions with their reasons, for /admin/models
         self.stopping = False
+        self.handoff: HandoffBroker | None = None  # manager.sleep_handoff: set by the composition root
         self.assign_tiers()
 
     def assign_tiers(self) -> None:
@@ -217,11 +219,7 @@ class ModelManager:
                 if order.overlap:
                     woke = await self._overlapped(slot, self.slots[plan.evict[0].name], phases)
                 else:
-                    for e in plan.evict:
-                        t = self.clock()
-                        await self.evict(self.slots[e.name], e.action)
-                        phases[f"{e.action}_{e.name}_s"] = round(self.clock() - t, 3)
-                    woke = slot.state != S.SLEEPING or await self._wake(slot, phases)
+                    woke = await self._sequential(slot, plan, phases)
                 if not woke:
                     kind = SwitchKind.COLD
                 if slot.state != S.READY:
@@ -268,6 +266,23 @@ class ModelManager:
             raise EngineError(f"model {slot.name!r} {detail}")
         return plan
 
+    async def _sequential(self, slot: Slot, plan, phases: dict[str, float]) -> bool:
+        """Evict, then wake the target if it sleeps. With the memory handoff (manager.sleep_handoff) the
+        evicted engines' memory is held for the target's wake inside this window, and freed when it ends."""
+        window = self.handoff if slot.state == S.SLEEPING else None
+        if window is not None:
+            window.open_window()
+        try:
+            for e in plan.evict:
+                t = self.clock()
+                await self.evict(self.slots[e.name], e.action)
+                phases[f"{e.action}_{e.name}_s"] = round(self.clock() - t, 3)
+            return slot.state != S.SLEEPING or await self._wake(slot, phases)
+        finally:
+            if window is not None:
+                left = window.close_window()
+                phases["handoff_left_gib"] = round(left / 2**30, 2)
+
     def order_for(self, slot: Slot, plan) -> Order:
         """Overlap or sequential (stack.manager.tiers.switch_order), from the memory held right now: the
         target asleep, exactly one model put to sleep for it, its weights fitting beside everything awake."""
@@ -303,7 +318,9 @@ class ModelManager:
             try:
                 await asyncio.to_thread(victim.runtime.sleep, level)
                 self._slept(victim, level)
-                if self._verify_sleep(victim, before, self.probe.used(), 0):
+                # Memory handed over for the next wake is still in use on the GPU, but no longer this engine's.
+                handed = self.handoff.held_bytes() if self.handoff is not None else 0
+                if self._verify_sleep(victim, before, self.probe.used(), handed):
                     return
             except EngineError as exc:
                 log.warning("sleep of %s failed (%s): stopping it", victim.name, exc.message)

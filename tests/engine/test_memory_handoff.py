@@ -95,3 +95,34 @@ def test_the_socket_is_ours_alone(broker) -> None:
     assert os.stat(os.path.dirname(broker.path)).st_mode & 0o777 == 0o700
     broker.stop()
     assert not os.path.exists(broker.path)
+
+
+def test_the_composition_root_wires_the_broker_only_where_it_is_asked_for_and_can_work() -> None:
+    from types import SimpleNamespace
+
+    from stack.assemble import handoff_broker
+    from stack.config import load_config
+
+    def plan(accelerator: str = "gpu", sleep: bool = True) -> SimpleNamespace:
+        hardware = SimpleNamespace(accelerator=accelerator)
+        resolved = SimpleNamespace(engine={"enable_sleep_mode": sleep}, hardware=hardware)
+        return SimpleNamespace(resolved=resolved, env={})
+
+    def stack() -> SimpleNamespace:
+        return SimpleNamespace(default=plan(), others=[plan(), plan("gpu", sleep=False)])
+
+    off = load_config(text='{"manager": {"sleep_handoff": false}}')
+    assert handoff_broker(off, stack()) is None  # experimental: off by default
+    assert load_config().manager.sleep_handoff is False
+    docker = load_config(text='{"manager": {"sleep_handoff": true, "runtime": "docker"}}')
+    assert handoff_broker(docker, stack()) is None  # a container cannot reach this process's socket
+    on = load_config(text='{"manager": {"sleep_handoff": true}}')
+    planned = stack()
+    broker = handoff_broker(on, planned)
+    try:
+        assert broker is not None
+        sleepers = [planned.default, *planned.others[:1]]
+        assert all(p.env[mh.SOCKET_ENV] == broker.path for p in sleepers)
+        assert mh.SOCKET_ENV not in planned.others[1].env  # an engine that never sleeps gets nothing
+    finally:
+        broker.stop()

@@ -132,6 +132,10 @@ class ManagerConfig(BaseModel):
     overlap_wake: bool = Field(
         True, description="wake the target's weights while the evicted model sleeps when they fit beside it"
     )
+    sleep_handoff: bool = Field(
+        False, description="experimental (adr/0016): a sleeping engine hands its GPU memory to the engine waking "
+        "in its place (no driver clearing between them); local GPU engines only, until measured on the GPU",
+    )
     sleep_min_freed: float = Field(
         0.5, gt=0, le=1, description="after a sleep NVML must show this fraction of the engine's memory freed"
     )

@@ -1,0 +1,92 @@
+"""The manager's side of the sleep-mode memory handoff (manager.sleep_handoff, adr/0016): a window around a
+sequential switch to a sleeping model, the handed-over bytes counted as freed when the evicted model's sleep is
+verified, nothing held once the switch ends. Stand-in engines on a fake GPU hand real memfd descriptors through
+the real broker, as the runtime patch does with exported CUDA memory on the lent GPU."""
+
+from __future__ import annotations
+
+import os
+
+from stack.engine.memory_handoff import HandoffBroker, put_pieces, take_pieces
+from stack.manager.states import ModelState
+
+from .conftest import GIB, FakeGpu, StandIn, run
+from .test_switch_order import gpu_manager, serve
+
+S = ModelState
+PIECE = 512 * 1024**2
+
+
+class HandingGpu(FakeGpu):
+    broker: HandoffBroker | None = None
+
+    def used(self) -> int | None:  # what the broker holds is still in use on the GPU
+        return super().used() + (self.broker.held_bytes() if self.broker else 0)
+
+
+class HandingStandIn(StandIn):
+    """Sleeps hand its memory to the broker (kept inside a window, else freed); wakes take what is there."""
+
+    def __init__(self, name: str, need: int, gpu: HandingGpu) -> None:
+        super().__init__(name, need=need, gpu=gpu)
+        self.broker_path = ""
+        self.handed: list[bool] = []
+        self.taken: list[int] = []
+
+    def sleep(self, level: int = 1, timeout: float = 120) -> None:
+        super().sleep(level, timeout)
+        fds = [os.memfd_create("piece") for _ in range(self.need // PIECE)]
+        self.handed.append(put_pieces(self.broker_path, "gpu-0", [(PIECE, fd) for fd in fds]))
+        for fd in fds:
+            os.close(fd)
+
+    def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
+        got = take_pieces(self.broker_path, "gpu-0", {PIECE: self.need // PIECE})
+        self.taken.append(len(got) * PIECE)
+        for _size, fd in got:
+            os.close(fd)
+        super().wake_up(tags, timeout)
+
+
+def test_a_switch_to_a_sleeping_model_hands_the_memory_over_and_keeps_nothing_after(tmp_path) -> None:
+    gpu = HandingGpu()
+    broker = HandoffBroker(tmp_path).start()
+    gpu.broker = broker
+    # 70 GiB each on 80: B's 15 GiB of weights do not fit beside A, so the switch is sequential.
+    a, b = HandingStandIn("a", 70 * GIB, gpu), HandingStandIn("b", 70 * GIB, gpu)
+    for e in (a, b):
+        e.weights, e.broker_path = 15 * GIB, broker.path
+    mgr = gpu_manager([a, b], gpu, capacity_gib=80)
+    mgr.handoff = broker
+    try:
+        run(serve(mgr, "b"))
+        run(serve(mgr, "a"))  # a cold start: no wake to hand memory to, so b's sleep frees its memory
+        assert b.handed == [False] and broker.held_bytes() == 0
+        run(serve(mgr, "b"))  # a -> b, b asleep: a's sleep hands its memory to b's wake
+    finally:
+        broker.stop()
+    assert a.handed == [True] and b.taken[-1] == 70 * GIB
+    # NVML still showed a's 70 GiB in use after its sleep (the broker held it): counted as freed, not stopped.
+    assert mgr.slots["a"].state == S.SLEEPING and a.starts == 1
+    assert mgr.slots["b"].state == S.READY
+    assert mgr.slots["b"].last_switch["phases"]["handoff_left_gib"] == 0.0
+    assert broker.held_bytes() == 0 and broker.stats["handed"] == 140
+
+
+def test_without_the_window_the_same_sleep_would_not_count_as_freed(tmp_path) -> None:
+    """The control: the broker keeps the memory but the manager does not know (no `handoff`): NVML shows the
+    sleep freed nothing and the manager stops the engine instead, as it must for a sleep that frees nothing."""
+    gpu = HandingGpu()
+    broker = HandoffBroker(tmp_path).start()
+    gpu.broker = broker
+    a, b = HandingStandIn("a", 70 * GIB, gpu), HandingStandIn("b", 70 * GIB, gpu)
+    for e in (a, b):
+        e.weights, e.broker_path = 15 * GIB, broker.path
+    mgr = gpu_manager([a, b], gpu, capacity_gib=80)
+    broker.open_window()  # held outside the manager's knowledge
+    try:
+        run(serve(mgr, "b"))
+        run(serve(mgr, "a"))
+    finally:
+        broker.stop()
+    assert mgr.slots["b"].state == S.STOPPED
