@@ -48,15 +48,19 @@ class HandingStandIn(StandIn):
         super().wake_up(tags, timeout)
 
 
-def test_a_switch_to_a_sleeping_model_hands_the_memory_over_and_keeps_nothing_after(tmp_path) -> None:
+def two_engines(tmp_path) -> tuple[HandoffBroker, HandingStandIn, HandingStandIn, object]:
+    """70 GiB each on 80: B's 15 GiB of weights do not fit beside A, so a switch between them is sequential."""
     gpu = HandingGpu()
     broker = HandoffBroker(tmp_path).start()
     gpu.broker = broker
-    # 70 GiB each on 80: B's 15 GiB of weights do not fit beside A, so the switch is sequential.
     a, b = HandingStandIn("a", 70 * GIB, gpu), HandingStandIn("b", 70 * GIB, gpu)
     for e in (a, b):
         e.weights, e.broker_path = 15 * GIB, broker.path
-    mgr = gpu_manager([a, b], gpu, capacity_gib=80)
+    return broker, a, b, gpu_manager([a, b], gpu, capacity_gib=80)
+
+
+def test_a_switch_to_a_sleeping_model_hands_the_memory_over_and_keeps_nothing_after(tmp_path) -> None:
+    broker, a, b, mgr = two_engines(tmp_path)
     mgr.handoff = broker
     try:
         run(serve(mgr, "b"))
@@ -76,13 +80,7 @@ def test_a_switch_to_a_sleeping_model_hands_the_memory_over_and_keeps_nothing_af
 def test_without_the_window_the_same_sleep_would_not_count_as_freed(tmp_path) -> None:
     """The control: the broker keeps the memory but the manager does not know (no `handoff`): NVML shows the
     sleep freed nothing and the manager stops the engine instead, as it must for a sleep that frees nothing."""
-    gpu = HandingGpu()
-    broker = HandoffBroker(tmp_path).start()
-    gpu.broker = broker
-    a, b = HandingStandIn("a", 70 * GIB, gpu), HandingStandIn("b", 70 * GIB, gpu)
-    for e in (a, b):
-        e.weights, e.broker_path = 15 * GIB, broker.path
-    mgr = gpu_manager([a, b], gpu, capacity_gib=80)
+    broker, _a, _b, mgr = two_engines(tmp_path)
     broker.open_window()  # held outside the manager's knowledge
     try:
         run(serve(mgr, "b"))
