@@ -34,6 +34,19 @@ TIMEOUT_S = 5.0
 log = logging.getLogger("stack.engine.handoff")
 
 
+def allow_many_descriptors(wanted: int = 65536) -> int:
+    """Raise this process's soft limit on open files toward `wanted` (within the hard limit): an 8B engine's
+    memory is ~1,100 pieces, one descriptor each, beyond the usual soft limit of 1,024. Returns the limit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return target
+    return soft
+
+
 def cover(size: int) -> list[int] | None:
     """The pieces, largest first, that map `size` bytes exactly; None where the size is not 2 MiB-aligned."""
     if size <= 0 or size % PIECE_SIZES[-1]:
@@ -73,6 +86,7 @@ class HandoffBroker:
 
     # -- the manager's side --------------------------------------------------------------------------
     def start(self) -> HandoffBroker:
+        allow_many_descriptors()
         server = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         server.bind(self.path)
         os.chmod(self.path, 0o600)

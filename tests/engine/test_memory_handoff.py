@@ -126,3 +126,15 @@ def test_the_composition_root_wires_the_broker_only_where_it_is_asked_for_and_ca
         assert mh.SOCKET_ENV not in planned.others[1].env  # an engine that never sleeps gets nothing
     finally:
         broker.stop()
+
+
+def test_the_broker_may_hold_an_engines_worth_of_descriptors() -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        assert mh.allow_many_descriptors(4096) == min(4096, hard)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= min(4096, hard) > 1100
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

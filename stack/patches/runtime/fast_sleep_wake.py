@@ -249,12 +249,15 @@ def _ops(allocator: Any) -> Any:
         ops = CudaOps()
         path = os.environ.get(SOCKET_ENV)
         if path:  # the manager's broker: hand memory over between engines (experimental; adr/0016)
+            from stack.engine.memory_handoff import allow_many_descriptors
             from stack.patches.runtime.cuda_vmm import Driver
             from stack.patches.runtime.sleep_handoff import HandoffOps
 
+            allow_many_descriptors()  # one descriptor per piece while they pass through this process
             device = ops.torch.cuda.current_device()
             uuid = str(ops.torch.cuda.get_device_properties(device).uuid)
-            ops = HandoffOps(ops, Driver(device), path, uuid, ops.stream.cuda_stream)
+            # own_context: the device's primary context made current on this thread, the one torch uses
+            ops = HandoffOps(ops, Driver(device, own_context=True), path, uuid, ops.stream.cuda_stream)
         allocator._vstack_ops = ops
     return ops
 
