@@ -312,19 +312,22 @@ class ModelManager:
             return
         self.metrics.evictions.labels(victim.name, str(action)).inc()
         if action == Evict.SLEEP and victim.state == S.READY and victim.sleeps:
-            before = self.probe.used()
+            before, held = self.probe.used(), self._held()
             level = victim.tier.sleep_level or 1
             self.move(victim, S.SLEEPING, f"sleep level {level}")
             try:
                 await asyncio.to_thread(victim.runtime.sleep, level)
                 self._slept(victim, level)
-                # Memory handed over for the next wake is still in use on the GPU, but no longer this engine's.
-                handed = self.handoff.held_bytes() if self.handoff is not None else 0
-                if self._verify_sleep(victim, before, self.probe.used(), handed):
+                # Memory this sleep handed over for the next wake is still in use on the GPU, but not this engine's.
+                if self._verify_sleep(victim, before, self.probe.used(), self._held() - held):
                     return
             except EngineError as exc:
                 log.warning("sleep of %s failed (%s): stopping it", victim.name, exc.message)
         await self.stop_engine(victim, "evicted" if action == Evict.STOP else "sleep did not free memory; stopped")
+
+    def _held(self) -> int:
+        """Bytes the memory-handoff broker holds for a wake (manager.sleep_handoff), 0 without it."""
+        return self.handoff.held_bytes() if self.handoff is not None else 0
 
     def _verify_sleep(self, victim: Slot, before: int | None, after: int | None, grown: int) -> bool:
         """True when the sleep is done with: NVML shows its memory freed (`grown`: bytes another engine mapped
