@@ -88,3 +88,25 @@ def test_without_the_window_the_same_sleep_would_not_count_as_freed(tmp_path) ->
     finally:
         broker.stop()
     assert mgr.slots["b"].state == S.STOPPED
+
+
+def test_each_sleep_is_credited_only_with_what_it_handed_over(tmp_path) -> None:
+    """Two models make room for a third in one window: the first hands its memory over, the second's sleep frees
+    nothing and hands nothing. The broker's holdings from the first must not pass the second's check."""
+    gpu = HandingGpu()
+    broker = HandoffBroker(tmp_path).start()
+    gpu.broker = broker
+    a, b, c = (HandingStandIn(n, need * GIB, gpu) for n, need in (("a", 35), ("b", 35), ("c", 70)))
+    for e in (a, b, c):
+        e.weights, e.broker_path = 10 * GIB, broker.path
+    b.broker_path, b.stuck_sleep = str(tmp_path / "nowhere.sock"), True
+    mgr = gpu_manager([a, b, c], gpu, capacity_gib=80)
+    mgr.handoff = broker
+    try:
+        for name in ("c", "a", "b", "c"):  # the last: c asleep, a and b both evicted for it
+            run(serve(mgr, name))
+    finally:
+        broker.stop()
+    assert a.handed[-1] is True and mgr.slots["a"].state == S.SLEEPING
+    assert mgr.slots["b"].state == S.STOPPED  # its sleep freed nothing: stopped, not credited with a's bytes
+    assert mgr.slots["c"].state == S.READY
