@@ -74,12 +74,31 @@ def ray_gateway_for(cfg, default: str) -> Iterator[tuple[Gateway, object]]:
         for slot in sup.manager.slots.values():
             describe = getattr(slot.runtime, "describe", None)
             record(pids, describe()["replicas"] if describe else [])
-        left = [p for pid, port in pids if ours(pid, port) for p in stop_process_tree(pid, 5)]
+        left = [p for pid, port in pids if ours(pid, port) or orphans(pid) for p in stop_process_tree(pid, 5)]
         assert left == [], f"engine processes left running: {left}"
 
 
 def record(pids: set[tuple[int, str]], replicas: list[dict]) -> None:
     pids.update((r["pid"], r["url"].rsplit(":", 1)[-1]) for r in replicas if r["pid"] and r["url"])
+
+
+def orphans(pid: int) -> bool:
+    """An engine killed with its node (SIGKILL, as its actor died) leaves vLLM's engine-core child running in the
+    engine's process group (its id: the engine's pid, a session leader we started): stopped with the group."""
+    import sys
+
+    import psutil
+
+    if psutil.pid_exists(pid):
+        return False
+    me = os.path.realpath(sys.executable)
+    for proc in psutil.process_iter(["pid", "exe"]):
+        try:
+            if os.getpgid(proc.pid) == pid and os.path.realpath(proc.info["exe"] or "") == me:
+                return True
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return False
 
 
 def ours(pid: int, port: str) -> bool:
