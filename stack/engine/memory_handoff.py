@@ -71,6 +71,30 @@ def _recv(sock: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), fds
 
 
+def _send_pieces(sock: socket.socket, header: dict, pieces: list[tuple[int, int]]) -> None:
+    """(size, fd) pieces in messages of at most BATCH descriptors, each with `header`, its sizes and `more`."""
+    for i in range(0, max(len(pieces), 1), BATCH):
+        part = pieces[i : i + BATCH]
+        _send(sock, {**header, "sizes": [s for s, _ in part], "more": i + BATCH < len(pieces)}, [fd for _, fd in part])
+
+
+def _recv_pieces(sock: socket.socket, first: tuple[dict, list[int]] | None = None) -> list[tuple[int, int]]:
+    """The (size, fd) pieces of the messages _send_pieces sent (from `first`, when already read). On a broken
+    transfer every descriptor received so far is closed: a partial hand-over keeps nothing."""
+    header, fds = first or _recv(sock)
+    got: list[tuple[int, int]] = []
+    try:
+        got += zip(header["sizes"], fds, strict=True)
+        while header.get("more"):
+            header, fds = _recv(sock)
+            got += zip(header["sizes"], fds, strict=True)
+    except (OSError, ValueError, ConnectionError):
+        for fd in {*fds, *(fd for _s, fd in got)}:
+            os.close(fd)
+        raise
+    return got
+
+
 class HandoffBroker:
     """Pieces by (device, size), held only while a window is open for that device."""
 
@@ -154,16 +178,7 @@ class HandoffBroker:
 
     def _put(self, conn: socket.socket, header: dict, fds: list[int]) -> None:
         device = str(header["device"])
-        got: list[tuple[int, int]] = []
-        try:
-            got += zip(header["sizes"], fds, strict=True)
-            while header.get("more"):
-                header, fds = _recv(conn)
-                got += zip(header["sizes"], fds, strict=True)
-        except (OSError, ValueError, ConnectionError):
-            for fd in {*fds, *(fd for _s, fd in got)}:  # a broken hand-over keeps nothing
-                os.close(fd)
-            raise
+        got = _recv_pieces(conn, (header, fds))
         with self._lock:
             keep = device in self._windows or "*" in self._windows
             for size, fd in got:
@@ -184,9 +199,7 @@ class HandoffBroker:
                 out += [(int(size), stock.pop()) for _ in range(n)]
             self.stats["handed"] += len(out)
         try:
-            for i in range(0, max(len(out), 1), BATCH):
-                part = out[i : i + BATCH]
-                _send(conn, {"sizes": [s for s, _ in part], "more": i + BATCH < len(out)}, [fd for _, fd in part])
+            _send_pieces(conn, {}, out)
         finally:
             for _size, fd in out:  # sent (the engine holds its own copies) or not: ours are closed either way
                 os.close(fd)
@@ -216,10 +229,7 @@ def put_pieces(path: str, device: str, pieces: Iterable[tuple[int, int]]) -> boo
     pieces = list(pieces)
     try:
         with _connect(path) as sock:
-            for i in range(0, max(len(pieces), 1), BATCH):
-                part = pieces[i : i + BATCH]
-                _send(sock, {"op": "put", "device": device, "sizes": [s for s, _ in part],
-                             "more": i + BATCH < len(pieces)}, [fd for _, fd in part])  # fmt: skip
+            _send_pieces(sock, {"op": "put", "device": device}, pieces)
             reply, _ = _recv(sock)
             return bool(reply.get("kept"))
     except (OSError, ValueError, ConnectionError) as exc:
@@ -231,15 +241,10 @@ def take_pieces(path: str, device: str, want: dict[int, int]) -> list[tuple[int,
     """Up to `want` {size: count} pieces from the broker as (size, fd); the caller owns the descriptors."""
     if not want:
         return []
-    got: list[tuple[int, int]] = []
     try:
         with _connect(path) as sock:
             _send(sock, {"op": "take", "device": device, "want": {str(k): v for k, v in want.items()}})
-            more = True
-            while more:
-                header, fds = _recv(sock)
-                got += list(zip(header["sizes"], fds, strict=True))
-                more = bool(header.get("more"))
+            return _recv_pieces(sock)
     except (OSError, ValueError, ConnectionError) as exc:
         log.warning("memory handoff: no pieces taken (%s); fresh memory instead", exc)
-    return got
+        return []
