@@ -270,8 +270,8 @@ def _wake_up(self: Any, tags: list[str] | None = None) -> None:
     wake_up(self, tags, _ops(self), keep_enabled())
 
 
-def _handed_back(method: Any) -> Any:
-    """vLLM's free or discard, after an allocation mapped from handoff pieces got a handle of vLLM's own back."""
+def _free_handed_back(method: Any) -> Any:
+    """vLLM's free callback, after an allocation mapped from handoff pieces got a handle of vLLM's own back."""
 
     def free(self: Any, ptr: int) -> Any:
         ops, data = getattr(self, "_vstack_ops", None), self.pointer_to_data.get(ptr)
@@ -279,18 +279,24 @@ def _handed_back(method: Any) -> Any:
             ops.restore_for_free(data.handle)
         return method(self, ptr)
 
+    setattr(free, MARK, "gpu-sleep-wake-at-bus-speed")
+    return free
+
+
+def _discard_handed_back(method: Any) -> Any:
+    """vLLM's discard (0.32+), after the awake allocations it discards got handles of vLLM's own back."""
+
     def discard(self: Any, tags: tuple[str, ...] | str) -> Any:
         ops = getattr(self, "_vstack_ops", None)
         if hasattr(ops, "restore_for_free"):
-            chosen = (tags,) if isinstance(tags, str) else tuple(tags)
+            chosen = _tags(tags, self.default_tag)
             for data in self.pointer_to_data.values():
                 if data.tag in chosen and not data.is_asleep:
                     ops.restore_for_free(data.handle)
         return method(self, tags)
 
-    wrapped = free if method.__name__ == "_python_free_callback" else discard
-    setattr(wrapped, MARK, "gpu-sleep-wake-at-bus-speed")
-    return wrapped
+    setattr(discard, MARK, "gpu-sleep-wake-at-bus-speed")
+    return discard
 
 
 setattr(_sleep, MARK, "gpu-sleep-wake-at-bus-speed")
@@ -311,7 +317,7 @@ def apply() -> bool:
         return False
     cls.sleep, cls.wake_up = _sleep, _wake_up
     if os.environ.get(SOCKET_ENV):  # before the allocator exists: it keeps its free callback bound at creation
-        for name in ("_python_free_callback", "discard"):
+        for name, wrap in (("_python_free_callback", _free_handed_back), ("discard", _discard_handed_back)):
             if hasattr(cls, name):
-                setattr(cls, name, _handed_back(getattr(cls, name)))
+                setattr(cls, name, wrap(getattr(cls, name)))
     return True
