@@ -89,15 +89,15 @@ def orphans(pid: int) -> bool:
 
     import psutil
 
+    from stack.engine.process import group_members
+
     if psutil.pid_exists(pid):
         return False
     me = os.path.realpath(sys.executable)
-    for proc in psutil.process_iter(["pid", "exe"]):
-        try:
-            if os.getpgid(proc.pid) == pid and os.path.realpath(proc.info["exe"] or "") == me:
+    for proc in group_members(pid):
+        with contextlib.suppress(psutil.Error):
+            if os.path.realpath(proc.exe()) == me:
                 return True
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
     return False
 
 

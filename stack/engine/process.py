@@ -114,7 +114,8 @@ def last_line(path: Path) -> str:
     return lines[-1][-160:] if lines else ""
 
 
-def _group_members(pgid: int) -> list[psutil.Process]:
+def group_members(pgid: int) -> list[psutil.Process]:
+    """The running processes of process group `pgid`."""
     members = []
     for proc in psutil.process_iter(["pid"]):
         try:
@@ -136,7 +137,7 @@ def stop_process_tree(pid: int, grace: float) -> list[int]:
         pgid = os.getpgid(pid)
     except ProcessLookupError:
         pgid = pid  # the leader is gone; its group id is its pid (we started it with start_new_session)
-    members = {p.pid: p for p in [*family, *_group_members(pgid)]}
+    members = {p.pid: p for p in [*family, *group_members(pgid)]}
     if not members:
         return []
     for proc in members.values():
