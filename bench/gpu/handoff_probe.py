@@ -6,14 +6,14 @@ weights copied in at 27-33 GB/s instead of 45-49 GB/s within one process). CUDA'
 the sleeping engine hand its physical memory to the waking one instead of releasing it: export each
 allocation as a POSIX file descriptor (`cuMemExportToShareableHandle`), pass the descriptors over a Unix
 socket (SCM_RIGHTS), import and map them there. Physical memory never returns to the driver, so nothing is
-cleared. This probe measures that before the allocator is built on it, with the driver API alone (ctypes
-on libcuda; no vLLM, no torch, no site parts needed):
+cleared. This probe measures that with the driver API alone (stack.patches.runtime.cuda_vmm, ctypes on
+libcuda) and the stack's own broker (stack.engine.memory_handoff); no vLLM, no torch, no site parts needed:
 
   fresh      a child process creates, maps and writes GIB in CHUNK pieces, then releases them and exits;
              this process then creates and maps as much (what a wake does today)
   own        this process releases its own memory and creates it again (the one-process reference)
-  handoff    a child creates, maps and writes GIB, exports every piece, sends the descriptors here,
-             releases its own handles and exits; this process imports and maps them (the proposed wake)
+  handoff    a child creates, maps and writes GIB, exports every piece to the broker here, releases its own
+             handles; this process takes the pieces, imports and maps them (manager.sleep_handoff's wake)
 
 Each step reports the map time, the copy rate of one pinned host buffer into the mapped memory (a wake's
 weights) and then a memset over the whole range (HBM speed unless the pages are still being cleared).
@@ -28,12 +28,11 @@ import argparse
 import ctypes
 import json
 import os
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 
+from stack.engine.memory_handoff import HandoffBroker, put_pieces, take_pieces
 from stack.patches.runtime.cuda_vmm import CudaError, Driver
 
 GIB = 1024**3
@@ -95,30 +94,17 @@ def child(args: argparse.Namespace) -> int:
     region.fill([drv.create(chunk) for _ in range(args.pieces)])
     drv.memset(region.base, chunk * args.pieces)  # written, as an engine's memory is
     drv.sync()
-    if args.role == "handoff":
+    if args.role == "handoff":  # through the stack's own broker, as a sleeping engine hands its memory over
         fds = [drv.export(h) for h in region.handles]
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.connect(args.sock)
-            for i in range(0, len(fds), 200):  # SCM_RIGHTS carries at most 253 descriptors a message
-                socket.send_fds(s, [b"x"], fds[i : i + 200])
-            for fd in fds:
-                os.close(fd)
-            region.release()  # the receiver's descriptors keep the physical memory alive
-            s.sendall(b"r")
-            s.recv(1)  # alive until the receiver has read NVML's per-process figures: whose memory is it now?
-        return 0
-    region.release()
+        if not put_pieces(args.sock, "probe", [(chunk, fd) for fd in fds]):
+            raise SystemExit("the broker did not keep the pieces")
+        for fd in fds:
+            os.close(fd)
+    region.release()  # handoff: the broker's descriptors keep the physical memory alive
+    if args.role == "handoff":
+        print("released", flush=True)
+        sys.stdin.readline()  # alive until the receiver has read NVML's per-process figures: whose memory is it now?
     return 0
-
-
-def receive(conn: socket.socket, count: int) -> list[int]:
-    fds: list[int] = []
-    while len(fds) < count:
-        _msg, got, _flags, _addr = socket.recv_fds(conn, 1, count - len(fds))
-        if not got:
-            raise RuntimeError(f"the sleeping process sent {len(fds)} of {count} descriptors")
-        fds += got
-    return fds
 
 
 def gpu_mib_by_pid() -> dict[str, int]:
@@ -163,27 +149,28 @@ def main() -> int:
     measure(drv, region, "own", map_s, host, copy, note="created again after this process released its own")
     region.release()
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "handoff.sock")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
-            server.bind(path)
-            server.listen(1)
-            sleeper = subprocess.Popen([*me, "--role", "handoff", "--sock", path])
-            conn, _ = server.accept()
-            with conn:
-                fds = receive(conn, pieces)
-                if conn.recv(1) != b"r":
-                    raise SystemExit("the handing-over process did not release its handles: see its error above")
-                t0 = time.perf_counter()
-                handles = [drv.import_fd(fd) for fd in fds]
-                import_s = time.perf_counter() - t0
-                for fd in fds:
-                    os.close(fd)
-                map_s = timed(lambda: (region.fill(handles), drv.sync()))
-                by_pid = gpu_mib_by_pid()
-                conn.sendall(b"q")
-            if sleeper.wait(120) != 0:
-                raise SystemExit("the handing-over process failed: see its error above")
+    broker = HandoffBroker().start()
+    broker.open_window()
+    try:
+        sleeper = subprocess.Popen([*me, "--role", "handoff", "--sock", broker.path], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)  # fmt: skip
+        if sleeper.stdout.readline().strip() != "released":
+            raise SystemExit("the handing-over process did not release its handles: see its error above")
+        fds = [fd for _size, fd in take_pieces(broker.path, "probe", {chunk: pieces})]
+        if len(fds) != pieces:
+            raise SystemExit(f"the broker handed {len(fds)} of {pieces} pieces")
+        t0 = time.perf_counter()
+        handles = [drv.import_fd(fd) for fd in fds]
+        import_s = time.perf_counter() - t0
+        for fd in fds:
+            os.close(fd)
+        map_s = timed(lambda: (region.fill(handles), drv.sync()))
+        by_pid = gpu_mib_by_pid()
+        sleeper.communicate("quit\n", timeout=120)
+        if sleeper.returncode != 0:
+            raise SystemExit("the handing-over process failed: see its error above")
+    finally:
+        broker.stop()
     measure(drv, region, "handoff", import_s + map_s, host, copy, import_s=round(import_s, 4),
             gpu_mib_by_pid={"receiver" if k == str(os.getpid()) else "sender (released)": v for k, v in by_pid.items()},
             after_sender_exit=gpu_mib_by_pid(),
