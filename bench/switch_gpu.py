@@ -194,7 +194,7 @@ class Bench:
         total = time.perf_counter() - t0
         last = dict(self.manager.slots[name].last_switch)
         phases = last.get("phases", {})
-        in_phases = sum(v for k, v in phases.items() if k != "overlap_s" and not (
+        in_phases = sum(v for k, v in phases.items() if k.endswith("_s") and k != "overlap_s" and not (
             last.get("overlap") and (k.startswith("sleep_") or k in ("wake_weights_s", "reload_weights_s"))))
         in_phases += phases.get("overlap_s", 0.0)
         return {"to": name, "total_s": round(total, 3), "switch_s": last.get("seconds"), "kind": last.get("kind"),
@@ -330,13 +330,23 @@ SIDES = ("vstack", "vstack-sequential", "vstack-handoff", "raw-patched", "raw")
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Per direction: median totals of each side, the ratio ours / raw, and the bus limit beside them."""
+    """Per direction: median totals of each side, the ratio ours / raw, and the bus limit beside them.
+
+    Round 0 is a warm-up on every side and is left out of the medians (kept in `first_round`): it holds each
+    engine's first sleep after its start (pinned host buffers allocated, 4-8 s on either side) and first wake.
+    With a single round there is nothing else, so it is used."""
     out: dict[str, Any] = {}
+    rounds = {s.get("round", 0) for s in result["switches"]}
     for s in result["switches"]:
         key = f"{s.get('from')}->{s['to']}"
-        row = out.setdefault(key, {**{side: [] for side in SIDES}, "bus": s.get("bus")})
-        row[s["side"]].append(s["total_s"])
+        row = out.setdefault(key, {**{side: [] for side in SIDES}, "bus": s.get("bus"), "first_round": {}})
+        if s.get("round", 0) == 0:
+            row["first_round"][s["side"]] = s["total_s"]
+        if s.get("round", 0) > 0 or rounds == {0}:
+            row[s["side"]].append(s["total_s"])
     for row in out.values():
+        row["runs"] = max(len(row[side]) for side in SIDES)
+        row["max"] = {side: max(row[side]) for side in SIDES if row[side]}
         for side in SIDES:
             row[side] = median(row[side])
         ours = [row[side] for side in ("vstack", "vstack-sequential", "vstack-handoff") if row[side]]

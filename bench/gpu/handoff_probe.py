@@ -11,7 +11,10 @@ libcuda) and the stack's own broker (stack.engine.memory_handoff); no vLLM, no t
 
   fresh      a child process creates, maps and writes GIB in CHUNK pieces, then releases them and exits;
              this process then creates and maps as much (what a wake does today)
-  own        this process releases its own memory and creates it again (the one-process reference)
+  own        this process releases its own memory and creates it again at once (the one-process reference)
+  own_later  the same, 2 s after the release (has the driver finished with the released pages by then?)
+  released   a child creates, maps and writes GIB, releases it and stays alive; this process creates and maps
+             as much at once (a switch today: the sleeping engine released, the waking one maps)
   handoff    a child creates, maps and writes GIB, exports every piece to the broker here, releases its own
              handles; this process takes the pieces, imports and maps them (manager.sleep_handoff's wake)
 
@@ -101,7 +104,7 @@ def child(args: argparse.Namespace) -> int:
         for fd in fds:
             os.close(fd)
     region.release()  # handoff: the broker's descriptors keep the physical memory alive
-    if args.role == "handoff":
+    if args.role in ("handoff", "released"):
         print("released", flush=True)
         sys.stdin.readline()  # alive until the receiver has read NVML's per-process figures: whose memory is it now?
     return 0
@@ -119,7 +122,7 @@ def main() -> int:
     ap.add_argument("--gib", type=float, default=80, help="memory handed over (a KV cache of an 8B at 0.7 of an H200)")
     ap.add_argument("--chunk-mib", type=int, default=1024, help="piece size (a multiple of the granularity, 2 MiB)")
     ap.add_argument("--copy-gib", type=float, default=8, help="pinned host bytes copied into the mapped memory")
-    ap.add_argument("--role", choices=["fresh", "handoff"], help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=["fresh", "released", "handoff"], help=argparse.SUPPRESS)
     ap.add_argument("--sock", help=argparse.SUPPRESS)
     ap.add_argument("--pieces", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -147,6 +150,18 @@ def main() -> int:
     region.release()
     map_s = timed(lambda: (region.fill([drv.create(chunk) for _ in range(pieces)]), drv.sync()))
     measure(drv, region, "own", map_s, host, copy, note="created again after this process released its own")
+    region.release()
+    time.sleep(2)
+    map_s = timed(lambda: (region.fill([drv.create(chunk) for _ in range(pieces)]), drv.sync()))
+    measure(drv, region, "own_later", map_s, host, copy, note="created again 2 s after this process released its own")
+    region.release()
+
+    sleeper = subprocess.Popen([*me, "--role", "released"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    if sleeper.stdout.readline().strip() != "released":
+        raise SystemExit("the releasing process did not release its memory: see its error above")
+    map_s = timed(lambda: (region.fill([drv.create(chunk) for _ in range(pieces)]), drv.sync()))
+    measure(drv, region, "released", map_s, host, copy, note="created at once after a live process released as much")
+    sleeper.communicate("quit\n", timeout=120)
     region.release()
 
     broker = HandoffBroker().start()

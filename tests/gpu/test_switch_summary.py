@@ -1,0 +1,30 @@
+"""The GPU switch bench's summary (bench/switch_gpu.py): what the README's switch figures are computed from.
+Round 0 is every side's warm-up (each engine's first sleep pins its host buffers); the medians leave it out."""
+
+from __future__ import annotations
+
+from bench.switch_gpu import summarize
+
+BUS = {"sequential_s": 0.4, "overlapped_s": 0.3}
+
+
+def switch(side: str, rnd: int, total: float, frm: str = "8b", to: str = "3b") -> dict:
+    return {"side": side, "round": rnd, "from": frm, "to": to, "total_s": total, "kind": "sleeping", "bus": BUS}
+
+
+def test_warm_up_round_is_reported_apart_and_left_out_of_the_medians() -> None:
+    result = {"switches": [switch("vstack-handoff", 0, 5.3), switch("raw", 0, 5.7),
+                           switch("vstack-handoff", 1, 0.46), switch("raw", 1, 0.97),
+                           switch("vstack-handoff", 2, 0.50), switch("raw", 2, 1.01),
+                           switch("vstack-handoff", 3, 0.48), switch("raw", 3, 0.99)]}  # fmt: skip
+    row = summarize(result)["8b->3b"]
+    assert row["vstack-handoff"] == 0.48 and row["raw"] == 0.99 and row["runs"] == 3
+    assert row["first_round"] == {"vstack-handoff": 5.3, "raw": 5.7}
+    assert row["max"]["vstack-handoff"] == 0.50
+    assert row["ratio_best_to_raw"] == round(0.48 / 0.99, 3)
+    assert summarize(result)["_checks"]["every_switch_le_half_raw"] is True
+
+
+def test_a_single_round_is_all_there_is_and_counts() -> None:
+    row = summarize({"switches": [switch("vstack-handoff", 0, 0.6), switch("raw", 0, 1.0)]})["8b->3b"]
+    assert row["vstack-handoff"] == 0.6 and row["ratio_best_to_raw"] == 0.6
