@@ -1,13 +1,14 @@
 """`bench/switch_time.py --gpu`: sleeping switches on one GPU, ours next to raw vLLM and the bus limit, one run.
 
-Ours: the model manager starts each model once and switches (tiers, overlapped wake, NVML checks; once with
-the overlap and once with it off) on engines started as `vstack up` starts them: the ledger's runtime
-patches on (gpu-sleep-wake-at-bus-speed) and the weights' host copy kept (stack.engine.sleep_copy). The same
-engines are then switched by hand with vLLM's endpoints (raw-patched: POST A/sleep?level=1, POST B/wake_up,
-first token), which separates the patch's share from the manager's. Raw vLLM: after ours are gone, the same
-models on unpatched engines (VSTACK_RUNTIME_PATCHES=0), switched by hand the same way. Before any engine
-starts, a pinned torch copy measures the bus (host->GPU, GPU->host, both at once): the bus limit of a switch
-is its weights over those.
+Ours (`--sides handoff`: the stack's default, the sleeping engine's GPU memory handed to the waking one; `ours`:
+the same without the handoff): the model manager starts each model once and switches (tiers, overlapped wake,
+NVML checks; once with the overlap and once with it off) on engines started as `vstack up` starts them: the
+ledger's runtime patches on (gpu-sleep-wake-at-bus-speed) and the weights' host copy kept
+(stack.engine.sleep_copy). The same engines are then switched by hand with vLLM's endpoints (raw-patched: POST
+A/sleep?level=1, POST B/wake_up, first token), which separates the patch's share from the manager's. Raw vLLM:
+after ours are gone, the same models on unpatched engines (VSTACK_RUNTIME_PATCHES=0), switched by hand the same
+way. Before any engine starts, a pinned torch copy measures the bus (host->GPU, GPU->host, both at once): the
+bus limit of a switch is its weights over those.
 
     scenario pair   8B -> 3B -> 8B ... (Llama-3.1-8B and Llama-3.2-3B shapes), `--repeat` times each way
     scenario round  4 models of 3B-8B shapes asked in turn (8B, 3B, Qwen2.5-7B, Mistral-7B), `--repeat` rounds;
@@ -143,7 +144,8 @@ class Bench:
         env = {"VLLM_SERVER_DEV_MODE": "1", **(sleep_copy_env({**engine, "enable_sleep_mode": True}) if patched
                                               else {"VSTACK_RUNTIME_PATCHES": "0"})}  # fmt: skip
         tag = "handoff-" if handoff else "" if patched else "raw-"
-        # manager.sleep_handoff (experimental): a broker here, its socket in the patched engines' environment.
+        # manager.sleep_handoff (on by default for one-GPU engines, adr/0016): a broker here, its socket in the
+        # patched engines' environment, as stack.assemble.handoff_broker does for `vstack up`.
         self.broker = None
         if handoff:
             from stack.engine.memory_handoff import SOCKET_ENV, HandoffBroker
@@ -247,9 +249,11 @@ def _cycle(order: list[str], cur: str) -> list[str]:
 
 def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path, launcher: list[str],
         sides: set[str] | None = None) -> dict:  # fmt: skip
-    """`sides`: "ours" (the manager on patched engines, and vLLM's endpoints by hand on those same engines:
-    raw-patched), "handoff" (the manager with manager.sleep_handoff on patched engines, sequential switches:
-    adr/0016) and "raw" (vLLM unpatched, its own engines started after ours are gone); ours and raw by default."""
+    """`sides`: "ours" (the manager on patched engines without the memory handoff, i.e. manager.sleep_handoff:
+    false, and vLLM's endpoints by hand on those same engines: raw-patched), "handoff" (the manager with the
+    handoff, what `vstack up` does by default for one-GPU engines since 2026-11-24, sequential switches:
+    adr/0016) and "raw" (vLLM unpatched, its own engines started after ours are gone); ours and raw by
+    default."""
     sides = sides or {"ours", "raw"}
     names = SCENARIOS[scenario]
     logs = work / "logs"
@@ -355,7 +359,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         row["ratio_best_to_raw"] = round(row["best_vstack"] / row["raw"], 3) if ours and row["raw"] else None
     cold = [s for s in result["switches"] if s["side"].startswith("vstack") and s.get("kind") == "cold"]
     out["_checks"] = {"cold_starts_in_switches": len(cold),
-                      "every_switch_le_raw": all((r["ratio_vstack_to_raw"] or 9) <= 1.0 for k, r in out.items()
+                      "every_switch_le_raw": all((r["ratio_best_to_raw"] or 9) <= 1.0 for k, r in out.items()
                                                  if not k.startswith("_")),
                       "every_switch_le_half_raw": all((r["ratio_best_to_raw"] or 9) <= 0.5 for k, r in out.items()
                                                       if not k.startswith("_"))}  # fmt: skip

@@ -251,19 +251,30 @@ def supervisor(planned: PlannedStack) -> EngineSupervisor:
     return sup
 
 
+def gpus_per_engine(plan: EnginePlan) -> int:
+    engine = plan.resolved.engine
+    return int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1)
+
+
 def handoff_broker(cfg: StackConfig, planned: PlannedStack) -> HandoffBroker | None:
-    """manager.sleep_handoff (experimental): the broker through which a sleeping engine's GPU memory goes to
-    the engine waking in its place; its socket is put in every sleeping engine's environment. Local GPU
-    engines only: a container or a Ray node cannot reach a socket of this process."""
+    """manager.sleep_handoff: the broker through which a sleeping engine's GPU memory goes to the engine
+    waking in its place; its socket is put in every sleeping engine's environment. Local GPU engines only:
+    a container or a Ray node cannot reach a socket of this process. `auto` keeps to what was measured
+    (engines of one GPU each, adr/0016); an engine on several GPUs needs `true`."""
+    mode = cfg.manager.sleep_handoff
     plans = [planned.default, *planned.others]
     sleepers = [p for p in plans if sleep_mode(cfg, p)]
-    if not cfg.manager.sleep_handoff or cfg.manager.runtime != "local" or len(sleepers) < 2:
+    log = logging.getLogger("stack.gateway")
+    if mode is False or cfg.manager.runtime != "local" or len(sleepers) < 2:
+        return None
+    if mode == "auto" and (wide := [p.resolved.name for p in sleepers if gpus_per_engine(p) > 1]):
+        log.info("sleep handoff off: %s run on several GPUs each (measured on one-GPU engines only; "
+                 "manager.sleep_handoff: true turns it on)", ", ".join(wide))  # fmt: skip
         return None
     broker = HandoffBroker().start()
     for plan in sleepers:
         plan.env[SOCKET_ENV] = broker.path
-    logging.getLogger("stack.gateway").info("sleep handoff (experimental): GPU memory handed between %d engines "
-                                            "through %s", len(sleepers), broker.path)  # fmt: skip
+    log.info("sleep handoff: GPU memory handed between %d engines through %s", len(sleepers), broker.path)
     return broker
 
 

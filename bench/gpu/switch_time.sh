@@ -6,8 +6,9 @@
 #                                                       (patched engines), then raw vLLM's own engines: ~6 min
 #   bash bench/gpu/switch_time.sh round [REPEAT] SIDES  4 models of 3B-8B shapes asked in turn (default 2); SIDES
 #                                                       ours or raw, one per call (each side starts 4 engines)
-#   bash bench/gpu/switch_time.sh pair 2 handoff,raw    the memory handoff (manager.sleep_handoff, experimental)
-#                                                       next to raw vLLM; first: python3 -m bench.gpu.handoff_probe
+#   bash bench/gpu/switch_time.sh pair 5 handoff,raw    the stack's default switch (the memory handoff,
+#                                                       manager.sleep_handoff) next to raw vLLM: ~4.5 min
+#   bash bench/gpu/switch_time.sh round 3 handoff       the same for 4 models (raw: round 3 raw, another call)
 #
 # Device-tool calls for the lead (from /work/main after merging branch `switch`; the site parts are the GPU
 # suite's, built by `bash bench/gpu/build_site.sh`; back to back, a machine stays warm ~30 s after a call):

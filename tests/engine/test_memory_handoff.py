@@ -103,29 +103,30 @@ def test_the_composition_root_wires_the_broker_only_where_it_is_asked_for_and_ca
     from stack.assemble import handoff_broker
     from stack.config import load_config
 
-    def plan(accelerator: str = "gpu", sleep: bool = True) -> SimpleNamespace:
+    def plan(accelerator: str = "gpu", sleep: bool = True, tp: int = 1) -> SimpleNamespace:
         hardware = SimpleNamespace(accelerator=accelerator)
-        resolved = SimpleNamespace(engine={"enable_sleep_mode": sleep}, hardware=hardware)
-        return SimpleNamespace(resolved=resolved, env={})
+        engine = {"enable_sleep_mode": sleep, "tensor_parallel_size": tp}
+        return SimpleNamespace(resolved=SimpleNamespace(name=f"m-tp{tp}", engine=engine, hardware=hardware), env={})
 
-    def stack() -> SimpleNamespace:
-        return SimpleNamespace(default=plan(), others=[plan(), plan("gpu", sleep=False)])
+    def stack(tp: int = 1) -> SimpleNamespace:
+        return SimpleNamespace(default=plan(), others=[plan(tp=tp), plan("gpu", sleep=False)])
 
     off = load_config(text='{"manager": {"sleep_handoff": false}}')
-    assert handoff_broker(off, stack()) is None  # experimental: off by default
-    assert load_config().manager.sleep_handoff is False
+    assert handoff_broker(off, stack()) is None
     docker = load_config(text='{"manager": {"sleep_handoff": true, "runtime": "docker"}}')
     assert handoff_broker(docker, stack()) is None  # a container cannot reach this process's socket
-    on = load_config(text='{"manager": {"sleep_handoff": true}}')
-    planned = stack()
-    broker = handoff_broker(on, planned)
-    try:
-        assert broker is not None
-        sleepers = [planned.default, *planned.others[:1]]
-        assert all(p.env[mh.SOCKET_ENV] == broker.path for p in sleepers)
-        assert mh.SOCKET_ENV not in planned.others[1].env  # an engine that never sleeps gets nothing
-    finally:
-        broker.stop()
+    auto = load_config()
+    assert auto.manager.sleep_handoff == "auto"  # on by default where it was measured
+    assert handoff_broker(auto, stack(tp=2)) is None  # an engine on two GPUs: not measured, off under auto
+    for cfg, planned in ((auto, stack()), (load_config(text='{"manager": {"sleep_handoff": true}}'), stack(tp=2))):
+        broker = handoff_broker(cfg, planned)
+        try:
+            assert broker is not None
+            sleepers = [planned.default, *planned.others[:1]]
+            assert all(p.env[mh.SOCKET_ENV] == broker.path for p in sleepers)
+            assert mh.SOCKET_ENV not in planned.others[1].env  # an engine that never sleeps gets nothing
+        finally:
+            broker.stop()
 
 
 def test_the_broker_may_hold_an_engines_worth_of_descriptors() -> None:

@@ -132,9 +132,10 @@ class ManagerConfig(BaseModel):
     overlap_wake: bool = Field(
         True, description="wake the target's weights while the evicted model sleeps when they fit beside it"
     )
-    sleep_handoff: bool = Field(
-        False, description="experimental (adr/0016): a sleeping engine hands its GPU memory to the engine waking "
-        "in its place (no driver clearing between them); local GPU engines only, until measured on the GPU",
+    sleep_handoff: Literal["auto"] | bool = Field(
+        "auto", description="a sleeping engine hands its GPU memory to the engine waking in its place, so the "
+        "driver does not clear it between them (adr/0016; 8B -> 3B on an H200: 0.44 s vs 0.94 s raw vLLM). auto: "
+        "local engines of one GPU each (measured); true: every local GPU engine that sleeps; false: off",
     )
     sleep_min_freed: float = Field(
         0.5, gt=0, le=1, description="after a sleep NVML must show this fraction of the engine's memory freed"
