@@ -14,6 +14,19 @@ import sys
 from pathlib import Path
 
 ADR003_PER_GPU = 12_000 / 8  # output tok/s per A100, ADR-003
+# The reference the field uses for a prefill-heavy shape: the GPU's dense tensor peak (vendor datasheets, no
+# sparsity) over 2 FLOPs per parameter per token. Llama-3.3-70B's parameter count from its config.json shape.
+PEAK_DENSE_TFLOPS = {"A100 bf16": 312, "H100/H200 bf16": 989, "H100/H200 fp8": 1979}
+LLAMA_70B_PARAMS = 70.55e9
+
+
+def compute_ceiling(params: float, prompt: float, output: float) -> list[str]:
+    """Requests and output tokens per second per GPU at 100% of each peak, for this request shape."""
+    lines = []
+    for gpu, tflops in PEAK_DENSE_TFLOPS.items():
+        rps = tflops * 1e12 / (2 * params * (prompt + output))
+        lines.append(f"- {gpu} ({tflops:,} TFLOPS): {rps:.2f} req/s, {rps * output:,.0f} output tok/s per GPU")
+    return lines
 
 
 def ours(path: Path) -> dict:
@@ -83,6 +96,14 @@ def main(folder: Path) -> int:
             cells = [label, fmt(rps, 2), fmt(tps), str(gpus), fmt(per), ratio, fmt(ttft, 0), err or ""]
             print("| " + " | ".join(cells) + " |")
         print()
+        if "70b" in o["name"]:
+            shape = json.loads(path.read_text())["candidates"][0].get("metrics") or {}
+            prompt, output = shape.get("prompt_tokens_mean"), shape.get("output_tokens_mean")
+            if prompt and output:
+                flops = 2 * LLAMA_70B_PARAMS / 1e9
+                print(f"Compute ceiling of this shape ({prompt:,.0f} in / {output:,.0f} out, {flops:.0f} GFLOPs a "
+                      "token), at 100% of the dense peak:\n")
+                print("\n".join(compute_ceiling(LLAMA_70B_PARAMS, prompt, output)) + "\n")
     for path in sorted(folder.glob("tune-*/tune.json")):
         rejudge(path)
     for path in sorted(folder.glob("auto-tune-*/result.txt")):
