@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -253,7 +254,8 @@ def supervisor(planned: PlannedStack) -> EngineSupervisor:
 
 def gpus_per_engine(plan: EnginePlan) -> int:
     engine = plan.resolved.engine
-    return int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1)
+    sizes = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+    return math.prod(int(engine.get(k) or 1) for k in sizes)
 
 
 def handoff_broker(cfg: StackConfig, planned: PlannedStack) -> HandoffBroker | None:
