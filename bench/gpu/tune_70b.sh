@@ -4,7 +4,8 @@
 # tok/s per GPU at the goodput next to ADR-003's 12,000 tok/s on 8 A100s (1,500 per GPU):
 #   fp8  - profile h200-llama-3.3-70b-fp8 on one H200 (fp8 weights and KV cache)
 #   tp2  - profile a100x8-llama-3.3-70b at tensor parallel 2 on two H200s (bf16 weights; fp8 a candidate)
-# A 70B start takes ~170 s: a call measures one or two candidates; rerun the same call to resume.
+# A 70B candidate took 450-600 s on the H200 (start ~70-170 s, 7 probes of ~50 s at ~3 req/s): a call measures
+# at most one; rerun the same call to resume (2026-11-24: 2 candidates in 4 calls, 1,553 s).
 #
 # Device-tool calls (the site parts stashed first, as for tune_8b.sh, on the same kind):
 #   run kind=nvidia-h200 carry=[".gpu1"] timeout_s=120    command: bash bench/gpu/suite.sh --stash
