@@ -248,7 +248,7 @@ def _ops(allocator: Any) -> Any:
     if ops is None:
         ops = CudaOps()
         path = os.environ.get(SOCKET_ENV)
-        if path:  # the manager's broker: hand memory over between engines (experimental; adr/0016)
+        if path:  # the manager's broker: hand memory over between engines (manager.sleep_handoff, adr/0016)
             from stack.engine.memory_handoff import allow_many_descriptors
             from stack.patches.runtime.cuda_vmm import Driver
             from stack.patches.runtime.sleep_handoff import HandoffOps

@@ -1,4 +1,4 @@
-"""The engine's side of the sleep-mode memory handoff (adr/0016, 2026-11-24; experimental, off by default).
+"""The engine's side of the sleep-mode memory handoff (adr/0016; manager.sleep_handoff, on for one-GPU engines).
 
 With VSTACK_SLEEP_HANDOFF_SOCKET set (the manager's broker, stack.engine.memory_handoff), the runtime patch
 `gpu-sleep-wake-at-bus-speed` maps each allocation on wake from exportable pieces (512/32/2 MiB, back to back
