@@ -57,6 +57,10 @@ class Region:
         self.base = drv.reserve(chunk * count)
         self.handles: list[int] = []
 
+    def create(self) -> None:
+        """Fresh physical memory for every piece, mapped: what a wake does without the handoff."""
+        self.fill([self.drv.create(self.chunk) for _ in range(self.count)])
+
     def fill(self, handles: list[int]) -> None:
         for i, h in enumerate(handles):
             self.drv.map(self.base + i * self.chunk, self.chunk, h)
@@ -94,7 +98,7 @@ def child(args: argparse.Namespace) -> int:
     drv = open_driver()
     chunk = args.chunk_mib * 1024**2
     region = Region(drv, chunk, args.pieces)
-    region.fill([drv.create(chunk) for _ in range(args.pieces)])
+    region.create()
     drv.memset(region.base, chunk * args.pieces)  # written, as an engine's memory is
     drv.sync()
     if args.role == "handoff":  # through the stack's own broker, as a sleeping engine hands its memory over
@@ -144,22 +148,22 @@ def main() -> int:
     copy = int(args.copy_gib * GIB)
     host = drv.host_pinned(copy)
     region = Region(drv, chunk, pieces)
-    map_s = timed(lambda: (region.fill([drv.create(chunk) for _ in range(pieces)]), drv.sync()))
+    map_s = timed(lambda: (region.create(), drv.sync()))
     measure(drv, region, "fresh", map_s, host, copy, note="created after another process released as much")
 
     region.release()
-    map_s = timed(lambda: (region.fill([drv.create(chunk) for _ in range(pieces)]), drv.sync()))
+    map_s = timed(lambda: (region.create(), drv.sync()))
     measure(drv, region, "own", map_s, host, copy, note="created again after this process released its own")
     region.release()
     time.sleep(2)
-    map_s = timed(lambda: (region.fill([drv.create(chunk) for _ in range(pieces)]), drv.sync()))
+    map_s = timed(lambda: (region.create(), drv.sync()))
     measure(drv, region, "own_later", map_s, host, copy, note="created again 2 s after this process released its own")
     region.release()
 
     sleeper = subprocess.Popen([*me, "--role", "released"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     if sleeper.stdout.readline().strip() != "released":
         raise SystemExit("the releasing process did not release its memory: see its error above")
-    map_s = timed(lambda: (region.fill([drv.create(chunk) for _ in range(pieces)]), drv.sync()))
+    map_s = timed(lambda: (region.create(), drv.sync()))
     measure(drv, region, "released", map_s, host, copy, note="created at once after a live process released as much")
     sleeper.communicate("quit\n", timeout=120)
     region.release()
