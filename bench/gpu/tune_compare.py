@@ -37,9 +37,11 @@ def ours(path: Path) -> dict:
         tp = re.search(r"--tensor-parallel-size (\d+)", m.get("command") or "")  # GPUs the engine used
         rows.append((c["label"], m.get("goodput_rps"), m.get("goodput_output_tokens_per_s"), m.get("p95_ttft_ms"),
                      c.get("error"), int(tp.group(1)) if tp else 1))
+    shape = next((c["metrics"] for c in data["candidates"] if c.get("metrics")), {})  # the request shape measured
     return {"name": path.parent.name, "winner": data["choice"]["winner"], "meets": data["choice"]["meets_slo"],
             "rows": rows, "spent_s": data.get("spent_s"), "complete": data.get("complete"),
-            "machine": data["machine"], "slo": data["slo"]["clauses"]}
+            "machine": data["machine"], "slo": data["slo"]["clauses"],
+            "prompt": shape.get("prompt_tokens_mean"), "output": shape.get("output_tokens_mean")}  # fmt: skip
 
 
 def theirs(path: Path) -> dict:
@@ -96,14 +98,11 @@ def main(folder: Path) -> int:
             cells = [label, fmt(rps, 2), fmt(tps), str(gpus), fmt(per), ratio, fmt(ttft, 0), err or ""]
             print("| " + " | ".join(cells) + " |")
         print()
-        if "70b" in o["name"]:
-            shape = json.loads(path.read_text())["candidates"][0].get("metrics") or {}
-            prompt, output = shape.get("prompt_tokens_mean"), shape.get("output_tokens_mean")
-            if prompt and output:
-                flops = 2 * LLAMA_70B_PARAMS / 1e9
-                print(f"Compute ceiling of this shape ({prompt:,.0f} in / {output:,.0f} out, {flops:.0f} GFLOPs a "
-                      "token), at 100% of the dense peak:\n")
-                print("\n".join(compute_ceiling(LLAMA_70B_PARAMS, prompt, output)) + "\n")
+        if "70b" in o["name"] and o["prompt"] and o["output"]:
+            flops = 2 * LLAMA_70B_PARAMS / 1e9
+            print(f"Compute ceiling of this shape ({o['prompt']:,.0f} in / {o['output']:,.0f} out, {flops:.0f} GFLOPs "
+                  "a token), at 100% of the dense peak:\n")
+            print("\n".join(compute_ceiling(LLAMA_70B_PARAMS, o["prompt"], o["output"])) + "\n")
     for path in sorted(folder.glob("tune-*/tune.json")):
         rejudge(path)
     for path in sorted(folder.glob("auto-tune-*/result.txt")):
