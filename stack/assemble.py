@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -88,7 +87,7 @@ def ray_demand(cfg: StackConfig, plan: EnginePlan) -> Demand:
     engine = plan.resolved.engine
     gpu = plan.resolved.hardware.accelerator == "gpu"
     pp = int(engine.get("pipeline_parallel_size") or 1)
-    devices = int(engine.get("tensor_parallel_size") or 1) * pp if gpu else 0
+    devices = model_gpus(engine) if gpu else 0
     need, _ = engine_need(plan.fit)
     return Demand(plan.resolved.served_name, replicas_of(cfg, plan), devices, cfg.manager.ray.cpus_per_engine,
                   0 if gpu else int(need or 0), pp)  # fmt: skip
@@ -252,10 +251,14 @@ def supervisor(planned: PlannedStack) -> EngineSupervisor:
     return sup
 
 
+def model_gpus(engine: dict) -> int:
+    """GPUs one copy of the model spans: tensor x pipeline parallel."""
+    return int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1)
+
+
 def gpus_per_engine(plan: EnginePlan) -> int:
-    engine = plan.resolved.engine
-    sizes = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-    return math.prod(int(engine.get(k) or 1) for k in sizes)
+    """GPUs one engine process group holds: its model's, times its data-parallel copies."""
+    return model_gpus(plan.resolved.engine) * int(plan.resolved.engine.get("data_parallel_size") or 1)
 
 
 def handoff_broker(cfg: StackConfig, planned: PlannedStack) -> HandoffBroker | None:
