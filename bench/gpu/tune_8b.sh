@@ -15,7 +15,8 @@
 # If a call finds a cold machine: carry the three parts again, and put the last call's tune-state.json at
 # bench/gpu/state/tune-8b/tune-state.json (untracked: it travels with the tree) to resume there.
 # Everything lands in $OUT/tune-8b/ (tune.md, tune.json, goodput_curves.png, tune-state.json, logs) and
-# $OUT/tune-8b.log. Env: TUNE_BUDGET_S (470), TUNE_MAX_CANDIDATES (6), TUNE_TARGET, TUNE_SLO, TUNE_SCENARIO
+# $OUT/tune-8b.log. Env: TUNE_BUDGET_S (540: a call's 600 s less the site's unpacking and the collection),
+# TUNE_MAX_CANDIDATES (6), TUNE_TARGET, TUNE_SLO, TUNE_SCENARIO
 # (checked on the CPU build with TUNE_TARGET=cpu-smollm2 and a tiny scenario, VSTACK_GPU_SITE=the venv's).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/tune_env.sh"
@@ -25,9 +26,9 @@ target=${TUNE_TARGET:-llama-3.1-8b-instruct}
 seed_state "$name" "$dir"
 overlay=$(python3 -m bench.gpu.tune_setup "$target" "$work/setup-8b") || exit 2
 started=$(date +%s)
-timeout $(( ${TUNE_BUDGET_S:-470} + 60 )) python3 -m stack.entrypoints.cli --config "$overlay" tune "$target" \
+timeout $(( ${TUNE_BUDGET_S:-540} + 45 )) python3 -m stack.entrypoints.cli --config "$overlay" tune "$target" \
   --scenario "${TUNE_SCENARIO:-gpu-8b-goodput}" --slo "${TUNE_SLO:-p95_ttft_ms<800}" --max-candidates "${TUNE_MAX_CANDIDATES:-6}" \
-  --time-budget "${TUNE_BUDGET_S:-470}" --out "$dir" "$@" 2>&1 | tee -a "$out/$name.log"
+  --time-budget "${TUNE_BUDGET_S:-540}" --out "$dir" "$@" 2>&1 | tee -a "$out/$name.log"
 code=${PIPESTATUS[0]}
 echo "call wall time: $(( $(date +%s) - started )) s, exit $code" | tee -a "$out/$name.log"
 collect "$name" "$dir"

@@ -31,15 +31,16 @@ def compute_ceiling(params: float, prompt: float, output: float) -> list[str]:
 
 def ours(path: Path) -> dict:
     data = json.loads(path.read_text())
-    rows = []
+    rows, served = [], []
     for c in data["candidates"]:
         m = c.get("metrics") or {}
         tp = re.search(r"--tensor-parallel-size (\d+)", m.get("command") or "")  # GPUs the engine used
         rows.append((c["label"], m.get("goodput_rps"), m.get("goodput_output_tokens_per_s"), m.get("p95_ttft_ms"),
                      c.get("error"), int(tp.group(1)) if tp else 1))
+        served.append((c["label"], m.get("requests_per_s") if m.get("goodput_rps") else None, m.get("tune_elapsed_s")))
     shape = next((c["metrics"] for c in data["candidates"] if c.get("metrics")), {})  # the request shape measured
     return {"name": path.parent.name, "winner": data["choice"]["winner"], "meets": data["choice"]["meets_slo"],
-            "rows": rows, "spent_s": data.get("spent_s"), "complete": data.get("complete"),
+            "rows": rows, "served": served, "spent_s": data.get("spent_s"), "complete": data.get("complete"),
             "machine": data["machine"], "slo": data["slo"]["clauses"],
             "prompt": shape.get("prompt_tokens_mean"), "output": shape.get("output_tokens_mean")}  # fmt: skip
 
@@ -82,6 +83,34 @@ def rejudge(path: Path, keep_pace: float = 0.85) -> None:
     print()
 
 
+def side_by_side(o: dict, t: dict) -> None:
+    """Both tuners on their common measure: requests/s served where the latency limit held (auto_tune's
+    "throughput"), and when each had its answer; ours per candidate, in the tune's time over every call."""
+    best = t["best"]
+    print(f"### side by side: {o['name']} and {t['name']}\n")
+    if best is None:
+        print("auto_tune found no combination within the limit\n")
+        return
+    theirs_rps = float(best["throughput"])
+    print(f"auto_tune: best {best['max_num_seqs']} x {best['max_num_batched_tokens']}, {theirs_rps:.2f} req/s served, "
+          f"after {t['seconds']} s\n")
+    print("| our candidate | served req/s at its goodput | vs auto_tune's best | our tune's time when it was in (s) |")
+    print("| --- | --- | --- | --- |")
+    first = None
+    for label, rps, at in o["served"]:
+        print(f"| {label} | {fmt(rps, 2)} | {f'{rps / theirs_rps:.2f}x' if rps else '-'} | {fmt(at, 0)} |")
+        if rps and rps >= theirs_rps and at is not None and (first is None or at < first[1]):
+            first = (label, at)
+    top = max((r for r in o["served"] if r[1]), key=lambda r: r[1], default=None)
+    if top:
+        print(f"\nours: best {top[0]}, {top[1]:.2f} req/s served ({top[1] / theirs_rps:.2f}x auto_tune's), in "
+              f"{fmt(o['spent_s'], 0)} s for {len(o['served'])} candidates vs auto_tune's {t['seconds']} s for "
+              f"{len(t['rows'])} combinations")
+    if first:
+        print(f"ours first served at least auto_tune's best with {first[0]}, {first[1]:,.0f} s into the tune")
+    print()
+
+
 def main(folder: Path) -> int:
     for path in sorted(folder.glob("tune-*/tune.json")):
         o = ours(path)
@@ -119,6 +148,9 @@ def main(folder: Path) -> int:
               if best else "\nbest: none met the limit")
         print(f"{t['missed']} combination(s) missed the limit; {t['seconds']} s in all (gpu_memory_utilization search "
               "included)\n")
+        mine = folder / t["name"].replace("auto-tune-", "tune-") / "tune.json"
+        if mine.is_file():
+            side_by_side(ours(mine), t)
     return 0
 
 

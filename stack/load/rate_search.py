@@ -44,6 +44,12 @@ class SearchSettings:
     # probe would miss it. On an H200 (8B, 1024/128, 10 s probes) sustained rates served 0.91-0.92 of the
     # offer, overloaded ones 0.70-0.80 while their p95 TTFT still met 800 ms.
     keep_pace: float = 0.85
+    # Above a rate that held, the next offer is this much higher (below one that failed: half). An offer
+    # counts only where the engine served keep_pace of it, and no engine serves much more than the burst
+    # did: with keep_pace 0.85 nothing past ~1.2x the burst's rate can count. 1.5 (this search's first
+    # step) was a wasted probe on all six H200 candidates (8B, 2026-11-24), and the longest: overloaded,
+    # its drain the slowest.
+    grow: float = 1.25
 
     def requests_for(self, rate: float) -> int:
         if math.isinf(rate):
@@ -183,7 +189,7 @@ def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, e
             lo = r
             if hi is not None:
                 break
-            r = round_rate(r * 1.5)
+            r = round_rate(r * s.grow)
         else:
             hi = r
             if lo is not None:

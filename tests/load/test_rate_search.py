@@ -117,3 +117,25 @@ def test_time_budget_stops_before_a_probe_and_keeps_the_points() -> None:
         search_goodput(probe, parse_slo("p95_ttft_ms<800"), s, deadline=time.monotonic() + 20)
     # The capacity probe ran (no arrivals to wait for); the next one would not end within 20 s: not started.
     assert [p.role for p in caught.value.points] == ["capacity"] and len(probe.calls) == 1
+
+
+def test_the_step_above_a_rate_that_held_is_grow_and_the_default_saves_the_overloaded_probe() -> None:
+    # Shaped like the H200 8B runs (2026-11-24): the burst served 28.5 req/s, open-loop offers are served at
+    # 0.92 of the offer up to ~1.05x the burst's rate, and p95 TTFT stays low until ~1.18x of it.
+    def h200_like(rate: float, n: int, seed: int) -> dict:
+        served = 28.5 if math.isinf(rate) else min(rate * 0.92, 28.5 * 1.05)
+        ttft = 5000.0 if math.isinf(rate) else (300.0 if rate < 28.5 * 1.18 else 1200.0)
+        return {"requests_per_s": served, "p95_ttft_ms": ttft, "requests": n}
+
+    slo = parse_slo("p95_ttft_ms<800")
+    settings = SearchSettings(min_requests=10, tolerance=0.15, max_probes=6)
+    default = Recorder(h200_like)
+    found = search_goodput(default, slo, settings)
+    rates = [r for r, _n, _s in default.calls]
+    assert rates[2] == pytest.approx(rates[1] * settings.grow, rel=0.01)  # the step above the first pass
+    wide = Recorder(h200_like)
+    old = search_goodput(wide, slo, SearchSettings(min_requests=10, tolerance=0.15, max_probes=6, grow=1.5))
+    # The same goodput, one probe fewer: the 1.5x offer (served 0.7x of it) told nothing the 1.25x one did not.
+    assert found.goodput_rps == old.goodput_rps and 28.5 <= found.goodput_rps < 28.5 * 1.18
+    assert [p.role for p in found.points] == ["capacity", "probe", "probe", "probe", "repeat"]
+    assert len(wide.calls) == len(default.calls) + 1

@@ -12,7 +12,7 @@ from stack.config import load_config
 from stack.engine.launch import plan_engine
 from stack.hardware import detect
 from stack.vllm.args import render_engine_args
-from stack.vllm.options import check_with_vllm, installed_catalog, installed_version
+from stack.vllm.options import check_many_with_vllm, check_with_vllm, installed_catalog, installed_version
 from tests.conftest import VERSIONS, load_catalog
 
 pytest.importorskip("vllm", reason="needs vLLM installed (./install.sh)")
@@ -47,6 +47,31 @@ def test_vllms_own_parser_accepts_rendered_args_and_rejects_bad_values(installed
     error = check_with_vllm(sys.executable, ["some/model", "--max-model-len", "lots"])
     assert error and "--max-model-len" in error
 
+
+
+def test_several_commands_are_checked_in_one_child_each_answer_in_its_place(installed, tmp_path, monkeypatch) -> None:
+    import stack.vllm.options as options
+
+    children: list[tuple[str, ...]] = []
+    real = options._run_introspect
+
+    def counted(python: str, *args: str, **kw):
+        children.append(args)
+        return real(python, *args, **kw)
+
+    monkeypatch.setattr(options, "_run_introspect", counted)
+    good = ["some/model", "--max-model-len", "2048"]
+    argvs = [good, ["some/model", "--max-num-seqs", "many"], ["some/model", "--no-such-option", "1"],
+             ["some/model", "--max-num-batched-tokens", "4096"]]
+    answers = check_many_with_vllm(sys.executable, argvs, installed, tmp_path)
+    assert len(children) == 1 and children[0][0] == "check-many"  # one import of vLLM's CLI for all four
+    assert answers[0] is None and answers[3] is None
+    assert "--max-num-seqs" in (answers[1] or "") and "--no-such-option" in (answers[2] or "")
+    # The accepted ones are remembered: asked again, only the rejected ones go to a child.
+    assert check_many_with_vllm(sys.executable, argvs, installed, tmp_path) == answers
+    assert len(children) == 2
+    assert check_many_with_vllm(sys.executable, [good, argvs[3]], installed, tmp_path) == [None, None]
+    assert len(children) == 2
 
 def test_an_accepted_command_is_not_parsed_again_on_a_repeat_start(installed, tmp_path, monkeypatch) -> None:
     import stack.vllm.options as options
