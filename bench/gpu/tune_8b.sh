@@ -5,13 +5,16 @@
 # in a later call, same model, same SLO; bench/gpu/tune_compare.py puts both side by side.
 #
 # Device-tool calls, back to back (a machine stays warm ~30 s after a call; the site parts are stashed in
-# /tmp by the first three; `bash bench/gpu/build_site.sh` here first if .gpu1-3/ are missing):
-#   run kind=nvidia-h100-x1 carry=[".gpu1"] timeout_s=120  command: bash bench/gpu/suite.sh --stash
+# /tmp by the first three, the third unpacking them; `bash bench/gpu/build_site.sh` here first if .gpu1-3/
+# are missing). As run on 2026-11-24 (README "What `vstack tune` found"; 6 candidates, 1,202 s, 3 calls):
+#   run kind=nvidia-h200 carry=[".gpu1"] timeout_s=120     command: bash bench/gpu/suite.sh --stash
 #   run carry=[".gpu2"] timeout_s=120                      command: bash bench/gpu/suite.sh --stash
-#   run carry=[".gpu3"] timeout_s=600                      command: bash bench/gpu/tune_8b.sh
-#   run timeout_s=600                                      command: bash bench/gpu/tune_8b.sh      (resumes)
-#   run timeout_s=600                                      command: bash bench/gpu/auto_tune_port.sh 8b
-#   run timeout_s=120                                      command: python3 bench/gpu/tune_compare.py /tmp/vstack-gpu-tune 2>&1 | tee $OUT/compare.md
+#   run carry=[".gpu3"] timeout_s=180                      command: bash bench/gpu/suite.sh --stash >/dev/null && bash -c 'source bench/gpu/site.sh && unpack_site'
+#   run timeout_s=600                                      command: bash bench/gpu/tune_8b.sh --restart
+#   run timeout_s=600                                      command: bash bench/gpu/tune_8b.sh      (resumes; again until complete)
+# vLLM's auto_tune next (a machine goes back after 30 minutes held: on a fresh one, stash the parts again):
+#   run timeout_s=600                                      command: bash bench/gpu/auto_tune_port.sh 8b   (resumes; 3 calls for 2x2)
+# then, here, on the fetched folders: python3 bench/gpu/tune_compare.py FOLDER (tune-8b/ and auto-tune-8b/ in it)
 # If a call finds a cold machine: carry the three parts again, and put the last call's tune-state.json at
 # bench/gpu/state/tune-8b/tune-state.json (untracked: it travels with the tree) to resume there.
 # Everything lands in $OUT/tune-8b/ (tune.md, tune.json, goodput_curves.png, tune-state.json, logs) and

@@ -193,6 +193,7 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
             for c in candidates if (m := state.get(c.key)) and m.metrics]
     # One `vllm bench serve` process for every probe of every candidate (stack.load.bench_worker).
     worker: BenchWorker | None = None
+    paused = False
     with contextlib.ExitStack() as resources:
         for index, cand in enumerate(candidates):
             def emit(phase: str, t: float = 0.0, d: str = "", i: int = index, c: Candidate = cand) -> None:
@@ -210,12 +211,15 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
                 measured.append(result)
                 emit("dropped", d=result.error or "")
                 continue
+            if paused:  # the budget ran out: the rest only to report what was reused or dropped
+                continue
             if deadline is not None:
                 need = sum(took) / len(took) if took else FIRST_CANDIDATE_S
                 if deadline - time.monotonic() < need:
                     remaining = sum(1 for c in candidates[index:] if not state.get(c.key) and c.key not in dropped)
                     emit("paused", d=f"time budget: {remaining} candidate(s) left for the next call")
-                    break
+                    paused = True
+                    continue
             if mode == "goodput" and worker is None:  # its import of vLLM overlaps the engine's start
                 worker = resources.enter_context(BenchWorker(base.python, req.out_dir / "bench" / "worker.log"))
             t0 = time.monotonic()
@@ -229,7 +233,8 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
             if result.paused:
                 remaining = sum(1 for c in candidates[index:] if not state.get(c.key) and c.key not in dropped)
                 emit("paused", d=f"time budget: {remaining} candidate(s) left for the next call")
-                break
+                paused = True
+                continue
             measured.append(result)
             emit("done" if result.ok else "failed", d=_brief(result) if result.ok else (result.error or ""))
             if not result.ok and req.stop_on_error:
