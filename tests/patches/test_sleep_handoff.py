@@ -18,6 +18,7 @@ from vllm.device_allocator import AllocationData
 
 from stack.engine.memory_handoff import HandoffBroker
 from stack.patches.runtime import fast_sleep_wake as fsw
+from stack.patches.runtime.cuda_vmm import CudaError
 from stack.patches.runtime.sleep_handoff import HandoffOps
 from tests.patches.test_fast_sleep_wake import HostDevice
 
@@ -32,6 +33,7 @@ class FakeVmm:
         self.blocks: dict[int, bytearray] = {}
         self.handles: dict[int, int] = {}  # handle -> block
         self.by_inode: dict[int, int] = {}  # exported descriptor's inode -> block
+        self.imported: set[int] = set()  # handles from import_fd: the driver refuses to export those
         self.mapped: dict[int, int] = {}  # address -> handle
         self.zeroed = 0
         self._next = 1
@@ -69,12 +71,16 @@ class FakeVmm:
         del self.handles[handle]
 
     def export(self, handle: int) -> int:
+        if handle in self.imported:  # as the driver answered on the H200 (suite run, 2026-11-24)
+            raise CudaError("cuMemExportToShareableHandle failed with CUDA error 1")
         fd = os.memfd_create("piece")
         self.by_inode[os.fstat(fd).st_ino] = self.handles[handle]
         return fd
 
     def import_fd(self, fd: int) -> int:
-        return self._new(self.by_inode[os.fstat(fd).st_ino])
+        handle = self._new(self.by_inode[os.fstat(fd).st_ino])
+        self.imported.add(handle)
+        return handle
 
     def zero(self, ptr: int, size: int, stream: int = 0) -> None:
         ctypes.memset(ptr, 0, size)
@@ -148,3 +154,26 @@ def test_vllm_freeing_an_allocation_mapped_from_pieces_gets_its_own_handle_back(
     assert ptr in gpu.ops_b.ours and ptr in gpu.vmm.mapped
     gpu.ops_b.restore_for_free(data.handle)  # what the patched free callback does before vLLM's C unmaps
     assert ptr not in gpu.ops_b.ours and ptr not in gpu.vmm.mapped and ptr in gpu.dev_b.mapped  # vLLM's map
+
+
+def test_memory_goes_back_and_forth_switch_after_switch(gpu, caplog) -> None:
+    """B hands back what A handed it: by the descriptors it received (an imported handle cannot be exported)."""
+    for alloc, ops in ((gpu.a, gpu.ops_a), (gpu.b, gpu.ops_b)):
+        fsw.sleep(alloc, ("weights",), ops, keep=True)
+    fsw.wake_up(gpu.a, None, gpu.ops_a, keep=True)
+    weights_a = tagged(gpu.a, "weights")
+    for _round in range(2):
+        gpu.broker.open_window("gpu-0")  # A -> B
+        assert fsw.sleep(gpu.a, ("weights",), gpu.ops_a, keep=True)["handoff_handed"] == 102 * MIB
+        fsw.wake_up(gpu.b, None, gpu.ops_b, keep=True)
+        gpu.broker.close_window()
+        gpu.broker.open_window("gpu-0")  # B -> A: every piece of B's goes back, the imported ones included
+        slept = fsw.sleep(gpu.b, ("weights",), gpu.ops_b, keep=True)
+        assert slept["handoff_handed"] == 72 * MIB
+        woke = fsw.wake_up(gpu.a, None, gpu.ops_a, keep=True)
+        # B's 2 x 32 + 4 x 2 MiB; A's 34 + 4 + 64 MiB take 2 x 32 + 3 x 2 of them and one 32 MiB piece fresh.
+        assert woke["handoff_imported"] == 70 * MIB and woke["handoff_created"] == 32 * MIB
+        assert tagged(gpu.a, "weights") == weights_a
+        gpu.broker.close_window()
+    assert "could not be exported" not in caplog.text
+    assert gpu.broker.held_bytes() == 0

@@ -3,10 +3,12 @@
 With VSTACK_SLEEP_HANDOFF_SOCKET set (the manager's broker, stack.engine.memory_handoff), the runtime patch
 `gpu-sleep-wake-at-bus-speed` maps each allocation on wake from exportable pieces (512/32/2 MiB, back to back
 in the allocation's reserved range) instead of vLLM's one non-exportable handle: pieces another engine handed
-over first, fresh ones for the rest. Its next sleep exports every piece to the broker before releasing it, so
-the next engine maps that memory without the driver clearing it. Pieces that came from another engine are
-zeroed (an async memset, at memory speed) where no host copy overwrites them, the KV cache: what vLLM gets
-from the driver, and nothing of the other model's data.
+over first, fresh ones for the rest. Its next sleep hands every piece to the broker before releasing it, so
+the next engine maps that memory without the driver clearing it: a piece it created, exported; a piece it was
+handed, by the descriptor it came with (the driver refuses to export an imported handle: CUDA error 1 on the
+H200, 2026-11-24), so memory goes back and forth between engines switch after switch. Pieces that came from
+another engine are zeroed (an async memset, at memory speed) where no host copy overwrites them, the KV
+cache: what vLLM gets from the driver, and nothing of the other model's data.
 
 Memory vLLM created itself (before the first sleep) is released as upstream does. Before vLLM frees or
 discards an allocation mapped from pieces, the pieces go and one handle of vLLM's own is mapped in their
@@ -43,7 +45,8 @@ class HandoffOps:
 
     def __init__(self, base: Any, vmm: Vmm, path: str, device_id: str, stream: int = 0) -> None:
         self.base, self.vmm, self.path, self.device_id, self.stream = base, vmm, path, device_id, stream
-        self.ours: dict[int, list[tuple[int, int, int]]] = {}  # d_mem -> [(offset, size, handle)]
+        # d_mem -> [(offset, size, handle, descriptor it was handed with, or -1 if created here)]
+        self.ours: dict[int, list[tuple[int, int, int, int]]] = {}
         self.reused: set[int] = set()  # allocations holding a piece another engine wrote to
         self.stock: dict[int, list[int]] = defaultdict(list)  # size -> descriptors taken for this wake
         self.outgoing: list[tuple[int, int]] = []  # (size, descriptor) exported by this sleep
@@ -77,24 +80,24 @@ class HandoffOps:
         if pieces is None:
             self.base.map(handle)
             return
-        done: list[tuple[int, int, int]] = []
+        done: list[tuple[int, int, int, int]] = []
         reused = False
         try:
             offset = 0
             for piece in pieces:
-                h, from_other = self._piece(piece)
+                h, fd = self._piece(piece)
                 try:
                     self.vmm.map(d_mem + offset, piece, h)
                 except CudaError:
-                    self.vmm.release(h)
+                    self._drop(h, fd)
                     raise
-                done.append((offset, piece, h))
-                reused |= from_other
+                done.append((offset, piece, h, fd))
+                reused |= fd >= 0
                 offset += piece
         except CudaError as exc:
-            for offset, piece, h in done:
+            for offset, piece, h, fd in done:
                 self.vmm.unmap(d_mem + offset, piece)
-                self.vmm.release(h)
+                self._drop(h, fd)
             log.warning("vstack wake: pieces could not be mapped (%s); vLLM's own allocation instead", exc)
             self.stats["fallback"] += 1
             self.base.map(handle)
@@ -102,21 +105,25 @@ class HandoffOps:
         self.ours[d_mem] = done
         (self.reused.add if reused else self.reused.discard)(d_mem)
 
-    def _piece(self, size: int) -> tuple[int, bool]:
-        """(handle, whether another engine handed it over): a handed-over piece if one imports, else fresh."""
+    def _piece(self, size: int) -> tuple[int, int]:
+        """(handle, its descriptor if another engine handed it over, else -1): handed-over if one imports."""
         while self.stock.get(size):
             fd = self.stock[size].pop()
             try:
                 handle = self.vmm.import_fd(fd)
             except CudaError as exc:  # that piece is freed when its descriptor closes
                 log.warning("vstack wake: a handed-over piece did not import (%s)", exc)
-                continue
-            finally:
                 os.close(fd)
+                continue
             self.stats["imported"] += size
-            return handle, True
+            return handle, fd  # kept open: the next sleep hands the piece on by it
         self.stats["created"] += size
-        return self.vmm.create(size), False
+        return self.vmm.create(size), -1
+
+    def _drop(self, handle: int, fd: int) -> None:
+        self.vmm.release(handle)
+        if fd >= 0:
+            os.close(fd)
 
     def zero_if_reused(self, ptr: int, size: int) -> None:
         """An allocation nothing is copied into (the KV cache): zero it if another engine's data is in it."""
@@ -140,14 +147,14 @@ class HandoffOps:
             self.base.unmap(handle)  # vLLM's own allocation (before the first wake): released as upstream
             return
         self.reused.discard(d_mem)
-        for offset, size, h in pieces:
+        for offset, size, h, fd in pieces:
             self.vmm.unmap(d_mem + offset, size)
             try:
-                self.outgoing.append((size, self.vmm.export(h)))
+                self.outgoing.append((size, fd if fd >= 0 else self.vmm.export(h)))
             except CudaError as exc:
                 log.warning("vstack sleep: a piece could not be exported (%s); released", exc)
             finally:
-                self.vmm.release(h)  # the exported descriptor keeps the memory alive, nothing else does
+                self.vmm.release(h)  # the descriptor keeps the memory alive, nothing else does
 
     def after_sleep(self) -> dict[str, int]:
         out, self.outgoing = self.outgoing, []
@@ -164,7 +171,7 @@ class HandoffOps:
         if pieces is None:
             return
         self.reused.discard(d_mem)
-        for offset, size, h in pieces:
+        for offset, size, h, fd in pieces:
             self.vmm.unmap(d_mem + offset, size)
-            self.vmm.release(h)
+            self._drop(h, fd)
         self.base.map(handle)
