@@ -90,9 +90,12 @@ def main() -> int:
     for line in sys.stdin:
         if not line.strip():
             continue
-        request = json.loads(line)
-        with _output_to(request["log"]):
-            result = run_one(parse, run, list(request["argv"]))
+        try:
+            request = json.loads(line)
+            with _output_to(request["log"]):
+                result = run_one(parse, run, list(request["argv"]))
+        except (ValueError, KeyError, TypeError, OSError) as exc:  # a bad request or an unwritable log: said, not fatal
+            result = {"ok": False, "error": f"bad request to the bench worker: {type(exc).__name__}: {exc}"}
         reply(result)
     return 0
 

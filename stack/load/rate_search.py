@@ -90,6 +90,10 @@ class SearchResult:
     note: str
 
 
+class ProbeFailed(StackError):
+    """No request of a probe was answered (the engine died, or never served): the candidate fails."""
+
+
 class BudgetExhausted(StackError):
     """The time budget ends before the next probe: the points so far are kept for the resumed search."""
 
@@ -150,8 +154,15 @@ def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, e
         metrics = probe(rate, n, len(points) + 1)  # the seed: new prompts each probe (no prefix-cache hits)
         took = time.monotonic() - started
         last_overhead[0] = max(5.0, took - (0.0 if math.isinf(rate) else n / rate))
+        failed, ok = int(metrics.get("errors") or 0), int(metrics.get("ok") or 0)
+        if failed and not ok:  # vllm bench serve still reports (zero latencies): never a verdict on the SLO
+            which = "the capacity probe (all at once)" if math.isinf(rate) else f"the probe at {rate:g} req/s"
+            raise ProbeFailed(f"every request of {which} failed ({failed}): the engine answered none",
+                              hint="read that probe's *.bench.log and the engine's log")
         checks = evaluate(clauses, metrics)
         misses = [r.describe() for r in checks if not r.met]
+        if failed:  # a request that failed was not served within the SLO, whatever the others' latencies
+            misses.insert(0, f"{failed} of {failed + ok} requests failed")
         served = float(metrics.get("requests_per_s") or 0.0)
         if not math.isinf(rate) and served < s.keep_pace * rate:
             misses.append(f"served {served:.4g} req/s of {rate:g} offered (< {s.keep_pace:g}x): requests piled up, "

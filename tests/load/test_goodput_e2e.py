@@ -106,6 +106,9 @@ def test_bench_worker_runs_every_probe_in_one_process_and_survives_a_failed_run(
             run_bench(scenario, sys.executable, base_url, SERVED, str(tmp_path / "no-such-tokenizer"), tmp_path,
                       "dead", timeout_s=120, worker=worker)
         assert "dead.bench.log" in (failed.value.hint or "") and "no-such-tokenizer" in failed.value.message
+        with pytest.raises(BenchError) as unwritable:  # a log it cannot write: said, and it goes on
+            worker.run(["--num-prompts", "1"], tmp_path / "no-such-folder" / "x.log", 60, lambda _t: None)
+        assert "bad request to the bench worker" in unwritable.value.message
         second = probe(math.inf, 6, 2)
         assert worker.proc is not None and worker.proc.pid == pid  # the same process served all three
     assert worker.proc is None  # closed with the context

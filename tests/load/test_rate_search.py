@@ -12,7 +12,7 @@ import time
 import pytest
 
 from stack.config.slo import parse_slo
-from stack.load.rate_search import INF, BudgetExhausted, Point, SearchSettings, search_goodput
+from stack.load.rate_search import INF, BudgetExhausted, Point, ProbeFailed, SearchSettings, search_goodput
 
 CAPACITY = 20.0  # req/s
 
@@ -139,3 +139,23 @@ def test_the_step_above_a_rate_that_held_is_grow_and_the_default_saves_the_overl
     assert found.goodput_rps == old.goodput_rps and 28.5 <= found.goodput_rps < 28.5 * 1.18
     assert [p.role for p in found.points] == ["capacity", "probe", "probe", "probe", "repeat"]
     assert len(wide.calls) == len(default.calls) + 1
+
+
+def test_failed_requests_never_count_as_served_within_the_slo() -> None:
+    # vllm bench serve reports a probe whose requests failed with zero latencies: those must not meet a TTFT SLO.
+    def some_fail(rate: float, n: int, seed: int) -> dict:
+        out = model(rate, n, seed)
+        return {**out, "errors": 2 if 10 <= rate < 14 else 0, "ok": n}
+
+    found = search_goodput(Recorder(some_fail), parse_slo("p95_ttft_ms<800"),
+                           SearchSettings(min_requests=10, tolerance=0.05, max_probes=12))
+    failing = [p for p in found.points if 10 <= p.rate < 14]
+    assert failing and all(not p.met and p.misses[0] == f"2 of {p.requests + 2} requests failed" for p in failing)
+    assert found.goodput_rps < 10
+
+    def dead(rate: float, n: int, seed: int) -> dict:
+        return {"requests_per_s": 0.0, "p95_ttft_ms": 0.0, "requests": n, "errors": n, "ok": 0}
+
+    with pytest.raises(ProbeFailed) as caught:
+        search_goodput(Recorder(dead), parse_slo("p95_ttft_ms<800"), SearchSettings(min_requests=10))
+    assert "every request of the capacity probe (all at once) failed (10)" in caught.value.message
