@@ -194,6 +194,13 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     # One `vllm bench serve` process for every probe of every candidate (stack.load.bench_worker).
     worker: BenchWorker | None = None
     paused = False
+
+    def pause(index: int, emit: Callable[..., None]) -> int:
+        """The time budget ends this call at candidate `index`: how many are left for the next one."""
+        left = sum(1 for c in candidates[index:] if not state.get(c.key) and c.key not in dropped)
+        emit("paused", d=f"time budget: {left} candidate(s) left for the next call")
+        return left
+
     with contextlib.ExitStack() as resources:
         for index, cand in enumerate(candidates):
             def emit(phase: str, t: float = 0.0, d: str = "", i: int = index, c: Candidate = cand) -> None:
@@ -216,9 +223,7 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
             if deadline is not None:
                 need = sum(took) / len(took) if took else FIRST_CANDIDATE_S
                 if deadline - time.monotonic() < need:
-                    remaining = sum(1 for c in candidates[index:] if not state.get(c.key) and c.key not in dropped)
-                    emit("paused", d=f"time budget: {remaining} candidate(s) left for the next call")
-                    paused = True
+                    remaining, paused = pause(index, emit), True
                     continue
             if mode == "goodput" and worker is None:  # its import of vLLM overlaps the engine's start
                 worker = resources.enter_context(BenchWorker(base.python, req.out_dir / "bench" / "worker.log"))
@@ -231,9 +236,7 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
                 result.metrics["tune_elapsed_s"] = round(spent_before + time.monotonic() - started, 1)
             state.put(result, spent_before + time.monotonic() - started)
             if result.paused:
-                remaining = sum(1 for c in candidates[index:] if not state.get(c.key) and c.key not in dropped)
-                emit("paused", d=f"time budget: {remaining} candidate(s) left for the next call")
-                paused = True
+                remaining, paused = pause(index, emit), True
                 continue
             measured.append(result)
             emit("done" if result.ok else "failed", d=_brief(result) if result.ok else (result.error or ""))

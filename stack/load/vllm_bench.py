@@ -25,6 +25,7 @@ from stack.config.slo import LATENCIES, PERCENTILES
 from stack.errors import ExitCode, StackError
 from stack.load.scenario import Scenario
 from stack.vllm import launcher
+from stack.vllm.options import engine_python_env
 
 
 class BenchError(StackError):
@@ -45,8 +46,12 @@ class OpenLoop:
 def bench_command(scenario: Scenario, python: str, base_url: str, model: str, tokenizer: str,
                   result_dir: Path, result_file: str, open_loop: OpenLoop | None = None) -> list[str]:
     """Closed loop (capacity mode: the scenario's users as --max-concurrency), or one open-loop probe."""
-    return [python, "-m", launcher.__name__, "bench", "serve",
-            *bench_args(scenario, base_url, model, tokenizer, result_dir, result_file, open_loop)]
+    args = bench_args(scenario, base_url, model, tokenizer, result_dir, result_file, open_loop)
+    return [*_bench_serve(python), *args]
+
+
+def _bench_serve(python: str) -> list[str]:
+    return [python, "-m", launcher.__name__, "bench", "serve"]
 
 
 def bench_args(scenario: Scenario, base_url: str, model: str, tokenizer: str, result_dir: Path, result_file: str,
@@ -123,12 +128,10 @@ class BenchWorker:
 
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        root = str(Path(__file__).resolve().parents[2])  # the engine's Python may not have the stack installed
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([self.python, "-m", "stack.load.bench_worker"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+                                         stdout=subprocess.PIPE, stderr=log, start_new_session=True,
+                                         env=engine_python_env(PYTHONUNBUFFERED="1"))
         self.ready, self._buffer = None, b""
 
     def _reply(self, deadline: float, on_tick: Callable[[float], None], started: float, what: str
@@ -176,10 +179,15 @@ class BenchWorker:
             raise BenchError(f"vllm bench serve failed ({answer.get('error')}):\n{tail}", hint=f"read {log}")
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            for pipe in (self.proc.stdin, self.proc.stdout):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
         self.proc = None
 
     def close(self) -> None:
@@ -208,11 +216,12 @@ def run_bench(scenario: Scenario, python: str, base_url: str, model: str, tokeni
     result_file = f"{name}.bench.json"
     (work_dir / result_file).unlink(missing_ok=True)
     log = work_dir / f"{name}.bench.log"
-    cmd = bench_command(scenario, python, base_url, model, tokenizer, work_dir, result_file, open_loop)
+    args = bench_args(scenario, base_url, model, tokenizer, work_dir, result_file, open_loop)
+    cmd = [*_bench_serve(python), *args]
     path = work_dir / result_file
     if worker is not None:
         log.write_text(f"$ {' '.join(cmd)}\n(run in the bench worker, {worker.log})\n")
-        worker.run(cmd[5:], log, timeout_s, on_tick)
+        worker.run(args, log, timeout_s, on_tick)
         if not path.is_file():
             raise BenchError(f"vllm bench serve wrote no result ({path})", hint=f"read {log}")
         return metrics_from_bench(json.loads(path.read_text())), path

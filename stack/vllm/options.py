@@ -109,11 +109,17 @@ class VllmCatalog:
         return f"VllmCatalog({self.distribution} {self.version}, {len(self.options)} options)"
 
 
-def _run_introspect(python: str, *args: str, timeout: float = 180) -> Any:
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
-    # The engine's Python may not have the stack installed: put our package on its path.
+def engine_python_env(**extra: str) -> dict[str, str]:
+    """This process's env for a child in the engine's Python, which may not have the stack installed: our
+    package goes first on its path."""
+    env = {**os.environ, **extra}
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _run_introspect(python: str, *args: str, timeout: float = 180) -> Any:
+    env = engine_python_env(VLLM_LOGGING_LEVEL="ERROR", PYTHONWARNINGS="ignore")
     with tempfile.TemporaryDirectory(prefix="vstack-introspect-") as tmp:
         out = Path(tmp) / "answer.json"
         try:

@@ -49,7 +49,7 @@ class HandoffOps:
         self.ours: dict[int, list[tuple[int, int, int, int]]] = {}
         self.reused: set[int] = set()  # allocations holding a piece another engine wrote to
         self.stock: dict[int, list[int]] = defaultdict(list)  # size -> descriptors taken for this wake
-        self.outgoing: list[tuple[int, int]] = []  # (size, descriptor) exported by this sleep
+        self.outgoing: list[tuple[int, int]] = []  # (size, descriptor) this sleep hands on
         self.stats: Counter[str] = Counter()
 
     # -- copies: the base's ----------------------------------------------------------------------------
