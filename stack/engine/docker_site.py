@@ -10,6 +10,7 @@ Every problem is an EngineError naming the setting to change, raised before any 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import os
 import re
 import socket
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
 
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
+# Compose lists a project's containers by these two as well (v2.40 filters on them): without them
+# `down --remove-orphans` and `ps` do not see an engine at all, and one a killed gateway left outlives `down`.
+ONEOFF_LABEL = "com.docker.compose.oneoff"
+CONFIG_HASH_LABEL = "com.docker.compose.config-hash"
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
 
 
@@ -56,7 +61,10 @@ class Site:
         if can_sleep:  # what with_sleep does for a child process, said to the engine container's planner
             env.update(VSTACK_ENGINE__ENABLE_SLEEP_MODE="true", VLLM_SERVER_DEV_MODE="1")
         name = f"{self.name_prefix}-{_slug(served_name)}"
-        labels = {**self.labels, SERVICE_LABEL: name} if PROJECT_LABEL in self.labels else dict(self.labels)
+        labels = dict(self.labels)
+        if PROJECT_LABEL in labels:  # one of the project's containers, under its own service name
+            config = hashlib.sha256(f"{self.image}\0{serve}".encode()).hexdigest()
+            labels.update({SERVICE_LABEL: name, ONEOFF_LABEL: "False", CONFIG_HASH_LABEL: config})
         return ContainerSpec(
             name=name, image=self.image, serve=serve, network=self.network, cache_volume=self.cache_volume,
             config_source=self.config_source, env=env, gpus=_gpu_count(self.gpus, gpu),

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
+from stack.engine.docker_runtime import LABEL
 from tests.docker.conftest import MODEL, ROOT, Compose, build_env, write_env_file
 from tests.docker.test_files import dashboard_queries
 
@@ -93,6 +94,7 @@ def deployment(built_images, docker_settings, docker_client, tmp_path_factory) -
     compose = Compose(PROJECT, env_file, build_env(docker_settings, None))
     grafana_image = compose.env.get("GRAFANA_IMAGE", "grafana/grafana-oss:12.2.1")
     grafana = _image_present(docker_client, grafana_image)
+    _remove_leftover_engines(docker_client)  # a run of a version whose engines `down` could not see
     compose.run("down", "-v", "--remove-orphans", check=False)  # a previous run killed half-way
     started = time.monotonic()
     services = [] if grafana else SERVICES_WITHOUT_GRAFANA
@@ -114,10 +116,18 @@ def _engine_containers(client: Any) -> list[Any]:
     return [c for c in client.containers.list(all=True) if c.name.startswith(ENGINE_PREFIX)]
 
 
+def _remove_leftover_engines(client: Any) -> None:
+    for c in _engine_containers(client):
+        if LABEL in (c.labels or {}):
+            c.remove(force=True)
+
+
 def test_the_engine_is_a_container_the_manager_started(deployment: Deployment, docker_client: Any) -> None:
     """On the internal network only, nothing published, the shared model volume, labelled as ours and as
     the project's (so `down --remove-orphans` would find one a killed gateway left)."""
-    (engine,) = _engine_containers(docker_client)
+    engines = _engine_containers(docker_client)
+    assert len(engines) == 1, [(c.name, c.status) for c in engines]
+    (engine,) = engines
     assert engine.name == f"{ENGINE_PREFIX}{MODEL}" and engine.status == "running"
     assert list(engine.attrs["NetworkSettings"]["Networks"]) == [f"{PROJECT}_engines"]
     assert not engine.ports and engine.labels["com.docker.compose.project"] == PROJECT
@@ -239,8 +249,13 @@ def test_switch_models_through_the_admin_api(deployment: Deployment, docker_clie
     assert [(c.name, c.status) for c in _engine_containers(docker_client)] == [(f"{ENGINE_PREFIX}{OTHER}", "running")]
 
 
-def test_down_leaves_no_container_network_or_volume(deployment: Deployment, docker_client: Any) -> None:
-    deployment.compose.run("down", "-v", "--remove-orphans", "--timeout", "20", timeout=300)
+def test_down_removes_the_engine_a_killed_gateway_left(deployment: Deployment, docker_client: Any) -> None:
+    """The gateway killed (it cannot stop its engine): `down --remove-orphans` still finds the engine by the
+    compose labels it carries, and leaves no container, network or volume behind."""
+    docker_client.containers.get(f"{PROJECT}-vstack-cpu-1").kill()
+    assert [c.status for c in _engine_containers(docker_client)] == ["running"]
+    down = deployment.compose.run("down", "-v", "--remove-orphans", "--timeout", "20", timeout=300)
+    assert f"{ENGINE_PREFIX}{OTHER}" in down.stdout + down.stderr  # compose itself removed it
     label = {"label": f"com.docker.compose.project={PROJECT}"}
     assert docker_client.containers.list(all=True, filters=label) == []
     assert docker_client.networks.list(filters=label) == []

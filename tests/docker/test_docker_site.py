@@ -12,6 +12,7 @@ import sys
 import uuid
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -40,7 +41,9 @@ def test_an_engine_container_gets_hub_access_and_engine_overrides_but_no_gateway
     assert spec.env == {"HF_TOKEN": "hf_secret", "VSTACK_ENGINE__MAX_MODEL_LEN": "4096", "HF_HUB_OFFLINE": "1"}
     assert spec.network == "proj_engines" and spec.cache_volume == "proj_models" and spec.gpus is None
     assert spec.shm_size == "2g"
-    assert spec.labels == {PROJECT_LABEL: "proj", SERVICE_LABEL: "proj-engine-org-model_7b"}
+    # the labels compose lists a project's containers by: `down --remove-orphans` and `ps` see the engine
+    assert spec.labels == {PROJECT_LABEL: "proj", SERVICE_LABEL: "proj-engine-org-model_7b",
+                           "com.docker.compose.oneoff": "False", "com.docker.compose.config-hash": ANY}
     assert spec.base_url == "http://proj-engine-org-model_7b:8000"
 
 
