@@ -1,6 +1,7 @@
 """The rule `vstack tune` picks by: of the candidates that meet the SLO, the highest score (goodput: the
 highest request rate at which the SLO held; capacity mode: output tokens/s); when none does, the one
-closest to meeting it (smallest summed relative shortfall), reported as such."""
+closest to meeting it (smallest summed relative shortfall), reported as such. A candidate whose measured
+run lost requests never meets the SLO."""
 
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ class Measured:
     @property
     def ok(self) -> bool:
         return self.metrics is not None and self.error is None
+
+    @property
+    def dropped(self) -> int:
+        """Requests that failed in the run its figures come from (a goodput search keeps no such point)."""
+        return int((self.metrics or {}).get("errors") or 0)
 
     @property
     def throughput(self) -> float:
@@ -63,7 +69,8 @@ def choose(measured: Sequence[Measured], clauses: Sequence[Clause]) -> Choice:
     if not ran:
         return Choice(None, False, checks, "no candidate could be measured")
     # Goodput: a candidate meets the SLO when some rate did (its figures are that rate's).
-    passing = [m for m in ran if all_met(checks[m.key]) and (not m.goodput or m.score > 0)]
+    # A failed request was not served within the SLO, whatever the latencies of the answered ones.
+    passing = [m for m in ran if all_met(checks[m.key]) and (not m.goodput or m.score > 0) and not m.dropped]
     if passing:
         best = max(passing, key=lambda m: (m.score, m.throughput))
         others = len(passing) - 1
@@ -72,6 +79,7 @@ def choose(measured: Sequence[Measured], clauses: Sequence[Clause]) -> Choice:
                f"that meet the SLO" if others else "the only candidate that meets the SLO")
         return Choice(best, True, checks, why)
     # Nobody meets it: the smallest shortfall wins; throughput breaks ties.
-    best = min(ran, key=lambda m: (distance(checks[m.key]), -m.throughput))
-    missed = "; ".join(r.describe() for r in checks[best.key] if not r.met)
+    best = min(ran, key=lambda m: (m.dropped > 0, distance(checks[m.key]), -m.throughput))
+    missed = "; ".join([f"{best.dropped} requests failed"] * bool(best.dropped)
+                       + [r.describe() for r in checks[best.key] if not r.met])
     return Choice(best, False, checks, f"no candidate meets the SLO; closest: {best.label} ({missed})")

@@ -34,7 +34,7 @@ from stack.load.choose import Choice, Measured, choose
 from stack.load.knobs import Device, Skipped, device_candidates, model_quantization, numerics_change
 from stack.load.load import choose_slo
 from stack.load.quality import answers_of
-from stack.load.rate_search import BudgetExhausted, Point, search_goodput
+from stack.load.rate_search import BudgetExhausted, Point, ProbeFailed, search_goodput
 from stack.load.scenario import Scenario, find_scenario, load_scenario_file
 from stack.load.vllm_bench import BenchWorker
 from stack.vllm.options import VllmCatalog, check_many_with_vllm
@@ -364,7 +364,8 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
             metrics = _search(req, scenario, plan, spec, cand, clauses, earlier, deadline, tick, result, save,
                               common, worker)
         else:
-            metrics = _run_measurement(req, scenario, scenario_path, plan, spec, lambda t: tick("measuring", t))
+            metrics = answered(_run_measurement(req, scenario, scenario_path, plan, spec,
+                                                lambda t: tick("measuring", t)))
         if str(plan.resolved.engine.get("load_format") or "") != "dummy":
             result.answers = answers_of(spec.base_url, plan.resolved.served_name)
         result.metrics = {**metrics, **common, "measured_s": round(time.monotonic() - started - startup, 1)}
@@ -377,6 +378,16 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
     finally:
         engine.stop(cfg.stop_grace_s)
     return result
+
+
+def answered(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A capacity run none of whose requests was answered ends the candidate: vllm bench serve exits 0 and
+    reports zero latencies then, which would read as meeting any latency SLO."""
+    failed, ok = int(metrics.get("errors") or 0), int(metrics.get("ok") or 0)
+    if failed and not ok:
+        raise ProbeFailed(f"every request of the capacity run failed ({failed}): the engine answered none",
+                          hint="read the candidate's *.bench.log and its engine log")
+    return metrics
 
 
 def _search(req: TuneRequest, scenario: Scenario, plan: EnginePlan, spec: EngineSpec, cand: Candidate,

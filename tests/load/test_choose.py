@@ -35,6 +35,30 @@ def test_failed_candidates_never_win() -> None:
     assert nobody.winner is None and nobody.reason == "no candidate could be measured"
 
 
+def test_a_capacity_run_that_lost_requests_never_meets_the_slo() -> None:
+    # vllm bench serve leaves failed requests out of its percentiles: b's latencies look best, its run lost 3.
+    lost = Measured("b", "b", {"k": "b"}, {"output_tokens_per_s": 900, "p95_ttft_ms": 100, "errors": 3, "ok": 97})
+    c = choose([m("a", 300, 700), lost], parse_slo("p95_ttft_ms<800"))
+    assert c.winner and c.winner.key == "a" and c.meets_slo and "only candidate" in c.reason
+    # Nobody meets it: one that lost requests is never the closest while another lost none.
+    c = choose([m("a", 300, 1200), lost], parse_slo("p95_ttft_ms<800"))
+    assert c.winner and c.winner.key == "a" and not c.meets_slo
+    alone = choose([lost], parse_slo("p95_ttft_ms<800"))
+    assert alone.winner is lost and not alone.meets_slo and "(3 requests failed)" in alone.reason
+
+
+def test_a_capacity_run_that_answered_nothing_ends_the_candidate() -> None:
+    import pytest
+
+    from stack.load.rate_search import ProbeFailed
+    from stack.load.tune import answered
+
+    figures = {"errors": 64, "ok": 0, "p95_ttft_ms": 0.0, "output_tokens_per_s": 0.0}  # what vllm bench reports
+    with pytest.raises(ProbeFailed, match="every request of the capacity run failed \\(64\\)"):
+        answered(figures)
+    assert answered({"errors": 1, "ok": 63}) == {"errors": 1, "ok": 63}
+
+
 def test_without_slo_the_fastest_wins() -> None:
     c = choose([m("a", 100, 1), m("b", 300, 99999)], [])
     assert c.winner and c.winner.key == "b" and c.meets_slo
