@@ -52,6 +52,9 @@ def tune_command(
     max_candidates: Annotated[int | None, typer.Option(help="without --set/--grid: only the N most promising "
                                                             "knobs for this device (baseline included)")] = None,
     method: Annotated[str, typer.Option(help="vllm-bench (vllm bench serve) or locust")] = "vllm-bench",
+    overlap_starts: Annotated[bool | None, typer.Option(
+        "--overlap-starts/--no-overlap-starts", help="start the next candidate's engine while the current one is "
+        "measured, held before its device (default: on with a GPU, off on a CPU)")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="default: results/tune/PROFILE-SCENARIO")] = None,
     restart: Annotated[bool, typer.Option(help="discard earlier measurements in --out instead of resuming")
                        ] = False,
@@ -89,7 +92,8 @@ def tune_command(
         folder = out_dir or Path("results/tune") / f"{name}-{Path(scenario).stem}"
         command = "vstack " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "vstack tune"
         request = TuneRequest(target, scenario, candidates, folder, slo, method, restart, command,  # type: ignore[arg-type]
-                              stop_on_error, mode, time_budget, max_candidates, baseline)  # type: ignore[arg-type]
+                              stop_on_error, mode, time_budget, max_candidates, baseline,  # type: ignore[arg-type]
+                              overlap_starts)
         rows: list[list[str]] = [[str(i + 1), c.label, "waiting", ""] for i, c in enumerate(candidates or [])]
         title = f"vstack tune: scenario {scenario}, results in {folder}"
         err.print("[dim]checking the configuration and the model; candidates: "
@@ -101,7 +105,7 @@ def tune_command(
                 row = rows[ev.index]
                 row[1] = ev.candidate.label
                 colour = {"reused": "cyan", "done": "green", "failed": "red", "dropped": "red"}.get(ev.phase, "yellow")
-                state = ev.phase if ev.phase in ("reused", "done", "failed", "dropped", "paused") \
+                state = ev.phase if ev.phase in ("reused", "done", "failed", "dropped", "paused", "prestarted") \
                     else f"{ev.phase} {ev.elapsed_s:.0f} s"
                 row[2] = f"[{colour}]{state}[/]"
                 row[3] = ev.detail

@@ -33,6 +33,7 @@ from stack.load.candidates import Candidate
 from stack.load.choose import Choice, Measured, choose
 from stack.load.knobs import Device, Skipped, device_candidates, model_quantization, numerics_change
 from stack.load.load import choose_slo
+from stack.load.prestart import Prestart, gate_available
 from stack.load.quality import answers_of
 from stack.load.rate_search import BudgetExhausted, Point, ProbeFailed, search_goodput
 from stack.load.scenario import Scenario, find_scenario, load_scenario_file
@@ -70,6 +71,9 @@ class TuneRequest:
     time_budget_s: float | None = None  # end this call cleanly before it runs out; the next call resumes
     max_candidates: int | None = None  # generated candidates only: the first N in order of promise
     baseline: bool = True  # generated candidates only: the profile as it is, first
+    # Start the next candidate's engine while the current one is measured, held before its device
+    # (stack.load.prestart). None: on with a GPU; off on a CPU, where the engine's own work needs the cores.
+    overlap_starts: bool | None = None
 
 
 @dataclass
@@ -194,6 +198,29 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     # One `vllm bench serve` process for every probe of every candidate (stack.load.bench_worker).
     worker: BenchWorker | None = None
     paused = False
+    overlap = (bool(hardware.gpus) if req.overlap_starts is None else req.overlap_starts) and gate_available()
+    pre: Prestart | None = None  # the next candidate's engine, held before its device
+
+    def upcoming(index: int) -> Candidate | None:
+        return next((c for c in candidates[index + 1:] if not state.get(c.key) and c.key not in dropped), None)
+
+    def prestart_next(index: int, need: float) -> Callable[[float], None]:
+        """Once candidate `index` is ready: start the next one held, if this call's budget will reach it."""
+
+        def on_ready(startup_s: float) -> None:
+            nonlocal pre
+            nxt = upcoming(index)
+            if not overlap or nxt is None or pre is not None:
+                return
+            # The next starts when this one ends (~need - startup from now) if a whole candidate is left then.
+            if deadline is not None and deadline - time.monotonic() - max(0.0, need - startup_s) < need:
+                return
+            hold = (need if deadline is None else max(60.0, deadline - time.monotonic())) + cfg.startup_timeout_s
+            pre = Prestart.launch(nxt.key, candidate_engine(req, plans[nxt.key], nxt), req.out_dir / "gates", hold)
+            on_event(TuneEvent(candidates.index(nxt), total, nxt, "prestarted", 0.0,
+                               "started, held before its device until the current candidate ends"))
+
+        return on_ready
 
     def pause(index: int, emit: Callable[..., None]) -> int:
         """The time budget ends this call at candidate `index`: how many are left for the next one."""
@@ -202,6 +229,7 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
         return left
 
     with contextlib.ExitStack() as resources:
+        resources.callback(lambda: pre and pre.discard(cfg.stop_grace_s))  # one left unmeasured: stopped
         for index, cand in enumerate(candidates):
             def emit(phase: str, t: float = 0.0, d: str = "", i: int = index, c: Candidate = cand) -> None:
                 on_event(TuneEvent(i, total, c, phase, t, d))  # type: ignore[arg-type]
@@ -220,17 +248,18 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
                 continue
             if paused:  # the budget ran out: the rest only to report what was reused or dropped
                 continue
-            if deadline is not None:
-                need = sum(took) / len(took) if took else FIRST_CANDIDATE_S
-                if deadline - time.monotonic() < need:
-                    remaining, paused = pause(index, emit), True
-                    continue
+            need = sum(took) / len(took) if took else FIRST_CANDIDATE_S
+            if deadline is not None and deadline - time.monotonic() < need:
+                remaining, paused = pause(index, emit), True
+                continue
             if mode == "goodput" and worker is None:  # its import of vLLM overlaps the engine's start
                 worker = resources.enter_context(BenchWorker(base.python, req.out_dir / "bench" / "worker.log"))
             t0 = time.monotonic()
+            mine, pre = (pre, None) if pre is not None and pre.key == cand.key else (None, pre)
             result = _measure(cfg, req, scenario, scenario_path, base, plans[cand.key], cand, clauses, mode,
                               state.partial_points(cand.key), deadline, emit,
-                              lambda m: state.put(m, spent_before + time.monotonic() - started), worker)
+                              lambda m: state.put(m, spent_before + time.monotonic() - started), worker,
+                              mine, prestart_next(index, need))
             took.append(time.monotonic() - t0)
             if result.metrics is not None:  # when, in the tune's time over every call, this figure was in
                 result.metrics["tune_elapsed_s"] = round(spent_before + time.monotonic() - started, 1)
@@ -347,19 +376,27 @@ def candidate_config(cfg: StackConfig, cand: Candidate) -> StackConfig:
 def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_path: Path, base: EnginePlan,
              plan: EnginePlan, cand: Candidate, clauses: list[Clause], mode: Mode, earlier: list[Point],
              deadline: float | None, tick: Callable[..., None], save: Callable[[Measured], None],
-             worker: BenchWorker | None = None) -> Measured:
+             worker: BenchWorker | None = None, pre: Prestart | None = None,
+             on_ready: Callable[[float], None] = lambda _s: None) -> Measured:
     result = Measured(cand.key, cand.label, cand.overrides, numerics=numerics_change(cand.overrides))
-    plan.port = free_port(plan.host)  # picked now: the planning was minutes ago
-    log = req.out_dir / "logs" / f"{cand.key}.engine.log"
-    log.unlink(missing_ok=True)
-    spec = plan.engine_spec(log, name=f"tune-{cand.key}")
-    engine = EngineProcess(spec)
+    prestart_s: float | None = None
+    if pre is not None and pre.alive():
+        engine, prestart_s = pre.engine, pre.open()
+    else:
+        if pre is not None:  # it exited while held (its log says why): started again the usual way
+            pre.discard(cfg.stop_grace_s)
+        engine = candidate_engine(req, plan, cand)
+    spec, log = engine.spec, engine.spec.log_path
     started = time.monotonic()
     try:
-        engine.start()
+        if prestart_s is None:
+            engine.start()
         tick("starting", 0.0)
         startup = engine.wait_ready(cfg.startup_timeout_s, lambda t, line: tick("starting", t, line[-80:]))
+        on_ready(startup)
         common = {"startup_s": round(startup, 1), "command": plan.display(), "log": str(log)}
+        if prestart_s is not None:  # the part of its start done while the previous candidate was measured
+            common["prestart_s"] = round(prestart_s, 1)
         if mode == "goodput":
             metrics = _search(req, scenario, plan, spec, cand, clauses, earlier, deadline, tick, result, save,
                               common, worker)
@@ -377,7 +414,17 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
         result.error = exc.message.splitlines()[0][:300]
     finally:
         engine.stop(cfg.stop_grace_s)
+        if pre is not None:
+            pre.cleanup()
     return result
+
+
+def candidate_engine(req: TuneRequest, plan: EnginePlan, cand: Candidate) -> EngineProcess:
+    """The candidate's engine, not started; its port picked now (the planning was minutes ago)."""
+    plan.port = free_port(plan.host)
+    log = req.out_dir / "logs" / f"{cand.key}.engine.log"
+    log.unlink(missing_ok=True)
+    return EngineProcess(plan.engine_spec(log, name=f"tune-{cand.key}"))
 
 
 def answered(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -21,19 +22,41 @@ def _state(out: Path) -> list[Measured]:
     return [Measured(**v) for v in json.loads((out / "tune-state.json").read_text())["results"].values()]
 
 
+_STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
+
+
+def _stamps(log: Path) -> list[str]:
+    """vLLM's log times (MM-DD HH:MM:SS: in order as text), one per line that has one."""
+    return [m.group(1) for line in log.read_text(errors="replace").splitlines() if (m := _STAMP.search(line))]
+
+
 def test_tune_two_candidates_picks_by_the_rule_and_resumes(vstack: Vstack, tmp_path: Path) -> None:
     scenario = str(write_scenario(tmp_path))
     out = tmp_path / "tune"
     common = ["tune", "--scenario", scenario, "--mode", "capacity", "--no-baseline", "--out", str(out)]
 
-    # First one candidate (as if the run had been stopped there), then the grid of two: one is reused.
+    # First one candidate (as if the run had been stopped there), then the grid of three: one is reused, and
+    # the third's engine starts while the second is measured, held before its device (the start gate).
     first = vstack(*common, "--set", "max_num_seqs=1", "--slo", "error_rate<0.5", timeout=400)
     assert first.returncode == 0, first.stdout + first.stderr
-    second = vstack(*common, "--set", "max_num_seqs=1,4", "--slo", "error_rate<0.5", timeout=400)
+    second = vstack(*common, "--set", "max_num_seqs=1,4,2", "--slo", "error_rate<0.5", "--overlap-starts",
+                    timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert "resumed: 1 of 2 candidates" in second.stdout
+    assert "resumed: 1 of 3 candidates" in second.stdout
     measured = _state(out)
-    assert len(measured) == 2 and all(m.ok for m in measured)
+    assert len(measured) == 3 and all(m.ok for m in measured)
+    by_seqs = {m.overrides["max_num_seqs"]: m for m in measured}
+    assert "prestart_s" not in by_seqs[4].metrics  # nothing was measured before it in this call
+    held = by_seqs[2].metrics
+    log, before = Path(held["log"]), Path(by_seqs[4].metrics["log"])
+    text = log.read_text(errors="replace")
+    assert "vstack start gate: holding before the device" in text, text[-3000:]
+    waited = float(re.search(r"vstack start gate: open after ([\d.]+) s", text).group(1))  # type: ignore[union-attr]
+    assert waited > 1 and held["prestart_s"] >= waited  # held while the other was measured, then let go
+    opened = next(_STAMP.search(line).group(1) for line in text.splitlines()  # type: ignore[union-attr]
+                  if "start gate: open after" in line)
+    assert max(_stamps(before)) <= opened  # the other engine had stopped: its last line came first
+    assert not list((out / "gates").iterdir())  # no gate or marker left behind
     fastest = max(measured, key=lambda m: m.throughput)  # both meet the SLO: the highest throughput wins
     summary = json.loads((out / "tune.json").read_text())
     assert summary["choice"]["winner"] == fastest.label and summary["choice"]["meets_slo"] is True
@@ -50,9 +73,9 @@ def test_tune_two_candidates_picks_by_the_rule_and_resumes(vstack: Vstack, tmp_p
     assert cfg.profiles["cpu-smollm2-tuned"].slo == ["error_rate<0.5"]
 
     # An SLO nobody meets: nothing is measured again, the closest is named and said to miss.
-    strict = vstack(*common, "--set", "max_num_seqs=1,4", "--slo", "p50_ttft_ms<0.001", timeout=200)
+    strict = vstack(*common, "--set", "max_num_seqs=1,4,2", "--slo", "p50_ttft_ms<0.001", timeout=200)
     assert strict.returncode == 11, strict.stdout + strict.stderr  # the SLO not met
-    assert "resumed: 2 of 2 candidates" in strict.stdout
+    assert "resumed: 3 of 3 candidates" in strict.stdout
     closest = choose(measured, parse_slo("p50_ttft_ms<0.001")).winner
     assert closest is not None
     flat = " ".join(strict.stdout.split())

@@ -72,6 +72,7 @@ def test_status_on_a_fresh_install(vllm_site: Path) -> None:
         "cpu-bf16-numerics-guard": State.RUNTIME,
         "cpu-aot-cache-reuse": State.RUNTIME,
         "gpu-sleep-wake-at-bus-speed": State.NOT_NEEDED,  # vLLM's CUDA build only
+        "engine-start-gate": State.RUNTIME,
     }
 
 
