@@ -171,9 +171,12 @@ def _convert_offline_package(entry: ModelEntry, cfg: StackConfig) -> ModelFiles:
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{entry.name}-") as tmp:
         work = Path(tmp) / "model"
         python = cfg.engine_python or sys.executable
+        # Our package first on the engine Python's path, the caller's entries kept (a GPU site's packages
+        # may only be reachable through them): as stack.vllm.options.engine_python_env does.
+        path = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
         proc = subprocess.run([python, "-m", "stack.model_convert", str(gguf), str(work)],
                               capture_output=True, text=True, check=False,
-                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)})
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-10:])
             raise ModelSourceError(f"converting {gguf.name} failed:\n{tail}",
