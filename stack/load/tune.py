@@ -215,7 +215,9 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
             # The next starts when this one ends (~need - startup from now) if a whole candidate is left then.
             if deadline is not None and deadline - time.monotonic() - max(0.0, need - startup_s) < need:
                 return
-            hold = (need if deadline is None else max(60.0, deadline - time.monotonic())) + cfg.startup_timeout_s
+            # How long it may wait for its gate: this call's budget, else an hour (a measurement's length is
+            # not known before it ends); past it the held engine ends itself, and is started again if still wanted.
+            hold = (3600.0 if deadline is None else max(60.0, deadline - time.monotonic())) + cfg.startup_timeout_s
             pre = Prestart.launch(nxt.key, candidate_engine(req, plans[nxt.key], nxt), req.out_dir / "gates", hold)
             on_event(TuneEvent(candidates.index(nxt), total, nxt, "prestarted", 0.0,
                                "started, held before its device until the current candidate ends"))
