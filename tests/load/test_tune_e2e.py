@@ -50,11 +50,14 @@ def test_tune_two_candidates_picks_by_the_rule_and_resumes(vstack: Vstack, tmp_p
     held = by_seqs[2].metrics
     log, before = Path(held["log"]), Path(by_seqs[4].metrics["log"])
     text = log.read_text(errors="replace")
-    assert "vstack start gate: holding before the device" in text, text[-3000:]
-    waited = float(re.search(r"vstack start gate: open after ([\d.]+) s", text).group(1))  # type: ignore[union-attr]
-    assert waited > 1 and held["prestart_s"] >= waited  # held while the other was measured, then let go
-    opened = next(_STAMP.search(line).group(1) for line in text.splitlines()  # type: ignore[union-attr]
-                  if "start gate: open after" in line)
+    # Held at the gate while the other was measured, or (a short measurement on a slow host) still importing
+    # when the gate opened: either way its device part began only after the other engine's last line.
+    passed = [line for line in text.splitlines() if "vstack start gate: open" in line]
+    assert len(passed) == 1 and held["prestart_s"] > 0, text[-3000:]
+    if "open after" in passed[0]:
+        assert "vstack start gate: holding before the device" in text
+        assert held["prestart_s"] >= float(re.search(r"open after ([\d.]+) s", passed[0]).group(1))  # type: ignore[union-attr]
+    opened = _STAMP.search(passed[0]).group(1)  # type: ignore[union-attr]
     assert max(_stamps(before)) <= opened  # the other engine had stopped: its last line came first
     assert not list((out / "gates").iterdir())  # no gate or marker left behind
     fastest = max(measured, key=lambda m: m.throughput)  # both meet the SLO: the highest throughput wins

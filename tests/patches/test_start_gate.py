@@ -35,6 +35,7 @@ def test_waits_for_the_gate_showing_that_it_waits(tmp_path: Path) -> None:
     assert 0.45 <= waited < 5 and seen == [str(os.getpid())]  # the marker names the waiting process
     assert not waiting_marker(gate).exists()
     assert start_gate.wait_for_gate(gate, timeout_s=10) == 0.0  # already open: no wait, no marker
+    assert not waiting_marker(gate).exists()
 
 
 def test_a_gate_never_opened_ends_the_wait_and_says_which(tmp_path: Path) -> None:

@@ -32,7 +32,8 @@ log = logging.getLogger("vllm.vstack_patches")
 def wait_for_gate(gate: Path, timeout_s: float, poll_s: float = 0.05) -> float:
     """Block until `gate` exists; returns the seconds waited. TimeoutError past `timeout_s`."""
     started = time.monotonic()
-    if gate.exists():
+    if gate.exists():  # the other engine ended before this one had finished importing
+        log.info("vstack start gate: open on arrival")
         return 0.0
     marker = waiting_marker(gate)
     marker.write_text(str(os.getpid()))
