@@ -16,10 +16,11 @@ from stack.load.tune import TuneOutcome
 
 GOODPUT_COLUMNS = (("goodput_rps", "goodput req/s"), ("goodput_output_tokens_per_s", "out tok/s at it"),
                    ("p50_ttft_ms", "TTFT p50"), ("p95_ttft_ms", "TTFT p95"), ("p95_tpot_ms", "TPOT p95"),
-                   ("p95_e2e_ms", "E2E p95"), ("probes", "probes"), ("startup_s", "start s"))
+                   ("p95_e2e_ms", "E2E p95"), ("probes", "probes"), ("startup_s", "start s"),
+                   ("prestart_s", "held s"))
 COLUMNS = (("output_tokens_per_s", "out tok/s"), ("requests_per_s", "req/s"), ("p50_ttft_ms", "TTFT p50"),
            ("p95_ttft_ms", "TTFT p95"), ("p95_itl_ms", "ITL p95"), ("p95_e2e_ms", "E2E p95"),
-           ("error_rate", "errors"), ("startup_s", "start s"))
+           ("error_rate", "errors"), ("startup_s", "start s"), ("prestart_s", "held s"))
 
 
 def _num(value: Any, digits: int = 1) -> str:
@@ -96,6 +97,9 @@ def tune_markdown(outcome: TuneOutcome, machine: dict[str, Any], command: str, p
         f"- time: {outcome.spent_s:,.0f} s over every call so far"
         + ("" if outcome.complete else f"; **not finished**: {outcome.remaining} candidate(s) left, rerun the "
            "same command to resume"),
+        *(["- held s: the part of a candidate's start (vLLM's imports and config, no device memory) done while "
+           "the candidate before it was measured; start s is the rest, after the other engine stopped"]
+          if any((m.metrics or {}).get("prestart_s") is not None for m in outcome.measured) else []),
         "",
         "| candidate | " + " | ".join(label for _k, label in columns) + " | SLO | numerics |",
         "| --- | " + " | ".join("---" for _ in columns) + " | --- | --- |",
@@ -107,9 +111,10 @@ def tune_markdown(outcome: TuneOutcome, machine: dict[str, Any], command: str, p
             lines.append(f"| {m.label}{mark} | failed: {m.error} |" + " |" * len(columns) + f" {numerics} |")
             continue
         checks = choice.checks.get(m.key, [])
-        met = all(r.met for r in checks) and (m.score > 0 or not m.goodput)
-        verdict = "-" if not checks else "pass" if met else \
-            "fail: " + (", ".join(str(r.clause) for r in checks if not r.met) or "no rate met it")
+        met = all(r.met for r in checks) and (m.score > 0 or not m.goodput) and not m.dropped
+        lost = [f"{m.dropped} requests failed"] if m.dropped else []
+        verdict = "-" if not checks and not lost else "pass" if met else \
+            "fail: " + (", ".join(lost + [str(r.clause) for r in checks if not r.met]) or "no rate met it")
         cells = [_num((m.metrics or {}).get(k), 3 if k == "error_rate" else 2 if k == "goodput_rps" else 1)
                  for k, _label in columns]
         lines.append(f"| {m.label}{mark} | " + " | ".join(cells) + f" | {verdict} | {numerics} |")

@@ -60,6 +60,7 @@ def test_tune_two_candidates_picks_by_the_rule_and_resumes(vstack: Vstack, tmp_p
     opened = _STAMP.search(passed[0]).group(1)  # type: ignore[union-attr]
     assert max(_stamps(before)) <= opened  # the other engine had stopped: its last line came first
     assert not list((out / "gates").iterdir())  # no gate or marker left behind
+    assert "held s: the part of a candidate's start" in (out / "tune.md").read_text()
     fastest = max(measured, key=lambda m: m.throughput)  # both meet the SLO: the highest throughput wins
     summary = json.loads((out / "tune.json").read_text())
     assert summary["choice"]["winner"] == fastest.label and summary["choice"]["meets_slo"] is True
