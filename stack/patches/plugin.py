@@ -68,7 +68,9 @@ def register() -> dict[str, str]:
                 log.warning("vstack runtime patch %s failed, vLLM runs unpatched: %r", patch.id, e)
                 outcomes[patch.id] = f"failed: {e!r}"
                 continue
-            outcomes[patch.id] = "applied" if changed else "already present"
+            # True: changed; a text: nothing to do in this process, and why; False: done before
+            outcomes[patch.id] = ("applied" if changed is True else f"not needed ({changed})"
+                                  if isinstance(changed, str) else "already present")
     log.info(
         "vstack runtime patches for %s %s: %s",
         dist,

@@ -35,6 +35,8 @@ def test_runtime_patch_rejects_fp8_kv_on_cpus_without_avx512(pristine_site: Path
     on = run_python(pristine_site, PROBE)
     assert on.returncode == 0, on.stderr[-3000:]
     assert "'cpu-fp8-kv-isa-check': 'applied'" in on.stdout
+    # a patch with nothing to do in this process says why, not "already present"
+    assert "'engine-start-gate': 'not needed (no VSTACK_START_GATE: not an engine a tune holds)'" in on.stdout
     assert "fp8 False auto True" in on.stdout  # refused at validation, not after loading the model
     assert "logged 1" in on.stdout  # once per process, however often vLLM loads plugins
 

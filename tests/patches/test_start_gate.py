@@ -51,7 +51,8 @@ def test_patch_holds_init_device_only_with_the_gate_set(tmp_path: Path, monkeypa
     upstream = WorkerWrapperBase.init_device
     monkeypatch.setattr(WorkerWrapperBase, "init_device", upstream)  # restored after the test
     monkeypatch.delenv(GATE_ENV, raising=False)
-    assert start_gate.apply() is False and WorkerWrapperBase.init_device is upstream  # a plain engine
+    assert start_gate.apply() == f"no {GATE_ENV}: not an engine a tune holds"  # a plain engine: untouched
+    assert WorkerWrapperBase.init_device is upstream
 
     gate = tmp_path / "c3.gate"
     monkeypatch.setenv(GATE_ENV, str(gate))

@@ -63,9 +63,9 @@ def _gated(init_device: Any) -> Any:
     return init_device_after_gate
 
 
-def apply() -> bool:
+def apply() -> bool | str:
     if not os.environ.get(GATE_ENV):
-        return False  # an engine not started by a tune: upstream's behaviour, untouched
+        return f"no {GATE_ENV}: not an engine a tune holds"  # upstream's behaviour, untouched
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
     if getattr(WorkerWrapperBase.init_device, MARK, None):
