@@ -22,6 +22,7 @@ class ExitCode(IntEnum):
     LOAD_TEST = 9
     BENCH = 10
     SLO_NOT_MET = 11
+    INTERRUPTED = 130
 
 
 # What each exit code means for the user: the README's table says the same (a test checks it).
@@ -38,6 +39,7 @@ EXIT_CODES: dict[ExitCode, str] = {
     ExitCode.LOAD_TEST: "a load test could not run (Locust failed or sent nothing)",
     ExitCode.BENCH: "a benchmark run (vllm bench serve) failed",
     ExitCode.SLO_NOT_MET: "the load test or tune ran, and the SLO was not met",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM) after stopping what the command had started",
 }
 
 

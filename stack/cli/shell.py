@@ -7,9 +7,11 @@ place that turns a StackError into a red message, its fix and its exit code (sta
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -59,6 +61,21 @@ def report(exc: StackError, prefix: str = "error") -> None:
         err.print(Text(exc.log_tail))
     if exc.hint:
         err.print(f"[yellow]fix:[/] {exc.hint}", highlight=False)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a `timeout`, a job runner, `kill`) raises KeyboardInterrupt as Ctrl-C does, so the command's
+    cleanup runs: engines started in their own sessions would otherwise outlive it."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run(fn: Callable[[], int | None], on_error: Callable[[StackError], None] | None = None) -> None:

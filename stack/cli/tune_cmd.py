@@ -13,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from stack.cli.shell import ConfigOpt, cli_config, run
+from stack.cli.shell import ConfigOpt, cli_config, run, sigterm_as_interrupt
 from stack.errors import ExitCode
 
 out = Console()
@@ -111,7 +111,15 @@ def tune_command(
                 row[3] = ev.detail
                 live.update(Group(_table(rows, title), Text(f"{ev.index + 1}/{ev.total}", style="dim")))
 
-            outcome = run_tune(cfg, request, hardware, on_event)
+            try:  # a `timeout` or Ctrl-C: the tune's cleanup stops its engines; measured candidates are kept
+                with sigterm_as_interrupt():
+                    outcome = run_tune(cfg, request, hardware, on_event)
+            except KeyboardInterrupt:
+                outcome = None
+        if outcome is None:
+            err.print(f"[yellow]interrupted:[/] its engines stopped; measured candidates are in "
+                      f"{folder / 'tune-state.json'}: rerun the same command to resume")
+            return ExitCode.INTERRUPTED
         files = write_outputs(outcome, folder, machine_facts(), command)
         total = len(rows)
         if outcome.reused:

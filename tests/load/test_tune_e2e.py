@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +103,25 @@ def test_changed_scenario_refuses_to_resume(vstack: Vstack, tmp_path: Path) -> N
                   "max_num_seqs=2", "--out", str(out), timeout=200)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "measured under other conditions" in proc.stderr and "--restart" in proc.stderr
+
+
+def test_sigterm_stops_the_measured_and_the_held_engine(vstack: Vstack, tmp_path: Path) -> None:
+    """A `timeout` ends a tune with SIGTERM: both the engine being measured and the next one, held before its
+    device, are stopped (they run in their own sessions), exit 130, no gate file left."""
+    out = tmp_path / "tune"
+    cmd = [sys.executable, "-m", "stack.entrypoints.cli", "tune", "--scenario", str(write_scenario(tmp_path)),
+           "--mode", "capacity", "--no-baseline", "--set", "max_num_seqs=1,2", "--overlap-starts", "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=vstack.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logs = out / "logs"
+    deadline = time.monotonic() + 400
+    while len(list(logs.glob("*.engine.log")) if logs.is_dir() else []) < 2:  # the second: started held
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.5)
+    ports = [re.search(r"--port (\d+)", p.read_text()).group(1) for p in logs.glob("*.engine.log")]  # type: ignore[union-attr]
+    assert all(serving_processes(f"--port {port} ") for port in ports)  # both engines are up as processes
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stdout + stderr
+    assert "interrupted:" in stderr and "rerun the same command to resume" in stderr
+    assert [p for port in ports for p in serving_processes(f"--port {port} ")] == []
+    assert not list((out / "gates").iterdir())
