@@ -71,7 +71,7 @@ def run_side(mode: str, args: argparse.Namespace, work: Path) -> dict:
     return {"mode": mode, "wall_s": round(wall, 1), "command": " ".join(cmd[1:]), "candidates": rows}
 
 
-def report(sides: dict[str, dict], work: Path) -> None:
+def report(sides: dict[str, dict]) -> None:
     for side in sides.values():
         print(f"\n{side['mode']:>3}: {side['wall_s']:.0f} s")
         for r in side["candidates"]:
@@ -107,7 +107,7 @@ def main() -> int:
         result_file.write_text(json.dumps({"benchmark": "tune_overlap", "machine": machine_facts(),
                                            "sides": sides}, indent=2))
     print(f"machine: {describe(machine_facts())}")
-    report(sides, work)
+    report(sides)
     print(f"\nresults: {result_file}")
     return 0
 

@@ -63,14 +63,19 @@ class Choice:
     reason: str
 
 
+def meets(m: Measured, checks: Sequence[ClauseResult]) -> bool:
+    """The SLO held: every clause, a goodput search found a rate, and the measured run lost no request (a
+    failed request was not served within the SLO, whatever the latencies of the answered ones)."""
+    return all_met(checks) and (not m.goodput or m.score > 0) and not m.dropped
+
+
 def choose(measured: Sequence[Measured], clauses: Sequence[Clause]) -> Choice:
     ran = [m for m in measured if m.ok]
     checks = {m.key: evaluate(clauses, m.metrics or {}) for m in ran}
     if not ran:
         return Choice(None, False, checks, "no candidate could be measured")
     # Goodput: a candidate meets the SLO when some rate did (its figures are that rate's).
-    # A failed request was not served within the SLO, whatever the latencies of the answered ones.
-    passing = [m for m in ran if all_met(checks[m.key]) and (not m.goodput or m.score > 0) and not m.dropped]
+    passing = [m for m in ran if meets(m, checks[m.key])]
     if passing:
         best = max(passing, key=lambda m: (m.score, m.throughput))
         others = len(passing) - 1

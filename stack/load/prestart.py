@@ -46,11 +46,6 @@ class Prestart:
         engine.start()
         return cls(key, engine, gate, time.monotonic())
 
-    @property
-    def held(self) -> bool:
-        """It reached its device and waits there (a False may also mean: still importing)."""
-        return waiting_marker(self.gate).exists()
-
     def alive(self) -> bool:
         return self.engine.exit_code() is None
 

@@ -94,6 +94,15 @@ class ProbeFailed(StackError):
     """No request of a probe was answered (the engine died, or never served): the candidate fails."""
 
 
+def answered_counts(metrics: dict[str, float | None], which: str, hint: str) -> tuple[int, int]:
+    """(failed, ok) of a vllm bench serve run; ProbeFailed when it answered none: vllm bench serve still
+    reports then (zero latencies, exit 0), which must never read as a verdict on the SLO."""
+    failed, ok = int(metrics.get("errors") or 0), int(metrics.get("ok") or 0)
+    if failed and not ok:
+        raise ProbeFailed(f"every request of {which} failed ({failed}): the engine answered none", hint=hint)
+    return failed, ok
+
+
 class BudgetExhausted(StackError):
     """The time budget ends before the next probe: the points so far are kept for the resumed search."""
 
@@ -154,11 +163,8 @@ def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, e
         metrics = probe(rate, n, len(points) + 1)  # the seed: new prompts each probe (no prefix-cache hits)
         took = time.monotonic() - started
         last_overhead[0] = max(5.0, took - (0.0 if math.isinf(rate) else n / rate))
-        failed, ok = int(metrics.get("errors") or 0), int(metrics.get("ok") or 0)
-        if failed and not ok:  # vllm bench serve still reports (zero latencies): never a verdict on the SLO
-            which = "the capacity probe (all at once)" if math.isinf(rate) else f"the probe at {rate:g} req/s"
-            raise ProbeFailed(f"every request of {which} failed ({failed}): the engine answered none",
-                              hint="read that probe's *.bench.log and the engine's log")
+        which = "the capacity probe (all at once)" if math.isinf(rate) else f"the probe at {rate:g} req/s"
+        failed, ok = answered_counts(metrics, which, "read that probe's *.bench.log and the engine's log")
         checks = evaluate(clauses, metrics)
         misses = [r.describe() for r in checks if not r.met]
         if failed:  # a request that failed was not served within the SLO, whatever the others' latencies

@@ -35,7 +35,7 @@ from stack.load.knobs import Device, Skipped, device_candidates, model_quantizat
 from stack.load.load import choose_slo
 from stack.load.prestart import Prestart, gate_available
 from stack.load.quality import answers_of
-from stack.load.rate_search import BudgetExhausted, Point, ProbeFailed, search_goodput
+from stack.load.rate_search import BudgetExhausted, Point, answered_counts, search_goodput
 from stack.load.scenario import Scenario, find_scenario, load_scenario_file
 from stack.load.vllm_bench import BenchWorker
 from stack.vllm.options import VllmCatalog, check_many_with_vllm
@@ -430,12 +430,8 @@ def candidate_engine(req: TuneRequest, plan: EnginePlan, cand: Candidate) -> Eng
 
 
 def answered(metrics: dict[str, Any]) -> dict[str, Any]:
-    """A capacity run none of whose requests was answered ends the candidate: vllm bench serve exits 0 and
-    reports zero latencies then, which would read as meeting any latency SLO."""
-    failed, ok = int(metrics.get("errors") or 0), int(metrics.get("ok") or 0)
-    if failed and not ok:
-        raise ProbeFailed(f"every request of the capacity run failed ({failed}): the engine answered none",
-                          hint="read the candidate's *.bench.log and its engine log")
+    """A capacity run none of whose requests was answered ends the candidate, as a probe does in the search."""
+    answered_counts(metrics, "the capacity run", "read the candidate's *.bench.log and its engine log")
     return metrics
 
 

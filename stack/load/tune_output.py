@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from stack.load.choose import meets
 from stack.load.machine import describe
 from stack.load.tune import TuneOutcome
 
@@ -111,7 +112,7 @@ def tune_markdown(outcome: TuneOutcome, machine: dict[str, Any], command: str, p
             lines.append(f"| {m.label}{mark} | failed: {m.error} |" + " |" * len(columns) + f" {numerics} |")
             continue
         checks = choice.checks.get(m.key, [])
-        met = all(r.met for r in checks) and (m.score > 0 or not m.goodput) and not m.dropped
+        met = meets(m, checks)
         lost = [f"{m.dropped} requests failed"] if m.dropped else []
         verdict = "-" if not checks and not lost else "pass" if met else \
             "fail: " + (", ".join(lost + [str(r.clause) for r in checks if not r.met]) or "no rate met it")

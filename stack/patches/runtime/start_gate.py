@@ -9,7 +9,7 @@ once that engine has stopped, so the next start is only its device part.
 
 `WorkerWrapperBase.init_device` is the one call every executor makes per worker (uniproc in the engine
 core, multiproc and Ray in each worker process), in vLLM 0.26 through 0.33. While waiting, PATH.waiting
-exists (the tune can tell a held engine from one still importing); a gate not opened within
+exists (a held engine is told from one still importing by it); a gate not opened within
 VSTACK_START_GATE_TIMEOUT_S (default 3600) ends the engine rather than leaving it parked forever.
 Without VSTACK_START_GATE nothing is changed.
 """
