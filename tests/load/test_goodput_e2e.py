@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from stack.config.slo import parse_slo
-from stack.load.rate_search import SearchSettings, search_goodput
+from stack.load.rate_search import SearchSettings, round_rate, search_goodput
 from stack.load.scenario import parse_scenario
 from stack.load.vllm_bench import BenchError, BenchWorker, open_loop_probe, run_bench
 from tests.load.conftest import Vstack, serving_processes, write_scenario
@@ -60,21 +60,30 @@ def test_search_bisects_excludes_warmups_and_repeats(engine: tuple[str, Path], t
     warmups = 2
     probe = open_loop_probe(parse_scenario(SHAPE), sys.executable, base_url, SERVED, str(model), tmp_path, "e2e",
                             warmups=warmups)
-    # Calibrate a small SLO this machine can meet: between a trickle's p95 TTFT and a burst's.
-    trickle = probe(0.5, 4, 100)["p95_ttft_ms"]
-    burst = probe(math.inf, 12, 101)["p95_ttft_ms"]
-    assert burst > 2 * trickle, f"a burst of 12 on 4 sequences should queue: {burst} vs {trickle} ms"
-    limit = math.sqrt(trickle * burst)
-    before = finished_requests(base_url)
-
     # keep_pace 0.5: a 2 s probe's drain (the last requests' own E2E) is a large share of it even when the
     # engine keeps pace; the GPU scenarios' 10 s probes keep the default 0.85.
     settings = SearchSettings(min_requests=6, probe_s=2, warmups=warmups, tolerance=0.3, max_probes=4, repeats=1,
                               keep_pace=0.5)
+    # Calibrate a small SLO this machine can meet: under the p95 TTFT of the burst the search opens with
+    # (min_requests at once on 4 sequences), well above a trickle's. A limit halfway (geometric) to the trickle
+    # was once met by no open-loop rate on 2 cores, where a prefill beside three decodes is slower than alone.
+    # The faster of two bursts: one slow burst cannot lift the limit.
+    trickle = probe(0.5, 4, 100)["p95_ttft_ms"]
+    burst = min(probe(math.inf, settings.min_requests, seed)["p95_ttft_ms"] for seed in (101, 102))
+    assert burst > 2 * trickle, f"a burst of 6 on 4 sequences should queue: {burst} vs {trickle} ms"
+    limit = 0.75 * burst
+    before = finished_requests(base_url)
+
     found = search_goodput(probe, parse_slo(f"p95_ttft_ms<{limit:.0f}"), settings)
 
     roles = [p.role for p in found.points]
-    assert roles[0] == "capacity" and not found.points[0].met  # everything at once misses the edge
+    seen = [(p.role, p.rate, round(p.metrics["p95_ttft_ms"]), p.met) for p in found.points]
+    print(f"trickle {trickle:.0f} ms, burst {burst:.0f} ms, limit {limit:.0f} ms: {seen}")  # shown on a failure
+    # The burst opens and gives the first rate to offer, whether or not it met the SLO: on 2 cores the same
+    # burst of 6 read 621 ms in one run and 865 ms in the next, so its verdict is the machine's, not the code's.
+    capacity = found.points[0]
+    assert roles[0] == "capacity" and math.isinf(capacity.rate) and roles.count("capacity") == 1
+    assert found.points[1].rate == round_rate(capacity.achieved_rps or 1.0)
     assert any(p.met for p in found.points if p.role == "probe")  # some open-loop rate meets it
     assert found.goodput_rps > 0 and found.best is not None and found.best.met
     assert roles[-1] == "repeat" and found.points[-1].rate == found.goodput_rps
