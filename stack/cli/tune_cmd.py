@@ -72,6 +72,7 @@ def tune_command(
     from stack.load.machine import machine_facts
     from stack.load.tune import TuneEvent, TuneRequest, run_tune
     from stack.load.tune_output import tuned_profile_name, write_outputs
+    from stack.patches.plugin import would_run
 
     def body() -> int:
         if method not in ("vllm-bench", "locust"):
@@ -93,7 +94,7 @@ def tune_command(
         command = "vstack " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "vstack tune"
         request = TuneRequest(target, scenario, candidates, folder, slo, method, restart, command,  # type: ignore[arg-type]
                               stop_on_error, mode, time_budget, max_candidates, baseline,  # type: ignore[arg-type]
-                              overlap_starts)
+                              overlap_starts, would_run)
         rows: list[list[str]] = [[str(i + 1), c.label, "waiting", ""] for i, c in enumerate(candidates or [])]
         title = f"vstack tune: scenario {scenario}, results in {folder}"
         err.print("[dim]checking the configuration and the model; candidates: "
@@ -122,6 +123,8 @@ def tune_command(
             return ExitCode.INTERRUPTED
         files = write_outputs(outcome, folder, machine_facts(), command)
         total = len(rows)
+        if outcome.overlap_off and overlap_starts is not False and (overlap_starts or hardware.gpus):
+            err.print(f"[yellow]overlapped starts off:[/] {outcome.overlap_off}")
         if outcome.reused:
             out.print(f"[cyan]resumed:[/] {outcome.reused} of {total} candidates measured earlier "
                       f"({folder / 'tune-state.json'})")

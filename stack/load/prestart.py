@@ -9,7 +9,6 @@ started with VSTACK_START_GATE before its device; `open` lets it go once the cur
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,13 +17,6 @@ from stack.engine.process import EngineProcess
 from stack.engine.start_gate import GATE_ENV, TIMEOUT_ENV, waiting_marker
 
 GATE_PATCH = "engine-start-gate"
-
-
-def gate_available(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
-    """False when the runtime patches are switched off for the engines: a pre-started engine would not wait."""
-    if (environ.get("VSTACK_RUNTIME_PATCHES") or "").strip().lower() in ("0", "off", "false", "no"):
-        return False
-    return GATE_PATCH not in {x.strip() for x in environ.get("VSTACK_DISABLE_PATCHES", "").split(",")}
 
 
 @dataclass

@@ -33,17 +33,17 @@ from stack.load.candidates import Candidate
 from stack.load.choose import Choice, Measured, choose
 from stack.load.knobs import Device, Skipped, device_candidates, model_quantization, numerics_change
 from stack.load.load import choose_slo
-from stack.load.prestart import Prestart, gate_available
+from stack.load.prestart import GATE_PATCH, Prestart
 from stack.load.quality import answers_of
 from stack.load.rate_search import BudgetExhausted, Point, answered_counts, search_goodput
 from stack.load.scenario import Scenario, find_scenario, load_scenario_file
+from stack.load.tune_clock import CandidateClock
 from stack.load.vllm_bench import BenchWorker
 from stack.vllm.options import VllmCatalog, check_many_with_vllm
 
 Method = Literal["vllm-bench", "locust"]
 Mode = Literal["goodput", "capacity"]
 STATE_FILE = "tune-state.json"
-FIRST_CANDIDATE_S = 120.0  # the least a budget must have left to start a candidate nobody has timed yet
 
 
 @dataclass
@@ -74,6 +74,9 @@ class TuneRequest:
     # Start the next candidate's engine while the current one is measured, held before its device
     # (stack.load.prestart). None: on with a GPU; off on a CPU, where the engine's own work needs the cores.
     overlap_starts: bool | None = None
+    # Why a runtime patch would not run in an engine: (patch id, vLLM distribution, version, env) -> reason or
+    # None. The composition root passes stack.patches.plugin.would_run (this layer cannot read the ledger).
+    gate_blocker: Callable[[str, str, str, dict[str, str]], str | None] | None = None
 
 
 @dataclass
@@ -91,6 +94,7 @@ class TuneOutcome:
     remaining: int = 0  # candidates left for the next call (time budget)
     spent_s: float = 0.0  # wall time of every call of this tune so far
     quality: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> numerics check
+    overlap_off: str | None = None  # why starts were not overlapped (None: they were)
 
     @property
     def complete(self) -> bool:
@@ -192,28 +196,32 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     reused = 0
     remaining = 0
     total = len(candidates)
-    # Seconds per candidate (earlier calls' included): the estimate a time budget is checked against.
-    took = [float(m.metrics.get("startup_s") or 0) + float(m.metrics.get("measured_s") or 0)
-            for c in candidates if (m := state.get(c.key)) and m.metrics]
+    # Seconds per candidate, held and cold starts apart (earlier calls' included): what a budget is checked against.
+    clock = CandidateClock()
+    for c in candidates:
+        if (m := state.get(c.key)) and m.metrics:
+            clock.record(float(m.metrics.get("startup_s") or 0), float(m.metrics.get("measured_s") or 0),
+                         m.metrics.get("prestart_s") is not None)
     # One `vllm bench serve` process for every probe of every candidate (stack.load.bench_worker).
     worker: BenchWorker | None = None
     paused = False
-    overlap = (bool(hardware.gpus) if req.overlap_starts is None else req.overlap_starts) and gate_available()
+    overlap_off = why_starts_not_overlapped(req, hardware, base)
+    overlap = overlap_off is None
     pre: Prestart | None = None  # the next candidate's engine, held before its device
 
     def upcoming(index: int) -> Candidate | None:
         return next((c for c in candidates[index + 1:] if not state.get(c.key) and c.key not in dropped), None)
 
-    def prestart_next(index: int, need: float) -> Callable[[float], None]:
+    def prestart_next(index: int) -> Callable[[float], None]:
         """Once candidate `index` is ready: start the next one held, if this call's budget will reach it."""
 
-        def on_ready(startup_s: float) -> None:
+        def on_ready(_startup_s: float) -> None:
             nonlocal pre
             nxt = upcoming(index)
             if not overlap or nxt is None or pre is not None:
                 return
-            # The next starts when this one ends (~need - startup from now) if a whole candidate is left then.
-            if deadline is not None and deadline - time.monotonic() - max(0.0, need - startup_s) < need:
+            # The next starts when this one is measured if a whole held candidate is left then.
+            if deadline is not None and deadline - time.monotonic() - clock.rest_s() < clock.need_s(held=True):
                 return
             # How long it may wait for its gate: this call's budget, else an hour (a measurement's length is
             # not known before it ends); past it the held engine ends itself, and is started again if still wanted.
@@ -250,8 +258,8 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
                 continue
             if paused:  # the budget ran out: the rest only to report what was reused or dropped
                 continue
-            need = sum(took) / len(took) if took else FIRST_CANDIDATE_S
-            if deadline is not None and deadline - time.monotonic() < need:
+            held = pre is not None and pre.key == cand.key and pre.alive()
+            if deadline is not None and deadline - time.monotonic() < clock.need_s(held):
                 remaining, paused = pause(index, emit), True
                 continue
             if mode == "goodput" and worker is None:  # its import of vLLM overlaps the engine's start
@@ -261,8 +269,10 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
             result = _measure(cfg, req, scenario, scenario_path, base, plans[cand.key], cand, clauses, mode,
                               state.partial_points(cand.key), deadline, emit,
                               lambda m: state.put(m, spent_before + time.monotonic() - started), worker,
-                              mine, prestart_next(index, need))
-            took.append(time.monotonic() - t0)
+                              mine, prestart_next(index))
+            if result.metrics is not None and (startup := result.metrics.get("startup_s")) is not None:
+                clock.record(float(startup), time.monotonic() - t0 - float(startup),
+                             result.metrics.get("prestart_s") is not None)  # a held engine that exited started cold
             if result.metrics is not None:  # when, in the tune's time over every call, this figure was in
                 result.metrics["tune_elapsed_s"] = round(spent_before + time.monotonic() - started, 1)
             state.put(result, spent_before + time.monotonic() - started)
@@ -277,7 +287,21 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     outcome = TuneOutcome(scenario, clauses, slo_source, measured, choose(measured, clauses), base, reused, fp,
                           mode, skipped, remaining, state.spent_s)
     outcome.quality = quality_checks(measured, base)
+    outcome.overlap_off = overlap_off
     return outcome
+
+
+def why_starts_not_overlapped(req: TuneRequest, hardware: HardwareInfo, base: EnginePlan) -> str | None:
+    """Why the next candidate's engine is not started while the current one is measured; None: it is. Only
+    where the start gate holds it: an engine the gate does not hold would take the device at once."""
+    if req.overlap_starts is False:
+        return "--no-overlap-starts"
+    if req.overlap_starts is None and not hardware.gpus:
+        return "off by default on a CPU (its cores are the measurement; --overlap-starts to force)"
+    if req.gate_blocker is None:
+        return f"the {GATE_PATCH} runtime patch was not checked for this vLLM (no gate_blocker given)"
+    why = req.gate_blocker(GATE_PATCH, base.catalog.distribution, base.catalog.version, {**os.environ, **base.env})
+    return f"the {GATE_PATCH} runtime patch would not hold the engine: {why}" if why else None
 
 
 def _candidates(req: TuneRequest, base: EnginePlan, scenario: Scenario, hardware: HardwareInfo

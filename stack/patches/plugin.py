@@ -14,6 +14,8 @@ import os
 
 from packaging.version import Version
 
+from stack.vllm.runtime_switches import ALL_OFF_ENV, DISABLE_ENV, disabled_patches, patch_runs, switched_off
+
 # Under "vllm." so vLLM's log handler and format apply.
 log = logging.getLogger("vllm.vstack_patches")
 _loaded: dict[str, str] | None = None  # patch id -> outcome, once per process
@@ -28,18 +30,14 @@ def installed_vllm() -> tuple[str, Version] | None:
     return None
 
 
-def _off(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("0", "off", "false", "no")
-
-
 def register() -> dict[str, str]:
     """Apply every active runtime patch whose range covers the installed vLLM. Returns id -> outcome."""
     global _loaded
     if _loaded is not None:
         return _loaded
     _loaded = outcomes = {}
-    if _off(os.environ.get("VSTACK_RUNTIME_PATCHES")):
-        log.info("vstack runtime patches: off (VSTACK_RUNTIME_PATCHES=0)")
+    if switched_off(os.environ.get(ALL_OFF_ENV)):
+        log.info("vstack runtime patches: off (%s=0)", ALL_OFF_ENV)
         return outcomes
     found = installed_vllm()
     if found is None:
@@ -51,7 +49,7 @@ def register() -> dict[str, str]:
     except Exception as e:  # a broken ledger must never take the engine down; say so loudly
         log.warning("vstack runtime patches: ledger not loaded, none applied: %s", e)
         return outcomes
-    disabled = {x.strip() for x in os.environ.get("VSTACK_DISABLE_PATCHES", "").split(",") if x.strip()}
+    disabled = disabled_patches()
     dist, version = found
     for patch in ledger.patches:
         if patch.kind is not Kind.PLUGIN:
@@ -59,7 +57,7 @@ def register() -> dict[str, str]:
         if not patch.covers(dist, version):
             outcomes[patch.id] = f"not needed ({patch.why_not_needed(dist, version)})"
         elif patch.id in disabled:
-            outcomes[patch.id] = "disabled (VSTACK_DISABLE_PATCHES)"
+            outcomes[patch.id] = f"disabled ({DISABLE_ENV})"
         else:
             module, _, func = str(patch.plugin).partition(":")
             try:
@@ -78,3 +76,17 @@ def register() -> dict[str, str]:
         ", ".join(f"{k}={v}" for k, v in outcomes.items()) or "none",
     )
     return outcomes
+
+
+def would_run(patch_id: str, dist: str, version: str, environ: dict[str, str]) -> str | None:
+    """None when a vLLM process of that distribution and version, started with this environment, runs the
+    runtime patch (as `register` decides inside it); else why not, for a message."""
+    from stack.patches.ledger import load_ledger
+
+    patch = next((p for p in load_ledger().patches if p.id == patch_id), None)
+    if patch is None:
+        return f"patches/ledger.yaml has no patch {patch_id}"
+    if not patch.covers(dist, Version(version)):
+        return f"not for {dist} {version} ({patch.why_not_needed(dist, Version(version))})"
+    switch = patch_runs(patch_id, environ)
+    return f"turned off: {switch}" if switch else None

