@@ -19,6 +19,23 @@ unpack_site() {
   cat $(ls "$parts"/part.[0-9]* | sort) | xz -dc -T16 | tar -C "$site" -xf - \
     || { echo "the site parts do not unpack: are all of them stashed?"; exit 2; }
   register_patches
+  install_site
+}
+
+# What `pip install` does after unpacking: byte-compile (the parts carry no .pyc; without this the first vLLM
+# process on a fresh machine compiles its imports, ~35 s of the first engine's start on the H200), then an
+# import check that names a broken site before any engine does. Both timed in $out/site-install.txt.
+install_site() {
+  local t0=$SECONDS
+  python3 -m compileall -q -j 0 "$site" >/dev/null 2>&1
+  echo "byte-compiled the site in $(( SECONDS - t0 )) s" | tee -a "$out/site-install.txt"
+  t0=$SECONDS
+  if ! python3 -c "import vllm, vllm.entrypoints.openai.api_server" > "$out/site-import.log" 2>&1; then
+    echo "the site does not import vLLM ($(tail -1 "$out/site-import.log")): rebuild it with bench/gpu/build_site.sh"
+    rm -rf "$site"  # the next call unpacks again instead of running on a broken site
+    exit 2
+  fi
+  echo "import check (vllm and its API server) in $(( SECONDS - t0 )) s" | tee -a "$out/site-install.txt"
 }
 
 # The project runs from the checkout (PYTHONPATH), not installed, so vLLM would not find its

@@ -6,10 +6,10 @@
 #
 # Device-tool calls, back to back (a machine stays warm ~30 s after a call; the site parts are stashed in
 # /tmp by the first three, the third unpacking them; `bash bench/gpu/build_site.sh` here first if .gpu1-3/
-# are missing). As run on 2026-11-24 (README "What `vstack tune` found"; 6 candidates, 1,202 s, 3 calls):
+# are missing). As run on 2026-11-24 19:32 (README "What `vstack tune` found"; 6 candidates, 932 s, 2 calls):
 #   run kind=nvidia-h200 carry=[".gpu1"] timeout_s=120     command: bash bench/gpu/suite.sh --stash
 #   run carry=[".gpu2"] timeout_s=120                      command: bash bench/gpu/suite.sh --stash
-#   run carry=[".gpu3"] timeout_s=180                      command: bash bench/gpu/suite.sh --stash >/dev/null && bash -c 'source bench/gpu/site.sh && unpack_site'
+#   run carry=[".gpu3"] timeout_s=180                      command: bash bench/gpu/suite.sh --stash >/dev/null && bash -c 'source bench/gpu/site.sh && unpack_site'   (unpacks, byte-compiles, import check: ~1 min)
 #   run timeout_s=600                                      command: bash bench/gpu/tune_8b.sh --restart
 #   run timeout_s=600                                      command: bash bench/gpu/tune_8b.sh      (resumes; again until complete)
 # vLLM's auto_tune next (a machine goes back after 30 minutes held: on a fresh one, stash the parts again):

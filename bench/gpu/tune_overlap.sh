@@ -5,9 +5,10 @@
 # empty vLLM cache. One side per device call (each ~8 minutes), back to back on the same warm machine:
 #   run kind=nvidia-h200 carry=[".gpu1"] timeout_s=120     command: bash bench/gpu/suite.sh --stash
 #   run carry=[".gpu2"] timeout_s=120                      command: bash bench/gpu/suite.sh --stash
-#   run carry=[".gpu3"] timeout_s=600                      command: bash bench/gpu/suite.sh --stash >/dev/null && bash bench/gpu/tune_overlap.sh off
+#   run carry=[".gpu3"] timeout_s=180                      command: bash bench/gpu/suite.sh --stash >/dev/null && bash -c 'source bench/gpu/site.sh && unpack_site'
+#   run timeout_s=600                                      command: bash bench/gpu/tune_overlap.sh off
 #   run timeout_s=600                                      command: bash bench/gpu/tune_overlap.sh on
-# The second call prints both sides and the ratio ($OUT/tune_overlap.json, $OUT/tune-overlap.log). A machine
+# The last call prints both sides and the ratio ($OUT/tune_overlap.json, $OUT/tune-overlap.log). A machine
 # gone cold between the calls loses the first side (its folder is in /tmp): run both again.
 # Env: OVERLAP_SET (the grid), TUNE_TARGET (llama-3.1-8b-instruct).
 set -uo pipefail
