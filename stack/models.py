@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stack.config.schema import ModelEntry, StackConfig
+from stack.engine_env import engine_python_env
 from stack.errors import ModelSourceError
 
 # Files vLLM needs; skips the duplicates many repos carry (original/*.pth, *.bin next to *.safetensors, GGUF).
@@ -171,12 +172,8 @@ def _convert_offline_package(entry: ModelEntry, cfg: StackConfig) -> ModelFiles:
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{entry.name}-") as tmp:
         work = Path(tmp) / "model"
         python = cfg.engine_python or sys.executable
-        # Our package first on the engine Python's path, the caller's entries kept (a GPU site's packages
-        # may only be reachable through them): as stack.vllm.options.engine_python_env does.
-        path = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
         proc = subprocess.run([python, "-m", "stack.model_convert", str(gguf), str(work)],
-                              capture_output=True, text=True, check=False,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in path if p)})
+                              capture_output=True, text=True, check=False, env=engine_python_env())
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-10:])
             raise ModelSourceError(f"converting {gguf.name} failed:\n{tail}",

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from stack.config.slo import LATENCIES, PERCENTILES
+from stack.engine_env import engine_python_env
 from stack.errors import ExitCode, StackError
 from stack.load.scenario import Scenario
 from stack.vllm import launcher
-from stack.vllm.options import engine_python_env
 
 
 class BenchError(StackError):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from stack.engine_env import engine_python_env
 from stack.errors import StackError, VllmNotInstalledError
 from stack.vllm import introspect
 
@@ -107,15 +107,6 @@ class VllmCatalog:
 
     def __repr__(self) -> str:
         return f"VllmCatalog({self.distribution} {self.version}, {len(self.options)} options)"
-
-
-def engine_python_env(**extra: str) -> dict[str, str]:
-    """This process's env for a child in the engine's Python, which may not have the stack installed: our
-    package goes first on its path."""
-    env = {**os.environ, **extra}
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def _run_introspect(python: str, *args: str, timeout: float = 180) -> Any:
