@@ -70,7 +70,7 @@ def tune_command(
     from stack.hardware import detect, match_profile
     from stack.load.candidates import Candidate, build_candidates
     from stack.load.machine import machine_facts
-    from stack.load.tune import TuneEvent, TuneRequest, run_tune
+    from stack.load.tune import TuneEvent, TuneRequest, overlap_wanted, run_tune
     from stack.load.tune_output import tuned_profile_name, write_outputs
     from stack.patches.plugin import would_run
 
@@ -123,7 +123,7 @@ def tune_command(
             return ExitCode.INTERRUPTED
         files = write_outputs(outcome, folder, machine_facts(), command)
         total = len(rows)
-        if outcome.overlap_off and overlap_starts is not False and (overlap_starts or hardware.gpus):
+        if outcome.overlap_off and overlap_wanted(request, hardware):  # asked for (or the GPU default), not had
             err.print(f"[yellow]overlapped starts off:[/] {outcome.overlap_off}")
         if outcome.reused:
             out.print(f"[cyan]resumed:[/] {outcome.reused} of {total} candidates measured earlier "

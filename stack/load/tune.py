@@ -291,12 +291,17 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     return outcome
 
 
+def overlap_wanted(req: TuneRequest, hardware: HardwareInfo) -> bool:
+    """What was asked for: --overlap-starts / --no-overlap-starts, else on with a GPU and off on a CPU."""
+    return bool(hardware.gpus) if req.overlap_starts is None else req.overlap_starts
+
+
 def why_starts_not_overlapped(req: TuneRequest, hardware: HardwareInfo, base: EnginePlan) -> str | None:
     """Why the next candidate's engine is not started while the current one is measured; None: it is. Only
     where the start gate holds it: an engine the gate does not hold would take the device at once."""
-    if req.overlap_starts is False:
-        return "--no-overlap-starts"
-    if req.overlap_starts is None and not hardware.gpus:
+    if not overlap_wanted(req, hardware):
+        if req.overlap_starts is False:
+            return "--no-overlap-starts"
         return "off by default on a CPU (its cores are the measurement; --overlap-starts to force)"
     if req.gate_blocker is None:
         return f"the {GATE_PATCH} runtime patch was not checked for this vLLM (no gate_blocker given)"
