@@ -80,10 +80,18 @@ def test_tune_two_candidates_picks_by_the_rule_and_resumes(vstack: Vstack, tmp_p
     assert resolved.engine["max_model_len"] == 4096  # everything else from the profile it extends
     assert cfg.profiles["cpu-smollm2-tuned"].slo == ["error_rate<0.5"]
 
-    # An SLO nobody meets: nothing is measured again, the closest is named and said to miss.
-    strict = vstack(*common, "--set", "max_num_seqs=1,4,2", "--slo", "p50_ttft_ms<0.001", timeout=200)
+    # An SLO nobody meets: nothing is measured again, the closest is named and said to miss. Overlapped starts
+    # asked for with the gate patch switched off: said, with the switch (a held engine would not wait).
+    vstack.env["VSTACK_DISABLE_PATCHES"] = "engine-start-gate"
+    strict = vstack(*common, "--set", "max_num_seqs=1,4,2", "--slo", "p50_ttft_ms<0.001", "--overlap-starts",
+                    timeout=200)
+    del vstack.env["VSTACK_DISABLE_PATCHES"]
     assert strict.returncode == 11, strict.stdout + strict.stderr  # the SLO not met
     assert "resumed: 3 of 3 candidates" in strict.stdout
+    said = " ".join(strict.stderr.split())
+    assert "overlapped starts off: the engine-start-gate runtime patch would not hold the engine: turned off: " \
+           "VSTACK_DISABLE_PATCHES names engine-start-gate" in said, strict.stderr
+    assert "overlapped starts off" not in " ".join(second.stderr.split())  # asked for and had
     closest = choose(measured, parse_slo("p50_ttft_ms<0.001")).winner
     assert closest is not None
     flat = " ".join(strict.stdout.split())
