@@ -1,8 +1,9 @@
 """The APIs agents and coding tools speak, beside chat completions: OpenAI Responses (/v1/responses),
 Anthropic Messages (/v1/messages, `x-api-key` accepted like a bearer key), and vLLM's /tokenize and
 /detokenize. Local engines serve them (vLLM mounts all four); cloud deployments go through LiteLLM's
-responses and anthropic-messages paths. The body is checked lightly (a JSON object naming a model) and
-forwarded as sent; the engine validates the rest and its errors come back in OpenAI's shape.
+responses and anthropic-messages paths. The body is checked lightly (a JSON object naming a model, only the
+fields its API defines: `request_fields`) and forwarded as sent; the engine validates the rest and its errors
+come back in OpenAI's shape.
 
 Any other path answers OpenAI's 404 JSON naming it, never a framework default.
 """
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 from starlette.routing import Match
 
+from stack.gateway import request_fields
 from stack.gateway.errors import GatewayError, InvalidRequest
 from stack.gateway.openai_routes import client_key
 from stack.gateway.state import get_state
@@ -30,12 +32,14 @@ class _Named(BaseModel):
 class ResponsesRequest(_Named):
     input: str | list[dict[str, Any]] | None = None
     stream: bool | None = None
+    metadata: dict[str, str] | None = None  # string pairs, as OpenAI defines it
 
 
 class MessagesRequest(_Named):
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_tokens: int = Field(ge=1)
     stream: bool | None = None
+    metadata: dict[str, str] | None = None  # Anthropic's {"user_id": ...}
 
 
 class TokenizeRequest(BaseModel):
@@ -51,6 +55,10 @@ async def _forward(request: Request, endpoint: str) -> Response:
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     body.setdefault("model", "default")
+    extra = request_fields.unknown(endpoint, body)
+    if extra:  # never forwarded: LiteLLM would take e.g. `api_base` as where to send our provider key
+        raise InvalidRequest(f"Unrecognized request argument supplied: {', '.join(extra)}. "
+                             f"{request.url.path} takes the fields its API defines; remove it.", param=extra[0])
     state = get_state(request)
     if endpoint in ("chat", "messages", "responses"):
         limit, asked = state.settings.max_tokens_limit, body.get("max_tokens", body.get("max_output_tokens"))

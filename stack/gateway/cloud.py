@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from stack.gateway import request_fields
 from stack.gateway.errors import UpstreamError, envelope
 from stack.gateway.registry import Deployment
 
@@ -65,8 +66,11 @@ class CloudUpstream:
     def _kwargs(self, dep: Deployment, endpoint: str, body: dict[str, Any]) -> tuple[str, dict, str | None]:
         params = dict(dep.litellm_params)
         secret = os.environ.get(dep.api_key_env) if dep.api_key_env else None
-        # An explicit null means "not set" (OpenAI); LiteLLM's adapters fail on some (web_search_options).
-        kwargs = {k: v for k, v in body.items() if k != "model" and v is not None}
+        # Only the API's own fields, whatever a route let through: a client option (api_base, extra_headers, ...)
+        # from the body would redirect our key. An explicit null means "not set" (OpenAI); LiteLLM's adapters
+        # fail on some (web_search_options).
+        fields = request_fields.only_api_fields(endpoint, body)
+        kwargs = {k: v for k, v in fields.items() if k != "model" and v is not None}
         kwargs.update(params)
         kwargs.update(num_retries=0, timeout=dep.timeout_s or self.request_timeout_s)
         if secret:
