@@ -150,8 +150,8 @@ class AdapterBook:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
         try:
-            async with self._session.post(f"{dep.api_base}{path}", data=orjson.dumps(payload),
-                                          headers={"Content-Type": "application/json"}) as resp:  # fmt: skip
+            headers = {"Content-Type": "application/json", **dep.auth()}
+            async with self._session.post(f"{dep.api_base}{path}", data=orjson.dumps(payload), headers=headers) as resp:
                 body = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamError(f"{dep.id} is not reachable for {path}", status=502, reason="connect") from exc

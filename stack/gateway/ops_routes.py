@@ -46,7 +46,7 @@ async def engine_metrics(dep_id: str, request: Request) -> Response:
         raise ModelNotFound(f"no local engine {dep_id!r}", code="engine_not_found")
     session = state.dispatcher.local.session
     try:
-        async with session.get(f"{dep.api_base}/metrics") as resp:
+        async with session.get(f"{dep.api_base}/metrics", headers=dep.auth()) as resp:
             body = await resp.read()
             return Response(body, resp.status, media_type=resp.content_type or "text/plain")
     except Exception as exc:
