@@ -23,7 +23,7 @@ from stack.gateway.errors import envelope, install_error_handlers
 from stack.gateway.local import LocalUpstream
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.providers import KeyPolicy
-from stack.gateway.registry import DeploymentRegistry
+from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.request_log import RequestLog
 from stack.gateway.routing import Routing
 from stack.gateway.state import GatewayState
@@ -117,6 +117,13 @@ def create_app(
     local = LocalUpstream(settings.connect_timeout_s, settings.request_timeout_s)
     dispatcher = Dispatcher(settings, routing, metrics, local, CloudUpstream(settings.request_timeout_s), manager)
     dispatcher.adapters = AdapterBook(registry, metrics.registry)
+
+    async def restart_engine(dep: Deployment, why: str) -> None:
+        # An engine whose base model an adapter changed: the manager starts a fresh one (its own engines only).
+        if manager is not None and manager.manages(dep.model_group):
+            await manager.restart(dep.model_group, why)
+
+    dispatcher.adapters.on_corrupt = restart_engine
     state = GatewayState(
         settings=settings,
         registry=registry,
