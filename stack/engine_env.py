@@ -19,7 +19,7 @@ from pathlib import Path
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 ENGINE_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable for --api-key (envs.py); the gateway holds the value
-GATEWAY_SECRETS = ("VSTACK_API_KEY", "VSTACK_ADMIN_KEY")
+GATEWAY_SECRETS = ("VSTACK_API_KEY", "VSTACK_ADMIN_KEY", "VSTACK_METRICS_KEY")
 # Names that look like credentials (OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN, DB_PASSWORD ...).
 _SECRET_NAME = re.compile(r"API_?KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|AUTH", re.I)
 # What an engine may need although it looks like a secret: the Hub token to fetch gated models.

@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import orjson
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stack.config.sections.gateway import GatewayConfig
+from stack.errors import ConfigError
 from stack.gateway import adapter_routes, admin_routes, agent_routes, openai_routes, ops_routes
 from stack.gateway.adapters import AdapterBook
 from stack.gateway.admin_routes import cloud_deployment
@@ -108,6 +109,13 @@ def create_app(
     so far (engines register theirs as they become ready); hooks: start and stop engines; manager: the
     model manager that admits requests to the engines it switches (stack.gateway.engines builds it)."""
     registry = registry or DeploymentRegistry()
+    keys = KeyRing.from_refs(settings.api_keys, environ)
+    admin_keys = KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ)
+    shared = admin_keys.shared_with(keys)
+    if shared:  # their values are equal although the config names them apart: every client would open /admin
+        admin, client = shared[0]
+        raise ConfigError(f"gateway.admin_key {admin!r} has the same value as gateway.api_keys {client!r}: a client "
+                          "key would open /admin", hint="give the admin key a value of its own")
     for i, c in enumerate(settings.cloud):
         registry.add(cloud_deployment(c, f"cloud-{c.model_name}-{i + 1}"))
     routing = Routing(settings, registry, default_model)
@@ -130,8 +138,10 @@ def create_app(
         routing=routing,
         metrics=metrics,
         dispatcher=dispatcher,
-        keys=KeyRing.from_refs(settings.api_keys, environ),
-        admin_keys=KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ),
+        keys=keys,
+        admin_keys=admin_keys,
+        metrics_keys=KeyRing.union(KeyRing.from_refs([settings.metrics_key] if settings.metrics_key else [], environ),
+                                   keys, admin_keys),
         manager=manager,
         key_policy=KeyPolicy(settings.cloud, settings.provider_key_envs),
         adapters=dispatcher.adapters,
@@ -169,7 +179,8 @@ def create_app(
         app.include_router(docs_router(app))
     app.include_router(agent_routes.router)
     app.include_router(adapter_routes.router)
-    app.include_router(agent_routes.unknown)  # last: OpenAI's 404 JSON for every path no route serves
+    # last: OpenAI's 404 JSON for every path no route serves, behind the /v1 keys (its text lists endpoints)
+    app.include_router(agent_routes.unknown, dependencies=[Depends(openai_routes.client_key)])
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
