@@ -145,7 +145,7 @@ def test_engine_environment_holds_no_secret_and_its_key_is_shown_nowhere(stack: 
     assert len(keys) == 1, "the engine has its own key"
     key = keys.pop()
     assert len(key) >= 32 and key not in SECRETS.values()
-    shown = [" ".join(p.cmdline()) for p in psutil.process_iter() if p.pid != os.getpid()]
+    shown = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]) if p.pid != os.getpid()]
     shown += [stack.vstack("status", "--json").stdout, stack.engine_log(BASE), stack.vstack("config", "render").stdout,
               *(log.read_text(errors="replace") for log in stack.state_dir.rglob("*.log")),
               httpx.get(f"{stack.url}/admin/engines", headers=ADMIN, timeout=10).text,
