@@ -45,6 +45,7 @@ async def ready(request: Request) -> JSONResponse:
 @router.get("/metrics", dependencies=[Depends(metrics_key)])
 async def metrics(request: Request) -> Response:
     state = get_state(request)
+    state.metrics.deployment_up.clear()  # removed deployments' series go: the label set is what exists now
     for dep in state.registry.all():
         state.metrics.deployment_up.labels(dep.model_group, dep.id, dep.kind).set(dep.state == "ready")
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
