@@ -116,3 +116,17 @@ def test_an_admin_key_equal_to_a_client_key_is_refused() -> None:
         create_app(settings, default_model="smol", environ={"TEAM_KEY": "same-value", "ADM": "same-value"})
     with pytest.raises(ValueError, match="are the same key"):
         GatewayConfig(api_keys=[KeyRef(name="a", sha256=hash_key("k"))], admin_key=KeyRef(sha256=hash_key("k")))
+
+
+def test_metrics_keep_no_series_of_what_was_removed(gw) -> None:
+    """Names come and go at run time (deployments, adapters): /metrics lists what exists now, so a stream of
+    added-and-removed names cannot grow it without bound (before: every name stayed)."""
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    assert _admin(gw, {"model_group": "smol", "api_base": "http://127.0.0.1:9", "id": "passing-by"}).status_code == 201
+    assert 'deployment="passing-by"' in httpx.get(f"{gw.url}/metrics", headers=auth).text
+    assert httpx.delete(f"{gw.url}/admin/deployments/passing-by", headers=auth).status_code == 200
+    assert 'deployment="passing-by"' not in httpx.get(f"{gw.url}/metrics", headers=auth).text
+    book = gw.state.adapters
+    book.metrics.requests.labels("tried-once", "smol").inc()
+    book.metrics.forget("tried-once", "smol")  # what DELETE /admin/adapters/<name> does
+    assert "tried-once" not in httpx.get(f"{gw.url}/metrics", headers=auth).text
