@@ -68,7 +68,7 @@ def _checked(spec: NewAdapter, base: Any, group: str) -> Any:
     """The adapter's files, rank, base model and weights (stack.vllm.lora.check_weights), checked in a worker
     thread: reading the weights of a large adapter must not stall other requests."""
     from stack.gateway.adapters import adapter_from_info
-    from stack.vllm.lora import adapter_dir, check_fits, inspect
+    from stack.vllm.lora import adapter_dir, check_fits, check_weights, inspect
 
     try:
         entry = AdapterEntry(name=spec.name, path=spec.path, hub=spec.hub, revision=spec.revision)
@@ -79,6 +79,7 @@ def _checked(spec: NewAdapter, base: Any, group: str) -> Any:
                                  param="path", code="adapter_invalid")
         if base.model is not None:
             check_fits(info, base.model, None)
+        check_weights(spec.name, info.path)  # last: it reads every tensor
     except StackError as exc:
         raise InvalidRequest(exc.message + (f" ({exc.hint})" if exc.hint else ""), param="path",
                              code="adapter_invalid") from None

@@ -82,7 +82,6 @@ def inspect(entry: AdapterEntry, path: Path) -> AdapterInfo:
         raise AdapterError(f"adapter {entry.name!r}: adapter_config.json has no rank `r`")
     modules = data.get("target_modules") or []
     modules = (modules,) if isinstance(modules, str) else tuple(modules)
-    check_weights(entry.name, path)
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     return AdapterInfo(entry.name, path, rank, modules, data.get("base_model_name_or_path"), size,
                        entry.model_dump(exclude_none=True))  # fmt: skip
