@@ -108,7 +108,12 @@ def check_weights(name: str, path: Path, limit: float = MAX_ABS_WEIGHT) -> None:
     try:
         with safe_open(str(file), framework=framework) as f:
             for tensor in f.keys():  # noqa: SIM118 (safe_open is no mapping)
-                worst = _worst_value(f.get_slice(tensor), framework)
+                piece = f.get_slice(tensor)
+                if framework == "np" and piece.get_dtype() == "BF16":
+                    raise AdapterError(f"adapter {name!r}: tensor {tensor!r} is bfloat16, which this gateway cannot "
+                                       "check without torch", hint="install torch beside the gateway (the cpu or "
+                                       "gpu extra), or save the adapter in float16/float32")  # fmt: skip
+                worst = _worst_value(piece, framework)
                 if worst is not None and not worst <= limit:  # NaN compares false: refused too
                     what = "non-finite values (NaN or Inf)" if worst != worst or worst == float("inf") else \
                         f"a value of magnitude {worst:.3g}, above {limit:g}"
