@@ -94,7 +94,7 @@ def golden(client: openai.OpenAI) -> dict[str, str]:
 
 def _answer(client: openai.OpenAI, model: str, prompt: str = PROMPTS[0]) -> str:
     reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
-                                           max_tokens=12, temperature=0)  # fmt: skip
+                                           max_tokens=16, temperature=0)  # fmt: skip
     return reply.choices[0].message.content or ""
 
 
