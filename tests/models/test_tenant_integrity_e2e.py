@@ -174,10 +174,10 @@ def test_adapters_may_not_shadow_a_model_or_alias(stack: Stack, adapters: Path) 
 
 
 ACTIONS = st.lists(st.sampled_from(["add-loud", "use-loud", "use-calm", "delete-loud", "add-nan", "load-nan"]),
-                   min_size=3, max_size=6)  # fmt: skip
+                   min_size=3, max_size=5)  # fmt: skip
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(actions=ACTIONS)
 def test_base_model_answers_survive_any_adapter_sequence(stack: Stack, client: openai.OpenAI, golden, adapters: Path,
                                                          actions: list[str]) -> None:  # fmt: skip
