@@ -32,6 +32,32 @@ def check_gateway_names(cfg: Any, origins: Origins) -> list[str]:
                 check(("gateway", section, group, str(i)), target)
     for alias, target in gw.aliases.items():
         check(("gateway", "aliases", alias), target)
+    return problems + check_shadowing(cfg, origins)
+
+
+def check_shadowing(cfg: Any, origins: Origins) -> list[str]:
+    """No name may take another's traffic: an alias named like a model (or `default`, which the gateway owns),
+    an adapter named like a model, an alias or another model's adapter."""
+    gw = cfg.gateway
+    models = {m.api_name for m in cfg.models.values()} | set(cfg.models) | {c.model_name for c in gw.cloud}
+    problems = []
+    for alias in gw.aliases:
+        if alias == "default":
+            problems.append(f"{_where(origins, ('gateway', 'aliases', alias))}: `default` is the gateway's own "
+                            "alias (default_model); set default_model instead")
+        elif alias in models:
+            problems.append(f"{_where(origins, ('gateway', 'aliases', alias))}: alias {alias!r} is a model's name; "
+                            "it would take that model's traffic: rename the alias")
+    owner: dict[str, str] = {}
+    for key, model in cfg.models.items():
+        for i, adapter in enumerate(model.adapters):
+            where = _where(origins, ("models", key, "adapters", str(i), "name"))
+            if adapter.name in models or adapter.name in gw.aliases or adapter.name == "default":
+                problems.append(f"{where}: adapter {adapter.name!r} is named like a model or alias; it would take "
+                                "that name's traffic: rename the adapter")
+            elif adapter.name in owner and owner[adapter.name] != key:
+                problems.append(f"{where}: adapter {adapter.name!r} is also one of model {owner[adapter.name]!r}")
+            owner.setdefault(adapter.name, key)
     return problems
 
 

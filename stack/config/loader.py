@@ -46,12 +46,35 @@ def builtin_config_dir() -> Path:
     )
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping: YAML keeps the last and drops the first
+    silently, so a second `gateway:` section would drop the first one's api_keys (issue 34)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:  # type: ignore[override]
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges: its keys may be overridden on purpose
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line)
+            except TypeError:
+                continue  # an unhashable key: SafeLoader refuses it itself
+            if first != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"duplicate key {key!r} (first on line {first + 1}); YAML would silently keep only this one",
+                    key_node.start_mark)  # fmt: skip
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(source: Path | str, *, label: str | None = None) -> Any:
-    """Parse YAML from a file (Path) or inline text (str); syntax errors name the file and line."""
+    """Parse YAML from a file (Path) or inline text (str); syntax errors and duplicate keys name the file and
+    line."""
     name = label or (str(source) if isinstance(source, Path) else "<inline>")
     try:
         text = source.read_text(encoding="utf-8") if isinstance(source, Path) else source
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except FileNotFoundError as exc:
         raise ConfigError(f"{name}: file not found", hint="check the path given to --config or VSTACK_CONFIG") from exc
     except UnicodeDecodeError as exc:

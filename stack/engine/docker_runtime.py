@@ -24,6 +24,7 @@ import httpx
 
 from stack.engine.diagnose import explain_failure
 from stack.engine.runtime import SleepEndpoints
+from stack.engine_env import ENGINE_KEY_ENV
 from stack.errors import EngineError
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class ContainerSpec:
     health_interval_s: float = 2.0
     reach: str = "name"  # how this process reaches the engine: "name" (on the network) or "ip" (from the host)
     address: str | None = None  # with reach="ip": the container's address, known once it started
+    api_key: str | None = field(default=None, repr=False)  # the engine's credential (VLLM_API_KEY); the gateway's
 
     @property
     def base_url(self) -> str:
@@ -90,7 +92,7 @@ class ContainerSpec:
             "name": self.name,
             "hostname": self.name,
             "network": self.network,
-            "environment": {**container_env(), **self.env},
+            "environment": {**container_env(), **self.env, **({ENGINE_KEY_ENV: self.api_key} if self.api_key else {})},
             "volumes": volumes,
             "labels": {LABEL: self.name, "org.vllm-stack.serve": self.serve, **self.labels},
             "shm_size": self.shm_size,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from stack.config.sections.manager import DockerRuntimeConfig
 from stack.engine.docker_runtime import CACHE_MOUNT, CONFIG_MOUNT, ContainerSpec
+from stack.engine_env import is_secret, new_engine_key
 from stack.errors import EngineError
 
 if TYPE_CHECKING:
@@ -67,14 +68,15 @@ class Site:
             labels.update({SERVICE_LABEL: name, ONEOFF_LABEL: "False", CONFIG_HASH_LABEL: config})
         return ContainerSpec(
             name=name, image=self.image, serve=serve, network=self.network, cache_volume=self.cache_volume,
-            config_source=self.config_source, env=env, gpus=_gpu_count(self.gpus, gpu),
+            config_source=self.config_source, env=env, gpus=_gpu_count(self.gpus, gpu), api_key=new_engine_key(),
             shm_size=self.shm_size or ("16g" if gpu else "2g"),
             labels=labels, reach=self.reach,
         )  # fmt: skip
 
 
 def passed_env(patterns: list[str], environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
-    return {k: v for k, v in environ.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns)}
+    """The variables `pass_env` names, never a secret of ours (stack.engine_env.is_secret), whatever it says."""
+    return {k: v for k, v in environ.items() if any(fnmatch.fnmatchcase(k, p) for p in patterns) and not is_secret(k)}
 
 
 def _gpu_count(setting: str | int, gpu_profile: bool) -> int | None:

@@ -14,6 +14,7 @@ from stack.config.schema import StackConfig
 from stack.engine.model_serving import apply_model_serving
 from stack.engine.process import EngineSpec
 from stack.engine.sleep_copy import KEEP_ENV, keep_host_copy
+from stack.engine_env import new_engine_key
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
@@ -43,12 +44,21 @@ class EnginePlan:
     fit: Plan | None = None  # the fit planner's result (None: not planned); the manager's memory need
     model_files: ModelFiles | None = None  # the model's local files, when it has them
     adapters: list[AdapterInfo] = field(default_factory=list)  # LoRA adapters served on this engine
+    drop_env: tuple[str, ...] = ()  # the config's key variables: never in the engine's environment
 
     def engine_spec(self, log_path: Path, name: str | None = None) -> EngineSpec:
-        """The process that serves this plan, logging to `log_path`."""
+        """The process that serves this plan, logging to `log_path`, with a fresh key only the gateway holds
+        (or the profile's own engine.api_key, which vLLM would prefer to the variable)."""
         return EngineSpec(name=name or self.resolved.served_name, profile=self.resolved.name, argv=self.argv(),
                           env=self.env, host=self.host, port=self.port, log_path=log_path,
-                          display_argv=self.display().split(" "))  # fmt: skip
+                          display_argv=self.display().split(" "), api_key=self.given_key() or new_engine_key(),
+                          drop_env=self.drop_env)  # fmt: skip
+
+    def given_key(self) -> str | None:
+        given = self.resolved.engine.get("api_key")
+        if isinstance(given, list | tuple):
+            given = given[0] if given else None
+        return str(given) if given else None
 
     def vllm_args(self) -> list[str]:
         """Arguments after `vllm serve`."""
@@ -148,13 +158,21 @@ def plan_engine(
     if chosen_port == 0:
         chosen_port = free_port(host)
     plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes, fit, files,
-                      adapters)
+                      adapters, secret_env_names(cfg))
     if check and not mismatch:
         error = check_with_vllm(python, plan.vllm_args(), catalog, cfg.cache_dir)
         if error:
             raise ConfigError(f"vLLM {catalog.version} rejects the rendered command: {error}",
                               hint="`vstack config render` shows the command; fix the option it names")
     return plan
+
+
+def secret_env_names(cfg: StackConfig) -> tuple[str, ...]:
+    """The variables the config names for a key (gateway keys, provider keys): kept out of every engine."""
+    gw = cfg.gateway
+    refs = [*gw.api_keys, *([gw.admin_key] if gw.admin_key else []), *([gw.metrics_key] if gw.metrics_key else [])]
+    names = {r.env for r in refs if r.env} | {c.api_key_env for c in gw.cloud if c.api_key_env}
+    return tuple(sorted(names | set(gw.provider_key_envs)))
 
 
 def choose_cpu_dtype(resolved: ResolvedProfile, catalog: VllmCatalog, notes: list[str]) -> None:

@@ -10,7 +10,16 @@ from stack.config.resolve import ResolvedProfile
 from stack.config.schema import StackConfig
 from stack.errors import ConfigError
 from stack.vllm.families import check_parsers, registered_parsers, serving_options
-from stack.vllm.lora import RUNTIME_ENV, AdapterError, AdapterInfo, adapter_dir, check_fits, engine_options, inspect
+from stack.vllm.lora import (
+    RUNTIME_ENV,
+    AdapterError,
+    AdapterInfo,
+    adapter_dir,
+    check_fits,
+    check_weights,
+    engine_options,
+    inspect,
+)
 from stack.vllm.options import VllmCatalog
 
 
@@ -55,6 +64,7 @@ def adapters_of(cfg: StackConfig, resolved: ResolvedProfile, model_dir: Path | N
         try:
             info = inspect(entry, adapter_dir(entry, cfg.cache_dir))
             check_fits(info, model, model.lora.max_lora_rank or resolved.engine.get("max_lora_rank"), model_dir)
+            check_weights(entry.name, info.path)  # NaN/Inf or absurd weights: refused before any engine loads them
         except AdapterError as exc:
             problems.append(f"models.{model.name}.adapters: {exc.message} ({cfg.where('models', model.name)})")
             continue

@@ -19,12 +19,15 @@ import httpx
 import psutil
 
 from stack.engine.diagnose import explain_failure, log_size, log_tail
+from stack.engine_env import engine_environ
 from stack.errors import EngineError
 
 
 @dataclass
 class EngineSpec:
-    """Everything needed to start one engine; `display_argv` has secrets redacted."""
+    """Everything needed to start one engine; `display_argv` has secrets redacted. `api_key`: the engine's
+    credential (VLLM_API_KEY in its environment, never in argv); `drop_env`: more variables of ours it must
+    not inherit (the config's key variables; stack.engine_env strips the usual ones)."""
 
     name: str
     profile: str
@@ -34,6 +37,8 @@ class EngineSpec:
     port: int
     log_path: Path
     display_argv: list[str] = field(default_factory=list)
+    api_key: str | None = field(default=None, repr=False)
+    drop_env: tuple[str, ...] = ()
 
     @property
     def base_url(self) -> str:
@@ -64,7 +69,7 @@ class EngineProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.spec.env, "PYTHONUNBUFFERED": "1"},
+                env=engine_environ({**self.spec.env, "PYTHONUNBUFFERED": "1"}, self.spec.api_key, self.spec.drop_env),
                 start_new_session=True,
             )
         return self.popen.pid

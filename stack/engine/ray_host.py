@@ -9,7 +9,6 @@ it, so a lost node never leaves an engine serving that nobody routes to or stops
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import socket
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.process import stop_process_tree
+from stack.engine_env import ENGINE_KEY_ENV, engine_environ
 
 PR_SET_PDEATHSIG = 1
 
@@ -74,8 +74,8 @@ class EngineHost:
             log.write(f"\n==> vstack (ray node {ray.get_runtime_context().get_node_id()[:8]}): starting\n".encode())
             log.flush()
             self.popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env={**{k: v for k, v in os.environ.items() if k not in drop_env},
-                                               **env, "PYTHONUNBUFFERED": "1"},
+                                          env=engine_environ({**env, "PYTHONUNBUFFERED": "1"},
+                                                             env.get(ENGINE_KEY_ENV), drop_env),
                                           start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
         return {"host": host, "port": port, "pid": self.popen.pid,
                 "node_id": ray.get_runtime_context().get_node_id()}  # fmt: skip

@@ -28,6 +28,7 @@ import httpx
 from stack.config.sections.manager import RayRuntimeConfig
 from stack.engine import ray_cluster
 from stack.engine.process import EngineSpec
+from stack.engine_env import ENGINE_KEY_ENV
 from stack.errors import EngineError
 from stack.planner.cluster import Demand, ReplicaPlace, place
 
@@ -72,6 +73,10 @@ class RaySetSpec:
     @property
     def log_path(self) -> Path:
         return self.engine.log_path
+
+    @property
+    def api_key(self) -> str | None:
+        return self.engine.api_key
 
 
 Listener = Callable[[list[dict]], None]
@@ -207,10 +212,12 @@ class RayReplicaSet:
         p = r.place
         self._move(r, "starting", f"placing on node {p.nodes[0][:8]}: {p.reason}")
         argv, env = list(self.spec.engine.argv), dict(self.spec.engine.env)
+        if self.spec.engine.api_key:  # every replica answers the set's one key (the gateway's)
+            env[ENGINE_KEY_ENV] = self.spec.engine.api_key
         cpus = self.demand.cpus
-        drop: tuple[str, ...] = ()
+        drop: tuple[str, ...] = self.spec.engine.drop_env
         if p.pipeline_parallel > 1:
-            drop = ("CUDA_VISIBLE_DEVICES",)
+            drop = (*drop, "CUDA_VISIBLE_DEVICES")
             # vLLM's Ray executor places the workers (its own placement group, all or nothing); the actor
             # holds the API server's CPU on the first stage's node.
             argv += ["--distributed-executor-backend", "ray", "--pipeline-parallel-size", str(p.pipeline_parallel),

@@ -78,18 +78,20 @@ class SleepEndpoints:
     spec: Any
 
     def sleep(self, level: int = 1, timeout: float = 120) -> None:
-        control_post(self.spec.base_url, self.spec.name, "/sleep", {"level": str(level)}, timeout)
+        control_post(self.spec.base_url, self.spec.name, "/sleep", {"level": str(level)}, timeout,
+                     key=engine_key(self))  # fmt: skip
 
     def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
-        control_post(self.spec.base_url, self.spec.name, "/wake_up", {"tags": tags} if tags else {}, timeout)
+        control_post(self.spec.base_url, self.spec.name, "/wake_up", {"tags": tags} if tags else {}, timeout,
+                     key=engine_key(self))  # fmt: skip
 
     def reload_weights(self, timeout: float = 600) -> None:
         # vLLM's level-2 recipe: wake_up(tags=["weights"]), collective_rpc("reload_weights"), wake the KV cache.
         control_post(self.spec.base_url, self.spec.name, "/collective_rpc", {}, timeout,
-                     body={"method": "reload_weights"})  # fmt: skip
+                     body={"method": "reload_weights"}, key=engine_key(self))  # fmt: skip
 
     def is_sleeping(self) -> bool:
-        resp = httpx.get(f"{self.spec.base_url}/is_sleeping", timeout=10)
+        resp = httpx.get(f"{self.spec.base_url}/is_sleeping", headers=auth_header(engine_key(self)), timeout=10)
         resp.raise_for_status()
         return bool(resp.json().get("is_sleeping"))
 
@@ -111,11 +113,20 @@ def logs_of(runtime: object, lines: int = 40) -> str:
     return log_tail(spec.log_path, lines, start) if spec is not None and hasattr(spec, "log_path") else ""
 
 
+def engine_key(runtime: object) -> str | None:
+    """The credential an engine we started answers (its spec's api_key); None for one we only attach to."""
+    return getattr(getattr(runtime, "spec", None), "api_key", None)
+
+
+def auth_header(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def control_post(base_url: str, name: str, path: str, params: dict[str, Any], timeout: float,
-                 body: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 body: dict[str, Any] | None = None, key: str | None = None) -> None:  # fmt: skip
     """POST to one of vLLM's sleep endpoints; anything but 200 is an EngineError saying what the engine needs."""
     try:
-        resp = httpx.post(f"{base_url}{path}", params=params, json=body, timeout=timeout)
+        resp = httpx.post(f"{base_url}{path}", params=params, json=body, headers=auth_header(key), timeout=timeout)
     except httpx.HTTPError as exc:
         raise EngineError(f"engine {name!r}: POST {path} failed: {type(exc).__name__}") from exc
     if resp.status_code != 200:

@@ -19,6 +19,7 @@ def serve(target: str | None, port: int) -> None:
     """Plan, fetch the model into the cache, and exec vLLM bound to the container's network address."""
     from stack.assemble import plan_one
     from stack.config import load_config
+    from stack.engine_env import ENGINE_KEY_ENV, engine_environ, without_secrets
     from stack.hardware import detect
 
     def say(line: str) -> None:
@@ -31,8 +32,11 @@ def serve(target: str | None, port: int) -> None:
     plan.host = "0.0.0.0"  # the container's own address on its (internal) network; no port is published
     argv = plan.argv()
     say(plan.display())
-    # Variables given to the container win over the profile's (an operator's VLLM_CPU_KVCACHE_SPACE, say).
-    os.execve(argv[0], argv, {**plan.env, **os.environ, "PYTHONUNBUFFERED": "1"})
+    # Variables given to the container win over the profile's (an operator's VLLM_CPU_KVCACHE_SPACE, say);
+    # its credential (VLLM_API_KEY, set by the gateway) is kept, any other secret dropped.
+    env = engine_environ({**plan.env, **without_secrets(os.environ), "PYTHONUNBUFFERED": "1"},
+                         os.environ.get(ENGINE_KEY_ENV))
+    os.execve(argv[0], argv, env)
 
 
 def main(argv: list[str] | None = None) -> int:

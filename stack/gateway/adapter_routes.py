@@ -7,6 +7,7 @@ request, like those of the config. Guarded like every /admin route.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -52,19 +53,23 @@ async def list_adapters(request: Request) -> dict[str, Any]:
     return {"bases": bases, "adapters": [_public(state, a) for a in book.adapters.values()]}
 
 
-@router.post("/adapters", status_code=201)
-async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
-    from stack.vllm.lora import adapter_dir, check_fits, inspect
+def shadowed(state: GatewayState, name: str) -> str | None:
+    """Why `name` would take another name's traffic (a model, an alias, `default`, another adapter), or None."""
+    if name in state.routing.aliases:
+        return f"`{name}` is an alias (of `{state.routing.aliases[name]}`)"
+    if name in state.routing.known_groups() or any(d.upstream_model == name for d in state.registry.all()):
+        return f"`{name}` is a model's name"
+    if state.adapters is not None and name in state.adapters.adapters:
+        return f"`{name}` is served already; remove it first"
+    return None
 
-    state = get_state(request)
-    book = _book(state)
-    group = state.routing.resolve(spec.base) if spec.base not in book.bases else spec.base
-    base = book.bases.get(group)
-    if base is None:
-        raise InvalidRequest(f"model `{spec.base}` runs without LoRA: add `adapters:` (or `lora:`) to its model "
-                             "config and restart it", param="base")
-    if not base.runtime_updates:
-        raise InvalidRequest(f"model `{group}` has lora.runtime_updates: false", param="base")
+
+def _checked(spec: NewAdapter, base: Any, group: str) -> Any:
+    """The adapter's files, rank, base model and weights (stack.vllm.lora.check_weights), checked in a worker
+    thread: reading the weights of a large adapter must not stall other requests."""
+    from stack.gateway.adapters import adapter_from_info
+    from stack.vllm.lora import adapter_dir, check_fits, check_weights, inspect
+
     try:
         entry = AdapterEntry(name=spec.name, path=spec.path, hub=spec.hub, revision=spec.revision)
         info = inspect(entry, adapter_dir(entry))
@@ -74,16 +79,36 @@ async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
                                  param="path", code="adapter_invalid")
         if base.model is not None:
             check_fits(info, base.model, None)
+        check_weights(spec.name, info.path)  # last: it reads every tensor
     except StackError as exc:
         raise InvalidRequest(exc.message + (f" ({exc.hint})" if exc.hint else ""), param="path",
                              code="adapter_invalid") from None
     except ValueError as exc:  # the entry's own checks (name, one source)
         raise InvalidRequest(str(exc).splitlines()[-1], param="name", code="adapter_invalid") from None
-    if state.registry.groups().get(spec.name):
-        raise InvalidRequest(f"`{spec.name}` is a model's name; pick another", param="name")
-    from stack.gateway.adapters import adapter_from_info
+    return adapter_from_info(info, group)
 
-    added = book.add(adapter_from_info(info, group))
+
+@router.post("/adapters", status_code=201)
+async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    book = _book(state)
+    group = state.routing.resolve(spec.base) if spec.base not in book.bases else spec.base
+    base = book.bases.get(group)
+    if base is None:
+        raise InvalidRequest(f"model `{spec.base}` runs without LoRA: add `adapters:` (or `lora:`) to its model "
+                             "config and restart it", param="base")
+    if not base.runtime_updates:
+        raise InvalidRequest(f"model `{group}` has lora.runtime_updates: false", param="base")
+    why = shadowed(state, spec.name)
+    if why:  # an adapter named like a model or alias would take that name's traffic
+        raise InvalidRequest(f"{why}; an adapter may not shadow it: pick another name", param="name",
+                             code="name_taken")
+    adapter = await asyncio.to_thread(_checked, spec, base, group)
+    why = shadowed(state, spec.name)  # checked again: the name may have been taken while the files were read
+    if why:
+        raise InvalidRequest(f"{why}; an adapter may not shadow it: pick another name", param="name",
+                             code="name_taken")
+    added = book.add(adapter)
     return _public(state, added)
 
 
@@ -98,6 +123,7 @@ async def remove_adapter(name: str, request: Request) -> dict[str, Any]:
         raise Busy(f"adapter `{name}` is answering {adapter.in_flight} request(s); retry when they finish")
     await book.unload_everywhere(name, state.registry)
     book.adapters.pop(name)
+    book.metrics.forget(name, adapter.base)
     return {"removed": name}
 
 

@@ -6,13 +6,21 @@ name; the adapter is loaded into that engine on its first request through vLLM's
 (/v1/load_lora_adapter). Each engine keeps at most `max_cpu_loras` adapters loaded: loading one more
 unloads the least recently used idle one (/v1/unload_lora_adapter). Inside the engine vLLM keeps at most
 `max_loras` of them in a batch, swapping by its own LRU. Loads, evictions, refusals and requests are
-counted per adapter.
+counted per adapter served now (a removed adapter's series go with it: the label set stays bounded).
+
+One tenant's adapter must not change what the base model answers everyone else (adr/0020): weights are
+checked before loading (stack.vllm.lora.check_weights), and after each load or unload a golden prompt
+(temperature 0) must still get the answer the untouched engine gave. If not, the adapter just loaded is
+dropped, the engine is marked failed (out of routing, /ready 503) and restarted by the model manager.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +31,14 @@ from prometheus_client import CollectorRegistry, Counter
 
 from stack.gateway.errors import InvalidRequest, UpstreamError
 from stack.gateway.registry import Deployment, DeploymentRegistry
+
+log = logging.getLogger("stack.gateway.adapters")
+# The golden check: a fixed greedy prompt, short (a few decode steps per adapter action), asked of the base
+# model when its engine is untouched and again after each adapter load or unload.
+GOLDEN_MESSAGES = [{"role": "user", "content": "Count from one to five in words."}]
+GOLDEN_TOKENS = 8
+GOLDEN_TRIES = 3  # a mismatch is confirmed twice more before the engine is called broken
+OnCorrupt = Callable[[Deployment, str], Awaitable[None]]
 
 
 @dataclass
@@ -56,6 +72,15 @@ class AdapterMetrics:
                                  labels, registry=registry)  # fmt: skip
         self.refused = Counter("vstack_adapter_load_failures", "Adapters an engine refused to load", labels,
                                registry=registry)  # fmt: skip
+        self.base_changed = Counter("vstack_adapter_base_check_failures", "Engines whose base model answered the "
+                                    "golden prompt differently after an adapter load or unload (then restarted)",
+                                    ["model"], registry=registry)  # fmt: skip
+
+    def forget(self, adapter: str, model: str) -> None:
+        """Drop a removed adapter's series: names tried and removed must not pile up in /metrics."""
+        for counter in (self.requests, self.loads, self.evictions, self.refused):
+            with contextlib.suppress(KeyError):
+                counter.remove(adapter, model)
 
 
 class AdapterBook:
@@ -68,6 +93,9 @@ class AdapterBook:
         self._loaded: dict[str, OrderedDict[str, None]] = {}  # deployment id -> adapter names
         self._locks: dict[str, asyncio.Lock] = {}
         self._session: aiohttp.ClientSession | None = None
+        self._golden: dict[str, str] = {}  # deployment id -> the untouched engine's answer to GOLDEN_MESSAGES
+        self.registry = registry
+        self.on_corrupt: OnCorrupt | None = None  # restarts the engine (the app wires the model manager in)
         registry.subscribe(self._on_change)
 
     # -- what is served ---------------------------------------------------------------------------
@@ -97,6 +125,7 @@ class AdapterBook:
         # A stopped or restarted engine has forgotten its adapters: load them again on their next request.
         if after is None or after.state != "ready" or (before is not None and before.api_base != after.api_base):
             self._loaded.pop(dep_id, None)
+            self._golden.pop(dep_id, None)
 
     # -- one request ------------------------------------------------------------------------------
     async def acquire(self, dep: Deployment, adapter: Adapter) -> None:
@@ -113,11 +142,21 @@ class AdapterBook:
                     victim = next((n for n in loaded if self._idle(n)), None)
                     if victim is None:
                         break  # every loaded adapter is answering: vLLM's own LRU bounds its memory
+                    await self._record_golden(dep)
                     await self._call(dep, "/v1/unload_lora_adapter", {"lora_name": victim})
                     loaded.pop(victim)
                     self.metrics.evictions.labels(victim, adapter.base).inc()
+                    if not await self._verify(dep, f"unloading adapter `{victim}`"):
+                        raise UpstreamError(f"{dep.id} is restarting: its base model changed", status=502)
+                await self._record_golden(dep)
                 await self._load(dep, adapter)
                 loaded[adapter.name] = None
+                if not await self._verify(dep, f"loading adapter `{adapter.name}`"):
+                    self.adapters.pop(adapter.name, None)  # the suspect: not offered again
+                    self.metrics.forget(adapter.name, adapter.base)
+                    raise InvalidRequest(f"adapter `{adapter.name}` changed what the base model `{adapter.base}` "
+                                         "answers; it was removed and the engine is restarting", param="model",
+                                         code="adapter_rejected")  # fmt: skip
             adapter.in_flight += 1
         self.metrics.requests.labels(adapter.name, adapter.base).inc()
 
@@ -140,18 +179,66 @@ class AdapterBook:
         self.metrics.loads.labels(adapter.name, adapter.base).inc()
 
     async def unload_everywhere(self, name: str, registry: DeploymentRegistry) -> None:
-        for dep_id, loaded in self._loaded.items():
+        for dep_id, loaded in list(self._loaded.items()):
             dep = registry.get(dep_id)
             if name in loaded and dep is not None:
-                await self._call(dep, "/v1/unload_lora_adapter", {"lora_name": name}, check=False)
-                loaded.pop(name)
+                async with self._locks.setdefault(dep_id, asyncio.Lock()):
+                    await self._record_golden(dep)
+                    await self._call(dep, "/v1/unload_lora_adapter", {"lora_name": name}, check=False)
+                    loaded.pop(name, None)
+                    await self._verify(dep, f"unloading adapter `{name}`")
+
+    # -- the golden check ---------------------------------------------------------------------------
+    async def golden_answer(self, dep: Deployment) -> str:
+        """The base model's greedy answer to GOLDEN_MESSAGES ("" when it answers nothing or fails)."""
+        body = {"model": dep.upstream_model, "messages": GOLDEN_MESSAGES, "max_tokens": GOLDEN_TOKENS,
+                "temperature": 0, "seed": 0}  # fmt: skip
+        try:
+            status, raw = await self._call(dep, "/v1/chat/completions", body, check=False)
+            return str(orjson.loads(raw)["choices"][0]["message"]["content"] or "") if status == 200 else ""
+        except (UpstreamError, orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            return ""
+
+    async def _record_golden(self, dep: Deployment) -> None:
+        """The untouched engine's answer, once per engine (before its first adapter action)."""
+        if dep.id in self._golden or self._loaded.get(dep.id):
+            return
+        answer = await self.golden_answer(dep)
+        if answer:
+            self._golden[dep.id] = answer
+        else:
+            log.warning("deployment %s: the base model gave no answer to the golden prompt; not checked", dep.id)
+
+    async def _verify(self, dep: Deployment, after: str) -> bool:
+        """True when the base model still answers as before `after`; else the engine is marked failed and
+        restarted (on_corrupt), so no one is served by a base model an adapter broke."""
+        golden = self._golden.get(dep.id)
+        if golden is None:
+            return True
+        answer = ""
+        for attempt in range(GOLDEN_TRIES):
+            answer = await self.golden_answer(dep)
+            if answer == golden:
+                return True
+            if attempt + 1 < GOLDEN_TRIES:
+                await asyncio.sleep(0.2)
+        why = (f"the base model answered {answer[:60]!r} instead of {golden[:60]!r} after {after}; "
+               "engine restarting")  # fmt: skip
+        log.error("deployment %s: %s", dep.id, why)
+        self.metrics.base_changed.labels(dep.model_group).inc()
+        self._golden.pop(dep.id, None)
+        self._loaded.pop(dep.id, None)
+        self.registry.set_state(dep.id, "failed", why)
+        if self.on_corrupt is not None:
+            await self.on_corrupt(dep, why)
+        return False
 
     async def _call(self, dep: Deployment, path: str, payload: dict, check: bool = True) -> tuple[int, bytes]:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120))
         try:
-            async with self._session.post(f"{dep.api_base}{path}", data=orjson.dumps(payload),
-                                          headers={"Content-Type": "application/json"}) as resp:  # fmt: skip
+            headers = {"Content-Type": "application/json", **dep.auth()}
+            async with self._session.post(f"{dep.api_base}{path}", data=orjson.dumps(payload), headers=headers) as resp:
                 body = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise UpstreamError(f"{dep.id} is not reachable for {path}", status=502, reason="connect") from exc

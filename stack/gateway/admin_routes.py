@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Depends, Header, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -16,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from stack.config.litellm_providers import ProviderError, destination
 from stack.config.sections.gateway import CloudDeployment
 from stack.errors import StackError
-from stack.gateway.auth import require_admin
+from stack.gateway.auth import is_loopback, require_admin
 from stack.gateway.errors import InvalidRequest, ModelNotFound
 from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import Deployment
-from stack.gateway.state import get_state
+from stack.gateway.state import GatewayState, get_state
 
 
 def admin_key(
@@ -124,9 +126,11 @@ async def engines(request: Request) -> dict[str, Any]:
 @router.post("/deployments", status_code=201)
 async def add_deployment(spec: NewDeployment, request: Request) -> dict[str, Any]:
     state = get_state(request)
+    check_name(state, spec)
     if spec.kind == "local":
         if not spec.api_base:
             raise InvalidRequest("a local deployment needs api_base", param="api_base")
+        check_internal(state, spec.api_base)
         dep = Deployment(
             id=spec.id or state.registry.new_id("local"),
             model_group=spec.model_group,
@@ -136,6 +140,7 @@ async def add_deployment(spec: NewDeployment, request: Request) -> dict[str, Any
             order=spec.order,
             context_window=spec.context_window,
             timeout_s=spec.timeout_s,
+            labels={"added": "admin"},
         )
     else:
         if spec.cloud is None:
@@ -153,6 +158,45 @@ async def add_deployment(spec: NewDeployment, request: Request) -> dict[str, Any
         raise InvalidRequest(f"deployment {dep.id!r} could not be registered ({type(exc).__name__})",
                              param="cloud" if spec.kind == "cloud" else "api_base") from None
     return dep.public()
+
+
+def check_name(state: GatewayState, spec: NewDeployment) -> None:
+    """A runtime deployment may not take another name's traffic: an alias (`default` included) or an adapter
+    stays what it is, and a cloud deployment joins a locally served model only behind its engines (a higher
+    `order`), so it cannot draw that model's traffic to a provider."""
+    name = spec.model_group
+    if name in state.routing.aliases:
+        raise InvalidRequest(f"`{name}` is an alias (of `{state.routing.aliases[name]}`); a deployment may not "
+                             "shadow it: name the model group itself", param="model_group", code="name_taken")
+    if state.adapters is not None and name in state.adapters.adapters:
+        raise InvalidRequest(f"`{name}` is a LoRA adapter's name; a deployment may not shadow it",
+                             param="model_group", code="name_taken")
+    local = [d.order for d in state.registry.all() if d.model_group == name and d.kind == "local"]
+    if spec.kind == "cloud" and local and spec.order <= max(local):
+        raise InvalidRequest(f"`{name}` is served by a local engine (order {max(local)}); a cloud deployment may "
+                             f"only follow it: set order above {max(local)}", param="order", code="name_taken")
+
+
+def check_internal(state: GatewayState, api_base: str) -> None:
+    """A local deployment is one the gateway fetches from (requests, /metrics/engines): loopback, a configured
+    internal network or host, or a host of an engine the gateway was set up with; never any other host."""
+    host = (urlsplit(api_base).hostname or "").lower()
+    known = {(urlsplit(d.api_base).hostname or "").lower() for d in state.registry.all()
+             if d.kind == "local" and d.api_base and d.labels.get("added") != "admin"}  # fmt: skip
+    if is_loopback(host) or host in known or internal_host(host, state.settings.internal_networks):
+        return
+    raise InvalidRequest(f"api_base host {host!r} is not loopback or an internal network of this gateway; it "
+                         "would fetch from there", param="api_base", code="destination_not_allowed")
+
+
+def internal_host(host: str, networks: list[str]) -> bool:
+    """`host` is an address inside one of the CIDRs, or one of the host names, of gateway.internal_networks
+    (names are compared, never resolved: DNS cannot move a name inside)."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return host in {n.lower() for n in networks if "/" not in n}
+    return any(address in ipaddress.ip_network(n, strict=False) for n in networks if "/" in n)
 
 
 def check_cloud(c: CloudDeployment, policy: KeyPolicy | None) -> None:

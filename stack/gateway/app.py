@@ -7,11 +7,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import orjson
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stack.config.sections.gateway import GatewayConfig
+from stack.errors import ConfigError
 from stack.gateway import adapter_routes, admin_routes, agent_routes, openai_routes, ops_routes
 from stack.gateway.adapters import AdapterBook
 from stack.gateway.admin_routes import cloud_deployment
@@ -23,7 +24,7 @@ from stack.gateway.errors import envelope, install_error_handlers
 from stack.gateway.local import LocalUpstream
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.providers import KeyPolicy
-from stack.gateway.registry import DeploymentRegistry
+from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.request_log import RequestLog
 from stack.gateway.routing import Routing
 from stack.gateway.state import GatewayState
@@ -108,6 +109,13 @@ def create_app(
     so far (engines register theirs as they become ready); hooks: start and stop engines; manager: the
     model manager that admits requests to the engines it switches (stack.gateway.engines builds it)."""
     registry = registry or DeploymentRegistry()
+    keys = KeyRing.from_refs(settings.api_keys, environ)
+    admin_keys = KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ)
+    shared = admin_keys.shared_with(keys)
+    if shared:  # their values are equal although the config names them apart: every client would open /admin
+        admin, client = shared[0]
+        raise ConfigError(f"gateway.admin_key {admin!r} has the same value as gateway.api_keys {client!r}: a client "
+                          "key would open /admin", hint="give the admin key a value of its own")
     for i, c in enumerate(settings.cloud):
         registry.add(cloud_deployment(c, f"cloud-{c.model_name}-{i + 1}"))
     routing = Routing(settings, registry, default_model)
@@ -117,14 +125,23 @@ def create_app(
     local = LocalUpstream(settings.connect_timeout_s, settings.request_timeout_s)
     dispatcher = Dispatcher(settings, routing, metrics, local, CloudUpstream(settings.request_timeout_s), manager)
     dispatcher.adapters = AdapterBook(registry, metrics.registry)
+
+    async def restart_engine(dep: Deployment, why: str) -> None:
+        # An engine whose base model an adapter changed: the manager starts a fresh one (its own engines only).
+        if manager is not None and manager.manages(dep.model_group):
+            await manager.restart(dep.model_group, why)
+
+    dispatcher.adapters.on_corrupt = restart_engine
     state = GatewayState(
         settings=settings,
         registry=registry,
         routing=routing,
         metrics=metrics,
         dispatcher=dispatcher,
-        keys=KeyRing.from_refs(settings.api_keys, environ),
-        admin_keys=KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ),
+        keys=keys,
+        admin_keys=admin_keys,
+        metrics_keys=KeyRing.union(KeyRing.from_refs([settings.metrics_key] if settings.metrics_key else [], environ),
+                                   keys, admin_keys),
         manager=manager,
         key_policy=KeyPolicy(settings.cloud, settings.provider_key_envs),
         adapters=dispatcher.adapters,
@@ -162,7 +179,8 @@ def create_app(
         app.include_router(docs_router(app))
     app.include_router(agent_routes.router)
     app.include_router(adapter_routes.router)
-    app.include_router(agent_routes.unknown)  # last: OpenAI's 404 JSON for every path no route serves
+    # last: OpenAI's 404 JSON for every path no route serves, behind the /v1 keys (its text lists endpoints)
+    app.include_router(agent_routes.unknown, dependencies=[Depends(openai_routes.client_key)])
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

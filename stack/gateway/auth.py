@@ -52,6 +52,18 @@ class KeyRing:
     def enabled(self) -> bool:
         return bool(self._digests)
 
+    @classmethod
+    def union(cls, *rings: KeyRing) -> KeyRing:
+        """Every key of these rings (names kept): /metrics answers the metrics, client and admin keys."""
+        merged = KeyRing({})
+        merged._digests = [item for ring in rings for item in ring._digests]
+        return merged
+
+    def shared_with(self, other: KeyRing) -> list[tuple[str, str]]:
+        """(our name, their name) of each key both rings accept."""
+        return [(mine, theirs) for mine, a in self._digests for theirs, b in other._digests
+                if hmac.compare_digest(a, b)]  # fmt: skip
+
     @property
     def names(self) -> list[str]:
         return [name for name, _ in self._digests]

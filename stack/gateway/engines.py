@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stack.config.sections.manager import ManagerConfig
-from stack.engine.runtime import Runtime
+from stack.engine.runtime import Runtime, engine_key
 from stack.gateway.adapters import Adapter, Base
 from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.state import GatewayState
@@ -83,8 +83,8 @@ class EngineSupervisor:
             role = {"role": "set"} if has_replicas(m.engine) else {}
             state.registry.add(Deployment(
                 id=m.deployment_id, model_group=m.model_group, kind="local", upstream_model=m.served_name,
-                api_base=spec.base_url, state="stopped", labels={"engine": spec.name, "managed": "1",
-                        "runtime": m.engine.runtime_kind, "task": m.task, **role},
+                api_base=spec.base_url, engine_key=engine_key(m.engine), state="stopped",
+                labels={"engine": spec.name, "managed": "1", "runtime": m.engine.runtime_kind, "task": m.task, **role},
             ))  # fmt: skip
             if m.lora is not None and state.adapters is not None:
                 state.adapters.add_base(m.lora)
@@ -121,7 +121,7 @@ def follow(registry: DeploymentRegistry, ids: dict[str, str],
     def on_change(slot: Slot, before: ModelState, after: ModelState) -> None:
         dep_id = ids[slot.name]
         if after in (ModelState.STARTING, ModelState.READY):
-            registry.update(dep_id, api_base=slot.runtime.spec.base_url)
+            registry.update(dep_id, api_base=slot.runtime.spec.base_url, engine_key=engine_key(slot.runtime))
         registry.set_state(dep_id, str(after), slot.detail)  # type: ignore[arg-type]
         runtime = slot.runtime
         if not has_replicas(runtime):
@@ -162,8 +162,8 @@ def sync_replicas(registry: DeploymentRegistry, set_id: str, slot: Slot, replica
         if dep is None:
             registry.add(Deployment(id=rid, model_group=parent.model_group, kind="local",
                                     upstream_model=parent.upstream_model, api_base=r["url"] or None, state=state,
-                                    detail=r["detail"], labels=labels))  # fmt: skip
+                                    detail=r["detail"], labels=labels, engine_key=parent.engine_key))  # fmt: skip
             continue
-        registry.update(rid, api_base=r["url"] or None, labels=labels)
+        registry.update(rid, api_base=r["url"] or None, labels=labels, engine_key=parent.engine_key)
         if dep.state != state or dep.detail != r["detail"]:
             registry.set_state(rid, state, r["detail"])

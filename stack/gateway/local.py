@@ -94,7 +94,7 @@ class LocalUpstream:
             resp = await self.session.post(
                 f"{dep.api_base}{path}",
                 data=payload,
-                headers={"Content-Type": "application/json"},
+                headers={"Content-Type": "application/json", **dep.auth()},
                 timeout=timeout,
             )
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:

@@ -1,14 +1,27 @@
-"""Liveness, readiness and metrics: open to scrapers and load balancers, no key needed."""
+"""Liveness and readiness (open: load balancers and health checks need no key, and they say only "up" and
+which model is the default), and metrics behind the keys (adr/0020): the metrics key (Prometheus' bearer
+token), a client key or the admin key; open only when no key of any kind is configured."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
+from stack.gateway.auth import require_client_key
 from stack.gateway.errors import ModelNotFound, UpstreamError
 from stack.gateway.state import get_state
+
+
+def metrics_key(
+    request: Request,
+    authorization: str | None = Header(None, include_in_schema=False),
+    x_api_key: str | None = Header(None, include_in_schema=False),
+) -> str | None:
+    ring = get_state(request).metrics_keys
+    return require_client_key(ring, authorization, x_api_key) if ring is not None else None
+
 
 router = APIRouter()
 SCRAPABLE = ("ready", "sleeping")  # deployment states whose engine answers /metrics (a sleeping one does)
@@ -29,15 +42,16 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse({"status": "not ready", "model": group}, 503, headers={"Retry-After": retry})
 
 
-@router.get("/metrics")
+@router.get("/metrics", dependencies=[Depends(metrics_key)])
 async def metrics(request: Request) -> Response:
     state = get_state(request)
+    state.metrics.deployment_up.clear()  # removed deployments' series go: the label set is what exists now
     for dep in state.registry.all():
         state.metrics.deployment_up.labels(dep.model_group, dep.id, dep.kind).set(dep.state == "ready")
     return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/metrics/engines/{dep_id}")
+@router.get("/metrics/engines/{dep_id}", dependencies=[Depends(metrics_key)])
 async def engine_metrics(dep_id: str, request: Request) -> Response:
     """An engine's own vllm:* metrics, unchanged: engines listen on loopback, Prometheus scrapes here."""
     state = get_state(request)
@@ -46,20 +60,30 @@ async def engine_metrics(dep_id: str, request: Request) -> Response:
         raise ModelNotFound(f"no local engine {dep_id!r}", code="engine_not_found")
     session = state.dispatcher.local.session
     try:
-        async with session.get(f"{dep.api_base}/metrics") as resp:
+        async with session.get(f"{dep.api_base}/metrics", headers=dep.auth()) as resp:
             body = await resp.read()
             return Response(body, resp.status, media_type=resp.content_type or "text/plain")
     except Exception as exc:
         raise UpstreamError(f"{dep_id} metrics unavailable", status=502, retryable=False) from exc
 
 
-@router.get("/metrics/targets")
+def scrape_address(request: Request, port: int) -> str:
+    """Where Prometheus reaches this gateway: the address the request came in on (the server's own socket
+    address, as a client cannot forge it), never the Host header a client writes."""
+    server = request.scope.get("server")
+    if server and server[0]:
+        host, bound = server
+        return f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
+    return f"127.0.0.1:{port}"
+
+
+@router.get("/metrics/targets", dependencies=[Depends(metrics_key)])
 async def targets(request: Request) -> list[dict]:
     """Prometheus HTTP service discovery: one target per running engine, scraped through this gateway.
     A stopped or starting engine answers no /metrics: listed, it would only show as a down target (its state
     is in vstack_gateway_deployment_up)."""
     state = get_state(request)
-    host = request.headers.get("host", f"127.0.0.1:{state.settings.port}")
+    host = scrape_address(request, state.settings.port)
     return [
         {
             "targets": [host],

@@ -35,10 +35,16 @@ class Deployment:
     detail: str = ""  # why it is failed/stopped, engine pid, ...
     since: float = field(default_factory=time.time)
     labels: dict[str, str] = field(default_factory=dict)
+    # local: the credential of an engine we started (stack.engine_env); never shown, logged or rendered
+    engine_key: str | None = field(default=None, repr=False)
 
     @property
     def routable(self) -> bool:
         return self.labels.get("role") != "set"
+
+    def auth(self) -> dict[str, str]:
+        """The header a local engine we started wants (its key); none for others."""
+        return {"Authorization": f"Bearer {self.engine_key}"} if self.engine_key else {}
 
     def router_entry(self) -> dict[str, Any]:
         """The LiteLLM Router model_list entry: no key in it (cloud keys are read at call time)."""
@@ -47,6 +53,8 @@ class Deployment:
                 "model": f"hosted_vllm/{self.upstream_model}",
                 "api_base": f"{self.api_base}/v1",
             }
+            if self.engine_key:
+                params["api_key"] = self.engine_key
         else:
             params = {k: v for k, v in self.litellm_params.items()}
         params["order"] = self.order
@@ -60,6 +68,7 @@ class Deployment:
     def public(self) -> dict[str, Any]:
         shown = asdict(self)
         shown.pop("litellm_params")
+        shown.pop("engine_key")
         shown["provider_model"] = self.litellm_params.get("model") if self.kind == "cloud" else None
         return shown
 

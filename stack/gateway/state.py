@@ -30,6 +30,7 @@ class GatewayState:
     manager: ModelManager | None = None  # when the gateway owns engines
     key_policy: KeyPolicy | None = None  # provider keys deployments added at run time may use
     adapters: AdapterBook | None = None  # LoRA adapters by name
+    metrics_keys: KeyRing | None = None  # /metrics*: the metrics key, client keys and admin key (None: open)
     started: int = field(default_factory=lambda: int(time.time()))
 
     def model_cards(self) -> dict[str, str]:

@@ -455,7 +455,11 @@ def candidate_engine(req: TuneRequest, plan: EnginePlan, cand: Candidate) -> Eng
     plan.port = free_port(plan.host)
     log = req.out_dir / "logs" / f"{cand.key}.engine.log"
     log.unlink(missing_ok=True)
-    return EngineProcess(plan.engine_spec(log, name=f"tune-{cand.key}"))
+    # No key: the benchmark clients (vllm bench, Locust, the metrics reader) talk to this short-lived loopback
+    # engine directly; it serves no one else and holds no secret of ours (stack.engine_env strips them).
+    spec = plan.engine_spec(log, name=f"tune-{cand.key}")
+    spec.api_key = None
+    return EngineProcess(spec)
 
 
 def answered(metrics: dict[str, Any]) -> dict[str, Any]:

@@ -131,7 +131,7 @@ class BenchWorker:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([self.python, "-m", "stack.load.bench_worker"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, start_new_session=True,
-                                         env=engine_python_env(PYTHONUNBUFFERED="1"))
+                                         env=engine_python_env(keep_secrets=True, PYTHONUNBUFFERED="1"))
         self.ready, self._buffer = None, b""
 
     def _reply(self, deadline: float, on_tick: Callable[[float], None], started: float, what: str

@@ -456,6 +456,16 @@ class ModelManager:
         await self.request_switch(name, force=True)
         return slot
 
+    async def restart(self, name: str, why: str) -> None:
+        """Stop a ready engine that answers wrongly (stack.gateway.adapters' golden check) and start a fresh
+        one: it is `starting` from now on, so no request is admitted to the broken one."""
+        slot = self.slots[name]
+        if slot.state != S.READY:
+            return
+        self.move(slot, S.STARTING, why)
+        await asyncio.to_thread(slot.runtime.stop, 5)
+        self.request_switch(name, force=True)
+
     async def unload(self, name: str, sleep: bool = False) -> Slot:
         """Stop (or put to sleep) a model after its in-flight requests finish (up to drain_timeout_s)."""
         slot = self.slots[name]

@@ -6,6 +6,10 @@ alias the name before vLLM is imported. The version keeps `+cpu` in it: vLLM's p
 that substring.
 
     python -m stack.vllm.launcher serve MODEL --host 127.0.0.1 ...   (same arguments as `vllm`)
+
+It also makes the engine's key (VLLM_API_KEY, which the gateway sets) guard every route but the health
+checks: vLLM checks it on /v1, /v2, /inference and /cohere only, leaving /sleep, /wake_up, /collective_rpc,
+/tokenize, /pooling, /metrics ... open to anyone who can reach the port (adr/0020).
 """
 
 from __future__ import annotations
@@ -66,8 +70,39 @@ def alias_distribution() -> bool:
     return True
 
 
+# Answered without the key: liveness probes (process, container and Ray health checks) read only these.
+OPEN_PATHS = frozenset({"/health", "/ping", "/ready", "/readyz"})
+
+
+def guard_every_route() -> bool:
+    """Make vLLM's key middleware check every path but OPEN_PATHS. True when vLLM has the middleware
+    (0.26-0.33: vllm.entrypoints.serve.middleware.authenticate, or openai.api_server in older ones)."""
+    try:
+        from vllm.entrypoints.serve.middleware import authenticate
+    except ImportError:
+        return False
+    middleware = authenticate.AuthenticationMiddleware
+    if getattr(middleware, "_vstack_guards_all", False):
+        return True
+    from starlette.datastructures import Headers
+    from starlette.responses import JSONResponse
+
+    def __call__(self: Any, scope: Any, receive: Any, send: Any) -> Any:
+        if scope["type"] in ("http", "websocket") and scope.get("method") != "OPTIONS":
+            path = scope["path"].removeprefix(scope.get("root_path", ""))
+            if path not in OPEN_PATHS and not self.verify_token(Headers(scope=scope)):
+                return JSONResponse(content={"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+        return self.app(scope, receive, send)
+
+    middleware.__call__ = __call__  # type: ignore[method-assign]
+    middleware._vstack_guards_all = True  # type: ignore[attr-defined]
+    return True
+
+
 def main() -> None:
     alias_distribution()
+    if sys.argv[1:2] == ["serve"]:
+        guard_every_route()
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *sys.argv[1:]]

@@ -18,6 +18,12 @@ from stack.config.model_extras import AdapterEntry
 from stack.config.schema import ModelEntry
 from stack.errors import ConfigError
 
+# Largest |weight| an adapter may hold. Trained LoRA weights sit far below 1 (PEFT starts lora_A at
+# kaiming-uniform, at most 1/sqrt(fan_in), and lora_B at 0); at 1e3 an A·B product over rank r already reaches
+# 1e6·r per unit of input, past float16's 65504 and far past any activation the base model produces: such an
+# adapter can only overflow the batch it shares with other tenants (adr/0020).
+MAX_ABS_WEIGHT = 1e3
+_ROWS = 4096  # rows read at a time: memory stays bounded whatever a tensor's size
 RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's --max-lora-rank choices (0.26-0.33)
 RUNTIME_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
@@ -79,6 +85,75 @@ def inspect(entry: AdapterEntry, path: Path) -> AdapterInfo:
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     return AdapterInfo(entry.name, path, rank, modules, data.get("base_model_name_or_path"), size,
                        entry.model_dump(exclude_none=True))  # fmt: skip
+
+
+def check_weights(name: str, path: Path, limit: float = MAX_ABS_WEIGHT) -> None:
+    """Refuse an adapter whose tensors hold NaN/Inf or values beyond `limit`, before any engine loads it:
+    one such adapter in a batch poisons the base model's answers for every tenant (issue 34). Read with
+    the safetensors library, tensor by tensor and in row blocks (bounded memory); an adapter only in the
+    pickle format (adapter_model.bin) cannot be read without running it, so it is refused."""
+    file = path / "adapter_model.safetensors"
+    if not file.is_file():
+        raise AdapterError(f"adapter {name!r}: only adapter_model.bin (a pickle) in {path}; its weights cannot be "
+                           "checked before loading", hint="save it as safetensors (PEFT's save_pretrained does "
+                           "by default, or safe_serialization=True)")  # fmt: skip
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        import torch  # noqa: F401 (bfloat16 tensors need torch; numpy has no bfloat16)
+
+        framework = "pt"
+    except ImportError:
+        framework = "np"
+    try:
+        with safe_open(str(file), framework=framework) as f:
+            for tensor in f.keys():  # noqa: SIM118 (safe_open is no mapping)
+                piece = f.get_slice(tensor)
+                if framework == "np" and piece.get_dtype() == "BF16":
+                    raise AdapterError(f"adapter {name!r}: tensor {tensor!r} is bfloat16, which this gateway cannot "
+                                       "check without torch", hint="install torch beside the gateway (the cpu or "
+                                       "gpu extra), or save the adapter in float16/float32")  # fmt: skip
+                worst = _worst_value(piece, framework)
+                if worst is not None and not worst <= limit:  # NaN compares false: refused too
+                    what = "non-finite values (NaN or Inf)" if worst != worst or worst == float("inf") else \
+                        f"a value of magnitude {worst:.3g}, above {limit:g}"
+                    raise AdapterError(f"adapter {name!r}: tensor {tensor!r} of {file.name} holds {what}; it "
+                                       "would corrupt the base model's answers for every user",
+                                       hint="retrain or re-export the adapter; weights must be finite "
+                                       f"and within ±{limit:g}")  # fmt: skip
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:
+        raise AdapterError(f"adapter {name!r}: {file} is not a readable safetensors file "
+                           f"({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def _worst_value(piece: Any, framework: str) -> float | None:
+    """max |x| of one tensor (NaN if any is NaN, inf if any is infinite), read `_ROWS` rows at a time."""
+    shape = piece.get_shape()
+    if not shape or 0 in shape:
+        return None if shape else _abs_max(piece[:], framework)
+    worst = 0.0
+    for start in range(0, shape[0], _ROWS):
+        block = _abs_max(piece[start:start + _ROWS], framework)
+        if block != block:  # NaN: nothing worse
+            return block
+        worst = max(worst, block)
+    return worst
+
+
+def _abs_max(block: Any, framework: str) -> float:
+    if framework == "pt":
+        import torch
+
+        values = block.float()
+        if torch.isnan(values).any():
+            return float("nan")
+        return float(values.abs().max()) if values.numel() else 0.0
+    import numpy as np
+
+    values = np.asarray(block, dtype=np.float64)
+    if np.isnan(values).any():
+        return float("nan")
+    return float(np.abs(values).max()) if values.size else 0.0
 
 
 def base_names(model: ModelEntry, model_dir: Path | None = None) -> set[str]:

@@ -126,6 +126,7 @@ def write_env_file(path: Path, **values: str) -> dict[str, str]:
     env = {
         "VSTACK_API_KEY": "sk-test-" + secrets.token_urlsafe(16),
         "VSTACK_ADMIN_KEY": "adm-test-" + secrets.token_urlsafe(16),
+        "VSTACK_METRICS_KEY": "met-test-" + secrets.token_urlsafe(16),
         "GRAFANA_ADMIN_PASSWORD": secrets.token_urlsafe(12),
         **values,
     }

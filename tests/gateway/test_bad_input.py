@@ -90,7 +90,9 @@ def test_body_over_the_limit_is_413(gw) -> None:
 
 
 def test_unknown_route_and_method(gw) -> None:
-    assert_error(httpx.get(f"{gw.url}/v1/nope"), 404)
+    # Without a key an unknown /v1 path is 401 like the rest of /v1: its 404 text lists the endpoints (issue 34).
+    assert_error(httpx.get(f"{gw.url}/v1/nope"), 401)
+    assert_error(httpx.get(f"{gw.url}/v1/nope", headers={"Authorization": f"Bearer {KEY}"}), 404)
     assert_error(httpx.get(f"{gw.url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}), 405)
 
 
@@ -113,7 +115,10 @@ def test_admin_needs_the_admin_key_not_a_client_key(gw) -> None:
     assert r.status_code == 200
     assert ADMIN not in r.text and KEY not in r.text
     assert httpx.get(f"{gw.url}/health").status_code == 200  # probes need no key
-    assert httpx.get(f"{gw.url}/metrics").status_code == 200
+    assert httpx.get(f"{gw.url}/ready").status_code in (200, 503)
+    assert_error(httpx.get(f"{gw.url}/metrics"), 401)  # metrics follow the keys (issue 34): client or admin key
+    for key in (KEY, ADMIN):
+        assert httpx.get(f"{gw.url}/metrics", headers={"Authorization": f"Bearer {key}"}).status_code == 200
 
 
 def test_admin_without_admin_key_is_loopback_only() -> None:

@@ -223,7 +223,7 @@ def test_rejections_are_counted_by_status_and_reason(cloud) -> None:
         big = httpx.post(f"{gw.url}/v1/chat/completions", content=b"x" * 4096,
                          headers={"Authorization": f"Bearer {KEY}"})
         assert big.status_code == 413
-        text = httpx.get(f"{gw.url}/metrics").text
+        text = httpx.get(f"{gw.url}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
     for status, reason in [("401", "missing_api_key"), ("401", "invalid_api_key"), ("404", "model_not_found"),
                            ("400", "invalid_body"), ("413", "request_too_large")]:  # fmt: skip
         assert f'vstack_gateway_rejected_requests_total{{reason="{reason}",status="{status}"}} 1.0' in text, reason

@@ -57,7 +57,7 @@ def test_a_thousand_cases_behind_keys_without_a_server_error(tmp_path: Path, mon
             env = {**__import__("os").environ, "SCHEMATHESIS_HOOKS": "tests.gateway.st_hooks",
                    "VSTACK_FUZZ_MODEL": "cloud-small", "PYTHONPATH": str(ROOT)}  # fmt: skip
             done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
-            served = __import__("httpx").get(f"{gw.url}/metrics").text
+            served = __import__("httpx").get(f"{gw.url}/metrics", headers={"Authorization": "Bearer sk-fuzz-key"}).text
     finally:
         stop(mock.proc)
     out = done.stdout + done.stderr

@@ -44,15 +44,17 @@ def smollm2_dir() -> Path:
 
 
 @contextlib.contextmanager
-def run_stack(tmp: Path, config: dict, timeout: float = 600) -> Iterator[Stack]:
-    """`vstack up` with `config` as the user's file (VSTACK_CONFIG), client keys on; `vstack down` after."""
+def run_stack(tmp: Path, config: dict, timeout: float = 600,
+              extra_env: dict[str, str] | None = None) -> Iterator[Stack]:
+    """`vstack up` with `config` as the user's file (VSTACK_CONFIG), client keys on (`extra_env`: more
+    variables, an admin key say); `vstack down` after."""
     pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
     cfg_file = tmp / "stack.yaml"
     cfg_file.write_text(yaml.safe_dump(config))
     state = tmp / "state"
     env = {**os.environ, "VSTACK_CONFIG": str(cfg_file), "VSTACK_STATE_DIR": str(state), "VSTACK_PORT": "0",
            "VSTACK_GATEWAY__PORT": "0", "VSTACK_GATEWAY__HOST": "127.0.0.1", "VSTACK_API_KEY": API_KEY,
-           "PYTHONPATH": str(ROOT)}  # fmt: skip
+           "PYTHONPATH": str(ROOT), **(extra_env or {})}  # fmt: skip
     stack = Stack("", state, env)
     up = stack.vstack("up", timeout=timeout)
     try:

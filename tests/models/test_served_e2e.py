@@ -108,7 +108,7 @@ def test_each_adapter_answers_differently_and_stably_with_lru(client: openai.Ope
     assert len(set(first.values())) >= 2, first
     assert again == first[ADAPTERS[0]]
     assert _answer(client, BASE) == base  # the base model on the same engine is unchanged
-    metrics = httpx.get(f"{stack.url}/metrics").text
+    metrics = httpx.get(f"{stack.url}/metrics", headers={"Authorization": f"Bearer {API_KEY}"}).text
     assert _metric(metrics, "vstack_adapter_loads_total", "smol-a1") == 2
     assert _metric(metrics, "vstack_adapter_loads_total", "smol-a2") == 1
     assert _metric(metrics, "vstack_adapter_evictions_total", "smol-a1") == 1

@@ -100,6 +100,9 @@ class GatewayConfig(_Strict):
         default_factory=list, description="keys accepted on /v1/*; none configured means no key is required"
     )
     admin_key: KeyRef | None = Field(None, description="key for /admin/*; without one, only loopback clients")
+    metrics_key: KeyRef | None = Field(None, description="a key for /metrics, /metrics/targets and "
+                                       "/metrics/engines/* only (Prometheus' bearer token); client and admin keys "
+                                       "open them too. With no key of any kind configured they are open")
     cors_origins: list[str] = Field(default_factory=list, description="CORS is off unless origins are listed")
     connect_timeout_s: float = Field(5, gt=0)
     request_timeout_s: float = Field(600, gt=0, description="per attempt, first byte to last")
@@ -123,11 +126,46 @@ class GatewayConfig(_Strict):
     header_timeout_s: float = Field(10, gt=0, description="a client must send a request's headers within this")
     body_timeout_s: float = Field(60, gt=0, description="... and its body within this once the headers are in")
     keep_alive_s: float = Field(30, gt=0, description="an idle keep-alive connection is closed after this")
+    internal_networks: list[str] = Field(
+        default_factory=list,
+        description="where a local deployment added through /admin/deployments may point besides loopback and "
+        "the hosts of the engines the gateway starts or was configured with: CIDRs (10.0.0.0/8) or exact host "
+        "names (a compose service); the gateway fetches from these, so nothing else is allowed",
+    )
+
+    @field_validator("internal_networks")
+    @classmethod
+    def _networks(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for entry in v:
+            if "/" in entry:
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError as exc:
+                    raise ValueError(f"internal_networks: {entry!r} is not a network ({exc})") from None
+            elif not re.fullmatch(r"[A-Za-z0-9.:_-]+", entry):
+                raise ValueError(f"internal_networks: {entry!r} is neither a CIDR nor a host name")
+        return v
+
+    @model_validator(mode="after")
+    def _admin_key_is_not_a_client_key(self) -> GatewayConfig:
+        # The same key in both places: every client could open /admin (checked again on the values at start).
+        if self.admin_key is None:
+            return self
+        for i, ref in enumerate(self.api_keys):
+            if (ref.env and ref.env == self.admin_key.env) or (ref.sha256 and ref.sha256 == self.admin_key.sha256):
+                same = f"environment variable {ref.env}" if ref.env else "sha256"
+                raise ValueError(f"admin_key and api_keys.{i} ({ref.name!r}) are the same key ({same}): a client key "
+                                 "would open /admin; give the admin key its own value")
+        return self
 
     @model_validator(mode="after")
     def _provider_keys_are_not_ours(self) -> GatewayConfig:
         # The gateway's own keys must never be handed to a provider (that is, sent to another host).
-        ours = {ref.env for ref in [*self.api_keys, *([self.admin_key] if self.admin_key else [])] if ref.env}
+        refs = [*self.api_keys, *([self.admin_key] if self.admin_key else []),
+                *([self.metrics_key] if self.metrics_key else [])]  # fmt: skip
+        ours = {ref.env for ref in refs if ref.env}
         for i, c in enumerate(self.cloud):
             if c.api_key_env in ours:
                 raise ValueError(f"cloud.{i}.api_key_env: {c.api_key_env} holds one of the gateway's own keys "
