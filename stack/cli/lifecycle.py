@@ -24,12 +24,25 @@ from stack.config.schema import StackConfig
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.process import stop_process_tree
 from stack.engine.records import EngineRecord, RecordStore
-from stack.errors import EngineError, ExitCode, ReportedError
+from stack.errors import AlreadyRunningError, EngineError, ExitCode, PortInUseError, ReportedError
 
 
-def _sample_request(base_url: str, model: str) -> str:
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "What is the capital of France?"}]})
-    return f"curl {base_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
+def key_variable(cfg: StackConfig) -> str | None:
+    """The variable a client's key is shown as when /v1 keys are on (None: no key needed): the one that
+    holds the first key set, else VSTACK_API_KEY (hashed keys: the client has its key somewhere)."""
+    refs = [k for k in cfg.gateway.api_keys if k.sha256 or (k.env and os.environ.get(k.env))]
+    if not refs:
+        return None
+    return next((k.env for k in refs if k.env), "VSTACK_API_KEY")
+
+
+def _sample_request(base_url: str, model: str, key_env: str | None = None) -> str:
+    """A curl that answers in a sentence: temperature 0 and a token cap (a 135M model sampled at the default
+    temperature rambles for minutes); the key as $VARIABLE when keys are on, never its value."""
+    body = json.dumps({"model": model, "temperature": 0, "max_tokens": 64,
+                       "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    auth = f' -H "Authorization: Bearer ${key_env}"' if key_env else ""
+    return f"curl {base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
 
 
 GATEWAY = "gateway"  # the state record of the process `vstack up` leaves running
@@ -73,14 +86,14 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     store = RecordStore(cfg.state_dir)
     existing = store.get(GATEWAY)
     if existing and existing.alive():
-        raise EngineError(f"vstack is already running (pid {existing.pid}, {existing.base_url})",
-                          hint="`vstack down` first, or `vstack status`")
+        raise AlreadyRunningError(f"vstack is already running (pid {existing.pid}, {existing.base_url})",
+                                  hint="`vstack down` first, or `vstack status`")
     if existing:
         store.remove(GATEWAY)
     host = cfg.gateway.host
     port = port or free_port()
     if not port_is_free(host, port):
-        raise EngineError(f"port {port} on {host} is in use", hint="stop what uses it, or `vstack up --port 0`")
+        raise PortInUseError(f"port {port} on {host} is in use", hint="stop what uses it, or `vstack up --port 0`")
     url = f"http://{_local_host(host)}:{port}"
     logs = cfg.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -118,10 +131,19 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     out.print(f"[green]✓[/] [bold]{model}[/] ready in {seconds:.0f} s behind the gateway")
     out.print(f"  OpenAI base URL: [bold]{url}/v1[/]")
     out.print(f"  gateway log:     {log}")
+    for line in _unconfigured_lines(log, start):
+        out.print(Text(f"  {line}"), soft_wrap=True)
     out.print("  try:")
-    out.print(Text("    " + _sample_request(url, model)), soft_wrap=True)
+    out.print(Text("    " + _sample_request(url, model, key_variable(cfg))), soft_wrap=True)
     out.print("  stop with: vstack down")
     return 0
+
+
+def _unconfigured_lines(log: Path, start: int) -> list[str]:
+    """What the gateway inferred for a model served by its Hub id or folder (stack.assemble.say_unconfigured)."""
+    from stack.assemble import UNCONFIGURED
+
+    return [line for line in log_tail(log, 400, start).splitlines() if line.startswith(UNCONFIGURED)]
 
 
 def _failure(failure: Path, returncode: int | None, log: Path, start: int) -> ReportedError | EngineError:

@@ -65,6 +65,8 @@ def plan_command(
         if names:
             return plan_several(cfg, names, gpu, host_ram_gib, _parse_sets(set_ or []), as_json, console)
         info = None
+        if gpu is None and model in cfg.profiles:
+            gpu = cfg.profiles[model].hardware  # a profile is planned on the hardware it was written for
         if gpu is None:
             from stack.hardware import detect, match_profile
 
