@@ -19,7 +19,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from stack.cli.shell import ConfigOpt, cli_config, config_path, err, out, run
+from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
 from stack.config.schema import StackConfig
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.process import stop_process_tree
@@ -50,11 +50,6 @@ GATEWAY = "gateway"  # the state record of the process `vstack up` leaves runnin
 
 def _local_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-
-
-def _admin_headers() -> dict[str, str]:
-    key = os.environ.get("VSTACK_ADMIN_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path, start: int = 0) -> float:
@@ -230,36 +225,71 @@ def _gateway_rows(record: EngineRecord) -> list[dict]:
             "uptime_s": round(time.time() - record.started_at), "log": record.log_path}
     if not record.alive():
         return [{"name": GATEWAY, "state": "dead", **base}]
+    return _model_rows(record.base_url, base) or [{"name": GATEWAY, "state": "starting", **base}]
+
+
+def _model_rows(base_url: str, base: dict) -> list[dict]:
+    from stack.manager.client import admin_headers
+
     try:
-        models = httpx.get(f"{record.base_url}/admin/models", headers=_admin_headers(), timeout=3).json()["models"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return [{"name": GATEWAY, "state": "starting", **base}]
-    return [{"name": m["model"], "state": m["state"], **base,
+        models = httpx.get(f"{base_url}/admin/models", headers=admin_headers(), timeout=3).json()["models"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return []
+    return [{"name": m["model"], "state": (m.get("manager") or {}).get("state") or m["state"], **base,
              "deployments": [d["id"] for d in m["deployments"]]} for m in models]
 
 
-def status(as_json: Annotated[bool, typer.Option("--json")] = False, config: ConfigOpt = None) -> None:
-    """What `vstack up` started: each model behind the gateway, and whether it answers."""
+def _remote_rows(url: str) -> list[dict]:
+    """A gateway this machine did not start (Compose, another host): its models, no pid or log here."""
+    base = {"profile": "-", "pid": None, "url": f"{url}/v1", "uptime_s": None, "log": "-"}
+    try:
+        health = httpx.get(f"{url}/health", timeout=3)
+    except httpx.HTTPError:
+        return []
+    if health.status_code != 200:
+        return []
+    rows = _model_rows(url, base)
+    if rows:
+        return rows
+    return [{"name": GATEWAY, "state": "answers (set VSTACK_ADMIN_KEY to list its models)", **base}]
+
+
+def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt = None,
+           config: ConfigOpt = None) -> None:
+    """What runs: each model behind the gateway `vstack up` started, else behind --url / $VSTACK_URL, else
+    behind a gateway on this host's gateway.port (a Compose deployment)."""
 
     def body() -> None:
         cfg = cli_config()
+        given = cli_url()
         rows = []
-        for record in RecordStore(cfg.state_dir).all():
-            if record.name == GATEWAY:
-                rows += _gateway_rows(record)
+        if given is None:
+            for record in RecordStore(cfg.state_dir).all():
+                if record.name == GATEWAY:
+                    rows += _gateway_rows(record)
+        if not rows:
+            rows = _remote_rows(given or f"http://{_local_host(cfg.gateway.host)}:{cfg.gateway.port}")
         if as_json:
             out.print_json(data=rows)
             return
         if not rows:
-            out.print("nothing is running (start with `vstack up`)")
+            where = f" at {given}" if given else ""
+            out.print(f"nothing is running{where} (start with `vstack up`; a gateway elsewhere: --url or VSTACK_URL)")
             return
         table = Table(title="vstack")
-        for col in ("name", "profile", "state", "pid", "url", "uptime", "log"):
-            table.add_column(col)
-        colour = {"ready": "green", "starting": "yellow", "dead": "red", "unavailable": "red"}
+        table.add_column("name", overflow="fold", min_width=12)
+        table.add_column("state", overflow="fold")
+        table.add_column("pid", no_wrap=True)
+        table.add_column("url", overflow="fold", min_width=26)
+        table.add_column("uptime", no_wrap=True)
+        colour = {"ready": "green", "starting": "yellow", "dead": "red", "unavailable": "red", "failed": "red"}
         for r in rows:
-            table.add_row(r["name"], r["profile"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]",
-                          str(r["pid"]), r["url"], f"{r['uptime_s']} s", r["log"])
+            uptime = "-" if r["uptime_s"] is None else f"{r['uptime_s']} s"
+            table.add_row(r["name"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]",
+                          str(r["pid"] or "-"), r["url"], uptime)
         out.print(table)
+        logs = sorted({r["log"] for r in rows if r["log"] not in ("-", "")})
+        for log in logs:
+            out.print(f"log: {log}  (`vstack logs` shows it)", soft_wrap=True, highlight=False)
 
     run(body)
