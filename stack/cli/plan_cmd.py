@@ -14,6 +14,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from stack.cli import complete
 from stack.cli.shell import ConfigOpt, cli_config, report, run
 from stack.errors import ExitCode, StackError
 from stack.planner.memory import GIB
@@ -33,13 +34,14 @@ def _parse_sets(values: list[str]) -> dict[str, Any]:
 
 
 def plan_command(
-    model: Annotated[str | None, typer.Argument(help="a configured model name, a Hub repository id, or a local "
-                                                     "folder")] = None,
+    model: Annotated[str | None, typer.Argument(help="a configured model or profile, a Hub repository id, or a "
+                                                     "local folder", autocompletion=complete.profiles_and_models)
+                                 ] = None,
     models: Annotated[str | None, typer.Option("--models", help="A,B,C: several models switched on one GPU: the "
                                                "tier each sleeps in and its expected switch time")] = None,
     host_ram_gib: Annotated[float | None, typer.Option("--host-ram-gib", min=1, help="with --models: the host's "
                                                        "RAM (default: this machine's available RAM)")] = None,
-    gpu: Annotated[str | None, typer.Option("--gpu", help=GPU_HELP)] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help=GPU_HELP, autocompletion=complete.hardware)] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="how many GPUs (default: the profile's)")] = None,
     context: Annotated[int | None, typer.Option("--context", min=1, help="max_model_len wanted")] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1,
