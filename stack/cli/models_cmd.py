@@ -137,23 +137,29 @@ def _with_progress(call: Callable[[], dict[str, Any]], cfg: Any, model: str, act
         except BaseException as exc:  # re-raised in the caller's thread
             failure.append(exc)
 
+    def states() -> dict[str, str]:
+        try:
+            rows = model_rows(admin(cfg.state_dir, "GET", "/admin/models", url=url, timeout=3))
+        except StackError:
+            return {}
+        return {r["model"]: r["state"] + (f" ({r['detail']})" if r["detail"] else "") for r in rows}
+
+    def show_changes(now: dict[str, str]) -> None:
+        for name, state in now.items():
+            if seen.get(name) != state:
+                err.print(f"  [dim]{time.monotonic() - started:5.1f} s[/]  {name}: {state}", highlight=False)
+                seen[name] = state
+
+    seen = states()  # before: only what changes is shown
     thread = threading.Thread(target=work, daemon=True)
     started = time.monotonic()
     thread.start()
-    seen: dict[str, str] = {}
     with err.status(f"{action} {model}") as spinner:
         while thread.is_alive():
-            try:
-                rows = model_rows(admin(cfg.state_dir, "GET", "/admin/models", url=url, timeout=3))
-            except StackError:
-                rows = []
-            for r in rows:
-                now = f"{r['state']}" + (f" ({r['detail']})" if r["detail"] else "")
-                if r["model"] in seen and seen[r["model"]] != now:
-                    err.print(f"  [dim]{time.monotonic() - started:5.1f} s[/]  {r['model']}: {now}", highlight=False)
-                seen[r["model"]] = now
+            show_changes(states())
             spinner.update(f"{action} {model}: {seen.get(model, '...')}  {time.monotonic() - started:.0f} s")
             thread.join(0.5)
+    show_changes(states())
     if failure:
         raise failure[0]
     return result
