@@ -55,7 +55,10 @@ def test_status_and_models_see_a_gateway_named_by_url_or_env(gateway: str, tmp_p
     assert by_env.returncode == 0, by_env.stderr
     assert {r["model"] for r in json.loads(by_env.stdout)} >= {"smol", "b"}
     table = vstack(tmp_path, "--url", gateway, "status")  # on the root command too
-    assert table.returncode == 0 and gateway in table.stdout.replace("\n", "")
+    assert table.returncode == 0 and f"{gateway}/v1" in table.stdout  # whole, at 80 columns
+    models = vstack(tmp_path, "models", "--url", gateway)
+    assert models.returncode == 0 and "gpt-4o-mini" in models.stdout and "…" not in models.stdout
+    assert max(len(line) for line in models.stdout.splitlines() + table.stdout.splitlines()) <= 80
 
 
 def test_status_finds_a_gateway_on_the_configured_port(gateway: str, tmp_path: Path) -> None:
