@@ -42,16 +42,17 @@ def log_of(folder: Path, model: str | None) -> Path:
 
 
 def follow(path: Path, start: int, write=sys.stdout.write, poll_s: float = 0.5, stop=lambda: False) -> None:
-    """Print what is appended to `path` from byte `start` on; a log truncated or replaced is read again
-    from its start."""
+    """Print what is appended to `path` from byte `start` on; a log truncated (shorter) or replaced (another
+    file under the name) is read again from its start, as `tail -F` does."""
     offset = start
+    inode = _inode(path)
     while not stop():
         try:
             size = path.stat().st_size
         except FileNotFoundError:
             size = 0
-        if size < offset:
-            offset = 0
+        if size < offset or _inode(path) != inode:
+            offset, inode = 0, _inode(path)
         if size > offset:
             with open(path, "rb") as f:
                 f.seek(offset)
@@ -60,6 +61,13 @@ def follow(path: Path, start: int, write=sys.stdout.write, poll_s: float = 0.5, 
             write(chunk.decode(errors="replace"))
             sys.stdout.flush()
         time.sleep(poll_s)
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return path.stat().st_ino
+    except FileNotFoundError:
+        return None
 
 
 def logs(
