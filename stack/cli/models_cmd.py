@@ -257,6 +257,7 @@ def models_pull(name: Annotated[str, typer.Argument(help="a configured model, a 
             raise ConfigError(f"unknown model {name!r}{suggest(name, cfg.models)}",
                               hint=f"one of: {', '.join(sorted(cfg.models))}, or a Hub id (org/name)")
         files = pull(entry, cfg, on_status=lambda s: err.print(f"[dim]{s}[/]"))
-        out.print(f"[green]✓[/] {name}: {files.path} ({files.origin}, {files.size_bytes / GIB:.2f} GiB)")
+        out.print(f"[green]✓[/] {name}: {files.path} ({files.origin}, {files.size_bytes / GIB:.2f} GiB)",
+                  soft_wrap=True)  # a path is never cut
 
     run(body)
