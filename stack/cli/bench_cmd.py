@@ -60,6 +60,9 @@ def load(
         err.print(f"load test {scenario!r} -> {target.describe()}", highlight=False, soft_wrap=True)
         if target.cloud:
             err.print("[yellow]--allow-cloud:[/] " + "; ".join(target.cloud), highlight=False)
+        if target.unlisted:
+            err.print(f"[yellow]warning:[/] the scenario names {', '.join(target.unlisted)}, which {base}/v1/models "
+                      "does not list: those requests will fail", highlight=False)
         with Live(Text("starting Locust"), console=err, transient=True, refresh_per_second=4) as live:
             def tick(elapsed: float, done: int, errors: int) -> None:
                 live.update(Text.assemble(("locust ", "bold"), (f"{elapsed:5.0f} s  ", "cyan"),

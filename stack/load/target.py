@@ -23,6 +23,7 @@ class LoadTarget:
     models: dict[str, float]  # model -> weight
     served_by: dict[str, list[str]] = field(default_factory=dict)  # model -> "local engine-x" / "cloud openai/..."
     cloud: list[str] = field(default_factory=list)  # why a cloud provider may be reached, one line each
+    unlisted: list[str] = field(default_factory=list)  # in the scenario's mix, not listed by the endpoint
 
     def describe(self) -> str:
         parts = [f"{m} ({', '.join(self.served_by.get(m, [])) or 'an engine'})" for m in self.models]
@@ -45,11 +46,11 @@ def decide_target(base_url: str, scenario: Scenario, model: str | None, allow_cl
         raise LoadTestError(f"{base_url}/v1/models did not list the models: {type(exc).__name__}",
                             hint="is it up (`vstack status`)? with keys on, set VSTACK_API_KEY") from None
     mix = {model: 1.0} if model else dict(scenario.models) or ({listed[0]: 1.0} if listed else {})
-    for name in mix:
-        if name not in listed:
-            raise LoadTestError(f"{name!r} is not served at {base_url}{suggest(name, listed)}",
-                                hint=f"--model one of: {', '.join(listed) or '(none)'}")
+    if model and model not in listed:  # a scenario's own mix may name failing models on purpose
+        raise LoadTestError(f"{model!r} is not served at {base_url}{suggest(model, listed)}",
+                            hint=f"--model one of: {', '.join(listed) or '(none)'}")
     target = LoadTarget(base_url, mix)
+    target.unlisted = [m for m in mix if m not in listed]
     try:
         reply = httpx.get(f"{base_url}/admin/models", headers=_headers("VSTACK_ADMIN_KEY"), timeout=10)
     except httpx.HTTPError:
