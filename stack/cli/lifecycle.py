@@ -270,7 +270,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt
             for record in RecordStore(cfg.state_dir).all():
                 if record.name == GATEWAY:
                     rows += _gateway_rows(record)
-        if not rows:
+        if not rows and (given or cfg.gateway.port):  # port 0 (a free one each time): nothing to look for
             rows = _remote_rows(given or f"http://{_local_host(cfg.gateway.host)}:{cfg.gateway.port}")
         if as_json:
             out.print_json(data=rows)
