@@ -37,7 +37,9 @@ def gateway() -> Iterator[str]:
 
 def vstack(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The real CLI in a subprocess, with a state folder of its own: nothing `vstack up` started here."""
-    full = {**os.environ, "VSTACK_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "80", **env}
+    # Port 0: no gateway of another test on this machine's default port is found by accident.
+    full = {**os.environ, "VSTACK_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "80", "VSTACK_GATEWAY__PORT": "0",
+            **env}
     full.pop("VSTACK_URL", None) if "VSTACK_URL" not in env else None
     return subprocess.run([sys.executable, "-m", "stack.entrypoints.cli", *args], env=full, text=True,
                           capture_output=True, timeout=120, check=False)
