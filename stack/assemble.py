@@ -136,8 +136,8 @@ def say_unconfigured(plan: EnginePlan, on_status: Status) -> None:
     decided = ", ".join(f"{d.key}={d.value}" for d in (plan.fit.decisions if plan.fit else []) if d.source == "planner")
     family = next((n.removeprefix("family: ") for n in plan.notes if n.startswith("family: ")), "unknown")
     on_status(f"{UNCONFIGURED} {model.api_name} served as {model.api_name!r}; family {family}; planned for this "
-              f"machine: {decided or 'the defaults'}; to switch to it later add it to manager.models "
-              "(`vstack models add NAME`)")
+              f"machine: {decided or 'the defaults'}; make it switchable: `vstack models add "
+              f"{model.source.hub or model.source.path}`")
 
 
 def serve_target(cfg: StackConfig, plan: EnginePlan) -> str:
