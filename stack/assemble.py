@@ -141,7 +141,10 @@ def say_unconfigured(plan: EnginePlan, on_status: Status) -> None:
 
 
 def serve_target(cfg: StackConfig, plan: EnginePlan) -> str:
-    """What an engine container is told to serve: the profile, or the model on the hardware it detects."""
+    """What an engine container is told to serve: the profile, or the model on the hardware it detects (a
+    model served by its Hub id by that id: the container resolves it as `vstack up` did)."""
+    if plan.resolved.ad_hoc:
+        return plan.resolved.model.source.hub or plan.resolved.model.source.path or plan.resolved.model.name
     return plan.resolved.name if plan.resolved.name in cfg.profiles else plan.resolved.model.name
 
 
