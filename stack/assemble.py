@@ -122,11 +122,29 @@ def plan_one(cfg: StackConfig, name: str | None, hardware: HardwareInfo, fetch: 
         plan = plan_engine(cfg, name, hardware, model_files=files, port=first.port, catalog=first.catalog,
                            check=False)
     plan.notes.append(f"model: {files.path} ({files.origin})")
+    if plan.resolved.ad_hoc:
+        say_unconfigured(plan, on_status)
     return plan
 
 
+UNCONFIGURED = "not in configs/models:"  # the line `vstack up` repeats after ready (stack.cli.lifecycle)
+
+
+def say_unconfigured(plan: EnginePlan, on_status: Status) -> None:
+    """A model served by its Hub id or folder: what was inferred and planned, since no YAML says it."""
+    model = plan.resolved.model
+    decided = ", ".join(f"{d.key}={d.value}" for d in (plan.fit.decisions if plan.fit else []) if d.source == "planner")
+    family = next((n.removeprefix("family: ") for n in plan.notes if n.startswith("family: ")), "unknown")
+    on_status(f"{UNCONFIGURED} {model.api_name} served as {model.api_name!r}; family {family}; planned for this "
+              f"machine: {decided or 'the defaults'}; make it switchable: `vstack models add "
+              f"{model.source.hub or model.source.path}`")
+
+
 def serve_target(cfg: StackConfig, plan: EnginePlan) -> str:
-    """What an engine container is told to serve: the profile, or the model on the hardware it detects."""
+    """What an engine container is told to serve: the profile, or the model on the hardware it detects (a
+    model served by its Hub id by that id: the container resolves it as `vstack up` did)."""
+    if plan.resolved.ad_hoc:
+        return plan.resolved.model.source.hub or plan.resolved.model.source.path or plan.resolved.model.name
     return plan.resolved.name if plan.resolved.name in cfg.profiles else plan.resolved.model.name
 
 

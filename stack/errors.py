@@ -22,6 +22,8 @@ class ExitCode(IntEnum):
     LOAD_TEST = 9
     BENCH = 10
     SLO_NOT_MET = 11
+    ALREADY_RUNNING = 12
+    PORT_IN_USE = 13
     INTERRUPTED = 130
 
 
@@ -39,6 +41,8 @@ EXIT_CODES: dict[ExitCode, str] = {
     ExitCode.LOAD_TEST: "a load test could not run (Locust failed or sent nothing)",
     ExitCode.BENCH: "a benchmark run (vllm bench serve) failed",
     ExitCode.SLO_NOT_MET: "the load test or tune ran, and the SLO was not met",
+    ExitCode.ALREADY_RUNNING: "vstack is already running here (`vstack status`, `vstack down`)",
+    ExitCode.PORT_IN_USE: "the port asked for is in use by another process",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM) after stopping what the command had started",
 }
 
@@ -75,6 +79,18 @@ class EngineError(StackError):
     def __init__(self, message: str, hint: str | None = None, log_tail: str = "") -> None:
         super().__init__(message, hint)
         self.log_tail = log_tail
+
+
+class AlreadyRunningError(StackError):
+    """`vstack up` while the gateway it started before is still running: nothing failed, nothing started."""
+
+    exit_code = ExitCode.ALREADY_RUNNING
+
+
+class PortInUseError(StackError):
+    """The port asked for is taken by another process: not an engine failure."""
+
+    exit_code = ExitCode.PORT_IN_USE
 
 
 class ModelSourceError(StackError):

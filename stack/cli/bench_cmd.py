@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from stack.cli import complete
 from stack.cli.shell import ConfigOpt, cli_config, run
 from stack.errors import ExitCode, StackError
 
@@ -25,28 +26,50 @@ def load(
     scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in stack/load/scenarios, or a YAML path")
                         ] = "chat",
     duration: Annotated[float | None, typer.Option(help="seconds; default: the scenario's")] = None,
-    url: Annotated[str | None, typer.Option(help="OpenAI base URL without /v1; default: the gateway, "
-                                                 "else the engine `vstack up` started")] = None,
+    url: Annotated[str | None, typer.Option(envvar="VSTACK_URL", help="base URL without /v1 (else $VSTACK_URL, else "
+                                                 "the gateway on this host, else the engine `vstack up` started)")
+                   ] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", autocompletion=complete.models,
+                                              help="send every request to this model (default: the scenario's "
+                                                   "mix, else the first the endpoint lists)")] = None,
+    allow_cloud: Annotated[bool, typer.Option("--allow-cloud", help="send even where a cloud provider may serve "
+                                              "a request (a cloud deployment or fallback): that spends money")
+                           ] = False,
     slo: Annotated[str | None, typer.Option(help="e.g. 'p95_e2e_ms<800, output_tokens_per_s>=50'; default: "
                                                  "the scenario's, else the profile's")] = None,
     profile: Annotated[str | None, typer.Option(help="whose `slo:` applies when neither --slo nor the "
                                                      "scenario sets one")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="default: results/load/NAME-TIME")] = None,
 ) -> None:
-    """Run a scenario with Locust (headless), then write the SLO report: markdown, JSON and PNG plots."""
+    """Run a scenario with Locust (headless), then write the SLO report: markdown, JSON and PNG plots.
+
+    Needs the `loadtest` extra (./install.sh --loadtest, or --dev). The target models are shown before the
+    first request; a model a cloud provider may serve (deployment or fallback) is refused without --allow-cloud.
+    """
     from stack.load.load import check_duration, find_target, run_load
+    from stack.load.scenario import find_scenario, load_scenario_file
+    from stack.load.target import decide_target
+    from stack.manager.client import given_url
 
     def body() -> int:
         check_duration(duration)
         cfg = cli_config()
-        base = url.rstrip("/").removesuffix("/v1") if url else find_target(cfg)
-        err.print(f"[dim]load test {scenario!r} against {base}[/]")
+        given = given_url(url)
+        base = given or find_target(cfg)
+        target = decide_target(base, load_scenario_file(find_scenario(scenario)), model, allow_cloud)
+        err.print(f"load test {scenario!r} -> {target.describe()}", highlight=False, soft_wrap=True)
+        if target.cloud:
+            err.print("[yellow]--allow-cloud:[/] " + "; ".join(target.cloud), highlight=False)
+        if target.unlisted:
+            err.print(f"[yellow]warning:[/] the scenario names {', '.join(target.unlisted)}, which {base}/v1/models "
+                      "does not list: those requests will fail", highlight=False)
         with Live(Text("starting Locust"), console=err, transient=True, refresh_per_second=4) as live:
             def tick(elapsed: float, done: int, errors: int) -> None:
                 live.update(Text.assemble(("locust ", "bold"), (f"{elapsed:5.0f} s  ", "cyan"),
                                           f"{done} requests done", (f", {errors} failed" if errors else "", "red")))
 
-            result = run_load(scenario, base, out_dir, duration, slo, cfg, profile or cfg.serve, tick)
+            result = run_load(scenario, base, out_dir, duration, slo, cfg, profile or cfg.serve, tick,
+                              target.models)
         print_summary(result.report, result.out_dir)
         return ExitCode.OK if result.passed is not False else ExitCode.SLO_NOT_MET
 
@@ -77,27 +100,35 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 
 @app.command("scenarios")
-def scenarios() -> None:
+def scenarios(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """The scenarios in stack/load/scenarios, checked."""
     from stack.load.scenario import load_scenario_file, scenarios_dir
 
     def body() -> int:
-        table = Table(title=f"Scenarios ({scenarios_dir()})")
-        for col in ("name", "load", "prompt / output tokens", "SLO"):
-            table.add_column(col)
-        bad = 0
+        rows, bad = [], []
         for path in sorted(scenarios_dir().glob("*.y*ml")):
             try:
                 s = load_scenario_file(path)
             except StackError as exc:
-                bad += 1
-                err.print(f"[red]✗[/] {exc}", highlight=False)
+                bad.append({"file": str(path), "error": exc.message})
                 continue
-            load_text = (f"{s.load.rate:g} req/s, " if s.load.rate else "") + f"{s.load.peak_users} users, " \
-                f"{s.load.total_s:g} s"
-            req = s.requests
-            table.add_row(s.name, load_text, f"{req.prompt_tokens.center} / {req.output_tokens.center}",
-                          ", ".join(s.slo) or "-")
+            rows.append({"name": s.name, "rate": s.load.rate, "peak_users": s.load.peak_users,
+                         "seconds": s.load.total_s, "prompt_tokens": s.requests.prompt_tokens.center,
+                         "output_tokens": s.requests.output_tokens.center, "models": dict(s.models),
+                         "slo": list(s.slo)})  # fmt: skip
+        if as_json:
+            out.print_json(data={"scenarios": rows, "invalid": bad})
+            return ExitCode.CONFIG if bad else ExitCode.OK
+        for b in bad:
+            err.print(f"[red]✗[/] {b['file']}: {b['error']}", highlight=False)
+        table = Table(title=f"Scenarios ({scenarios_dir()})")
+        table.add_column("name", no_wrap=True)
+        for col in ("load", "tokens in/out", "SLO"):
+            table.add_column(col, overflow="fold")
+        for r in rows:
+            load_text = (f"{r['rate']:g} req/s, " if r["rate"] else "") + f"{r['peak_users']} users, {r['seconds']:g} s"
+            table.add_row(r["name"], load_text, f"{r['prompt_tokens']} / {r['output_tokens']}",
+                          ", ".join(r["slo"]) or "-")
         out.print(table)
         return ExitCode.CONFIG if bad else ExitCode.OK
 

@@ -34,9 +34,11 @@ def config_validate(
                                                   "profile")] = None,
     options_dump: Annotated[Path | None, typer.Option(
         help="check against this vLLM options dump (../shared/vllm-args format) instead of the installed vLLM")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="each profile's result as JSON")] = False,
     config: ConfigOpt = None,
 ) -> None:
     """Validate the configuration and each profile's engine options against the installed vLLM."""
+    results: list[dict] = []
 
     def body() -> int:
         name_or_file = profile
@@ -59,8 +61,16 @@ def config_validate(
                     catalog = plan.catalog
             except StackError as exc:
                 failed += 1
-                out.print(f"[red]✗[/] {name}")
-                out.print(Text("    " + str(exc).replace("\n", "\n    ")))
+                results.append({"name": name, "valid": False, "error": exc.message, "fix": exc.hint})
+                if not as_json:
+                    out.print(f"[red]✗[/] {name}")
+                    out.print(Text("    " + str(exc).replace("\n", "\n    ")))
+                continue
+            warnings = [n for n in plan.notes if n.startswith("fit: ") and "not planned" not in n]
+            results.append({"name": name, "valid": True, "hardware": plan.resolved.hardware.name,
+                            "model": plan.resolved.model.name, "vllm": f"{plan.catalog.distribution} "
+                            f"{plan.catalog.version}", "warnings": warnings + list(plan.rendered.warnings)})
+            if as_json:
                 continue
             out.print(f"[green]✓[/] {name} [dim]({plan.resolved.hardware.name} + {plan.resolved.model.name}, "
                       f"{plan.catalog.distribution} {plan.catalog.version})[/]")
@@ -71,6 +81,9 @@ def config_validate(
                     out.print(f"    [yellow]warning:[/] {note}", highlight=False)
             for warning in plan.rendered.warnings:
                 out.print(f"    [yellow]warning:[/] {warning}", highlight=False)
+        if as_json:
+            out.print_json(data={"valid": not failed, "checked": len(names), "profiles": results})
+            return 2 if failed else 0
         if failed:
             err.print(f"[red]{failed} of {len(names)} invalid[/]")
             return 2

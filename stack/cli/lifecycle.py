@@ -19,17 +19,31 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-from stack.cli.shell import ConfigOpt, cli_config, config_path, err, out, run
+from stack.cli.complete import profiles_and_models
+from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
 from stack.config.schema import StackConfig
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.process import stop_process_tree
 from stack.engine.records import EngineRecord, RecordStore
-from stack.errors import EngineError, ExitCode, ReportedError
+from stack.errors import AlreadyRunningError, EngineError, ExitCode, PortInUseError, ReportedError
 
 
-def _sample_request(base_url: str, model: str) -> str:
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "What is the capital of France?"}]})
-    return f"curl {base_url}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
+def key_variable(cfg: StackConfig) -> str | None:
+    """The variable a client's key is shown as when /v1 keys are on (None: no key needed): the one that
+    holds the first key set, else VSTACK_API_KEY (hashed keys: the client has its key somewhere)."""
+    refs = [k for k in cfg.gateway.api_keys if k.sha256 or (k.env and os.environ.get(k.env))]
+    if not refs:
+        return None
+    return next((k.env for k in refs if k.env), "VSTACK_API_KEY")
+
+
+def _sample_request(base_url: str, model: str, key_env: str | None = None) -> str:
+    """A curl that answers in a sentence: temperature 0 and a token cap (a 135M model sampled at the default
+    temperature rambles for minutes); the key as $VARIABLE when keys are on, never its value."""
+    body = json.dumps({"model": model, "temperature": 0, "max_tokens": 64,
+                       "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    auth = f' -H "Authorization: Bearer ${key_env}"' if key_env else ""
+    return f"curl {base_url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
 
 
 GATEWAY = "gateway"  # the state record of the process `vstack up` leaves running
@@ -37,11 +51,6 @@ GATEWAY = "gateway"  # the state record of the process `vstack up` leaves runnin
 
 def _local_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-
-
-def _admin_headers() -> dict[str, str]:
-    key = os.environ.get("VSTACK_ADMIN_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path, start: int = 0) -> float:
@@ -73,14 +82,14 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     store = RecordStore(cfg.state_dir)
     existing = store.get(GATEWAY)
     if existing and existing.alive():
-        raise EngineError(f"vstack is already running (pid {existing.pid}, {existing.base_url})",
-                          hint="`vstack down` first, or `vstack status`")
+        raise AlreadyRunningError(f"vstack is already running (pid {existing.pid}, {existing.base_url})",
+                                  hint="`vstack down` first, or `vstack status`")
     if existing:
         store.remove(GATEWAY)
     host = cfg.gateway.host
     port = port or free_port()
     if not port_is_free(host, port):
-        raise EngineError(f"port {port} on {host} is in use", hint="stop what uses it, or `vstack up --port 0`")
+        raise PortInUseError(f"port {port} on {host} is in use", hint="stop what uses it, or `vstack up --port 0`")
     url = f"http://{_local_host(host)}:{port}"
     logs = cfg.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -118,10 +127,19 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     out.print(f"[green]✓[/] [bold]{model}[/] ready in {seconds:.0f} s behind the gateway")
     out.print(f"  OpenAI base URL: [bold]{url}/v1[/]")
     out.print(f"  gateway log:     {log}")
+    for line in _unconfigured_lines(log, start):
+        out.print(Text(f"  {line}"), soft_wrap=True)
     out.print("  try:")
-    out.print(Text("    " + _sample_request(url, model)), soft_wrap=True)
+    out.print(Text("    " + _sample_request(url, model, key_variable(cfg))), soft_wrap=True)
     out.print("  stop with: vstack down")
     return 0
+
+
+def _unconfigured_lines(log: Path, start: int) -> list[str]:
+    """What the gateway inferred for a model served by its Hub id or folder (stack.assemble.say_unconfigured)."""
+    from stack.assemble import UNCONFIGURED
+
+    return [line for line in log_tail(log, 400, start).splitlines() if line.startswith(UNCONFIGURED)]
 
 
 def _failure(failure: Path, returncode: int | None, log: Path, start: int) -> ReportedError | EngineError:
@@ -138,7 +156,9 @@ def _failure(failure: Path, returncode: int | None, log: Path, start: int) -> Re
 
 
 def up(
-    profile: Annotated[str | None, typer.Argument(help="profile or model (default: `serve:` in stack.yaml)")] = None,
+    profile: Annotated[str | None, typer.Argument(
+        help="profile, model, Hugging Face Hub id (org/name) or model folder (default: `serve:` in stack.yaml)",
+        autocompletion=profiles_and_models)] = None,
     port: Annotated[int | None, typer.Option(help="the gateway's port (default gateway.port); 0 = a free one")] = None,
     foreground: Annotated[bool, typer.Option("--foreground", "-f", help="stay attached; Ctrl-C stops")] = False,
     force: Annotated[bool, typer.Option(help="start even when the fit planner says it will not fit")] = False,
@@ -208,36 +228,71 @@ def _gateway_rows(record: EngineRecord) -> list[dict]:
             "uptime_s": round(time.time() - record.started_at), "log": record.log_path}
     if not record.alive():
         return [{"name": GATEWAY, "state": "dead", **base}]
+    return _model_rows(record.base_url, base) or [{"name": GATEWAY, "state": "starting", **base}]
+
+
+def _model_rows(base_url: str, base: dict) -> list[dict]:
+    from stack.manager.client import admin_headers
+
     try:
-        models = httpx.get(f"{record.base_url}/admin/models", headers=_admin_headers(), timeout=3).json()["models"]
-    except (httpx.HTTPError, ValueError, KeyError):
-        return [{"name": GATEWAY, "state": "starting", **base}]
-    return [{"name": m["model"], "state": m["state"], **base,
+        models = httpx.get(f"{base_url}/admin/models", headers=admin_headers(), timeout=3).json()["models"]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return []
+    return [{"name": m["model"], "state": (m.get("manager") or {}).get("state") or m["state"], **base,
              "deployments": [d["id"] for d in m["deployments"]]} for m in models]
 
 
-def status(as_json: Annotated[bool, typer.Option("--json")] = False, config: ConfigOpt = None) -> None:
-    """What `vstack up` started: each model behind the gateway, and whether it answers."""
+def _remote_rows(url: str) -> list[dict]:
+    """A gateway this machine did not start (Compose, another host): its models, no pid or log here."""
+    base = {"profile": "-", "pid": None, "url": f"{url}/v1", "uptime_s": None, "log": "-"}
+    try:
+        health = httpx.get(f"{url}/health", timeout=3)
+    except httpx.HTTPError:
+        return []
+    if health.status_code != 200:
+        return []
+    rows = _model_rows(url, base)
+    if rows:
+        return rows
+    return [{"name": GATEWAY, "state": "answers (set VSTACK_ADMIN_KEY to list its models)", **base}]
+
+
+def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt = None,
+           config: ConfigOpt = None) -> None:
+    """What runs: each model behind the gateway `vstack up` started, else behind --url / $VSTACK_URL, else
+    behind a gateway on this host's gateway.port (a Compose deployment)."""
 
     def body() -> None:
         cfg = cli_config()
+        given = cli_url()
         rows = []
-        for record in RecordStore(cfg.state_dir).all():
-            if record.name == GATEWAY:
-                rows += _gateway_rows(record)
+        if given is None:
+            for record in RecordStore(cfg.state_dir).all():
+                if record.name == GATEWAY:
+                    rows += _gateway_rows(record)
+        if not rows and (given or cfg.gateway.port):  # port 0 (a free one each time): nothing to look for
+            rows = _remote_rows(given or f"http://{_local_host(cfg.gateway.host)}:{cfg.gateway.port}")
         if as_json:
             out.print_json(data=rows)
             return
         if not rows:
-            out.print("nothing is running (start with `vstack up`)")
+            where = f" at {given}" if given else ""
+            out.print(f"nothing is running{where} (start with `vstack up`; a gateway elsewhere: --url or VSTACK_URL)")
             return
         table = Table(title="vstack")
-        for col in ("name", "profile", "state", "pid", "url", "uptime", "log"):
-            table.add_column(col)
-        colour = {"ready": "green", "starting": "yellow", "dead": "red", "unavailable": "red"}
+        table.add_column("name", overflow="fold", min_width=12)
+        table.add_column("state", overflow="fold")
+        table.add_column("pid", no_wrap=True)
+        table.add_column("url", overflow="fold", min_width=26)
+        table.add_column("uptime", no_wrap=True)
+        colour = {"ready": "green", "starting": "yellow", "dead": "red", "unavailable": "red", "failed": "red"}
         for r in rows:
-            table.add_row(r["name"], r["profile"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]",
-                          str(r["pid"]), r["url"], f"{r['uptime_s']} s", r["log"])
+            uptime = "-" if r["uptime_s"] is None else f"{r['uptime_s']} s"
+            table.add_row(r["name"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]",
+                          str(r["pid"] or "-"), r["url"], uptime)
         out.print(table)
+        logs = sorted({r["log"] for r in rows if r["log"] not in ("-", "")})
+        for log in logs:
+            out.print(f"log: {log}  (`vstack logs` shows it)", soft_wrap=True, highlight=False)
 
     run(body)

@@ -4,6 +4,7 @@ Each command group lives in its own module (config_cmd, models_cmd, lifecycle); 
 
 from __future__ import annotations
 
+import inspect
 from typing import Annotated
 
 import typer
@@ -13,16 +14,17 @@ from stack import __version__
 from stack.cli.bench_cmd import app as bench_app
 from stack.cli.config_cmd import config_app
 from stack.cli.lifecycle import down, status, up
+from stack.cli.logs_cmd import logs
 from stack.cli.models_cmd import load, models_app, switch, unload
 from stack.cli.patches_cmd import app as patches_app
 from stack.cli.plan_cmd import plan_command
-from stack.cli.shell import ConfigOpt, cli_config, out, run
+from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, out, run
 from stack.cli.tune_cmd import tune_command
 from stack.hardware import GIB, detect, match_profile
 
 app = typer.Typer(help="vllm-stack: run open models on your own GPUs.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
-for command in (up, down, status, switch, load, unload):
+for command in (up, down, status, logs, switch, load, unload):
     app.command()(command)
 app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
@@ -33,18 +35,21 @@ app.command("tune")(tune_command)
 
 
 @app.callback()
-def _main(config: ConfigOpt = None) -> None:
-    """--config here applies to every command (read by stack.cli.shell.config_path)."""
+def _main(config: ConfigOpt = None, url: UrlOpt = None) -> None:
+    """--config and --url here apply to every command (stack.cli.shell.config_path, cli_url)."""
 
 
 @app.command()
-def version(config: ConfigOpt = None) -> None:
+def version(as_json: Annotated[bool, typer.Option("--json")] = False, config: ConfigOpt = None) -> None:
     """Show the versions of vllm-stack and of the installed vLLM."""
     from stack.vllm.options import engine_python, installed_version
 
     def body() -> None:
         cfg = cli_config()
         dist, ver = installed_version(engine_python(cfg.engine_python))
+        if as_json:
+            out.print_json(data={"vllm_stack": __version__, "vllm_distribution": dist, "vllm": ver})
+            return
         out.print(f"vllm-stack {__version__}, {dist} {ver}")
 
     run(body)
@@ -86,6 +91,27 @@ def hw(as_json: Annotated[bool, typer.Option("--json")] = False, config: ConfigO
 
     run(body)
 
+
+
+def _unwrap_help(typer_app: typer.Typer) -> None:
+    """Docstrings are wrapped at 120 columns in the source; Typer's rich help keeps those breaks, which then
+    cut sentences in a terminal of another width (`tune --help` at 80). One line per paragraph lets rich
+    wrap them to the terminal."""
+    for info in typer_app.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if doc:
+            info.help = unwrap(doc)
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _unwrap_help(group.typer_instance)
+
+
+def unwrap(doc: str) -> str:
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+_unwrap_help(app)
 
 
 def main() -> None:

@@ -62,7 +62,8 @@ def _table(p: Patcher, rows: list[Row]) -> None:
 @app.command()
 @command
 def status(
-    site: SiteOpt = None, python: PythonOpt = None, ledger: LedgerOpt = None, as_json: bool = False
+    site: SiteOpt = None, python: PythonOpt = None, ledger: LedgerOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="the patches' states as JSON")] = False,
 ) -> None:
     """Each patch as applied, not applied, already upstream, or not needed for the installed vLLM."""
     p = _patcher(site, python, ledger)

@@ -11,9 +11,11 @@ from typing import Annotated, Any
 
 import typer
 import yaml
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from stack.cli import complete
 from stack.cli.shell import ConfigOpt, cli_config, report, run
 from stack.errors import ExitCode, StackError
 from stack.planner.memory import GIB
@@ -33,13 +35,14 @@ def _parse_sets(values: list[str]) -> dict[str, Any]:
 
 
 def plan_command(
-    model: Annotated[str | None, typer.Argument(help="a configured model name, a Hub repository id, or a local "
-                                                     "folder")] = None,
+    model: Annotated[str | None, typer.Argument(help="a configured model or profile, a Hub repository id, or a "
+                                                     "local folder", autocompletion=complete.profiles_and_models)
+                                 ] = None,
     models: Annotated[str | None, typer.Option("--models", help="A,B,C: several models switched on one GPU: the "
                                                "tier each sleeps in and its expected switch time")] = None,
     host_ram_gib: Annotated[float | None, typer.Option("--host-ram-gib", min=1, help="with --models: the host's "
                                                        "RAM (default: this machine's available RAM)")] = None,
-    gpu: Annotated[str | None, typer.Option("--gpu", help=GPU_HELP)] = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", help=GPU_HELP, autocompletion=complete.hardware)] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", min=1, help="how many GPUs (default: the profile's)")] = None,
     context: Annotated[int | None, typer.Option("--context", min=1, help="max_model_len wanted")] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1,
@@ -65,6 +68,8 @@ def plan_command(
         if names:
             return plan_several(cfg, names, gpu, host_ram_gib, _parse_sets(set_ or []), as_json, console)
         info = None
+        if gpu is None and model in cfg.profiles:
+            gpu = cfg.profiles[model].hardware  # a profile is planned on the hardware it was written for
         if gpu is None:
             from stack.hardware import detect, match_profile
 
@@ -116,15 +121,20 @@ def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: floa
     console.print(f"[bold]{len(names)} models on {gpu}[/]: host RAM {out['host_ram_gib']} GiB "
                   f"({out['host_ram_source']}), level-1 budget {out['level1_budget_gib']} GiB; bus "
                   f"{bus['h2d_gbps']} / {bus['d2h_gbps']} GB/s in/out ({bus['source']})", highlight=False)  # fmt: skip
-    table = Table(show_edge=False)
-    for col in ("model", "weights", "GPU need", "tier", "wake", "switch from", "sequential", "overlapped", "why"):
-        table.add_column(col, overflow="fold")
+    # Numbers in a narrow table (no column wraps at 80), each model's reasons below it as wrapped text.
+    table = Table(show_edge=False, box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("model", no_wrap=True)
+    for col in ("weights", "need", "tier", "wake", "switch", "overlap"):
+        table.add_column(col, no_wrap=True, justify="right" if col != "tier" else "left")
+    secs = lambda v: "-" if v is None else f"{v:.2f}s"  # noqa: E731
     for r in out["models"]:
-        secs = lambda v: "-" if v is None else f"{v:.2f} s"  # noqa: E731
-        table.add_row(r["model"], f"{r['weights_gib']:.1f} GiB", f"{r['need_gib']:.1f} GiB", r["tier"],
-                      secs(r["wake_s"]), r["from"] or "-", secs(r["switch_sequential_s"]),
-                      secs(r["switch_overlapped_s"]), f"{r['why']}; {r['order'] or ''}")  # fmt: skip
+        table.add_row(r["model"], f"{r['weights_gib']:.1f}G", f"{r['need_gib']:.1f}G", r["tier"],
+                      secs(r["wake_s"]), secs(r["switch_sequential_s"]), secs(r["switch_overlapped_s"]))  # fmt: skip
     console.print(table)
+    for r in out["models"]:
+        came = f" (switch from {r['from']})" if r["from"] else ""
+        console.print(f"[bold]{r['model']}[/]{came}: {r['why']}" + (f"; {r['order']}" if r["order"] else ""),
+                      highlight=False)
 
 
 def print_plan(plan: Plan, console: Console) -> None:

@@ -30,6 +30,7 @@ class Invocation:
     """What was parsed for the command running now (reset when it ends: tests run many in one process)."""
 
     config_path: Path | None = None
+    url: str | None = None
 
 
 def _remember_config(value: Path | None) -> Path | None:
@@ -42,6 +43,25 @@ def _remember_config(value: Path | None) -> Path | None:
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="your config file or folder "
                                                  "(else $VSTACK_CONFIG)", show_default=False,
                                                  callback=_remember_config)]
+
+
+def _remember_url(value: str | None) -> str | None:
+    if value is not None:
+        Invocation.url = value
+    return value
+
+
+UrlOpt = Annotated[str | None, typer.Option(
+    "--url", envvar="VSTACK_URL", show_default=False, callback=_remember_url,
+    help="a running gateway elsewhere (Compose, another host): http://HOST:PORT (else $VSTACK_URL, else the "
+         "one `vstack up` started here); its keys from $VSTACK_API_KEY / $VSTACK_ADMIN_KEY")]
+
+
+def cli_url() -> str | None:
+    """The --url given to this command or the root one, else $VSTACK_URL (stack.manager.client.given_url)."""
+    from stack.manager.client import given_url
+
+    return given_url(Invocation.url)
 
 
 def config_path() -> Path | None:
@@ -88,6 +108,7 @@ def run(fn: Callable[[], int | None], on_error: Callable[[StackError], None] | N
         sys.exit(exc.exit_code)
     finally:
         Invocation.config_path = None
+        Invocation.url = None
     sys.exit(code)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console, Group
@@ -13,6 +13,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from stack.cli.complete import profiles_and_models
 from stack.cli.shell import ConfigOpt, cli_config, run, sigterm_as_interrupt
 from stack.errors import ExitCode
 
@@ -31,8 +32,8 @@ def _table(rows: list[list[str]], title: str) -> Table:
 
 def tune_command(
     config: ConfigOpt = None,
-    target: Annotated[str | None, typer.Argument(help="profile or model, as for `vstack up` (default: `serve:`)")
-                      ] = None,
+    target: Annotated[str | None, typer.Argument(help="profile or model, as for `vstack up` (default: `serve:`)",
+                                                 autocompletion=profiles_and_models)] = None,
     scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in stack/load/scenarios, or a YAML path")
                         ] = "chat",
     slo: Annotated[str | None, typer.Option(help="e.g. 'p95_ttft_ms<800'; default: the scenario's, else the "
@@ -59,6 +60,8 @@ def tune_command(
     restart: Annotated[bool, typer.Option(help="discard earlier measurements in --out instead of resuming")
                        ] = False,
     stop_on_error: Annotated[bool, typer.Option(help="end the run at the first candidate that fails")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="the outcome as JSON on stdout (progress stays on "
+                                          "stderr)")] = False,
 ) -> None:
     """Find the engine settings that serve the most requests within an SLO, by measuring each candidate.
 
@@ -122,6 +125,8 @@ def tune_command(
                       f"{folder / 'tune-state.json'}: rerun the same command to resume")
             return ExitCode.INTERRUPTED
         files = write_outputs(outcome, folder, machine_facts(), command)
+        if as_json:
+            return _print_json(outcome, files)
         total = len(rows)
         if outcome.overlap_off and overlap_wanted(request, hardware):  # asked for (or the GPU default), not had
             err.print(f"[yellow]overlapped starts off:[/] {outcome.overlap_off}")
@@ -147,6 +152,19 @@ def tune_command(
         return ExitCode.OK if choice.meets_slo else ExitCode.SLO_NOT_MET
 
     run(body)
+
+
+def _print_json(outcome: Any, files: dict[str, Path]) -> int:
+    """The tune's outcome for scripts; the same exit codes as the tables' path."""
+    choice = outcome.choice
+    out.print_json(data={
+        "complete": outcome.complete, "reused": outcome.reused, "remaining": outcome.remaining,
+        "winner": choice.winner.label if choice.winner else None, "meets_slo": choice.meets_slo,
+        "reason": choice.reason, "files": {k: str(v) for k, v in files.items()},
+    })  # fmt: skip
+    if choice.winner is None:
+        return ExitCode.OK if not outcome.complete else ExitCode.ENGINE
+    return ExitCode.OK if choice.meets_slo else ExitCode.SLO_NOT_MET
 
 
 def _table_only(markdown: str) -> str:

@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from stack.config.cross_checks import check_cloud_providers, check_gateway_names, check_parallel_fits_hardware
 from stack.config.engine_values import check_engine_values
 from stack.config.origins import Origins, format_validation_error, suggest
+from stack.config.resolve import unconfigured_model
 from stack.config.schema import StackConfig
 from stack.errors import ConfigError
 
@@ -329,7 +330,8 @@ def check_references(cfg: StackConfig, origins: Origins) -> None:
             missing(("hardware", name, "recommended_model"), "model", hw.recommended_model, cfg.models)
     if cfg.default_model not in cfg.models:
         missing(("default_model",), "model", cfg.default_model, cfg.models)
-    if cfg.serve != "auto" and cfg.serve not in cfg.profiles and cfg.serve not in cfg.models:
+    if cfg.serve != "auto" and cfg.serve not in cfg.profiles and cfg.serve not in cfg.models \
+            and unconfigured_model(cfg.serve) is None:
         known = {**cfg.profiles, **cfg.models, "auto": None}
         missing(("serve",), "profile or model", cfg.serve, known)
     if problems:

@@ -13,14 +13,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
 from stack.cli.shell import run
 from stack.errors import StackError
 
+CTRL_C = " (Press CTRL+C to quit)"
+
+
+class NoCtrlCHint(logging.Filter):
+    """This process runs detached (`vstack up` in the background, a Compose service): no terminal sends it
+    Ctrl-C, so uvicorn's "(Press CTRL+C to quit)" would mislead; `vstack down` / `docker compose down` stop it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for attr in ("msg", "color_message"):
+            value = getattr(record, attr, None)
+            if isinstance(value, str) and CTRL_C in value:
+                setattr(record, attr, value.replace(CTRL_C, ""))
+        return True
+
 
 def main() -> None:
+    logging.getLogger("uvicorn.error").addFilter(NoCtrlCHint())
     ap = argparse.ArgumentParser(prog="python -m stack.entrypoints.up")
     ap.add_argument("profile", nargs="?")
     ap.add_argument("--port", type=int, required=True)

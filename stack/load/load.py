@@ -75,18 +75,20 @@ def run_load(
     cfg: StackConfig | None = None,
     profile: str | None = None,
     on_tick: Callable[[float, int, int], None] = lambda *_: None,
+    models: dict[str, float] | None = None,
 ) -> LoadResult:
+    """models: the mix decided by stack.load.target.decide_target (else the scenario's own)."""
     path = find_scenario(scenario_name)
     scenario = load_scenario_file(path)
     clauses, slo_source = choose_slo(slo, scenario, cfg, profile)
     out = out_dir or default_out_dir(scenario)
-    run = run_locust(scenario, path, base_url, out, duration_s, on_tick)
+    run = run_locust(scenario, path, base_url, out, duration_s, on_tick, models)
     records = list(read_records(run.records))
     if not records:
         raise LoadTestError(f"no request finished during the run (see {run.log})",
                             hint="lengthen --duration, or check the endpoint with `curl BASE/v1/models`")
     extra = {"files": run.files(), "locust": {"returncode": run.returncode, "seconds": round(run.seconds, 1)},
-             "duration_s": duration_s or scenario.load.total_s}
+             "duration_s": duration_s or scenario.load.total_s, "models": models or dict(scenario.models)}
     report = build_report(records, scenario, clauses, slo_source, base_url, machine_facts(), out, extra)
     return LoadResult(out, report)
 

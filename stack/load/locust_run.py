@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from stack.errors import ExitCode, StackError
 from stack.load.records import RECORDS_ENV
-from stack.load.scenario import SCENARIO_ENV, Scenario, loadtests_dir
+from stack.load.scenario import MODELS_ENV, SCENARIO_ENV, Scenario, loadtests_dir
 
 
 class LoadTestError(StackError):
@@ -62,14 +63,16 @@ def run_locust(
     out_dir: Path,
     duration_s: float | None = None,
     on_tick: Callable[[float, int, int], None] = lambda *_: None,
+    models: dict[str, float] | None = None,
 ) -> LocustRun:
-    """Blocks until Locust exits; on_tick(elapsed_s, requests_done, errors) about twice a second."""
+    """Blocks until Locust exits; on_tick(elapsed_s, requests_done, errors) about twice a second. models: the
+    mix to send (stack.load.target), over the scenario's."""
     out_dir.mkdir(parents=True, exist_ok=True)
     records = out_dir / "requests.jsonl"
     records.unlink(missing_ok=True)
     log = out_dir / "locust.log"
     env = {**os.environ, SCENARIO_ENV: str(scenario_file.resolve()), RECORDS_ENV: str(records),
-           "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1", MODELS_ENV: json.dumps(models or {})}
     cmd = locust_command(scenario, base_url, out_dir, duration_s)
     started = time.monotonic()
     with open(log, "wb") as log_file:

@@ -22,15 +22,17 @@ from locust import HttpUser, LoadTestShape, constant, constant_throughput, event
 
 from stack.load.prompts import chat_messages, shared_prefix
 from stack.load.records import RequestRecord, writer_from_env
-from stack.load.scenario import SCENARIO_ENV, load_scenario, load_scenario_file
+from stack.load.scenario import MODELS_ENV, SCENARIO_ENV, load_scenario, load_scenario_file
 
 _path = os.environ.get(SCENARIO_ENV, "smoke")
 SCENARIO = load_scenario_file(Path(_path)) if _path.endswith((".yaml", ".yml")) else load_scenario(_path)
 REQ = SCENARIO.requests
 PREFIX = shared_prefix(REQ.shared_prefix_tokens)
 WRITER = writer_from_env()
-_models: list[str] = list(SCENARIO.models)
-_weights: list[float] = list(SCENARIO.models.values())
+# The mix `vstack bench load` decided and checked (stack.load.target: --model, no cloud unless allowed).
+_mix: dict[str, float] = json.loads(os.environ.get(MODELS_ENV) or "null") or dict(SCENARIO.models)
+_models: list[str] = list(_mix)
+_weights: list[float] = list(_mix.values())
 
 
 @events.test_start.add_listener

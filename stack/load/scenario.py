@@ -20,6 +20,7 @@ from stack.config.slo import parse_slo
 from stack.errors import ConfigError
 
 SCENARIO_ENV = "VSTACK_SCENARIO"  # the locustfile reads its scenario file from here
+MODELS_ENV = "VSTACK_LOAD_MODELS"  # the model mix `vstack bench load` decided (JSON), over the scenario's
 
 
 class _Strict(BaseModel):

@@ -14,22 +14,40 @@ from stack.errors import EngineError
 GATEWAY = "gateway"  # the state record `vstack up` writes
 
 
-def gateway_url(state_dir: Any) -> str:
+URL_ENV = "VSTACK_URL"  # a gateway elsewhere (Compose, another host), like ollama's OLLAMA_HOST
+
+
+def given_url(url: str | None = None) -> str | None:
+    """The gateway named by --url, else by $VSTACK_URL (without /v1), else None (the one `vstack up` started)."""
+    url = url or os.environ.get(URL_ENV) or None
+    if url and "://" not in url:
+        url = f"http://{url}"
+    return url.rstrip("/").removesuffix("/v1") if url else None
+
+
+def gateway_url(state_dir: Any, url: str | None = None) -> str:
+    """--url / $VSTACK_URL, else the gateway `vstack up` started here."""
+    given = given_url(url)
+    if given:
+        return given
     record = RecordStore(state_dir).get(GATEWAY)
     if record is None or not record.alive():
-        raise EngineError("vstack is not running", hint="start it with `vstack up`")
+        raise EngineError("vstack is not running here",
+                          hint=f"start it with `vstack up`, or name a running gateway (Compose, another host) "
+                          f"with --url http://HOST:PORT or {URL_ENV}")
     return record.base_url
 
 
-def _headers() -> dict[str, str]:
+def admin_headers() -> dict[str, str]:
     key = os.environ.get("VSTACK_ADMIN_KEY")
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def admin(state_dir: Any, method: str, path: str, timeout: float = 10, **params: Any) -> dict[str, Any]:
-    url = gateway_url(state_dir) + path
+def admin(state_dir: Any, method: str, path: str, timeout: float = 10, url: str | None = None,
+          **params: Any) -> dict[str, Any]:
+    url = gateway_url(state_dir, url) + path
     try:
-        resp = httpx.request(method, url, headers=_headers(), params=params or None, timeout=timeout)
+        resp = httpx.request(method, url, headers=admin_headers(), params=params or None, timeout=timeout)
     except httpx.TimeoutException as exc:
         raise EngineError(
             f"the gateway did not answer {path} within {timeout:.0f} s",
@@ -44,8 +62,16 @@ def admin(state_dir: Any, method: str, path: str, timeout: float = 10, **params:
     if resp.status_code >= 400:
         message = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
         hint = "set VSTACK_ADMIN_KEY" if resp.status_code in (401, 403) else None
-        raise EngineError(f"{path}: {resp.status_code} {message or resp.text[:200]}", hint=hint)
+        raise AdminError(f"{path}: {resp.status_code} {message or resp.text[:200]}", resp.status_code, hint=hint)
     return body
+
+
+class AdminError(EngineError):
+    """The gateway answered an admin call with an error status (the CLI turns a 404 into did-you-mean)."""
+
+    def __init__(self, message: str, status_code: int, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.status_code = status_code
 
 
 def model_rows(body: dict[str, Any]) -> list[dict[str, Any]]:

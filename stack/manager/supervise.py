@@ -35,14 +35,15 @@ async def watch(manager: ModelManager, interval: float = 0.5) -> None:
 
 
 async def on_crash(manager: ModelManager, slot: Slot) -> None:
+    """The engine exited: its state changes at once (never `ready` with a dead pid while what is left of it
+    is stopped, which takes up to the grace period), then the rest of it goes, then a restart if any."""
     code = slot.runtime.exit_code()
     tail = logs_of(slot.runtime)
-    # Whatever is left of the engine (its engine-core child after a kill -9 of the API server) goes too.
-    await asyncio.to_thread(slot.runtime.stop, 5)
     now = manager.clock()
     st = manager.settings
     if slot.state == S.SLEEPING:
         manager.move(slot, S.STOPPED, f"exited with code {code} while asleep; starts again on the next request")
+        await asyncio.to_thread(slot.runtime.stop, 5)
         return
     slot.restarts = [t for t in slot.restarts if now - t < st.restart_window_s]
     delay = restart_delay(len(slot.restarts), st.restart_max, st.restart_backoff_s)
@@ -50,12 +51,16 @@ async def on_crash(manager: ModelManager, slot: Slot) -> None:
         slot.log_tail, slot.failed_at = tail, now
         manager.move(slot, S.FAILED, f"exited with code {code}; {len(slot.restarts)} restarts in "
                      f"{st.restart_window_s:.0f} s, giving up")  # fmt: skip
+        await asyncio.to_thread(slot.runtime.stop, 5)
         return
     slot.restarts.append(now)
     manager.metrics.restarts.labels(slot.name).inc()
     log.error("engine of %s exited with code %s; restarting in %.1f s", slot.name, code, delay)
     manager.move(slot, S.STARTING, f"exited with code {code}; restart {len(slot.restarts)}/{st.restart_max} "
                  f"in {delay:.0f} s")  # fmt: skip
+    # Whatever is left of the engine (its engine-core child after a kill -9 of the API server) goes too,
+    # before the restart is asked for.
+    await asyncio.to_thread(slot.runtime.stop, 5)
     manager.request_switch(slot.name, delay=delay, force=True)
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from stack.config.engine_values import check_options
-from stack.config.resolve import ResolvedProfile
+from stack.config.origins import suggest
+from stack.config.resolve import ResolvedProfile, unconfigured_model
 from stack.config.schema import HardwareProfile, StackConfig
 from stack.errors import ConfigError
 from stack.planner.decide import FitInput, decide
@@ -65,12 +66,25 @@ def plan_model(cfg: StackConfig, model: str, hardware: str, request: Request | N
     origins = {k: f"hardware.{hardware}.engine.{k}" for k in hw.engine}
     env = dict(hw.env)
     hub_id: str | None = None
-    if model in cfg.models:
-        entry = cfg.models[model]
+    profile = cfg.profiles.get(model)
+    if profile is not None and profile.model not in cfg.models:
+        raise ConfigError(f"profile {model!r} names model {profile.model!r}, which configs/models lacks")
+    if profile is not None or model in cfg.models:
+        # A profile is planned as its model with the profile's engine options on top: never a Hub lookup.
+        name = profile.model if profile is not None else model
+        entry = cfg.models[name]
         options.update(entry.engine)
-        origins.update({k: f"models.{model}.engine.{k}" for k in entry.engine})
-        facts = load_facts(entry.source, model, token)
+        origins.update({k: f"models.{name}.engine.{k}" for k in entry.engine})
+        if profile is not None:
+            options.update(profile.engine)
+            origins.update({k: f"profiles.{model}.engine.{k}" for k in profile.engine})
+            env.update(profile.env)
+        facts = load_facts(entry.source, name, token)
         hub_id, label = entry.source.hub, model
+    elif unconfigured_model(model) is None:
+        known = [*cfg.models, *cfg.profiles]
+        raise ConfigError(f"{model!r} is not a configured model or profile, a Hub id (org/name) or a folder with "
+                          f"config.json{suggest(model, known)}", hint=f"one of: {', '.join(sorted(known))}")
     else:
         facts = load_facts(model, model, token)
         hub_id, label = (None if Path(model).is_dir() else model), model

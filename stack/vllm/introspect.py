@@ -101,6 +101,19 @@ def check(argv: list[str]) -> dict[str, Any]:
     return {"ok": True}
 
 
+def torch_family() -> dict[str, str | None]:
+    """torch and the packages built against it (the stack checks they are one build: stack.vllm.options)."""
+    from importlib import metadata
+
+    found: dict[str, str | None] = {}
+    for dist in ("torch", "torchvision", "torchaudio"):
+        try:
+            found[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            found[dist] = None
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:
@@ -110,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     command = args.pop(0) if args else "version"
     found = installed_vllm()
     if command == "version":
-        result: Any = {"distribution": found[0], "version": found[1]} if found else None
+        result: Any = {"distribution": found[0], "version": found[1], **torch_family()} if found else None
     elif found is None:
         print("vllm is not installed in this Python", file=sys.stderr)
         return 3

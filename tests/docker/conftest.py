@@ -7,7 +7,8 @@ from the environment, else from the file docker/ci-setup.sh writes ($VSTACK_DOCK
   VSTACK_DOCKER_GRAFANA_IMAGE     a Grafana image present locally (else the Grafana checks skip)
   VSTACK_DOCKER_WHEELS            a folder with torch 2.13.0+cpu, served on loopback during the build
   VSTACK_DOCKER_WHEELS_PORT       its loopback port (default 18765)
-  VSTACK_DOCKER_ENFORCE_EAGER     1 (default) skips torch.compile in the test engines: minutes on 2 cores
+  VSTACK_DOCKER_ENFORCE_EAGER     1 (default) skips torch.compile in the static and site tests' engines
+                                  (never in test_compose.py, which runs Compose as the README says)
 """
 
 from __future__ import annotations

@@ -184,6 +184,7 @@ def test_dashboard_covers_the_issue_list() -> None:
         "switches": "vstack_gateway_deployment_up",
         "fallbacks": "vstack_gateway_fallbacks_total",
         "errors": "vstack_gateway_upstream_errors_total",
+        "the gateway's own refusals": "vstack_gateway_rejected_requests_total",
     }
     assert [k for k, metric in wanted.items() if metric not in text] == []
     assert "histogram_quantile(0.5" in text and "histogram_quantile(0.95" in text

@@ -185,6 +185,29 @@ def test_crash_restarts_with_backoff_then_fails_with_log_tail() -> None:
     assert counter(mgr.metrics, "vstack_manager_restarts_total", model="a") == 2
 
 
+def test_a_dead_engine_is_never_shown_ready_while_its_leftovers_are_stopped() -> None:
+    """The state moves as soon as the exit is seen: stopping what is left of the engine (its engine-core
+    child) takes up to the grace period, and /admin/models (`vstack models`) showed `ready, pid N` of the
+    dead process all that time."""
+    a = StandIn("a")
+    mgr = build([a], ManagerConfig(restart_max=1, restart_backoff_s=0, min_residency_s=0))
+    seen: list[str] = []
+    stop = a.stop
+
+    def slow_stop(grace: float = 20) -> list[int]:
+        seen.append(mgr.status()["models"]["a"]["state"])  # what a `vstack models` during the stop shows
+        return stop(grace)
+
+    async def body() -> None:
+        await serve(mgr, "a")
+        a.stop = slow_stop  # type: ignore[method-assign]
+        a.crash()
+        await on_crash(mgr, mgr.slots["a"])
+
+    run(body())
+    assert seen and "ready" not in seen, seen
+
+
 def test_watch_notices_a_crash_within_a_second() -> None:
     a = StandIn("a")
     mgr = build([a], ManagerConfig(restart_max=1, restart_backoff_s=0, min_residency_s=0))
