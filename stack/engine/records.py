@@ -1,4 +1,11 @@
-"""What `vstack up` started, written to the state folder so `vstack status` and `vstack down` can find it."""
+"""What `vstack up` started, written to the state folder so `vstack status` and `vstack down` can find it.
+
+Two folders: `engines/` holds the gateway's record (the one process `vstack up` leaves running);
+`engine-processes/` holds one record per engine process the gateway started, written when it is spawned and
+removed when it is stopped. An engine outlives its gateway (its own session): after a `kill -9` of the
+gateway its record is what `status` shows, what `down` stops and what the next `up` re-attaches
+(stack.engine.kept, adr/0023).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +28,9 @@ class EngineRecord:
     log_path: str
     argv: list[str] = field(default_factory=list)  # redacted
     started_at: float = field(default_factory=time.time)
+    fingerprint: str = ""  # an engine's rendered command, hashed (EnginePlan.fingerprint): "" for the gateway
+    owner: int = 0  # the gateway pid that started (or re-attached) the engine
+    attached_at: float = field(default_factory=time.time)  # when `owner` took it (a recycled pid is younger)
 
     @property
     def base_url(self) -> str:
@@ -35,9 +45,13 @@ class EngineRecord:
             return False
 
 
+GATEWAYS = "engines"  # the folder's old name: the gateway's record (load tests look there for a target)
+ENGINE_PROCESSES = "engine-processes"
+
+
 class RecordStore:
-    def __init__(self, state_dir: Path) -> None:
-        self.dir = state_dir / "engines"
+    def __init__(self, state_dir: Path, folder: str = GATEWAYS) -> None:
+        self.dir = state_dir / folder
 
     def _path(self, name: str) -> Path:
         return self.dir / f"{name.replace('/', '_')}.json"
@@ -69,3 +83,8 @@ class RecordStore:
             except (ValueError, TypeError):
                 path.unlink()  # unreadable state is stale state
         return records
+
+
+def engine_records(state_dir: Path) -> RecordStore:
+    """The records of the engine processes gateways of this state folder started."""
+    return RecordStore(state_dir, ENGINE_PROCESSES)

@@ -488,11 +488,15 @@ class ModelManager:
             "models": {n: s.public(now) for n, s in self.slots.items()}, "decisions": self.decisions,
         }  # fmt: skip
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, keep_engines: bool = False) -> None:
+        """Stop every engine; keep_engines: leave them running for the next gateway to re-attach."""
         self.stopping = True
         for flight in self._flights.values():
             flight.cancel()
         self.bump()
+        if keep_engines:
+            log.info("gateway stopping; engines kept running: %s", ", ".join(self.slots))
+            return
         await asyncio.gather(*(asyncio.to_thread(s.runtime.stop, self.stop_grace_s) for s in self.slots.values()))
 
 
