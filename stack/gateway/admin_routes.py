@@ -23,7 +23,7 @@ from stack.gateway.registry import Deployment
 from stack.gateway.state import get_state
 
 
-def admin_key(
+async def admin_key(
     request: Request,
     authorization: str | None = Header(None, include_in_schema=False),
     x_api_key: str | None = Header(None, include_in_schema=False),
