@@ -45,3 +45,24 @@ def this_start(text: str) -> str:
     """The part of an (appended) engine log written by its last start."""
     at = text.rfind("==> vstack: starting ")
     return text[at:] if at >= 0 else text
+
+
+VLLM_TIME = re.compile(r"(?:INFO|WARNING|DEBUG|ERROR) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)")
+
+
+def phase_starts(text: str, year: int) -> dict[str, float]:
+    """Each engine phase's first line, as a Unix time from vLLM's own timestamps (local time, 1 s
+    resolution), for the lines of one start (`this_start`): where a start's seconds went."""
+    import time as _time
+
+    starts: dict[str, float] = {}
+    phase, pending = "", ""
+    for line in this_start(text).splitlines():
+        new = phase_of([line], ENGINE_PHASES, phase)
+        if new != phase:
+            phase, pending = new, (new if new not in starts else "")
+        stamp = VLLM_TIME.search(line)
+        if pending and stamp:  # a line without vLLM's stamp (ours) is dated by the next one with it
+            mo, d, h, mi, sec = (int(x) for x in stamp.groups())
+            starts[pending], pending = _time.mktime((year, mo, d, h, mi, sec, 0, 0, -1)), ""
+    return starts
