@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from stack.config.schema import StackConfig
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
-from stack.engine.kept import keep_requested, kept_pids, reattach, tree_pids
+from stack.engine.kept import keep_requested, kept_pids, reattach, stop_leftovers, tree_pids
 from stack.engine.launch import EnginePlan, free_port, log_path_for, plan_engine
 from stack.engine.memory_handoff import SOCKET_ENV, HandoffBroker
 from stack.engine.records import engine_records
@@ -262,6 +262,11 @@ def supervisor(planned: PlannedStack) -> EngineSupervisor:
                            NvmlProbe() if hardware.gpus else None, cfg.gateway.retry_after_s)  # fmt: skip
     sup.manager.handoff = handoff
     sup.keep_engines = lambda: keep_requested(cfg.state_dir)
+    if site is None and cluster is None:  # kept engines of models this configuration no longer serves
+        spare = frozenset(m.engine.spec.name for m in engines)
+        for record in stop_leftovers(cfg.state_dir, cfg.stop_grace_s, spare)[0]:
+            logging.getLogger("stack.gateway").info("engine %r (pid %d) is not in this configuration: stopped it",
+                                                    record.name, record.pid)  # fmt: skip
     return sup
 
 

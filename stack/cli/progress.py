@@ -50,10 +50,12 @@ class StartProgress:
         self.phase, self.since = "planning", time.monotonic()
         self.spinner = Spinner("dots", text="planning")
         self.done: list[tuple[str, float]] = []
+        self.began = time.time()
 
     def _engine_log(self) -> Follower | None:
         for record in engine_records(self.state_dir).all():
-            if record.owner == self.owner and record.log_path:
+            # a re-attached engine started before this `up`: its log holds an earlier start, not this one
+            if record.owner == self.owner and record.log_path and record.started_at >= self.began - 1:
                 path = Path(record.log_path)
                 # the record is written right after the spawn, which marks its start in the log first
                 text = path.read_text(errors="replace") if path.is_file() else ""

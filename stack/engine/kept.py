@@ -92,13 +92,14 @@ def keep_requested(state_dir: Path) -> bool:
     return (state_dir / KEEP_FLAG).is_file()
 
 
-def stop_leftovers(state_dir: Path, grace: float) -> tuple[list[EngineRecord], list[int]]:
-    """Stop every engine of this state folder no live gateway owns; forget records of exited ones.
-    Returns the records stopped and the pids that would not exit."""
+def stop_leftovers(state_dir: Path, grace: float, spare: frozenset[str] = frozenset()
+                   ) -> tuple[list[EngineRecord], list[int]]:  # fmt: skip
+    """Stop every engine of this state folder no live gateway owns (but those named in `spare`: about to be
+    re-attached); forget records of exited ones. Returns the records stopped and the pids that would not exit."""
     store = engine_records(state_dir)
     stopped, left = [], []
     for record in store.all():
-        if record.alive() and _owner_alive(record):
+        if record.name in spare or (record.alive() and _owner_alive(record)):
             continue
         if record.alive():
             stuck = stop_process_tree(record.pid, grace)

@@ -161,3 +161,10 @@ def test_the_fingerprint_holds_no_secret() -> None:
     b = plan()
     b.env["HF_TOKEN"] = "hf_secret_value_2"
     assert a.fingerprint() == b.fingerprint(), "a secret's value is masked before hashing"
+
+
+def test_leftovers_about_to_be_reattached_are_spared(tmp_path: Path) -> None:
+    old = orphan(tmp_path)
+    assert stop_leftovers(tmp_path, grace=2, spare=frozenset({"m"})) == ([], [])
+    assert psutil.pid_exists(old.pid)  # type: ignore[arg-type]
+    assert [r.pid for r in stop_leftovers(tmp_path, grace=2)[0]] == [old.pid]
