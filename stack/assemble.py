@@ -404,6 +404,8 @@ def build_gateway(planned: PlannedStack, on_startup: list | None = None,
                      on_startup=[sup.start, *(on_startup or [])],
                      on_shutdown=[sup.stop, *([sup.manager.handoff.stop] if sup.manager.handoff else [])],
                      manager=sup.manager)  # fmt: skip
+    if reload_from is not None and planned.site is None and planned.cluster is None:
+        app.state.gateway.reload = Reloader(planned, sup, *reload_from)
     return app, sup
 
 

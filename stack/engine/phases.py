@@ -22,7 +22,7 @@ ENGINE_PHASES: list[tuple[str, re.Pattern[str]]] = [
     ("loading weights", re.compile(r"Starting to load model|Initializing model|Loading safetensors|Loading weights")),
     ("loading weights", re.compile(r"Loading weights took|Model loading took")),
     ("compiling", re.compile(r"Warming up model for the compilation|Dynamo bytecode transform|Compiling a graph"
-                             r"|torch\.compile|Directly load AOT compil|saved AOT compiled")),
+                             r"|Directly load AOT compil|saved AOT compiled|torch\.compile takes")),
     ("KV cache", re.compile(r"KV cache size|GPU KV cache size|Available KV cache memory|for KV cache")),
     ("capturing graphs", re.compile(r"Capturing CUDA graph|Capturing cudagraphs|Graph capturing")),
     ("API server starting", re.compile(r"init engine \(profile|Starting vLLM (API )?server on|Supported tasks")),
@@ -33,11 +33,13 @@ ORDER = ["planning", "fetching the model", "converting the model", "re-attached"
 
 
 def phase_of(lines: list[str], patterns: list[tuple[str, re.Pattern[str]]], current: str) -> str:
-    """The phase after these lines, starting from `current` (the last matching line wins)."""
+    """The phase after these lines, starting from `current`: the latest phase a line names; a start never
+    goes back (a line that mentions an earlier phase's words later on does not move it)."""
+    at = ORDER.index(current) if current in ORDER else -1
     for line in lines:
         for phase, pattern in patterns:
-            if pattern.search(line):
-                current = phase
+            if ORDER.index(phase) >= at and pattern.search(line):
+                current, at = phase, ORDER.index(phase)
     return current
 
 

