@@ -46,7 +46,8 @@ def _owner_alive(record: EngineRecord) -> bool:
     if not record.owner:
         return False
     try:
-        return psutil.Process(record.owner).create_time() <= record.attached_at + 1
+        owner = psutil.Process(record.owner)
+        return owner.status() != psutil.STATUS_ZOMBIE and owner.create_time() <= record.attached_at + 1
     except psutil.Error:
         return False
 

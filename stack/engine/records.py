@@ -40,7 +40,8 @@ class EngineRecord:
         try:
             proc = psutil.Process(self.pid)
             # A recycled pid belongs to a process created after ours started.
-            return proc.is_running() and proc.create_time() <= self.started_at + 5
+            running = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE  # killed, not yet reaped
+            return running and proc.create_time() <= self.started_at + 5
         except psutil.Error:
             return False
 

@@ -34,6 +34,11 @@ def engine_pids(state: Path) -> dict[str, int]:
     return {p.stem: json.loads(p.read_text())["pid"] for p in sorted(folder.glob("*.json"))} if folder.is_dir() else {}
 
 
+def said(proc) -> str:
+    """What a command printed, as one line (rich wraps its output at 80 columns when it is not a terminal)."""
+    return " ".join(proc.stdout.split())
+
+
 def gateway_pid(vstack: Vstack) -> int:
     [row] = [r for r in vstack.status() if r["state"] == "ready"]
     return int(row["pid"])
@@ -81,7 +86,7 @@ def test_a_killed_gateway_leaves_an_engine_that_status_shows_up_reattaches_and_d
         # down --keep-engines stops the gateway only; the kept engine then dies on its own: the next up
         # sees its record's process gone and starts a fresh engine.
         keep = vstack("down", "--keep-engines", timeout=120)
-        assert keep.returncode == 0 and "kept engine smollm2-135m-instruct" in keep.stdout, keep.stdout
+        assert keep.returncode == 0 and "kept engine smollm2-135m-instruct" in said(keep)
         assert psutil.pid_exists(engine) and [r["state"] for r in vstack.status()] == ["kept (no gateway)"], \
             "down --keep-engines removes the gateway's record; the engine is listed alone"
         for p in [psutil.Process(engine), *psutil.Process(engine).children(recursive=True)]:
@@ -101,7 +106,7 @@ def test_a_killed_gateway_leaves_an_engine_that_status_shows_up_reattaches_and_d
     finally:
         down = vstack("down", timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
-    assert "left by a gateway that is gone" in down.stdout
+    assert "left by a gateway that is gone" in said(down)
     assert alive(family) == [], "`vstack down` releases the kept engine's memory: its processes are gone"
     assert vstack.status() == [] and engine_pids(state) == {}
 
@@ -148,8 +153,8 @@ def test_reload_restarts_only_the_changed_model_while_the_other_serves_without_a
             stop.set()
             worker.join(60)
         assert reload.returncode == 0, reload.stdout + reload.stderr
-        assert "steady: unchanged, kept serving" in reload.stdout
-        assert "changing: command changed, restarted" in reload.stdout
+        assert "steady: unchanged, kept serving" in said(reload)
+        assert "changing: command changed, restarted" in said(reload)
         after = engine_pids(state)
         assert after["steady"] == before["steady"], "the unchanged engine was not restarted"
         assert after["changing"] != before["changing"] and not psutil.pid_exists(before["changing"])
@@ -158,7 +163,7 @@ def test_reload_restarts_only_the_changed_model_while_the_other_serves_without_a
 
         # Nothing changed: a second reload restarts nothing.
         same = vstack("--config", str(config), "reload", timeout=120)
-        assert same.returncode == 0 and "restarted" not in same.stdout and engine_pids(state) == after
+        assert same.returncode == 0 and "restarted" not in said(same) and engine_pids(state) == after
     finally:
         down = vstack("down", timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
