@@ -437,7 +437,11 @@ def serve(planned: PlannedStack, port: int, reload_from: tuple[str | None, str |
     cfg = planned.cfg
     server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
                                            limits=cfg.gateway))
-    server.run()
+    try:
+        server.run()
+    finally:
+        if not server.started and planned.early is not None:  # never served (the port taken...): no shutdown
+            planned.early[0].stop(cfg.stop_grace_s)  # hook will stop the engine started early, so stop it here
     if failed:
         engine = sup.manager.slots[sup.engines[0].model_group].runtime
         log = getattr(engine.spec, "log_path", None) or f"docker logs {engine.spec.name}"
