@@ -312,6 +312,7 @@ def start_early(planned: PlannedStack) -> None:
     planned.early = runtime_pair(planned.cfg, planned.default, None)
     try:
         planned.early[0].start()
+        planned.early[0].prestarted = True  # type: ignore[attr-defined]
     except OSError as exc:  # the manager's start tries again and reports it
         logging.getLogger("stack.gateway").warning("early start of the default engine failed: %s", exc)
 

@@ -56,6 +56,7 @@ class EngineProcess:
         self.log_start = 0  # this run's first byte in the (appended) log: earlier runs' lines are never shown
         self.records, self.fingerprint = records, fingerprint
         self.kept: EngineRecord | None = None  # a running engine an earlier gateway started, re-attached
+        self.prestarted = False  # spawned ahead of the manager's first start (stack.assemble.start_early)
 
     @property
     def pid(self) -> int | None:
@@ -67,8 +68,9 @@ class EngineProcess:
         """Spawn the engine; returns its pid. Spawns nothing for an engine already running: one started early
         (the gateway's own imports overlap its start) or a kept one (re-attached); a kept one that has
         exited since is started fresh."""
-        if self.popen is not None and self.popen.poll() is None:
-            return self.popen.pid
+        if self.popen is not None and (self.prestarted or self.popen.poll() is None):
+            self.prestarted = False  # started early: this first start is that one, even if it has exited
+            return self.popen.pid  # (wait_ready then reports its exit, with its log)
         if self.kept is not None:
             if self.kept.alive():
                 self._save(self.kept.pid, self.kept.started_at)

@@ -168,3 +168,15 @@ def test_leftovers_about_to_be_reattached_are_spared(tmp_path: Path) -> None:
     assert stop_leftovers(tmp_path, grace=2, spare=frozenset({"m"})) == ([], [])
     assert psutil.pid_exists(old.pid)  # type: ignore[arg-type]
     assert [r.pid for r in stop_leftovers(tmp_path, grace=2)[0]] == [old.pid]
+
+
+def test_an_engine_started_early_is_the_first_start_even_if_it_already_exited(tmp_path: Path) -> None:
+    e = EngineProcess(EngineSpec("m", "p", [sys.executable, "-c", "raise SystemExit(3)"], {}, "127.0.0.1", 40001,
+                                 tmp_path / "m.log", []), engine_records(tmp_path))  # fmt: skip
+    pid = e.start()
+    e.prestarted = True
+    e.popen.wait()  # type: ignore[union-attr]
+    assert e.start() == pid, "not spawned twice: the manager's wait sees its exit and its log"
+    assert e.exit_code() == 3
+    assert e.start() != pid, "a later start (a restart) spawns again"
+    e.stop(grace=2)
