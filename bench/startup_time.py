@@ -133,11 +133,21 @@ def restarts(profile: str | None, env: dict[str, str], timeout: float, config: P
     return {"up_before_s": round(up_s, 2), **{k: round(v, 2) for k, v in out.items()}}
 
 
-def phases_after(logs: list[Path], began: float) -> dict[str, float]:
-    """Seconds after the command began at which each engine phase's first line was logged."""
+def phases_after(logs: list[Path], began: float, gateway_log: Path | None = None) -> dict[str, float]:
+    """Seconds after the command began at which each engine phase's first line was logged; for `vstack up`
+    also when its gateway process spawned the engine (its own log line, with the process's start time)."""
+    import re
+
     text = "".join(p.read_text(errors="replace") for p in logs if p.is_file())
     year = time.localtime(began).tm_year
-    return {k: round(v - began, 1) for k, v in phase_starts(text, year).items()}
+    out = {k: round(v - began, 1) for k, v in phase_starts(text, year).items()}
+    if gateway_log is not None and gateway_log.is_file():
+        found = re.search(r"^(\S+ \S+),(\d+) stack\.gateway INFO engine \S+ \(pid \d+\) spawned ([\d.]+) s after",
+                          gateway_log.read_text(errors="replace"), re.M)  # fmt: skip
+        if found:
+            at = time.mktime(time.strptime(found[1], "%Y-%m-%d %H:%M:%S")) + int(found[2]) / 1000
+            out = {"engine spawned": round(at - began, 2), "gateway planned in": float(found[3]), **out}
+    return out
 
 
 def time_plain(profile: str | None, overrides: dict, timeout: float, env: dict[str, str] | None = None,
@@ -196,7 +206,8 @@ def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, s
                 logs = [log]
             runs[kind][which] = round(seconds, 2)
             outcomes[kind][which] = compile_outcome(logs)
-            phases[kind][which] = phases_after(logs, began)
+            gateway_log = state / "logs" / "gateway.log" if kind == "vstack_up" else None
+            phases[kind][which] = phases_after(logs, began, gateway_log)
             print(f"{kind:10s} {which:6s} {seconds:7.1f} s to the first token ({outcomes[kind][which]}); "
                   f"phases began at {phases[kind][which]}", flush=True)  # fmt: skip
         if kind == "vstack_up" and args.restarts:
