@@ -7,8 +7,9 @@ same engine options to its first token, measured side by side in interleaved rou
     .venv/bin/python bench/startup_time.py --first-and-repeat --restarts   # + reload and re-attach (issue 37)
 
 --restarts adds, on the stack the repeat start left running: `vstack reload` with nothing changed, `vstack down
---keep-engines && vstack up` (the engine re-attached) and `vstack reload` after a change of one engine option
-(that engine restarts, with the compile cache the repeat left), each to its first token. Every start's phases
+--keep-engines && vstack up` (the engine re-attached) and `vstack reload` after its rendered command changed (a
+variable vLLM ignores added to its environment: the engine restarts, with the compile cache the repeat left),
+each to its first token. Every start's phases
 (stack.engine.phases, from vLLM's own log stamps) are written as seconds after the command began, for both
 kinds: where a start's seconds go.
 
@@ -95,13 +96,13 @@ def time_vstack(profile: str | None, env: dict[str, str], timeout: float, config
 
 
 def changed_overlay(config: Path) -> None:
-    """One engine option of the served model changed (max_num_seqs - 1): its rendered command changes."""
+    """The engine's environment gains a variable vLLM ignores: its rendered command changes (so `vstack reload`
+    restarts it), what it serves and how fast it starts do not."""
     import yaml
 
-    data = yaml.safe_load(config.read_text()) or {} if config.is_file() else {}
-    engine = data.setdefault("engine", {})
-    engine["max_num_seqs"] = int(engine.get("max_num_seqs") or 16) - 1
-    config.write_text(yaml.safe_dump(data))
+    data = (yaml.safe_load(config.read_text()) or {}) if config.is_file() else {}
+    data.setdefault("env", {})["VSTACK_BENCH_RELOAD"] = str(int(time.time()))
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 def restarts(profile: str | None, env: dict[str, str], timeout: float, config: Path) -> dict[str, float]:
