@@ -7,8 +7,8 @@
 #   RESTARTS=0 bash bench/gpu/startup.sh     first and repeat only (~5 min)
 #
 # With the restarts (issue 37): on the stack the repeat start left, `vstack reload` unchanged, `vstack down
-# --keep-engines && vstack up` (the engine re-attached) and `vstack reload` after one engine option changed,
-# each to its first token; and each start's phases (seconds after the command began, from vLLM's stamps).
+# --keep-engines && vstack up` (the engine re-attached) and `vstack reload` after its command changed (an env var
+# vLLM ignores), each to its first token; and each start's phases (seconds after the command began).
 #
 # Device-tool call (after the site parts are stashed, as for bench/gpu/suite.sh):
 #   run command="bash bench/gpu/startup.sh" timeout_s=600
