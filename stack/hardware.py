@@ -35,7 +35,7 @@ class HardwareInfo:
         return "gpu" if self.gpus else "cpu"
 
 
-def _nvml_gpus() -> tuple[list[GpuInfo], str | None, str | None]:
+def _nvml_gpus(kept: frozenset[int] = frozenset()) -> tuple[list[GpuInfo], str | None, str | None]:
     try:
         import pynvml
     except ImportError:
@@ -56,20 +56,45 @@ def _nvml_gpus() -> tuple[list[GpuInfo], str | None, str | None]:
                 cc = f"{major}.{minor}"
             except pynvml.NVMLError:
                 cc = None
-            gpus.append(GpuInfo(i, name.decode() if isinstance(name, bytes) else name, mem.total, mem.free, cc))
+            free = mem.free + _held_by(pynvml, handle, kept)
+            gpus.append(GpuInfo(i, name.decode() if isinstance(name, bytes) else name, mem.total, free, cc))
         return gpus, driver.decode() if isinstance(driver, bytes) else driver, None
     finally:
         pynvml.nvmlShutdown()
 
 
-def detect() -> HardwareInfo:
-    """Set VSTACK_FORCE_CPU=1 to ignore GPUs (CPU engine on a GPU machine)."""
+def _held_by(pynvml: object, handle: object, pids: frozenset[int]) -> int:
+    """GPU bytes the processes `pids` hold on this device (0 where NVML cannot tell)."""
+    if not pids:
+        return 0
+    try:
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)  # type: ignore[attr-defined]
+    except Exception:  # NVML errors differ by version: then nothing is added back
+        return 0
+    return sum(int(p.usedGpuMemory or 0) for p in procs if p.pid in pids)
+
+
+def _ram_held_by(pids: frozenset[int]) -> int:
+    held = 0
+    for pid in pids:
+        try:
+            held += psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            continue
+    return held
+
+
+def detect(kept: frozenset[int] = frozenset()) -> HardwareInfo:
+    """Set VSTACK_FORCE_CPU=1 to ignore GPUs (CPU engine on a GPU machine). `kept`: the processes of engines
+    to be re-attached: the memory they hold counts as free, as it would be for the engine planned in their
+    place (stack.engine.kept)."""
     if os.environ.get("VSTACK_FORCE_CPU") == "1":
         gpus, driver, error = [], None, "VSTACK_FORCE_CPU=1"
     else:
-        gpus, driver, error = _nvml_gpus()
+        gpus, driver, error = _nvml_gpus(kept)
     vm = psutil.virtual_memory()
-    return HardwareInfo(gpus, os.cpu_count() or 1, vm.total, vm.available, driver, error)
+    available = min(vm.total, vm.available + _ram_held_by(kept))
+    return HardwareInfo(gpus, os.cpu_count() or 1, vm.total, available, driver, error)
 
 
 def match_profile(info: HardwareInfo, cfg: StackConfig) -> tuple[HardwareProfile, str]:

@@ -3,7 +3,12 @@
 # compile cache, then again with the cache it left, next to plain `vllm serve` (the command `vstack config
 # render` prints) first and repeat, each kind on its own cache, in one run (bench/startup_time.py).
 #
-#   bash bench/gpu/startup.sh [PROFILE]     default rtx4090-qwen2.5-7b (held to 24 GiB): ~5 min
+#   bash bench/gpu/startup.sh [PROFILE]     default rtx4090-qwen2.5-7b (held to 24 GiB): ~9 min
+#   RESTARTS=0 bash bench/gpu/startup.sh     first and repeat only (~5 min)
+#
+# With the restarts (issue 37): on the stack the repeat start left, `vstack reload` unchanged, `vstack down
+# --keep-engines && vstack up` (the engine re-attached) and `vstack reload` after its command changed (an env var
+# vLLM ignores), each to its first token; and each start's phases (seconds after the command began).
 #
 # Device-tool call (after the site parts are stashed, as for bench/gpu/suite.sh):
 #   run command="bash bench/gpu/startup.sh" timeout_s=600
@@ -15,6 +20,7 @@ work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-startup}
 rm -rf "$work" && mkdir -p "$work"
 unpack_site
 overlay=$(python3 -m bench.gpu.startup_prep "$profile" "$work") || exit 2
-python3 bench/startup_time.py --first-and-repeat --profile "$profile" --config "$overlay" \
+python3 bench/startup_time.py --first-and-repeat $([ "${RESTARTS:-1}" = 0 ] || echo --restarts) \
+  --profile "$profile" --config "$overlay" \
   --out "$out/startup_gpu_$profile.json" 2>&1 | tee "$out/startup_gpu.log"
 exit "${PIPESTATUS[0]}"

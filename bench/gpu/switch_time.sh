@@ -21,6 +21,8 @@
 # $OUT: switch_time_gpu_<scenario>.json (every switch, its phases, the summary), switch_time_<scenario>.log
 # (tee'd as it runs, so a run stopped at its limit still returns what it printed), the engines' logs.
 # On an H200 (kind nvidia-h200) the same calls work; compare timings only within one device kind.
+# The summary's `_first_switch_after_start` gives each side's first switch after its engines started beside its
+# steady median (issue 37: <= 1.2x); starts wait for the engine's `vstack stage:` line (host buffers staged).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 scenario=${1:-pair}

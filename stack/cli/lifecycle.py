@@ -15,16 +15,17 @@ from typing import Annotated
 import httpx
 import typer
 from rich.live import Live
-from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
 from stack.cli.complete import profiles_and_models
+from stack.cli.progress import StartProgress
 from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
 from stack.config.schema import StackConfig
 from stack.engine.diagnose import log_size, log_tail
+from stack.engine.kept import KEEP_FLAG, leftovers, stop_leftovers, tree_pids
 from stack.engine.process import stop_process_tree
-from stack.engine.records import EngineRecord, RecordStore
+from stack.engine.records import EngineRecord, RecordStore, engine_records
 from stack.errors import AlreadyRunningError, EngineError, ExitCode, PortInUseError, ReportedError
 
 
@@ -53,25 +54,35 @@ def _local_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path, start: int = 0) -> float:
-    """Seconds until /ready answers 200 (the default model's engine is up), or None if the process ended."""
+def _admin_headers() -> dict[str, str]:
+    key = os.environ.get("VSTACK_ADMIN_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path, start: int = 0,
+                  state_dir: Path | None = None) -> float:  # fmt: skip
+    """Seconds until /ready answers 200 (the default model's engine is up), or -1 if the process ended.
+    Shows the start's phases (stack.cli.progress) as it goes."""
     started = time.monotonic()
-    spinner = Spinner("dots", text="starting")
-    with Live(spinner, console=err, transient=True, refresh_per_second=4) as live:
+    progress = StartProgress(err, log, start, state_dir or log.parent.parent, proc.pid)
+    with Live(progress.spinner, console=err, transient=True, refresh_per_second=8) as live, \
+            httpx.Client(timeout=2) as http:
         while proc.poll() is None:
             elapsed = time.monotonic() - started
             if elapsed > timeout:
                 raise EngineError(f"the gateway was not ready after {timeout:.0f} s", hint=f"read {log}")
             try:
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                if http.get(f"{url}/ready").status_code == 200:
+                    progress.enter("ready")
                     return elapsed
             except httpx.HTTPError:
                 pass
-            spinner.update(text=Text.assemble(("starting ", "bold"), (f"{elapsed:5.0f} s  ", "cyan"),
-                                              (log_tail(log, 1, start)[-100:], "dim")))
-            live.refresh()
-            time.sleep(0.5)
+            live.update(progress.poll(elapsed))
+            time.sleep(POLL_S)
     return -1.0
+
+
+POLL_S = 0.1  # readiness polls: a start is seen ready within this (0.5 s before: a quarter of a second lost)
 
 
 def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -> int:
@@ -99,7 +110,7 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
         out.print(f"  OpenAI base URL: [bold]{url}/v1[/] (engine starting; /ready says when)")
         out.print("  [dim]running in the foreground; Ctrl-C stops it[/]")
         try:
-            return serve(planned, port)
+            return serve(planned, port, reload_from=(profile, str(config_path()) if config_path() else None))
         finally:
             store.remove(GATEWAY)
     failure = cfg.state_dir / "gateway-failure.json"
@@ -115,7 +126,7 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
                                 start_new_session=True)
     store.save(EngineRecord(GATEWAY, profile or cfg.serve, proc.pid, _local_host(host), port, str(log), argv))
     try:
-        seconds = _wait_gateway(proc, url, cfg.startup_timeout_s + 60, log, start)
+        seconds = _wait_gateway(proc, url, cfg.startup_timeout_s + 60, log, start, cfg.state_dir)
     except BaseException:
         stop_process_tree(proc.pid, cfg.stop_grace_s)
         store.remove(GATEWAY)
@@ -181,17 +192,23 @@ def up(
     run(body)
 
 
-def _stop_gateway(record: EngineRecord, cfg: StackConfig) -> list[int]:
-    """SIGTERM lets the gateway drain and stop its engines; whatever is left after that is killed."""
+def _stop_gateway(record: EngineRecord, cfg: StackConfig, keep_engines: bool = False) -> list[int]:
+    """SIGTERM lets the gateway drain and stop its engines; whatever is left after that is killed. With
+    keep_engines the gateway leaves its engines running (their records stay) for the next `up` to re-attach."""
     import psutil
 
     try:
         family = [record.pid, *(c.pid for c in psutil.Process(record.pid).children(recursive=True))]
     except psutil.NoSuchProcess:
         return []
+    if keep_engines:
+        engines = set().union(*(tree_pids(r.pid) for r in engine_records(cfg.state_dir).all() if r.alive()))
+        family = [pid for pid in family if pid not in engines]
+        (cfg.state_dir / KEEP_FLAG).write_text("")
     os.kill(record.pid, signal.SIGTERM)
     with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
         psutil.Process(record.pid).wait(cfg.gateway.drain_grace_s + cfg.stop_grace_s + 10)
+    (cfg.state_dir / KEEP_FLAG).unlink(missing_ok=True)
     left: list[int] = []
     for pid in family:
         left += stop_process_tree(pid, 5) if psutil.pid_exists(pid) else []
@@ -199,25 +216,42 @@ def _stop_gateway(record: EngineRecord, cfg: StackConfig) -> list[int]:
 
 
 def down(name: Annotated[str | None, typer.Argument(help="one engine (default: all)")] = None,
+         keep_engines: Annotated[bool, typer.Option(
+             "--keep-engines", help="stop the gateway only: its engines keep serving (and holding their memory) "
+             "until the next `vstack up` re-attaches them or `vstack down` stops them")] = False,
          config: ConfigOpt = None) -> None:
-    """Stop what `vstack up` started: the gateway drains, stops its engines; SIGKILL after the grace period."""
+    """Stop what `vstack up` started: the gateway drains, stops its engines; SIGKILL after the grace period.
+    Engines a killed gateway left behind are stopped too."""
 
     def body() -> int:
         cfg = cli_config()
         store = RecordStore(cfg.state_dir)
         records = [r for r in store.all() if r.name == GATEWAY]  # the one process `vstack up` leaves running
-        if not records:
+        orphans = [] if keep_engines else leftovers(cfg.state_dir)
+        if not records and not orphans:
             out.print("nothing is running" if name is None else f"{name!r} is not running")
             return 0 if name is None else 1
         code = 0
         for record in records:
-            left = _stop_gateway(record, cfg) if record.alive() else []
+            left = _stop_gateway(record, cfg, keep_engines) if record.alive() else []
             store.remove(record.name)
             if left:
                 err.print(f"[red]✗[/] {record.name}: processes {left} did not exit")
                 code = ExitCode.ENGINE
             else:
                 out.print(f"[green]✓[/] stopped {record.name}")
+        if keep_engines:
+            for kept in engine_records(cfg.state_dir).all():
+                if kept.alive():
+                    out.print(f"  kept engine {kept.name} (pid {kept.pid}): `vstack up` re-attaches it, "
+                              "`vstack down` stops it")  # fmt: skip
+            return code
+        stopped, left = stop_leftovers(cfg.state_dir, cfg.stop_grace_s)
+        for record in stopped:
+            out.print(f"[green]✓[/] stopped engine {record.name} (pid {record.pid}), left by a gateway that is gone")
+        if left:
+            err.print(f"[red]✗[/] engine processes {left} did not exit")
+            code = ExitCode.ENGINE
         return code
 
     run(body)
@@ -270,6 +304,10 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt
             for record in RecordStore(cfg.state_dir).all():
                 if record.name == GATEWAY:
                     rows += _gateway_rows(record)
+            for record in leftovers(cfg.state_dir):  # engines whose gateway is gone (killed, or --keep-engines)
+                rows.append({"name": record.name, "profile": record.profile, "state": "kept (no gateway)",
+                             "pid": record.pid, "url": f"{record.base_url}/v1",
+                             "uptime_s": round(time.time() - record.started_at), "log": record.log_path})
         if not rows and (given or cfg.gateway.port):  # port 0 (a free one each time): nothing to look for
             rows = _remote_rows(given or f"http://{_local_host(cfg.gateway.host)}:{cfg.gateway.port}")
         if as_json:
@@ -285,7 +323,8 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt
         table.add_column("pid", no_wrap=True)
         table.add_column("url", overflow="fold", min_width=26)
         table.add_column("uptime", no_wrap=True)
-        colour = {"ready": "green", "starting": "yellow", "dead": "red", "unavailable": "red", "failed": "red"}
+        colour = {"ready": "green", "starting": "yellow", "dead": "red", "unavailable": "red", "failed": "red",
+                  "kept (no gateway)": "yellow"}
         for r in rows:
             uptime = "-" if r["uptime_s"] is None else f"{r['uptime_s']} s"
             table.add_row(r["name"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]",
@@ -296,3 +335,64 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt
             out.print(f"log: {log}  (`vstack logs` shows it)", soft_wrap=True, highlight=False)
 
     run(body)
+
+
+def reload(config: ConfigOpt = None) -> None:
+    """Read the configuration again: engines whose rendered command changed restart (each after its
+    requests drain), the others keep serving; waits until the restarted ones are ready."""
+
+    def body() -> int:
+        cfg = cli_config()  # a broken file stops here, before the running gateway is asked anything
+        record = RecordStore(cfg.state_dir).get(GATEWAY)
+        if record is None or not record.alive():
+            raise EngineError("vstack is not running", hint="start it with `vstack up`")
+        started = time.monotonic()
+        try:
+            resp = httpx.post(f"{record.base_url}/admin/reload", headers=_admin_headers(),
+                              timeout=cfg.startup_timeout_s)  # fmt: skip
+        except httpx.HTTPError as exc:
+            raise EngineError(f"the gateway at {record.base_url} did not answer: {type(exc).__name__}") from exc
+        if resp.status_code != 200:
+            try:
+                message = resp.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = resp.text[:300]
+            raise EngineError(f"reload refused ({resp.status_code}): {message}",
+                              hint="nothing was changed; the running engines keep serving")  # fmt: skip
+        done = resp.json()
+        for name in done["kept"]:
+            out.print(f"[green]✓[/] {name}: unchanged, kept serving")
+        for line in done["not_applied"]:
+            err.print(f"[yellow]![/] {line}")
+        code = 0
+        for name in done["restarted"]:
+            state, detail = _wait_model(record.base_url, name, cfg.startup_timeout_s + 60)
+            if state == "ready":
+                out.print(f"[green]✓[/] {name}: command changed, restarted ({detail}); "
+                          f"{time.monotonic() - started:.1f} s since the reload")  # fmt: skip
+            else:
+                err.print(f"[red]✗[/] {name}: {state}: {detail}")
+                code = ExitCode.ENGINE
+        return code
+
+    run(body)
+
+
+def _wait_model(base_url: str, name: str, timeout: float) -> tuple[str, str]:
+    """Poll /admin/models until `name` is ready or failed (a restart first passes through stopping)."""
+    deadline, seen_down = time.monotonic() + timeout, False
+    with Live(Text(f"{name}: restarting"), console=err, transient=True) as live, httpx.Client(timeout=5) as http:
+        while time.monotonic() < deadline:
+            try:
+                models = http.get(f"{base_url}/admin/models", headers=_admin_headers()).json()["models"]
+                entry = next(m for m in models if m["model"] == name)
+                model = entry.get("manager") or entry  # the manager's state: stopping, starting, ready, failed
+            except (httpx.HTTPError, ValueError, KeyError, StopIteration):
+                model = {"state": "unknown", "detail": ""}
+            state, detail = model["state"], model.get("detail", "")
+            seen_down = seen_down or state != "ready"
+            if seen_down and state in ("ready", "failed"):
+                return state, detail
+            live.update(Text.assemble((f"{name}: ", "bold"), (f"{state} ", "cyan"), (str(detail)[-100:], "dim")))
+            time.sleep(POLL_S)
+    return "timeout", f"not ready after {timeout:.0f} s"

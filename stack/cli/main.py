@@ -13,7 +13,7 @@ from rich.table import Table
 from stack import __version__
 from stack.cli.bench_cmd import app as bench_app
 from stack.cli.config_cmd import config_app
-from stack.cli.lifecycle import down, status, up
+from stack.cli.lifecycle import down, reload, status, up
 from stack.cli.logs_cmd import logs
 from stack.cli.models_cmd import load, models_app, switch, unload
 from stack.cli.patches_cmd import app as patches_app
@@ -24,7 +24,7 @@ from stack.hardware import GIB, detect, match_profile
 
 app = typer.Typer(help="vllm-stack: run open models on your own GPUs.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
-for command in (up, down, status, logs, switch, load, unload):
+for command in (up, down, reload, status, logs, switch, load, unload):
     app.command()(command)
 app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")

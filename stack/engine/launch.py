@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shlex
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stack.config.redact import MASK, redact_env
+from stack.config.redact import MASK, env_is_safe, redact_env
 from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
+from stack.engine.memory_handoff import SOCKET_ENV
 from stack.engine.model_serving import apply_model_serving
 from stack.engine.process import EngineSpec
 from stack.engine.sleep_copy import KEEP_ENV, keep_host_copy
@@ -45,6 +48,9 @@ class EnginePlan:
     model_files: ModelFiles | None = None  # the model's local files, when it has them
     adapters: list[AdapterInfo] = field(default_factory=list)  # LoRA adapters served on this engine
     drop_env: tuple[str, ...] = ()  # the config's key variables: never in the engine's environment
+    # Engine options and (as "env:NAME") variables the stack derived from the memory free when it planned:
+    # left out of the fingerprint, else a kept engine holding that memory would never match its own plan.
+    derived: set[str] = field(default_factory=set)
 
     def engine_spec(self, log_path: Path, name: str | None = None) -> EngineSpec:
         """The process that serves this plan, logging to `log_path`, with a fresh key only the gateway holds
@@ -79,6 +85,20 @@ class EnginePlan:
     def redacted_env(self) -> dict[str, str]:
         """Every value not known to be safe is masked (stack.config.redact): text and JSON show the same."""
         return redact_env(self.env)
+
+    def fingerprint(self) -> str:
+        """The rendered command (argv and env, secrets masked) without the port a start picks, the handoff
+        socket a gateway opens, and what was derived from the memory free at planning time: an engine
+        started from an equal fingerprint serves exactly what this plan asks for (stack.engine.kept)."""
+        engine = {k: v for k, v in self.resolved.engine.items() if k not in self.derived}
+        rendered = render_engine_args(engine, self.catalog, self.resolved.engine_origins)
+        args = [MASK if a in self.rendered.secret_values else a for a in rendered.args]
+        env = {k: (v if env_is_safe(k) else MASK) for k, v in self.env.items()
+               if f"env:{k}" not in self.derived and k != SOCKET_ENV}  # fmt: skip
+        body = {"python": self.python, "vllm": [self.catalog.distribution, self.catalog.version],
+                "model": self.model_arg, "served": self.resolved.served_name, "host": self.host, "args": args,
+                "env": env, "handoff": SOCKET_ENV in self.env}  # fmt: skip
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -115,6 +135,7 @@ def plan_engine(
     hw_profile, why = match_profile(hardware, cfg)
     resolved = resolve_profile(cfg, profile, hw_profile.name)
     notes = [f"hardware: {why}"]
+    derived: set[str] = set()
     python = engine_python(cfg.engine_python)
     catalog = catalog or installed_catalog(python, cfg.cache_dir)
     mismatch = None
@@ -136,13 +157,15 @@ def plan_engine(
             and "kv_cache_memory_bytes" not in resolved.engine:
         gib = cpu.kv_cache_gib(hardware.ram_available, resolved.hardware.cpu_kv_cache)  # type: ignore[arg-type]
         resolved.env["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+        derived.add("env:VLLM_CPU_KVCACHE_SPACE")
         notes.append(f"KV cache: {gib} GiB (VLLM_CPU_KVCACHE_SPACE) from {hardware.ram_available / 2**30:.1f} GiB free")
     if resolved.hardware.accelerator == "cpu":
         choose_cpu_dtype(resolved, catalog, notes)
     files = model_files or find_local(resolved.model, cfg)
     adapters = apply_model_serving(cfg, resolved, files.path if files else None, python, notes,
                                    fetch_adapters=model_files is not None, catalog=catalog)
-    fit = apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch)
+    fit = apply_fit_plan(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch,
+                         derived=derived)
     if resolved.hardware.accelerator == "gpu" and resolved.engine.get("enable_sleep_mode"):
         keep, why = keep_host_copy(resolved.engine)
         if keep:
@@ -158,7 +181,7 @@ def plan_engine(
     if chosen_port == 0:
         chosen_port = free_port(host)
     plan = EnginePlan(resolved, catalog, python, model_arg, host, chosen_port, rendered, env, notes, fit, files,
-                      adapters, secret_env_names(cfg))
+                      adapters, secret_env_names(cfg), derived)
     if check and not mismatch:
         error = check_with_vllm(python, plan.vllm_args(), catalog, cfg.cache_dir)
         if error:
@@ -195,7 +218,8 @@ def choose_cpu_dtype(resolved: ResolvedProfile, catalog: VllmCatalog, notes: lis
 
 
 def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInfo | None,
-                   files: ModelFiles | None, notes: list[str], refuse: bool) -> Plan | None:
+                   files: ModelFiles | None, notes: list[str], refuse: bool,
+                   derived: set[str] | None = None) -> Plan | None:  # fmt: skip
     """Let the fit planner decide what the profile left unset (tensor parallel size, context, KV dtype, ...).
 
     A model that cannot fit is refused before anything starts (fit_check: refuse), unless asked to only warn.
@@ -215,12 +239,16 @@ def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: Hardwa
     except StackError as exc:  # no config.json to plan from (offline, unknown model): vLLM decides alone
         notes.append(f"fit: not planned ({exc.message})")
         return None
+    derived = set() if derived is None else derived
     for key, value in fit.engine_updates.items():
         if key not in resolved.engine:
             resolved.engine[key] = value
             resolved.engine_origins[key] = f"planner: {key}"
+            derived.add(key)
     for key, value in fit.env_updates.items():
-        resolved.env.setdefault(key, value)
+        if key not in resolved.env:
+            resolved.env[key] = value
+            derived.add(f"env:{key}")
     notes.extend(f"plan: {line}" for line in fit.log_lines())
     return fit
 

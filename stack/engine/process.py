@@ -1,7 +1,10 @@
 """One vLLM engine as a child process: start, wait until /health answers, stop the whole process tree.
 
 The engine runs in its own session (process group), so stopping it reaches the API server, the engine core
-and any compile workers: SIGTERM to the group, a grace period, then SIGKILL to whatever is left.
+and any compile workers: SIGTERM to the group, a grace period, then SIGKILL to whatever is left. Being in
+its own session, it also outlives a gateway killed with SIGKILL: with a RecordStore its record (pid, port,
+fingerprint of its command) is written when it is spawned and removed when it is stopped, and a later
+gateway re-attaches it (`kept`, set by stack.engine.kept) instead of starting a twin beside it.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ import httpx
 import psutil
 
 from stack.engine.diagnose import explain_failure, log_size, log_tail
+from stack.engine.records import EngineRecord, RecordStore
 from stack.engine_env import engine_environ
 from stack.errors import EngineError
+
+HEALTH_POLL_S = 0.1  # /health polls while an engine starts: it is seen ready within this
 
 
 @dataclass
@@ -49,16 +55,32 @@ class EngineProcess:
     runtime_kind = "process"
     owns_process = True
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: EngineSpec, records: RecordStore | None = None, fingerprint: str = "") -> None:
         self.spec = spec
         self.popen: subprocess.Popen[bytes] | None = None
         self.log_start = 0  # this run's first byte in the (appended) log: earlier runs' lines are never shown
+        self.records, self.fingerprint = records, fingerprint
+        self.kept: EngineRecord | None = None  # a running engine an earlier gateway started, re-attached
+        self.prestarted = False  # spawned ahead of the manager's first start (stack.assemble.start_early)
 
     @property
     def pid(self) -> int | None:
-        return self.popen.pid if self.popen else None
+        if self.popen is not None:
+            return self.popen.pid
+        return self.kept.pid if self.kept else None
 
     def start(self) -> int:
+        """Spawn the engine; returns its pid. Spawns nothing for an engine already running: one started early
+        (the gateway's own imports overlap its start) or a kept one (re-attached); a kept one that has
+        exited since is started fresh."""
+        if self.popen is not None and (self.prestarted or self.popen.poll() is None):
+            self.prestarted = False  # started early: this first start is that one, even if it has exited
+            return self.popen.pid  # (wait_ready then reports its exit, with its log)
+        if self.kept is not None:
+            if self.kept.alive():
+                self._save(self.kept.pid, self.kept.started_at)
+                return self.kept.pid
+            self.kept = None
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_start = log_size(self.spec.log_path)
         with open(self.spec.log_path, "ab") as log:
@@ -72,10 +94,22 @@ class EngineProcess:
                 env=engine_environ({**self.spec.env, "PYTHONUNBUFFERED": "1"}, self.spec.api_key, self.spec.drop_env),
                 start_new_session=True,
             )
+        self._save(self.popen.pid, time.time())
         return self.popen.pid
 
+    def _save(self, pid: int, started_at: float) -> None:
+        if self.records is not None:
+            self.records.save(EngineRecord(self.spec.name, self.spec.profile, pid, self.spec.host, self.spec.port,
+                                           str(self.spec.log_path), self.spec.display_argv, started_at,
+                                           self.fingerprint, os.getpid(), time.time(),
+                                           api_key=self.spec.api_key or ""))  # fmt: skip
+
     def exit_code(self) -> int | None:
-        return self.popen.poll() if self.popen else None
+        if self.popen is not None:
+            return self.popen.poll()
+        if self.kept is not None:  # not our child: its exit code went to whoever reaped it
+            return None if self.kept.alive() else -1
+        return None
 
     def wait_ready(self, timeout: float, on_tick: Callable[[float, str], None] = lambda *_: None) -> float:
         """Seconds until /health answered 200. On a crash or timeout: stop everything, raise EngineError."""
@@ -103,14 +137,18 @@ class EngineProcess:
                 except httpx.HTTPError:
                     pass
                 on_tick(elapsed, last_line(self.spec.log_path))
-                time.sleep(0.5)
+                time.sleep(HEALTH_POLL_S)
 
     def stop(self, grace: float = 20) -> list[int]:
-        if self.popen is None:
+        pid = self.pid
+        if pid is None:
             return []
-        left = stop_process_tree(self.popen.pid, grace)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout=1)
+        left = stop_process_tree(pid, grace)
+        if self.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=1)
+        if self.records is not None and not left:
+            self.records.remove(self.spec.name)
         return left
 
 

@@ -1,4 +1,11 @@
-"""What `vstack up` started, written to the state folder so `vstack status` and `vstack down` can find it."""
+"""What `vstack up` started, written to the state folder so `vstack status` and `vstack down` can find it.
+
+Two folders: `engines/` holds the gateway's record (the one process `vstack up` leaves running);
+`engine-processes/` holds one record per engine process the gateway started, written when it is spawned and
+removed when it is stopped. An engine outlives its gateway (its own session): after a `kill -9` of the
+gateway its record is what `status` shows, what `down` stops and what the next `up` re-attaches
+(stack.engine.kept, adr/0023).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +28,12 @@ class EngineRecord:
     log_path: str
     argv: list[str] = field(default_factory=list)  # redacted
     started_at: float = field(default_factory=time.time)
+    fingerprint: str = ""  # an engine's rendered command, hashed (EnginePlan.fingerprint): "" for the gateway
+    owner: int = 0  # the gateway pid that started (or re-attached) the engine
+    attached_at: float = field(default_factory=time.time)  # when `owner` took it (a recycled pid is younger)
+    # The credential the engine answers (adr/0020): the gateway that re-attaches it must send the same. The
+    # file is the owner's alone (0600), like a key file; never shown by status, logs or the console.
+    api_key: str = field(default="", repr=False)
 
     @property
     def base_url(self) -> str:
@@ -30,14 +43,19 @@ class EngineRecord:
         try:
             proc = psutil.Process(self.pid)
             # A recycled pid belongs to a process created after ours started.
-            return proc.is_running() and proc.create_time() <= self.started_at + 5
+            running = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE  # killed, not yet reaped
+            return running and proc.create_time() <= self.started_at + 5
         except psutil.Error:
             return False
 
 
+GATEWAYS = "engines"  # the folder's old name: the gateway's record (load tests look there for a target)
+ENGINE_PROCESSES = "engine-processes"
+
+
 class RecordStore:
-    def __init__(self, state_dir: Path) -> None:
-        self.dir = state_dir / "engines"
+    def __init__(self, state_dir: Path, folder: str = GATEWAYS) -> None:
+        self.dir = state_dir / folder
 
     def _path(self, name: str) -> Path:
         return self.dir / f"{name.replace('/', '_')}.json"
@@ -46,7 +64,9 @@ class RecordStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self._path(record.name)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(record), indent=2))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold an engine's key
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(asdict(record), indent=2))
         os.replace(tmp, path)
 
     def remove(self, name: str) -> None:
@@ -69,3 +89,8 @@ class RecordStore:
             except (ValueError, TypeError):
                 path.unlink()  # unreadable state is stale state
         return records
+
+
+def engine_records(state_dir: Path) -> RecordStore:
+    """The records of the engine processes gateways of this state folder started."""
+    return RecordStore(state_dir, ENGINE_PROCESSES)

@@ -14,6 +14,7 @@ import httpx
 
 from stack.engine.diagnose import log_tail
 from stack.engine.process import EngineProcess, EngineSpec
+from stack.engine.sleep_copy import STAGE_METHOD
 from stack.errors import EngineError
 
 
@@ -89,6 +90,12 @@ class SleepEndpoints:
         # vLLM's level-2 recipe: wake_up(tags=["weights"]), collective_rpc("reload_weights"), wake the KV cache.
         control_post(self.spec.base_url, self.spec.name, "/collective_rpc", {}, timeout,
                      body={"method": "reload_weights"}, key=engine_key(self))  # fmt: skip
+
+    def stage_host_copy(self, timeout: float = 30) -> None:
+        """Have the engine allocate (and where kept, fill) its first sleep's host buffers in the background
+        (runtime patch gpu-sleep-wake-at-bus-speed); answers once the engine has started doing so."""
+        control_post(self.spec.base_url, self.spec.name, "/collective_rpc", {}, timeout,
+                     body={"method": STAGE_METHOD})  # fmt: skip
 
     def is_sleeping(self) -> bool:
         resp = httpx.get(f"{self.spec.base_url}/is_sleeping", headers=auth_header(engine_key(self)), timeout=10)

@@ -49,7 +49,7 @@ def main() -> None:
     def body() -> int:
         cfg = load_config(args.config)
         planned = plan_engines(cfg, args.profile, on_status=lambda s: print(s, flush=True))
-        return serve(planned, args.port)
+        return serve(planned, args.port, reload_from=(args.profile, args.config))
 
     def on_error(exc: StackError) -> None:
         if args.failure_file:

@@ -25,7 +25,7 @@ from stack.gateway.registry import Deployment
 from stack.gateway.state import GatewayState, get_state
 
 
-def admin_key(
+async def admin_key(
     request: Request,
     authorization: str | None = Header(None, include_in_schema=False),
     x_api_key: str | None = Header(None, include_in_schema=False),
@@ -114,6 +114,17 @@ async def model_action(model: str, action: Action, request: Request, wait: bool 
     with contextlib.suppress(StackError):  # a failed start is reported in the model's state below
         await work()
     return {"model": group, "action": action, **manager.status()["models"][group]}
+
+
+@router.post("/reload")
+async def reload(request: Request) -> dict[str, Any]:
+    """Read the configuration again: engines whose rendered command changed restart (in the background,
+    each after draining), the others keep serving. What it kept, restarts and could not apply."""
+    state = get_state(request)
+    if state.reload is None:
+        raise InvalidRequest("this gateway cannot reload: it does not own its engines (start it with `vstack up`)",
+                             param=None)
+    return await state.reload()
 
 
 @router.get("/engines")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 
@@ -149,6 +150,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # LiteLLM's imports (~3 s) on a thread: the gateway serves local engines meanwhile.
+        threading.Thread(target=Routing.preload, name="litellm-import", daemon=True).start()
         await local.start()
         for hook in on_startup or []:
             await hook(state)

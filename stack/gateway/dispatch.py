@@ -24,6 +24,7 @@ from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import Deployment
 from stack.gateway.replicas import is_replica
 from stack.gateway.routing import Routing
+from stack.gateway.sse import RelayResponse
 from stack.gateway.tasks import PATHS, check_task
 from stack.manager.errors import ModelUnavailable
 
@@ -220,7 +221,7 @@ class Dispatcher:
         end = hooks["on_end"]
         hooks["on_end"] = lambda cancelled: (book.end(at.dep.id), end(cancelled))
         gen = local.relay(resp, strip_usage=strip_usage, **{k: v for k, v in hooks.items() if k != "on_end"})
-        return StreamingResponse(
+        return RelayResponse(
             _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
         )
 
@@ -235,7 +236,7 @@ class Dispatcher:
         first = await self.cloud.first_chunk(at.dep, result)
         hooks = self._stream_hooks(at)
         gen = cloud.relay(first, result, **{k: v for k, v in hooks.items() if k != "on_end"})
-        return StreamingResponse(
+        return RelayResponse(
             _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
         )
 
@@ -244,7 +245,7 @@ class Dispatcher:
         first = await self.cloud.first_chunk(at.dep, result)
         hooks = self._stream_hooks(at)
         gen = cloud.relay_events(first, result, **{k: v for k, v in hooks.items() if k != "on_end"})
-        return StreamingResponse(
+        return RelayResponse(
             _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
         )
 

@@ -73,6 +73,7 @@ class EngineSupervisor:
             stop_grace_s=stop_grace_s, retry_after_s=retry_after_s,
         )  # fmt: skip
         self._watch: asyncio.Task | None = None
+        self.keep_engines: Callable[[], bool] = lambda: False  # asked at shutdown: leave the engines running
 
     async def start(self, state: GatewayState) -> ModelManager:
         """on_startup hook: register every engine, follow the manager's states, start the preloaded ones in
@@ -105,9 +106,11 @@ class EngineSupervisor:
         """on_shutdown hook (after uvicorn drained the in-flight requests): stop every engine."""
         if self._watch is not None:
             self._watch.cancel()
-        await self.manager.shutdown()
+        keep = self.keep_engines()
+        await self.manager.shutdown(keep_engines=keep)
         for m in self.engines:
-            state.registry.set_state(m.deployment_id, "stopped", "gateway shutting down")
+            state.registry.set_state(m.deployment_id, "stopped", "gateway shutting down" + (", engine kept" if keep
+                                                                                            else ""))  # fmt: skip
 
 
 def follow(registry: DeploymentRegistry, ids: dict[str, str],

@@ -11,7 +11,7 @@ from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, Embe
 from stack.gateway.state import GatewayState, get_state
 
 
-def client_key(
+async def client_key(  # async: a plain def runs in the thread pool, a hop per request
     request: Request,
     authorization: str | None = Header(None, include_in_schema=False),
     x_api_key: str | None = Header(None, include_in_schema=False),

@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.errors import ModelNotFound
@@ -37,34 +38,54 @@ class Step:
 class Routing:
     def __init__(self, settings: GatewayConfig, registry: DeploymentRegistry, default_group: str) -> None:
         _quiet_litellm()
-        from litellm import Router  # ~3 s import: only when a gateway is built
-
         self.settings = settings
         self.registry = registry
         self.default_group = default_group
         self.aliases = {"default": default_group, **settings.aliases}
-        # Fallbacks are walked by the gateway, so the Router itself must not retry or fall back.
-        self.router = Router(
-            model_list=[],
-            routing_strategy=settings.routing_strategy,
-            num_retries=0,
-            allowed_fails=settings.allowed_fails,
-            cooldown_time=settings.cooldown_s,
-            enable_pre_call_checks=False,
-        )
+        self._router: Any = None  # LiteLLM's Router: built on first use (`router`)
         self.replicas = ReplicaChooser(settings.replica_routing, settings.affinity_prefix_chars)
         registry.subscribe(self._sync)
-        for dep in registry.all():
-            self._sync(dep.id, None, dep)
+
+    @property
+    def router(self) -> Any:
+        """LiteLLM's Router, built on first use with every routable deployment. Importing LiteLLM takes ~3 s:
+        the gateway does it on a thread once it serves (`preload`), so neither its start nor a request waits
+        for it; a gateway with one deployment per model never needs the Router until a failure is reported."""
+        if self._router is None:
+            from litellm import Router
+
+            # Fallbacks are walked by the gateway, so the Router itself must not retry or fall back.
+            self._router = Router(
+                model_list=[],
+                routing_strategy=self.settings.routing_strategy,
+                num_retries=0,
+                allowed_fails=self.settings.allowed_fails,
+                cooldown_time=self.settings.cooldown_s,
+                enable_pre_call_checks=False,
+            )
+            for dep in self.registry.all():
+                self._sync(dep.id, None, dep)
+        return self._router
+
+    @staticmethod
+    def preload() -> None:
+        """Import what the Router and the cloud calls need (run on a thread: ~3 s of LiteLLM's imports)."""
+        _quiet_litellm()
+        import litellm  # noqa: F401
+        from litellm import Router  # noqa: F401
+        from litellm.router_utils.cooldown_handlers import get_cooldown_deployments  # noqa: F401
+        from litellm.types.router import Deployment  # noqa: F401
 
     # -- registry -> Router -------------------------------------------------------------------------
     def _sync(self, dep_id: str, before: Deployment | None, after: Deployment | None) -> None:
+        if self._router is None:
+            return  # the Router reads the whole registry when it is built
         from litellm.types.router import Deployment as RouterDeployment
 
         if before is not None and before.state == "ready" and before.routable:
-            self.router.delete_deployment(id=dep_id)
+            self._router.delete_deployment(id=dep_id)
         if after is not None and after.state == "ready" and after.routable:
-            self.router.add_deployment(RouterDeployment(**after.router_entry()))
+            self._router.add_deployment(RouterDeployment(**after.router_entry()))
 
     # -- names ---------------------------------------------------------------------------------------
     def known_groups(self) -> set[str]:
@@ -133,6 +154,8 @@ class Routing:
         return dep
 
     def cooling_down(self) -> set[str]:
+        if self._router is None:
+            return set()  # no failure reported yet, so nothing cools down (and LiteLLM need not be loaded)
         now = time.time()
         if now - self._cooldown_checked_at < 0.05:
             return self._cooldown_ids

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.requests import Request
 
@@ -32,6 +34,9 @@ class GatewayState:
     adapters: AdapterBook | None = None  # LoRA adapters by name
     metrics_keys: KeyRing | None = None  # /metrics*: the metrics key, client keys and admin key (None: open)
     started: int = field(default_factory=lambda: int(time.time()))
+    # `vstack reload`: the configuration read again, engines whose command changed restarted (set by the
+    # composition root of a gateway that owns its engines; stack.assemble.Reloader)
+    reload: Callable[[], Awaitable[dict[str, Any]]] | None = None
 
     def model_cards(self) -> dict[str, str]:
         """Names /v1/models lists (model groups with a ready deployment, and aliases to them) -> owner."""

@@ -61,6 +61,7 @@ def test_one_up_loads_config_once_detects_once_and_plans_each_model_once(
     count_calls(monkeypatch, calls, "plan", stack.planner.api.plan_profile,
                 lambda resolved, *a, **k: resolved.model.name)
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)  # no serving loop, no engines
+    monkeypatch.setattr(stack.assemble, "start_early", lambda planned: None)  # the default's engine neither
 
     result = CliRunner().invoke(app, ["--config", str(config), "up", "-f", "--port", "0"], env=env)
     assert result.exit_code == 0, result.output

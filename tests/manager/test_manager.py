@@ -262,3 +262,37 @@ def test_unload_waits_for_in_flight_requests() -> None:
 
     run(body())
     assert mgr.slots["a"].state == S.STOPPED and not a.running
+
+
+class Staging(StandIn):
+    """A stand-in with the runtime patch's staging call (stack.engine.runtime.SleepEndpoints.stage_host_copy)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.staged = 0
+
+    def stage_host_copy(self, timeout: float = 30) -> None:
+        self.staged += 1
+
+
+def test_a_model_that_sleeps_to_host_ram_stages_its_host_buffers_once_ready_not_at_its_first_switch() -> None:
+    from stack.manager.tiers import Tier
+
+    gpu = FakeGpu()
+    a, b = Staging("a", need=70 * GIB, gpu=gpu), Staging("b", need=70 * GIB, gpu=gpu)
+    mgr = build([a, b], capacity_gib=80, sleep=True, gpu=gpu)
+    mgr.slots["a"].tier, mgr.slots["b"].tier = Tier.LEVEL1, Tier.COLD  # b: stopped, never sleeps to host
+    mgr.slots["a"].keeps_host_copy = True
+
+    async def body() -> None:
+        await serve(mgr, "a")
+        for _ in range(50):  # staged in the background of the ready engine
+            if mgr.slots["a"].host_copy_held:
+                break
+            await asyncio.sleep(0.01)
+        assert a.staged == 1 and mgr.slots["a"].host_copy_held, "staged right after the start, before any switch"
+        assert a.sleeps == 0
+        await serve(mgr, "b")
+
+    run(body())
+    assert a.staged == 1 and b.staged == 0, "a model that is stopped, not put to sleep, holds no host buffers"

@@ -181,3 +181,51 @@ def test_the_host_copy_is_kept_only_where_weights_cannot_change(engine_options, 
     assert sleep_copy_env(engine_options) == ({KEEP_ENV: "1"} if keep else {})
     if engine_options.get("enable_lora"):
         assert "LoRA" in why
+
+
+class CountingDevice(HostDevice):
+    """Counts the host buffers asked for: the pinned allocations a first sleep used to pay for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.host_bytes = 0
+
+    def host_buffer(self, size: int) -> torch.Tensor:
+        self.host_bytes += size
+        return super().host_buffer(size)
+
+
+@pytest.fixture
+def counting(engine) -> tuple[CountingDevice, SimpleNamespace, dict[str, list[int]]]:
+    dev, alloc, by_tag = engine
+    counted = CountingDevice()
+    counted.buffers, counted.mapped = dev.buffers, dev.mapped
+    return counted, alloc, by_tag
+
+
+def test_staging_with_a_kept_copy_makes_the_first_sleep_cost_what_later_ones_do(counting) -> None:
+    dev, alloc, by_tag = counting
+    before = weights_bytes(by_tag, dev)
+    total_w = sum(len(b) for b in before.values())
+    staged = fsw.stage(alloc, dev, keep=True)  # in the background of a serving engine
+    assert staged["allocated"] == total_w == staged["filled"] and dev.host_bytes == total_w
+    allocated = dev.host_bytes
+    first = fsw.sleep(alloc, ("weights",), dev, keep=True)
+    assert first["copied"] == 0 and first["reused"] == total_w, "the first sleep only checks and releases"
+    assert dev.host_bytes - allocated < 2 * 3 * fsw.SPOT_BYTES  # only the spot checks' scratch buffer
+    fsw.wake_up(alloc, None, dev, keep=True)
+    assert weights_bytes(by_tag, dev) == before
+    assert fsw.stage(alloc, dev, keep=True)["allocated"] == 0, "staged once: a second call does nothing"
+
+
+def test_staging_without_a_kept_copy_allocates_the_buffers_the_first_sleep_fills(counting) -> None:
+    dev, alloc, by_tag = counting
+    before = weights_bytes(by_tag, dev)
+    total_w = sum(len(b) for b in before.values())
+    staged = fsw.stage(alloc, dev, keep=False)  # LoRA engines: the copy may not be kept, the buffers may
+    assert staged["allocated"] == total_w and staged["filled"] == 0 and dev.copied("d2h") == 0
+    first = fsw.sleep(alloc, ("weights",), dev, keep=False)
+    assert first["copied"] == total_w and dev.host_bytes == total_w, "no host buffer allocated by the sleep"
+    fsw.wake_up(alloc, None, dev, keep=False)
+    assert weights_bytes(by_tag, dev) == before
+    assert all(getattr(d, "_vstack_spare", None) is None for d in alloc.pointer_to_data.values())

@@ -16,22 +16,30 @@ vLLM's `CuMemAllocator` (0.26-0.33) pays for two things a model switch does not 
 
 Level 2 (nothing offloaded) drops the kept copies: level 2 is chosen where host RAM is short. The logs
 say where the time went (`vstack sleep:` / `vstack wake:` lines in the engine log).
+
+3. The first sleep paid for allocating the pinned host buffers (6.5 s of a 7.0 s first switch of an 8B on an
+   H100, issue 37) where later ones reuse them. `stage` does that work in the background once the engine
+   serves (the manager asks, `POST /collective_rpc {"method": "vstack_stage_host_copy"}`, for models that
+   sleep to host RAM): the buffers are allocated and, where the copy may be kept, filled, so the first
+   sleep finds what later ones find. A sleep that arrives meanwhile waits for the staging to end.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
 from stack.engine.memory_handoff import SOCKET_ENV
-from stack.engine.sleep_copy import KEEP_ENV
+from stack.engine.sleep_copy import KEEP_ENV, STAGE_METHOD
 
 MARK = "_vstack_patch"
 SPOT_BYTES = 4096  # bytes compared at each end of an allocation before a kept copy is reused
 log = logging.getLogger("vllm.vstack_patches.sleep")
+_busy = threading.Lock()  # staging, sleeping and waking never overlap: a sleep waits for a staging to end
 
 
 class Ops(Protocol):
@@ -97,7 +105,8 @@ def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, 
         if kept is not None and kept.numel() == size:
             kept_ok.append((ptr, data, kept))
             continue
-        host = ops.host_buffer(size)
+        spare, data._vstack_spare = getattr(data, "_vstack_spare", None), None  # allocated by `stage`
+        host = spare if spare is not None and spare.numel() == size else ops.host_buffer(size)
         ops.to_host(host.data_ptr(), ptr, size)
         data.cpu_backup_tensor = host
         copied += size
@@ -144,6 +153,35 @@ def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, 
                  handed["pieces"])  # fmt: skip
     return {"copied": copied, "reused": reused, "discarded": discarded, "changed": len(changed),
             "seconds": done - t0, **{f"handoff_{k}": v for k, v in handed.items()}}  # fmt: skip
+
+
+def stage(allocator: Any, ops: Ops, keep: bool, offload_tags: tuple[str, ...] | str = "weights") -> dict[str, float]:
+    """What the first level-1 sleep would allocate, now: a host buffer per offloaded allocation (pinned on
+    the GPU: the slow part) and, where the copy may be kept (`keep`), the copy itself; the first sleep then
+    only checks and unmaps (keep) or only copies (not keep), as later sleeps do."""
+    tags = _tags(offload_tags, allocator.default_tag)
+    t0 = time.perf_counter()
+    allocated, filled = 0, []
+    for ptr, data in list(allocator.pointer_to_data.items()):
+        if data.tag not in tags or getattr(data, "is_asleep", False):
+            continue
+        if getattr(data, "_vstack_host", None) is not None or getattr(data, "_vstack_spare", None) is not None:
+            continue  # staged before, or a copy kept from an earlier sleep
+        size = data.handle[1]
+        host = ops.host_buffer(size)
+        allocated += size
+        if keep:
+            ops.to_host(host.data_ptr(), ptr, size)
+            filled.append((data, host))
+        else:
+            data._vstack_spare = host
+    ops.wait()
+    for data, host in filled:
+        data._vstack_host = host
+    seconds = time.perf_counter() - t0
+    log.info("vstack stage: %.2f GiB of host buffers ready for the first sleep (%s) in %.2f s", allocated / 1024**3,
+             "copy kept" if keep else "allocated only", seconds)  # fmt: skip
+    return {"allocated": allocated, "filled": sum(d.handle[1] for d, _h in filled), "seconds": seconds}
 
 
 def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) -> dict[str, float]:
@@ -263,11 +301,35 @@ def _ops(allocator: Any) -> Any:
 
 
 def _sleep(self: Any, offload_tags: tuple[str, ...] | str | None = None) -> None:
-    sleep(self, offload_tags, _ops(self), keep_enabled())
+    with _busy:
+        sleep(self, offload_tags, _ops(self), keep_enabled())
 
 
 def _wake_up(self: Any, tags: list[str] | None = None) -> None:
-    wake_up(self, tags, _ops(self), keep_enabled())
+    with _busy:
+        wake_up(self, tags, _ops(self), keep_enabled())
+
+
+def _stage_host_copy(self: Any) -> str:
+    """collective_rpc target on every worker: start `stage` on a background thread; answers at once."""
+    import torch
+    from vllm.device_allocator.cumem import CuMemAllocator
+
+    allocator = CuMemAllocator.get_instance()
+    if not allocator.pointer_to_data:
+        return "nothing to stage (sleep mode off)"
+    device = torch.cuda.current_device()
+
+    def run() -> None:
+        torch.cuda.set_device(device)
+        with _busy:
+            try:
+                stage(allocator, _ops(allocator), keep_enabled())
+            except Exception:  # staging is an optimisation: the first sleep allocates as before
+                log.exception("vstack stage failed; the first sleep allocates its host buffers itself")
+
+    threading.Thread(target=run, name="vstack-stage-host-copy", daemon=True).start()
+    return "staging"
 
 
 def _free_handed_back(method: Any) -> Any:
@@ -301,6 +363,7 @@ def _discard_handed_back(method: Any) -> Any:
 
 setattr(_sleep, MARK, "gpu-sleep-wake-at-bus-speed")
 setattr(_wake_up, MARK, "gpu-sleep-wake-at-bus-speed")
+setattr(_stage_host_copy, MARK, "gpu-sleep-wake-at-bus-speed")
 
 
 def apply() -> bool:
@@ -316,6 +379,9 @@ def apply() -> bool:
     if getattr(cls.sleep, MARK, None):
         return False
     cls.sleep, cls.wake_up = _sleep, _wake_up
+    from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+    setattr(WorkerWrapperBase, STAGE_METHOD, _stage_host_copy)  # reached by collective_rpc's method name
     if os.environ.get(SOCKET_ENV):  # before the allocator exists: it keeps its free callback bound at creation
         for name, wrap in (("_python_free_callback", _free_handed_back), ("discard", _discard_handed_back)):
             if hasattr(cls, name):
