@@ -21,6 +21,7 @@ from rich.text import Text
 
 from stack.cli.shell import ConfigOpt, cli_config, config_path, err, out, run
 from stack.config.schema import StackConfig
+from stack.config.state_dir import check_state_dir
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.process import stop_process_tree
 from stack.engine.records import EngineRecord, RecordStore
@@ -70,6 +71,7 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     from stack.assemble import plan_engines, serve
     from stack.engine.launch import free_port, port_is_free
 
+    check_state_dir(cfg)  # before anything is written there: a clear error, not a traceback
     store = RecordStore(cfg.state_dir)
     existing = store.get(GATEWAY)
     if existing and existing.alive():
