@@ -7,10 +7,11 @@ request, like those of the config. Guarded like every /admin route.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stack.config.model_extras import AdapterEntry
 from stack.errors import StackError
@@ -67,7 +68,8 @@ async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
         raise InvalidRequest(f"model `{group}` has lora.runtime_updates: false", param="base")
     try:
         entry = AdapterEntry(name=spec.name, path=spec.path, hub=spec.hub, revision=spec.revision)
-        info = inspect(entry, adapter_dir(entry))
+        # Reading files (or a Hub download) blocks: in a thread, so /health and every stream go on meanwhile.
+        info = await asyncio.to_thread(lambda: inspect(entry, adapter_dir(entry)))
         if info.rank > base.max_lora_rank:
             raise InvalidRequest(f"adapter `{spec.name}`: rank {info.rank} is above the engine's max_lora_rank "
                                  f"{base.max_lora_rank} (set lora.max_lora_rank in the model config and restart)",
@@ -77,8 +79,11 @@ async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
     except StackError as exc:
         raise InvalidRequest(exc.message + (f" ({exc.hint})" if exc.hint else ""), param="path",
                              code="adapter_invalid") from None
-    except ValueError as exc:  # the entry's own checks (name, one source)
-        raise InvalidRequest(str(exc).splitlines()[-1], param="name", code="adapter_invalid") from None
+    except ValidationError as exc:  # the entry's own checks (name, one source)
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or "name"
+        raise InvalidRequest(f"adapter `{spec.name}`: {first.get('msg', 'invalid')}", param=param,
+                             code="adapter_invalid") from None
     if state.registry.groups().get(spec.name):
         raise InvalidRequest(f"`{spec.name}` is a model's name; pick another", param="name")
     from stack.gateway.adapters import adapter_from_info
