@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway import adapter_routes, admin_routes, agent_routes, openai_routes, ops_routes
+from stack.gateway.aborts import AbortOnDisconnect
 from stack.gateway.adapters import AdapterBook
 from stack.gateway.admin_routes import cloud_deployment
 from stack.gateway.auth import KeyRing
@@ -172,6 +173,7 @@ def create_app(
             expose_headers=["x-vstack-deployment"],
         )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(AbortOnDisconnect)  # a client gone mid-request cancels it, so the engine aborts it too
     if settings.log_requests:
         app.add_middleware(RequestLog)  # outermost: sees every answer, 413s included
     return app

@@ -102,6 +102,9 @@ class Dispatcher:
         except (NoDeployment, RateLimited) as err:
             self.metrics.requests.labels(group, "-", str(err.status)).inc()
             raise
+        except asyncio.CancelledError:  # the client went away before its answer (stack.gateway.aborts)
+            self.metrics.requests.labels(group, "-", "499").inc()
+            raise
         finally:
             if not handed_over:  # a stream releases its slot when it ends
                 self.in_flight -= 1

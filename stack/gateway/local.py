@@ -110,11 +110,15 @@ class LocalUpstream:
 
     async def read(self, resp: aiohttp.ClientResponse, dep: Deployment) -> bytes:
         try:
-            return await resp.read()
+            body = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
+            resp.close()
             raise UpstreamError(f"{dep.id} failed while answering", status=502, reason="error") from exc
-        finally:
-            resp.release()
+        except BaseException:  # cancelled (the client went away): drop the connection, so vLLM aborts it
+            resp.close()
+            raise
+        resp.release()
+        return body
 
 
 async def _read(resp: aiohttp.ClientResponse) -> bytes:
