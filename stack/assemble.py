@@ -297,7 +297,9 @@ def build_gateway(planned: PlannedStack, on_startup: list | None = None) -> tupl
 def serve(planned: PlannedStack, port: int) -> int:
     """Run the gateway with its engines until SIGTERM/SIGINT (0). EngineError, with the engine's log tail,
     if the default model's engine fails to start: that ends `up` (a later crash only marks it failed)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from stack.gateway.log_health import install
+
+    log_handler = install(logging.INFO)  # basicConfig's handler, watched for lines a full disk loses
     failed: dict[str, str] = {}
     server: uvicorn.Server | None = None
     sup: EngineSupervisor | None = None
@@ -314,6 +316,7 @@ def serve(planned: PlannedStack, port: int) -> int:
         asyncio.get_running_loop().create_task(watch())
 
     app, sup = build_gateway(planned, on_startup=[watch_start])
+    app.state.gateway.watch_log(log_handler)
     cfg = planned.cfg
     server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
                                            limits=cfg.gateway))

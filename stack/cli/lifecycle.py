@@ -211,11 +211,23 @@ def _gateway_rows(record: EngineRecord) -> list[dict]:
     if not record.alive():
         return [{"name": GATEWAY, "state": "dead", **base}]
     try:
-        models = httpx.get(f"{record.base_url}/admin/models", headers=_admin_headers(), timeout=3).json()["models"]
+        answer = httpx.get(f"{record.base_url}/admin/models", headers=_admin_headers(), timeout=3).json()
+        models = answer["models"]
     except (httpx.HTTPError, ValueError, KeyError):
         return [{"name": GATEWAY, "state": "starting", **base}]
-    return [{"name": m["model"], "state": m["state"], **base,
-             "deployments": [d["id"] for d in m["deployments"]]} for m in models]
+    warnings = _warnings(answer.get("gateway") or {})
+    return [{"name": m["model"], "state": m["state"], **base, "deployments": [d["id"] for d in m["deployments"]],
+             **({"warnings": warnings} if warnings else {})} for m in models]  # fmt: skip
+
+
+def _warnings(gateway: dict) -> list[str]:
+    """What the gateway reports wrong with itself: log lines a full disk lost, engines that stopped answering."""
+    out = []
+    log = gateway.get("log")
+    if log:
+        out.append(f"the gateway lost {log['lines_lost']} log lines since {log['since']}: {log['error']}")
+    out += [f"engine {dep} is unresponsive: {why}" for dep, why in (gateway.get("unresponsive") or {}).items()]
+    return out
 
 
 def status(as_json: Annotated[bool, typer.Option("--json")] = False, config: ConfigOpt = None) -> None:
@@ -241,5 +253,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, config: Con
             table.add_row(r["name"], r["profile"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]",
                           str(r["pid"]), r["url"], f"{r['uptime_s']} s", r["log"])
         out.print(table)
+        for warning in dict.fromkeys(w for r in rows for w in r.get("warnings", [])):
+            err.print(f"[yellow]warning:[/] {warning}")
 
     run(body)

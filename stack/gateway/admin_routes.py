@@ -75,13 +75,14 @@ async def models(request: Request) -> dict[str, Any]:
             }
         )
     manager = state.manager
+    gateway = {"log": state.log_problem(), "unresponsive": state.dispatcher.liveness.unresponsive()}
     if manager is not None:
         status = manager.status()
         for entry in out:
             entry["manager"] = status["models"].get(entry["model"])
-        return {"default": state.routing.default_group, "models": out,
+        return {"default": state.routing.default_group, "models": out, "gateway": gateway,
                 "manager": {k: v for k, v in status.items() if k != "models"}}  # fmt: skip
-    return {"default": state.routing.default_group, "models": out}
+    return {"default": state.routing.default_group, "models": out, "gateway": gateway}
 
 
 Action = Literal["load", "unload", "switch", "sleep"]
@@ -168,10 +169,23 @@ def check_cloud(c: CloudDeployment, policy: KeyPolicy | None) -> None:
 
 @router.delete("/deployments/{dep_id}")
 async def remove_deployment(dep_id: str, request: Request) -> dict[str, Any]:
-    dep = get_state(request).registry.remove(dep_id)
+    state = get_state(request)
+    dep = state.registry.get(dep_id)
     if dep is None:
         raise ModelNotFound(f"no deployment {dep_id!r}", param="id", code="deployment_not_found")
+    if dep.labels.get("managed") == "1":
+        # Its engine is the model manager's: removing the route would leave the engine running, unreachable,
+        # and the model impossible to load again. Unloading stops the engine and keeps the model loadable.
+        raise Conflict(f"deployment {dep_id!r} is the engine the gateway runs for `{dep.model_group}`; it cannot "
+                       f"be removed. Stop it with POST /admin/models/{dep.model_group}/unload (`vstack unload "
+                       f"{dep.model_group}`); load it again with .../load", param="id",
+                       code="deployment_managed")
+    state.registry.remove(dep_id)
     return {"removed": dep.id}
+
+
+class Conflict(InvalidRequest):
+    status = 409
 
 
 def cloud_deployment(c: CloudDeployment, dep_id: str) -> Deployment:

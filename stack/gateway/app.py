@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -136,11 +137,16 @@ def create_app(
         await local.start()
         for hook in on_startup or []:
             await hook(state)
+        live = dispatcher.liveness
+        watch = asyncio.create_task(live.run(), name="engine liveness") if settings.liveness.enabled else None
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
             for hook in on_shutdown or []:
                 await hook(state)
+            await live.close()
             await local.close()
             await state.adapters.close()
 

@@ -11,6 +11,7 @@ from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.adapters import AdapterBook
 from stack.gateway.auth import KeyRing
 from stack.gateway.dispatch import Dispatcher
+from stack.gateway.log_health import LogFailures, WatchedLogHandler
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import DeploymentRegistry
@@ -31,6 +32,14 @@ class GatewayState:
     key_policy: KeyPolicy | None = None  # provider keys deployments added at run time may use
     adapters: AdapterBook | None = None  # LoRA adapters by name
     started: int = field(default_factory=lambda: int(time.time()))
+    log_handler: WatchedLogHandler | None = None  # the process's log, watched for lost lines (set by `watch_log`)
+
+    def watch_log(self, handler: WatchedLogHandler) -> None:
+        self.log_handler = handler
+        self.metrics.registry.register(LogFailures(handler))
+
+    def log_problem(self) -> dict | None:
+        return self.log_handler.status() if self.log_handler is not None else None
 
     def model_cards(self) -> dict[str, str]:
         """Names /v1/models lists (model groups with a ready deployment, and aliases to them) -> owner."""
