@@ -290,7 +290,7 @@ def build_gateway(planned: PlannedStack, on_startup: list | None = None) -> tupl
     app = create_app(planned.cfg.gateway, default_model=planned.default.resolved.served_name,
                      on_startup=[sup.start, *(on_startup or [])],
                      on_shutdown=[sup.stop, *([sup.manager.handoff.stop] if sup.manager.handoff else [])],
-                     manager=sup.manager)  # fmt: skip
+                     manager=sup.manager, state_file=planned.cfg.state_dir / "runtime.json")  # fmt: skip
     return app, sup
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from stack.config.model_extras import AdapterEntry
 from stack.errors import StackError
 from stack.gateway.adapters import Adapter
-from stack.gateway.admin_routes import admin_key
+from stack.gateway.admin_routes import admin_key, unsaved
 from stack.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from stack.gateway.state import GatewayState, get_state
 
@@ -55,9 +55,16 @@ async def list_adapters(request: Request) -> dict[str, Any]:
 
 @router.post("/adapters", status_code=201)
 async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    added = await register_adapter(state, spec)
+    persisted = state.runtime.set_adapter(added.name, spec.model_dump(exclude_none=True))
+    return {**_public(state, added), **unsaved(state, persisted)}
+
+
+async def register_adapter(state: GatewayState, spec: NewAdapter) -> Adapter:
+    """Check and add an adapter (the admin call, and its replay at start: stack.gateway.runtime_state)."""
     from stack.vllm.lora import adapter_dir, check_fits, inspect
 
-    state = get_state(request)
     book = _book(state)
     group = state.routing.resolve(spec.base) if spec.base not in book.bases else spec.base
     base = book.bases.get(group)
@@ -88,8 +95,7 @@ async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
         raise InvalidRequest(f"`{spec.name}` is a model's name; pick another", param="name")
     from stack.gateway.adapters import adapter_from_info
 
-    added = book.add(adapter_from_info(info, group))
-    return _public(state, added)
+    return book.add(adapter_from_info(info, group))
 
 
 @router.delete("/adapters/{name}")
@@ -103,7 +109,8 @@ async def remove_adapter(name: str, request: Request) -> dict[str, Any]:
         raise Busy(f"adapter `{name}` is answering {adapter.in_flight} request(s); retry when they finish")
     await book.unload_everywhere(name, state.registry)
     book.adapters.pop(name)
-    return {"removed": name}
+    persisted = state.runtime.set_adapter(name, None) if name in state.runtime.adapters else True
+    return {"removed": name, **unsaved(state, persisted)}
 
 
 class Busy(GatewayError):

@@ -75,7 +75,8 @@ async def models(request: Request) -> dict[str, Any]:
             }
         )
     manager = state.manager
-    gateway = {"log": state.log_problem(), "unresponsive": state.dispatcher.liveness.unresponsive()}
+    gateway = {"log": state.log_problem(), "unresponsive": state.dispatcher.liveness.unresponsive(),
+               "runtime_state": state.runtime.report()}
     if manager is not None:
         status = manager.status()
         for entry in out:
@@ -125,6 +126,19 @@ async def engines(request: Request) -> dict[str, Any]:
 @router.post("/deployments", status_code=201)
 async def add_deployment(spec: NewDeployment, request: Request) -> dict[str, Any]:
     state = get_state(request)
+    dep = register_deployment(state, spec)
+    saved = {**spec.model_dump(exclude_none=True, mode="json"), "id": dep.id}  # the same id after a restart
+    persisted = state.runtime.set_deployment(dep.id, saved)
+    return {**dep.public(), **unsaved(state, persisted)}
+
+
+def unsaved(state: Any, persisted: bool) -> dict[str, str]:
+    """Said in the answer of a change that could not be written to state_dir (it is live until a restart)."""
+    return {} if persisted else {"warning": f"applied, but not persisted: {state.runtime.write_error}"}
+
+
+def register_deployment(state: Any, spec: NewDeployment) -> Deployment:
+    """Check and register a deployment (the admin call, and its replay at start: stack.gateway.runtime_state)."""
     if spec.kind == "local":
         if not spec.api_base:
             raise InvalidRequest("a local deployment needs api_base", param="api_base")
@@ -153,7 +167,7 @@ async def add_deployment(spec: NewDeployment, request: Request) -> dict[str, Any
             state.registry.remove(dep.id)
         raise InvalidRequest(f"deployment {dep.id!r} could not be registered ({type(exc).__name__})",
                              param="cloud" if spec.kind == "cloud" else "api_base") from None
-    return dep.public()
+    return dep
 
 
 def check_cloud(c: CloudDeployment, policy: KeyPolicy | None) -> None:
@@ -181,7 +195,8 @@ async def remove_deployment(dep_id: str, request: Request) -> dict[str, Any]:
                        f"{dep.model_group}`); load it again with .../load", param="id",
                        code="deployment_managed")
     state.registry.remove(dep_id)
-    return {"removed": dep.id}
+    persisted = state.runtime.set_deployment(dep_id, None) if dep_id in state.runtime.deployments else True
+    return {"removed": dep.id, **unsaved(state, persisted)}
 
 
 class Conflict(InvalidRequest):

@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import orjson
 from fastapi import FastAPI
@@ -28,6 +29,8 @@ from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.request_log import RequestLog
 from stack.gateway.routing import Routing
+from stack.gateway.runtime_replay import replay
+from stack.gateway.runtime_state import RuntimeState
 from stack.gateway.state import GatewayState
 from stack.manager.manager import ModelManager
 
@@ -105,10 +108,12 @@ def create_app(
     on_shutdown: list[Hook] | None = None,
     environ: Mapping[str, str] | None = None,
     manager: ModelManager | None = None,
+    state_file: Path | None = None,
 ) -> FastAPI:
     """default_model: the model group `default` (and /ready) refers to; registry: deployments known
     so far (engines register theirs as they become ready); hooks: start and stop engines; manager: the
-    model manager that admits requests to the engines it switches (stack.gateway.engines builds it)."""
+    model manager that admits requests to the engines it switches (stack.gateway.engines builds it);
+    state_file: where deployments and adapters added through /admin are kept across restarts (none: not kept)."""
     registry = registry or DeploymentRegistry()
     for i, c in enumerate(settings.cloud):
         registry.add(cloud_deployment(c, f"cloud-{c.model_name}-{i + 1}"))
@@ -130,6 +135,7 @@ def create_app(
         manager=manager,
         key_policy=KeyPolicy(settings.cloud, settings.provider_key_envs),
         adapters=dispatcher.adapters,
+        runtime=RuntimeState(state_file),
     )
 
     @asynccontextmanager
@@ -137,6 +143,7 @@ def create_app(
         await local.start()
         for hook in on_startup or []:
             await hook(state)
+        await replay(state)  # the /admin changes of the last run, once the engines (and adapter bases) are known
         live = dispatcher.liveness
         watch = asyncio.create_task(live.run(), name="engine liveness") if settings.liveness.enabled else None
         try:

@@ -16,6 +16,7 @@ from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.routing import Routing
+from stack.gateway.runtime_state import RuntimeState
 from stack.manager.manager import ModelManager
 
 
@@ -32,6 +33,7 @@ class GatewayState:
     key_policy: KeyPolicy | None = None  # provider keys deployments added at run time may use
     adapters: AdapterBook | None = None  # LoRA adapters by name
     started: int = field(default_factory=lambda: int(time.time()))
+    runtime: RuntimeState = field(default_factory=lambda: RuntimeState(None))  # /admin changes, persisted
     log_handler: WatchedLogHandler | None = None  # the process's log, watched for lost lines (set by `watch_log`)
 
     def watch_log(self, handler: WatchedLogHandler) -> None:
