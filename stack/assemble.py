@@ -349,21 +349,22 @@ def fetches_models(site: Site | None) -> bool:
 
 
 def build_front_gateway(settings: GatewayConfig, manager: ManagerConfig, upstreams: list[tuple[str, str, str]],
-                        manage: bool) -> FastAPI:  # fmt: skip
+                        manage: bool, state_file: Path | None = None) -> FastAPI:  # fmt: skip
     """A gateway in front of servers already running (`python -m stack.entrypoints.gateway`): each upstream
-    (model, base URL, served name) a fixed deployment, or (manage) an attached engine of the model manager."""
+    (model, base URL, served name) a fixed deployment, or (manage) an attached engine of the model manager.
+    state_file: where /admin changes are kept (with --config: state_dir/runtime.json)."""
     from stack.gateway.registry import Deployment, DeploymentRegistry
 
     default = upstreams[0][0] if upstreams else "default"
     if manage:
         sup = attached_supervisor(upstreams, manager, settings.retry_after_s)
         return create_app(settings, default_model=default, on_startup=[sup.start], on_shutdown=[sup.stop],
-                          manager=sup.manager)
+                          manager=sup.manager, state_file=state_file)
     registry = DeploymentRegistry()
     for i, (model, url, served) in enumerate(upstreams):
         registry.add(Deployment(id=f"local-{i + 1}", model_group=model, kind="local", upstream_model=served,
                                 api_base=url))  # fmt: skip
-    return create_app(settings, default_model=default, registry=registry)
+    return create_app(settings, default_model=default, registry=registry, state_file=state_file)
 
 
 def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerConfig,
