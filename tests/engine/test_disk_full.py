@@ -31,6 +31,8 @@ from tests.gateway.conftest import local, run_gateway, smollm2_dir, stop
 from tests.support.net import free_port, wait_for
 from tests.support.stack_engine import rendered_engine
 
+pytestmark = pytest.mark.lifecycle
+
 
 @contextlib.contextmanager
 def full_disk(tmp_path: Path, size: str = "64k") -> Iterator[Path | None]:

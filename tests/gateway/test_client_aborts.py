@@ -17,6 +17,8 @@ from stack.config.sections.gateway import GatewayConfig
 
 from .conftest import cloud_entry, run_gateway, start_mock, stop
 
+pytestmark = pytest.mark.lifecycle
+
 
 def mock_value(url: str, name: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=5).text

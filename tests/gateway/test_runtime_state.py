@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.adapters import Base
@@ -30,6 +31,8 @@ from tests.support.net import wait_for
 
 from .conftest import local, run_gateway
 from .test_engines import mock_engine
+
+pytestmark = pytest.mark.lifecycle
 
 
 def test_the_managed_engines_deployment_cannot_be_deleted_and_the_model_stays_loadable(tmp_path) -> None:
@@ -110,8 +113,6 @@ def test_admin_changes_survive_a_restart_and_what_no_longer_passes_is_skipped(tm
 def test_a_runtime_change_on_a_full_disk_says_it_was_not_persisted(tmp_path) -> None:
     with full_disk(tmp_path) as disk:
         if disk is None:
-            import pytest
-
             pytest.skip("cannot mount a tmpfs here (no full disk to write to)")
         fill(disk)
         with gateway(disk / "runtime.json") as gw:
