@@ -221,12 +221,19 @@ def _gateway_rows(record: EngineRecord) -> list[dict]:
 
 
 def _warnings(gateway: dict) -> list[str]:
-    """What the gateway reports wrong with itself: log lines a full disk lost, engines that stopped answering."""
+    """What the gateway reports about itself: log lines a full disk lost, engines that stopped answering,
+    /admin changes restored from (or not persisted to) state_dir."""
     out = []
     log = gateway.get("log")
     if log:
         out.append(f"the gateway lost {log['lines_lost']} log lines since {log['since']}: {log['error']}")
     out += [f"engine {dep} is unresponsive: {why}" for dep, why in (gateway.get("unresponsive") or {}).items()]
+    runtime = gateway.get("runtime_state") or {}
+    out += [f"runtime change not restored: {s['what']}: {s['why']}" for s in runtime.get("skipped") or []]
+    if runtime.get("write_error"):
+        out.append(f"runtime changes are not persisted: {runtime['write_error']}")
+    if runtime.get("restored"):
+        out.append(f"restored at start from {runtime['path']}: {', '.join(runtime['restored'])}")
     return out
 
 
@@ -254,6 +261,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, config: Con
                           str(r["pid"]), r["url"], f"{r['uptime_s']} s", r["log"])
         out.print(table)
         for warning in dict.fromkeys(w for r in rows for w in r.get("warnings", [])):
-            err.print(f"[yellow]warning:[/] {warning}")
+            kind = "[dim]note:[/]" if warning.startswith("restored at start") else "[yellow]warning:[/]"
+            err.print(f"{kind} {warning}")
 
     run(body)
