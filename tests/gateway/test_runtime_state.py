@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from stack.cli.lifecycle import _warnings
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.adapters import Base
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
@@ -100,11 +101,15 @@ def test_admin_changes_survive_a_restart_and_what_no_longer_passes_is_skipped(tm
         assert [a["name"] for a in httpx.get(f"{gw.url}/admin/adapters").json()["adapters"]] == ["good"]
         assert _runtime(gw)["restored"] == [f"deployment {extra_id}", "adapter good"]
         assert any("restored 2 runtime change(s)" in r.getMessage() for r in caplog.records)
+        notes = _warnings(httpx.get(f"{gw.url}/admin/models").json()["gateway"])  # what `vstack status` prints
+        assert notes == [f"restored at start from {state_file}: deployment {extra_id}, adapter good"], notes
     shutil.rmtree(folder)
     with gateway(state_file) as gw:  # the adapter's folder is gone: skipped, with the reason
         runtime = _runtime(gw)
         assert runtime["restored"] == [f"deployment {extra_id}"]
         assert runtime["skipped"][0]["what"] == "adapter good" and "does not exist" in runtime["skipped"][0]["why"]
+        assert any(w.startswith("runtime change not restored: adapter good") for w in
+                   _warnings(httpx.get(f"{gw.url}/admin/models").json()["gateway"]))  # fmt: skip
         assert httpx.delete(f"{gw.url}/admin/deployments/{extra_id}").json() == {"removed": extra_id}
     with gateway(state_file) as gw:  # deleted: not back
         assert gw.state.registry.get(extra_id) is None
