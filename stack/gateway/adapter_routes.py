@@ -57,7 +57,8 @@ async def list_adapters(request: Request) -> dict[str, Any]:
 async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
     state = get_state(request)
     added = await register_adapter(state, spec)
-    persisted = state.runtime.set_adapter(added.name, spec.model_dump(exclude_none=True))
+    saved = spec.model_dump(exclude_none=True) | ({"path": added.path} if spec.path else {})  # absolute: cwd may change
+    persisted = state.runtime.set_adapter(added.name, saved)
     return {**_public(state, added), **unsaved(state, persisted)}
 
 
