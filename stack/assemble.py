@@ -429,7 +429,7 @@ def build_gateway(planned: PlannedStack, on_startup: list | None = None,
     app = create_app(planned.cfg.gateway, default_model=planned.default.resolved.served_name,
                      on_startup=[sup.start, *(on_startup or [])],
                      on_shutdown=[sup.stop, *([sup.manager.handoff.stop] if sup.manager.handoff else [])],
-                     manager=sup.manager)  # fmt: skip
+                     manager=sup.manager, state_file=planned.cfg.state_dir / "runtime.json")  # fmt: skip
     if reload_from is not None and planned.site is None and planned.cluster is None:
         app.state.gateway.reload = Reloader(planned, sup, *reload_from)
     return app, sup
@@ -438,7 +438,9 @@ def build_gateway(planned: PlannedStack, on_startup: list | None = None,
 def serve(planned: PlannedStack, port: int, reload_from: tuple[str | None, str | None] | None = None) -> int:
     """Run the gateway with its engines until SIGTERM/SIGINT (0). EngineError, with the engine's log tail,
     if the default model's engine fails to start: that ends `up` (a later crash only marks it failed)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from stack.gateway.log_health import install
+
+    log_handler = install(logging.INFO)  # basicConfig's handler, watched for lines a full disk loses
     start_early(planned)
     import uvicorn
 
@@ -460,6 +462,7 @@ def serve(planned: PlannedStack, port: int, reload_from: tuple[str | None, str |
         asyncio.get_running_loop().create_task(watch())
 
     app, sup = build_gateway(planned, on_startup=[watch_start], reload_from=reload_from)
+    app.state.gateway.watch_log(log_handler)
     cfg = planned.cfg
     server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
                                            limits=cfg.gateway))
@@ -496,9 +499,10 @@ def fetches_models(site: Site | None) -> bool:
 
 
 def build_front_gateway(settings: GatewayConfig, manager: ManagerConfig, upstreams: list[tuple[str, str, str]],
-                        manage: bool) -> FastAPI:  # fmt: skip
+                        manage: bool, state_file: Path | None = None) -> FastAPI:  # fmt: skip
     """A gateway in front of servers already running (`python -m stack.entrypoints.gateway`): each upstream
-    (model, base URL, served name) a fixed deployment, or (manage) an attached engine of the model manager."""
+    (model, base URL, served name) a fixed deployment, or (manage) an attached engine of the model manager.
+    state_file: where /admin changes are kept (with --config: state_dir/runtime.json)."""
     from stack.gateway.app import create_app
     from stack.gateway.registry import Deployment, DeploymentRegistry
 
@@ -506,12 +510,12 @@ def build_front_gateway(settings: GatewayConfig, manager: ManagerConfig, upstrea
     if manage:
         sup = attached_supervisor(upstreams, manager, settings.retry_after_s)
         return create_app(settings, default_model=default, on_startup=[sup.start], on_shutdown=[sup.stop],
-                          manager=sup.manager)
+                          manager=sup.manager, state_file=state_file)
     registry = DeploymentRegistry()
     for i, (model, url, served) in enumerate(upstreams):
         registry.add(Deployment(id=f"local-{i + 1}", model_group=model, kind="local", upstream_model=served,
                                 api_base=url))  # fmt: skip
-    return create_app(settings, default_model=default, registry=registry)
+    return create_app(settings, default_model=default, registry=registry, state_file=state_file)
 
 
 def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerConfig,

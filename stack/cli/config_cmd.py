@@ -11,6 +11,7 @@ from rich.text import Text
 from stack.cli.shell import ConfigOpt, cli_config, config_path, err, out, run
 from stack.config import load_config
 from stack.config.loader import display_path, read_yaml
+from stack.config.state_dir import check_state_dir
 from stack.engine.launch import plan_engine
 from stack.errors import StackError
 from stack.hardware import detect
@@ -44,6 +45,7 @@ def config_validate(
         name_or_file = profile
         files = [Path(profile)] if profile and _is_file(profile) else []
         cfg = load_config(config_path(), profile_files=files)
+        check_state_dir(cfg)
         if files:  # the file's profile, by the name it gives itself (else the file's name)
             entry = read_yaml(files[0], label=display_path(files[0]))
             name_or_file = str(entry.get("name") or files[0].stem) if isinstance(entry, dict) else files[0].stem

@@ -22,6 +22,7 @@ from stack.cli.complete import profiles_and_models
 from stack.cli.progress import StartProgress
 from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
 from stack.config.schema import StackConfig
+from stack.config.state_dir import check_state_dir
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.kept import KEEP_FLAG, leftovers, stop_leftovers, tree_pids
 from stack.engine.process import stop_process_tree
@@ -90,6 +91,7 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     from stack.assemble import plan_engines, serve
     from stack.engine.launch import free_port, port_is_free
 
+    check_state_dir(cfg)  # before anything is written there: a clear error, not a traceback
     store = RecordStore(cfg.state_dir)
     existing = store.get(GATEWAY)
     if existing and existing.alive():
@@ -269,11 +271,31 @@ def _model_rows(base_url: str, base: dict) -> list[dict]:
     from stack.manager.client import admin_headers
 
     try:
-        models = httpx.get(f"{base_url}/admin/models", headers=admin_headers(), timeout=3).json()["models"]
+        answer = httpx.get(f"{base_url}/admin/models", headers=admin_headers(), timeout=3).json()
+        models = answer["models"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return []
+    warnings = _warnings(answer.get("gateway") or {})
     return [{"name": m["model"], "state": (m.get("manager") or {}).get("state") or m["state"], **base,
-             "deployments": [d["id"] for d in m["deployments"]]} for m in models]
+             "deployments": [d["id"] for d in m["deployments"]], **({"warnings": warnings} if warnings else {})}
+            for m in models]  # fmt: skip
+
+
+def _warnings(gateway: dict) -> list[str]:
+    """What the gateway reports about itself: log lines a full disk lost, engines that stopped answering,
+    /admin changes restored from (or not persisted to) state_dir."""
+    out = []
+    log = gateway.get("log")
+    if log:
+        out.append(f"the gateway lost {log['lines_lost']} log lines since {log['since']}: {log['error']}")
+    out += [f"engine {dep} is unresponsive: {why}" for dep, why in (gateway.get("unresponsive") or {}).items()]
+    runtime = gateway.get("runtime_state") or {}
+    out += [f"runtime change not restored: {s['what']}: {s['why']}" for s in runtime.get("skipped") or []]
+    if runtime.get("write_error"):
+        out.append(f"runtime changes are not persisted: {runtime['write_error']}")
+    if runtime.get("restored"):
+        out.append(f"restored at start from {runtime['path']}: {', '.join(runtime['restored'])}")
+    return out
 
 
 def _remote_rows(url: str) -> list[dict]:
@@ -333,6 +355,9 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt
         logs = sorted({r["log"] for r in rows if r["log"] not in ("-", "")})
         for log in logs:
             out.print(f"log: {log}  (`vstack logs` shows it)", soft_wrap=True, highlight=False)
+        for warning in dict.fromkeys(w for r in rows for w in r.get("warnings", [])):
+            kind = "[dim]note:[/]" if warning.startswith("restored at start") else "[yellow]warning:[/]"
+            err.print(f"{kind} {warning}")
 
     run(body)
 

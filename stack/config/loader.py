@@ -334,5 +334,10 @@ def check_references(cfg: StackConfig, origins: Origins) -> None:
             and unconfigured_model(cfg.serve) is None:
         known = {**cfg.profiles, **cfg.models, "auto": None}
         missing(("serve",), "profile or model", cfg.serve, known)
+    servable = {**cfg.profiles, **cfg.models, **{m.api_name: m for m in cfg.models.values()}}
+    for key in ("models", "preload"):
+        for i, name in enumerate(getattr(cfg.manager, key) or []):
+            if name not in servable:
+                missing(("manager", key, str(i)), "model or profile", name, {**cfg.profiles, **cfg.models})
     if problems:
         raise ConfigError(problems)

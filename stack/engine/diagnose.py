@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import signal
 from pathlib import Path
 
 # (substring of the log, message, fix) — first match wins; the log tail is always shown as well.
@@ -58,3 +60,38 @@ def explain_failure(tail: str, exit_code: int | None) -> tuple[str, str]:
     if exit_code is not None and exit_code < 0:
         return f"killed by signal {-exit_code}", "if it was the kernel's OOM killer (dmesg), give it less memory to use"
     return "see the log lines below", "read the engine log; `vstack config render` shows the exact command"
+
+
+def exit_words(code: int) -> str:
+    """"exited with code 1", "was killed by SIGKILL (exit -9)": how the process ended, from its exit status."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (exit {code})"
+    return f"exited with code {code}"
+
+
+def disk_free(path: Path) -> int | None:
+    """Bytes free on the filesystem holding `path` (or its nearest existing parent); None if unknown."""
+    for folder in (path, *path.parents):
+        try:
+            return shutil.disk_usage(folder).free
+        except OSError:
+            continue
+    return None
+
+
+def log_silence(path: Path, tail: str) -> str:
+    """Why a failed engine's log may hold nothing of this run: its disk is full. "" when the log has lines."""
+    free = disk_free(path)
+    if free is not None and free < 64 * 1024:
+        return f"the disk holding its log {path} is full ({free} bytes free): its last lines may be missing"
+    if not tail.strip():
+        return f"its log {path} has no lines from this run"
+    return ""
+
+
+def disk_hint(path: Path) -> str:
+    return f"free space on the disk holding {path.parent} (`df -h {path.parent}`), or point state_dir at another disk"

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import psutil
 
-from stack.engine.diagnose import explain_failure, log_size, log_tail
+from stack.engine.diagnose import disk_hint, exit_words, explain_failure, log_silence, log_size, log_tail
 from stack.engine.records import EngineRecord, RecordStore
 from stack.engine_env import engine_environ
 from stack.errors import EngineError
@@ -81,11 +81,16 @@ class EngineProcess:
                 self._save(self.kept.pid, self.kept.started_at)
                 return self.kept.pid
             self.kept = None
-        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_start = log_size(self.spec.log_path)
-        with open(self.spec.log_path, "ab") as log:
+        try:
+            self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_start = log_size(self.spec.log_path)
+            log = open(self.spec.log_path, "ab")  # noqa: SIM115 (closed below, once the child holds it)
             log.write(f"\n==> vstack: starting {' '.join(self.spec.display_argv)}\n".encode())
             log.flush()
+        except OSError as exc:  # a full disk, a read-only state_dir: said now, not as a start that never ends
+            raise EngineError(f"engine {self.spec.name!r}: cannot write its log {self.spec.log_path}: "
+                              f"{exc.strerror or type(exc).__name__}", hint=disk_hint(self.spec.log_path)) from None
+        with log:
             self.popen = subprocess.Popen(
                 self.spec.argv,
                 stdout=log,
@@ -123,8 +128,12 @@ class EngineProcess:
                     tail = log_tail(self.spec.log_path, start=self.log_start)
                     self.stop(grace=5)
                     message, hint = explain_failure(tail, code)
-                    raise EngineError(f"engine {self.spec.name!r} exited with code {code} while starting: {message}",
-                                      hint=hint, log_tail=tail)
+                    # The cause from the process itself: its exit, and why its log may say nothing.
+                    silent = log_silence(self.spec.log_path, tail)
+                    raise EngineError(f"engine {self.spec.name!r} {exit_words(code)} while starting: {message}"
+                                      + (f"; {silent}" if silent else ""),
+                                      hint=disk_hint(self.spec.log_path) if "full" in silent else hint,
+                                      log_tail=tail)  # fmt: skip
                 if elapsed > timeout:
                     tail = log_tail(self.spec.log_path, start=self.log_start)
                     self.stop(grace=5)

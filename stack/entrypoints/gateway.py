@@ -29,15 +29,16 @@ def main() -> None:
     ap.add_argument("--manage", action="store_true", help="sleep idle upstreams and wake them on a request")
     args = ap.parse_args()
     manager = ManagerConfig()
+    state_file = None  # without a config, /admin changes are not kept across restarts (/admin/models says so)
     if args.config:
         from stack.config import load_config
 
         cfg = load_config(args.config)
-        settings, manager = cfg.gateway, cfg.manager
+        settings, manager, state_file = cfg.gateway, cfg.manager, cfg.state_dir / "runtime.json"
     else:
         settings = GatewayConfig()
     upstreams = [parse_upstream(spec) for spec in args.upstream]
-    app = build_front_gateway(settings, manager, upstreams, args.manage)
+    app = build_front_gateway(settings, manager, upstreams, args.manage, state_file)
     run(app, args.host, args.port, settings.drain_grace_s, limits=settings)
 
 

@@ -45,9 +45,11 @@ def main() -> None:
     args = ap.parse_args()
     from stack.assemble import plan_engines, serve
     from stack.config import load_config
+    from stack.config.state_dir import check_state_dir
 
     def body() -> int:
         cfg = load_config(args.config)
+        check_state_dir(cfg)
         planned = plan_engines(cfg, args.profile, on_status=lambda s: print(s, flush=True))
         return serve(planned, args.port, reload_from=(args.profile, args.config))
 

@@ -11,12 +11,12 @@ import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stack.config.model_extras import AdapterEntry
 from stack.errors import StackError
 from stack.gateway.adapters import Adapter
-from stack.gateway.admin_routes import admin_key
+from stack.gateway.admin_routes import admin_key, unsaved
 from stack.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
 from stack.gateway.state import GatewayState, get_state
 
@@ -64,10 +64,43 @@ def shadowed(state: GatewayState, name: str) -> str | None:
     return None
 
 
-def _checked(spec: NewAdapter, base: Any, group: str) -> Any:
-    """The adapter's files, rank, base model and weights (stack.vllm.lora.check_weights), checked in a worker
-    thread: reading the weights of a large adapter must not stall other requests."""
+def _refuse_shadowing(state: GatewayState, name: str) -> None:
+    why = shadowed(state, name)
+    if why:  # an adapter named like a model or alias would take that name's traffic
+        raise InvalidRequest(f"{why}; an adapter may not shadow it: pick another name", param="name",
+                             code="name_taken")
+
+
+@router.post("/adapters", status_code=201)
+async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
+    state = get_state(request)
+    added = await register_adapter(state, spec)
+    saved = spec.model_dump(exclude_none=True) | ({"path": added.path} if spec.path else {})  # absolute: cwd may change
+    persisted = state.runtime.set_adapter(added.name, saved)
+    return {**_public(state, added), **unsaved(state, persisted)}
+
+
+async def register_adapter(state: GatewayState, spec: NewAdapter) -> Adapter:
+    """Check and add an adapter (the admin call, and its replay at start: stack.gateway.runtime_state)."""
     from stack.gateway.adapters import adapter_from_info
+
+    book = _book(state)
+    group = state.routing.resolve(spec.base) if spec.base not in book.bases else spec.base
+    base = book.bases.get(group)
+    if base is None:
+        raise InvalidRequest(f"model `{spec.base}` runs without LoRA: add `adapters:` (or `lora:`) to its model "
+                             "config and restart it", param="base")
+    if not base.runtime_updates:
+        raise InvalidRequest(f"model `{group}` has lora.runtime_updates: false", param="base")
+    _refuse_shadowing(state, spec.name)
+    # Reading files (or a Hub download) and every tensor blocks: in a thread, so /health and streams go on.
+    info = await asyncio.to_thread(_checked, spec, base)
+    _refuse_shadowing(state, spec.name)  # again: the name may have been taken while the files were read
+    return book.add(adapter_from_info(info, group))
+
+
+def _checked(spec: NewAdapter, base: Any) -> Any:
+    """The adapter's files, rank, base model and weights (stack.vllm.lora.check_weights); in a worker thread."""
     from stack.vllm.lora import adapter_dir, check_fits, check_weights, inspect
 
     try:
@@ -83,33 +116,12 @@ def _checked(spec: NewAdapter, base: Any, group: str) -> Any:
     except StackError as exc:
         raise InvalidRequest(exc.message + (f" ({exc.hint})" if exc.hint else ""), param="path",
                              code="adapter_invalid") from None
-    except ValueError as exc:  # the entry's own checks (name, one source)
-        raise InvalidRequest(str(exc).splitlines()[-1], param="name", code="adapter_invalid") from None
-    return adapter_from_info(info, group)
-
-
-@router.post("/adapters", status_code=201)
-async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
-    state = get_state(request)
-    book = _book(state)
-    group = state.routing.resolve(spec.base) if spec.base not in book.bases else spec.base
-    base = book.bases.get(group)
-    if base is None:
-        raise InvalidRequest(f"model `{spec.base}` runs without LoRA: add `adapters:` (or `lora:`) to its model "
-                             "config and restart it", param="base")
-    if not base.runtime_updates:
-        raise InvalidRequest(f"model `{group}` has lora.runtime_updates: false", param="base")
-    why = shadowed(state, spec.name)
-    if why:  # an adapter named like a model or alias would take that name's traffic
-        raise InvalidRequest(f"{why}; an adapter may not shadow it: pick another name", param="name",
-                             code="name_taken")
-    adapter = await asyncio.to_thread(_checked, spec, base, group)
-    why = shadowed(state, spec.name)  # checked again: the name may have been taken while the files were read
-    if why:
-        raise InvalidRequest(f"{why}; an adapter may not shadow it: pick another name", param="name",
-                             code="name_taken")
-    added = book.add(adapter)
-    return _public(state, added)
+    except ValidationError as exc:  # the entry's own checks (name, one source)
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first.get("loc", ())) or "name"
+        raise InvalidRequest(f"adapter `{spec.name}`: {first.get('msg', 'invalid')}", param=param,
+                             code="adapter_invalid") from None
+    return info
 
 
 @router.delete("/adapters/{name}")
@@ -124,7 +136,8 @@ async def remove_adapter(name: str, request: Request) -> dict[str, Any]:
     await book.unload_everywhere(name, state.registry)
     book.adapters.pop(name)
     book.metrics.forget(name, adapter.base)
-    return {"removed": name}
+    persisted = state.runtime.set_adapter(name, None) if name in state.runtime.adapters else True
+    return {"removed": name, **unsaved(state, persisted)}
 
 
 class Busy(GatewayError):

@@ -77,13 +77,15 @@ async def models(request: Request) -> dict[str, Any]:
             }
         )
     manager = state.manager
+    gateway = {"log": state.log_problem(), "unresponsive": state.dispatcher.liveness.unresponsive(),
+               "runtime_state": state.runtime.report()}
     if manager is not None:
         status = manager.status()
         for entry in out:
             entry["manager"] = status["models"].get(entry["model"])
-        return {"default": state.routing.default_group, "models": out,
+        return {"default": state.routing.default_group, "models": out, "gateway": gateway,
                 "manager": {k: v for k, v in status.items() if k != "models"}}  # fmt: skip
-    return {"default": state.routing.default_group, "models": out}
+    return {"default": state.routing.default_group, "models": out, "gateway": gateway}
 
 
 Action = Literal["load", "unload", "switch", "sleep"]
@@ -137,6 +139,19 @@ async def engines(request: Request) -> dict[str, Any]:
 @router.post("/deployments", status_code=201)
 async def add_deployment(spec: NewDeployment, request: Request) -> dict[str, Any]:
     state = get_state(request)
+    dep = register_deployment(state, spec)
+    saved = {**spec.model_dump(exclude_none=True, mode="json"), "id": dep.id}  # the same id after a restart
+    persisted = state.runtime.set_deployment(dep.id, saved)
+    return {**dep.public(), **unsaved(state, persisted)}
+
+
+def unsaved(state: Any, persisted: bool) -> dict[str, str]:
+    """Said in the answer of a change that could not be written to state_dir (it is live until a restart)."""
+    return {} if persisted else {"warning": f"applied, but not persisted: {state.runtime.write_error}"}
+
+
+def register_deployment(state: Any, spec: NewDeployment) -> Deployment:
+    """Check and register a deployment (the admin call, and its replay at start: stack.gateway.runtime_state)."""
     check_name(state, spec)
     if spec.kind == "local":
         if not spec.api_base:
@@ -168,7 +183,7 @@ async def add_deployment(spec: NewDeployment, request: Request) -> dict[str, Any
             state.registry.remove(dep.id)
         raise InvalidRequest(f"deployment {dep.id!r} could not be registered ({type(exc).__name__})",
                              param="cloud" if spec.kind == "cloud" else "api_base") from None
-    return dep.public()
+    return dep
 
 
 def check_name(state: GatewayState, spec: NewDeployment) -> None:
@@ -223,10 +238,24 @@ def check_cloud(c: CloudDeployment, policy: KeyPolicy | None) -> None:
 
 @router.delete("/deployments/{dep_id}")
 async def remove_deployment(dep_id: str, request: Request) -> dict[str, Any]:
-    dep = get_state(request).registry.remove(dep_id)
+    state = get_state(request)
+    dep = state.registry.get(dep_id)
     if dep is None:
         raise ModelNotFound(f"no deployment {dep_id!r}", param="id", code="deployment_not_found")
-    return {"removed": dep.id}
+    if dep.labels.get("managed") == "1":
+        # Its engine is the model manager's: removing the route would leave the engine running, unreachable,
+        # and the model impossible to load again. Unloading stops the engine and keeps the model loadable.
+        raise Conflict(f"deployment {dep_id!r} is the engine the gateway runs for `{dep.model_group}`; it cannot "
+                       f"be removed. Stop it with POST /admin/models/{dep.model_group}/unload (`vstack unload "
+                       f"{dep.model_group}`); load it again with .../load", param="id",
+                       code="deployment_managed")
+    state.registry.remove(dep_id)
+    persisted = state.runtime.set_deployment(dep_id, None) if dep_id in state.runtime.deployments else True
+    return {"removed": dep.id, **unsaved(state, persisted)}
+
+
+class Conflict(InvalidRequest):
+    status = 409
 
 
 def cloud_deployment(c: CloudDeployment, dep_id: str) -> Deployment:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import orjson
 from fastapi import Depends, FastAPI
@@ -15,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from stack.config.sections.gateway import GatewayConfig
 from stack.errors import ConfigError
 from stack.gateway import adapter_routes, admin_routes, agent_routes, openai_routes, ops_routes
+from stack.gateway.aborts import AbortOnDisconnect
 from stack.gateway.adapters import AdapterBook
 from stack.gateway.admin_routes import cloud_deployment
 from stack.gateway.auth import KeyRing
@@ -28,6 +31,8 @@ from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.request_log import RequestLog
 from stack.gateway.routing import Routing
+from stack.gateway.runtime_replay import replay
+from stack.gateway.runtime_state import RuntimeState
 from stack.gateway.state import GatewayState
 from stack.manager.manager import ModelManager
 
@@ -105,10 +110,12 @@ def create_app(
     on_shutdown: list[Hook] | None = None,
     environ: Mapping[str, str] | None = None,
     manager: ModelManager | None = None,
+    state_file: Path | None = None,
 ) -> FastAPI:
     """default_model: the model group `default` (and /ready) refers to; registry: deployments known
     so far (engines register theirs as they become ready); hooks: start and stop engines; manager: the
-    model manager that admits requests to the engines it switches (stack.gateway.engines builds it)."""
+    model manager that admits requests to the engines it switches (stack.gateway.engines builds it);
+    state_file: where deployments and adapters added through /admin are kept across restarts (none: not kept)."""
     registry = registry or DeploymentRegistry()
     keys = KeyRing.from_refs(settings.api_keys, environ)
     admin_keys = KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ)
@@ -146,6 +153,7 @@ def create_app(
         manager=manager,
         key_policy=KeyPolicy(settings.cloud, settings.provider_key_envs),
         adapters=dispatcher.adapters,
+        runtime=RuntimeState(state_file),
     )
 
     @asynccontextmanager
@@ -155,11 +163,17 @@ def create_app(
         await local.start()
         for hook in on_startup or []:
             await hook(state)
+        await replay(state)  # the /admin changes of the last run, once the engines (and adapter bases) are known
+        live = dispatcher.liveness
+        watch = asyncio.create_task(live.run(), name="engine liveness") if settings.liveness.enabled else None
         try:
             yield
         finally:
+            if watch is not None:
+                watch.cancel()
             for hook in on_shutdown or []:
                 await hook(state)
+            await live.close()
             await local.close()
             await state.adapters.close()
 
@@ -193,6 +207,7 @@ def create_app(
             expose_headers=["x-vstack-deployment"],
         )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=metrics)
+    app.add_middleware(AbortOnDisconnect)  # a client gone mid-request cancels it, so the engine aborts it too
     if settings.log_requests:
         app.add_middleware(RequestLog)  # outermost: sees every answer, 413s included
     return app

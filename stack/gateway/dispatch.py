@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import aiohttp
 import orjson
 from starlette.responses import Response, StreamingResponse
 
@@ -20,6 +21,7 @@ from stack.config.sections.gateway import GatewayConfig
 from stack.gateway import cloud, local
 from stack.gateway.adapters import Adapter, AdapterBook
 from stack.gateway.errors import InvalidRequest, NoDeployment, RateLimited, UpstreamError
+from stack.gateway.liveness import UNRESPONSIVE, Liveness
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import Deployment
 from stack.gateway.replicas import is_replica
@@ -72,6 +74,9 @@ class Dispatcher:
         self.in_flight = 0
         self.admission = admission  # the model manager, when the gateway owns engines
         self.adapters: AdapterBook | None = None  # LoRA adapters served on their base model's engine
+        # Proof of progress per local engine (stack.gateway.liveness); its probes run in the app's lifespan.
+        self.liveness = Liveness(settings.liveness, routing.registry, routing.replicas.outstanding,
+                                 metrics.registry)  # fmt: skip
 
     async def handle(self, endpoint: str, body: dict[str, Any]) -> Response:
         try:  # JSON may carry lone surrogates (\ud800) that no UTF-8 body can: refuse them here, once
@@ -102,6 +107,9 @@ class Dispatcher:
             raise
         except (NoDeployment, RateLimited) as err:
             self.metrics.requests.labels(group, "-", str(err.status)).inc()
+            raise
+        except asyncio.CancelledError:  # the client went away before its answer (stack.gateway.aborts)
+            self.metrics.requests.labels(group, "-", "499").inc()
             raise
         finally:
             if not handed_over:  # a stream releases its slot when it ends
@@ -162,15 +170,22 @@ class Dispatcher:
                     fails[dep.id] = fails.get(dep.id, 0) + 1
                     # A replica that failed is not retried while its siblings can take the request.
                     lost_replica = is_replica(dep) and err.reason in ("connect", "error")
-                    if err.reason == "connect" or lost_replica or fails[dep.id] > self.settings.num_retries:
+                    gone = err.reason in ("connect", "stalled")  # neither comes back within a retry
+                    if gone or lost_replica or fails[dep.id] > self.settings.num_retries:
                         excluded.add(dep.id)
                     else:
                         await asyncio.sleep(self.settings.retry_backoff_s * 2 ** (fails[dep.id] - 1))
         retry_after = {"Retry-After": str(self.settings.retry_after_s)}
         if last is not None and last.status == 429:
             raise RateLimited(f"every deployment of `{group}` is rate limited", headers=retry_after)
-        starting = [d.id for d in self.routing.registry.groups().get(group, []) if d.state == "starting"]
+        deps = self.routing.registry.groups().get(group, [])
+        starting = [d.id for d in deps if d.state == "starting"]
+        hung = [f"{d.id}: {d.detail}" for d in deps if d.state == UNRESPONSIVE]
         why = f"`{group}` is starting" if starting and last is None else f"no deployment of `{group}` can serve now"
+        if hung:  # say why: an engine that stopped making progress (stack.gateway.liveness)
+            why += f" (unresponsive engine {'; '.join(hung)})"
+        elif last is not None and last.reason == "stalled":
+            why += f" ({last.message})"
         raise NoDeployment(f"{why}; retry later", headers=retry_after)
 
     # -- one attempt ------------------------------------------------------------------------------
@@ -203,27 +218,49 @@ class Dispatcher:
             if not opts.get("include_usage"):
                 opts["include_usage"], strip_usage = True, True  # counted by us, dropped before the client
             out["stream_options"] = opts
-        book = self.routing.replicas
-        book.begin(at.dep.id)  # requests in flight per replica (least_outstanding); ended below or by the stream
+        book, live, dep_id = self.routing.replicas, self.liveness, at.dep.id
+        live.begin(dep_id)
+        book.begin(dep_id)  # requests in flight per replica (least_outstanding); ended below or by the stream
         try:
-            resp = await self.local.open(at.dep, PATHS[endpoint], orjson.dumps(out))
+            # Guarded until the answer starts: an engine found unresponsive meanwhile raises EngineStalled,
+            # which falls back like any failed attempt (nothing was sent to the client yet).
+            async with live.guard(dep_id):
+                resp = await self.local.open(at.dep, PATHS[endpoint], orjson.dumps(out))
             if not stream or not resp.content_type.startswith("text/event-stream"):
-                raw = await self.local.read(resp, at.dep)
+                async with live.guard(dep_id):
+                    raw = await self.local.read(resp, at.dep)
                 self._finish(at, "200", _usage(raw))
                 self._release_adapter(at)
-                book.end(at.dep.id)
+                book.end(dep_id)
                 return Response(raw, resp.status, headers=headers,
                                 media_type=resp.content_type or "application/json")  # fmt: skip
+            first = await self._first_chunk(resp, dep_id)
         except BaseException:
-            book.end(at.dep.id)
+            book.end(dep_id)
             raise
         hooks = self._stream_hooks(at)
         end = hooks["on_end"]
-        hooks["on_end"] = lambda cancelled: (book.end(at.dep.id), end(cancelled))
-        gen = local.relay(resp, strip_usage=strip_usage, **{k: v for k, v in hooks.items() if k != "on_end"})
+        live.attach(dep_id, resp)
+        hooks["on_end"] = lambda cancelled: (live.detach(dep_id, resp), book.end(dep_id), end(cancelled))
+        gen = local.relay(resp, strip_usage=strip_usage, first=first, progress=lambda: live.progress(dep_id),
+                          stalled=lambda: live.why(dep_id),
+                          **{k: v for k, v in hooks.items() if k != "on_end"})  # fmt: skip
         return RelayResponse(
             _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
         )
+
+    async def _first_chunk(self, resp: Any, dep_id: str) -> bytes:
+        """The stream's first bytes, read before the client gets its 200: until then a stalled or failed
+        engine can still fall back."""
+        try:
+            async with self.liveness.guard(dep_id):
+                return await resp.content.readany()
+        except (OSError, TimeoutError, aiohttp.ClientError) as exc:
+            resp.close()
+            raise UpstreamError(f"{dep_id} failed before its first token", status=502, reason="error") from exc
+        except BaseException:
+            resp.close()
+            raise
 
     async def _cloud(self, endpoint: str, body: dict[str, Any], at: Attempt, headers: dict[str, str]) -> Response:
         result = await self.cloud.call(at.dep, endpoint, body)

@@ -110,11 +110,15 @@ class LocalUpstream:
 
     async def read(self, resp: aiohttp.ClientResponse, dep: Deployment) -> bytes:
         try:
-            return await resp.read()
+            body = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
+            resp.close()
             raise UpstreamError(f"{dep.id} failed while answering", status=502, reason="error") from exc
-        finally:
-            resp.release()
+        except BaseException:  # cancelled (the client went away): drop the connection, so vLLM aborts it
+            resp.close()
+            raise
+        resp.release()
+        return body
 
 
 async def _read(resp: aiohttp.ClientResponse) -> bytes:
@@ -145,14 +149,21 @@ async def relay(
     on_first: Callable[[], None],
     on_usage: Callable[[dict], None],
     on_error: Callable[[str], None],
+    first: bytes = b"",
+    progress: Callable[[], None] = lambda: None,
+    stalled: Callable[[], str] = lambda: "",
 ) -> AsyncIterator[bytes]:
-    """Forward SSE bytes; pick out usage; on a failure mid-stream, end with an error event."""
+    """Forward SSE bytes (`first`: those read already); pick out usage; on a failure mid-stream, end with an
+    error event. `progress` hears every chunk (stack.gateway.liveness); `stalled` says why the engine was
+    found unresponsive, when that is what closed the stream."""
     pending = b""
-    first = True
+    started = False
     try:
-        async for chunk in resp.content.iter_any():
-            if first:
-                first = False
+        while chunk := first or await resp.content.readany():
+            first = b""
+            progress()
+            if not started:
+                started = True
                 on_first()
             # Fast path: whole events without usage go out untouched.
             if not pending and b'"usage"' not in chunk and chunk.endswith(b"\n\n"):
@@ -173,10 +184,16 @@ async def relay(
                 yield b"".join(out)
         if pending:
             yield pending
+        why = stalled()
+        if why:  # cut by the liveness watch (the closed connection read as an end)
+            raise aiohttp.ClientConnectionError(why)
         resp.release()
     except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError) as exc:
         on_error(type(exc).__name__)
-        err = envelope("the model server failed while streaming", "server_error", None, "upstream_error")
+        why = stalled()
+        message = (f"the engine stopped making progress ({why}); the stream was ended" if why
+                   else "the model server failed while streaming")
+        err = envelope(message, "server_error", None, "engine_stalled" if why else "upstream_error")
         yield b"data: " + orjson.dumps(err) + b"\n\n"
     finally:
         # Client gone (cancelled) or done: closing drops the connection, so vLLM aborts what is left.

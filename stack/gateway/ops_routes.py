@@ -28,8 +28,14 @@ SCRAPABLE = ("ready", "sleeping")  # deployment states whose engine answers /met
 
 
 @router.get("/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+async def health(request: Request) -> dict[str, object]:
+    """The gateway process is alive (200 while it can answer at all: restarting it would not revive an engine,
+    and it serves the fallbacks). Engines found unresponsive (stack.gateway.liveness)
+    and log lines it cannot write (a full disk: stack.gateway.log_health) make it `degraded`."""
+    state = get_state(request)
+    hung, log = state.dispatcher.liveness.unresponsive(), state.log_problem()
+    problems = {**({"unresponsive": hung} if hung else {}), **({"log": log} if log else {})}
+    return {"status": "degraded", **problems} if problems else {"status": "ok"}
 
 
 @router.get("/ready")
@@ -39,7 +45,9 @@ async def ready(request: Request) -> JSONResponse:
     if state.default_ready():
         return JSONResponse({"status": "ready", "model": group})
     retry = str(state.settings.retry_after_s)
-    return JSONResponse({"status": "not ready", "model": group}, 503, headers={"Retry-After": retry})
+    hung = {d.id: d.detail for d in state.registry.groups().get(group, []) if d.state == "unresponsive"}
+    body = {"status": "not ready", "model": group, **({"unresponsive": hung} if hung else {})}
+    return JSONResponse(body, 503, headers={"Retry-After": retry})
 
 
 @router.get("/metrics", dependencies=[Depends(metrics_key)])

@@ -34,8 +34,12 @@ class RequestLog:
                 seen["fallback"] = headers.get(b"x-vstack-fallback", b"").decode("latin-1") or None
             await send(message)
 
+        failed = False
         try:
             await self.app(scope, receive, watch)
+        except Exception:
+            failed = True  # a bug of ours, answered 500 by Starlette's outermost handler: not the client's abort
+            raise
         finally:
             client = scope.get("client")
             line = {
@@ -43,10 +47,20 @@ class RequestLog:
                 "client": client[0] if client else None,
                 "method": scope.get("method"),
                 "path": scope.get("path"),
-                "status": seen["status"] or 499,  # no answer started: the client went away or we failed
+                "status": _status(seen["status"], failed, scope),
                 "ms": round((time.perf_counter() - t0) * 1000, 1),
                 "deployment": seen.get("deployment"),
                 "fallback": seen.get("fallback"),
                 "key": (scope.get("state") or {}).get("key_name"),
             }
             log.info(orjson.dumps(line).decode())
+
+
+def _status(answered: object, failed: bool, scope: Scope) -> object:
+    """The status the client saw; 499 when it went away first (stack.gateway.aborts marks that) or when no
+    answer started; 500 when the app failed before answering."""
+    if (scope.get("state") or {}).get("client_gone"):
+        return 499
+    if answered is not None:
+        return answered
+    return 500 if failed else 499

@@ -13,10 +13,12 @@ from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.adapters import AdapterBook
 from stack.gateway.auth import KeyRing
 from stack.gateway.dispatch import Dispatcher
+from stack.gateway.log_health import LogFailures, WatchedLogHandler
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.routing import Routing
+from stack.gateway.runtime_state import RuntimeState
 from stack.manager.manager import ModelManager
 
 
@@ -37,6 +39,15 @@ class GatewayState:
     # `vstack reload`: the configuration read again, engines whose command changed restarted (set by the
     # composition root of a gateway that owns its engines; stack.assemble.Reloader)
     reload: Callable[[], Awaitable[dict[str, Any]]] | None = None
+    runtime: RuntimeState = field(default_factory=lambda: RuntimeState(None))  # /admin changes, persisted
+    log_handler: WatchedLogHandler | None = None  # the process's log, watched for lost lines (set by `watch_log`)
+
+    def watch_log(self, handler: WatchedLogHandler) -> None:
+        self.log_handler = handler
+        self.metrics.registry.register(LogFailures(handler))
+
+    def log_problem(self) -> dict | None:
+        return self.log_handler.status() if self.log_handler is not None else None
 
     def model_cards(self) -> dict[str, str]:
         """Names /v1/models lists (model groups with a ready deployment, and aliases to them) -> owner."""

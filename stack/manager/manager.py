@@ -441,6 +441,10 @@ class ModelManager:
             slot.failed_at = self.clock()
             self.move(slot, S.FAILED, exc.message)
             raise
+        except Exception as exc:  # any other failure (an OSError): failed with its cause, never left starting
+            slot.log_tail, slot.failed_at = logs_of(slot.runtime), self.clock()
+            self.move(slot, S.FAILED, f"could not start: {type(exc).__name__}: {exc}")
+            raise EngineError(f"model {slot.name!r} could not start: {exc}") from exc
         # A container reached by IP has its address only now that it started: subscribers read it on `ready`.
         self._ready(slot, f"pid {pid}, ready in {seconds:.1f} s")
         self._stage_host_copy(slot)

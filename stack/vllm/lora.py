@@ -58,32 +58,53 @@ def adapter_dir(entry: AdapterEntry, cache_dir: Path | None = None) -> Path:
                            "repositories, or give a local `path`") from None
 
 
+CONFIG_MAX_BYTES = 1 << 20  # PEFT writes ~1 KB; a bigger adapter_config.json is not one (and is not read)
+
+
 def inspect(entry: AdapterEntry, path: Path) -> AdapterInfo:
-    """Read adapter_config.json (PEFT format) and check the weights are there."""
+    """Read adapter_config.json (PEFT format) and check the weights are there. Every problem with the files
+    (missing, unreadable, too large, a name the OS refuses, JSON of the wrong shape) is an AdapterError that
+    names the file and the fix, never an OSError or TypeError. Blocking: callers on an event loop run it in
+    a thread."""
+    try:
+        return _inspect(entry, path)
+    except OSError as exc:  # a name over 255 bytes, a path through a file, no permission, ...
+        raise AdapterError(f"adapter {entry.name!r}: cannot read {_short(exc.filename or path)}: "
+                           f"{exc.strerror or type(exc).__name__}",
+                           hint="give the path of a readable local folder (each name at most 255 bytes)") from None
+    except ValueError as exc:  # an embedded NUL byte in the path
+        raise AdapterError(f"adapter {entry.name!r}: the path is not usable: {exc}",
+                           hint="give the path of a local folder") from None
+
+
+def _inspect(entry: AdapterEntry, path: Path) -> AdapterInfo:
     config = path / "adapter_config.json"
     if not path.is_dir():
-        raise AdapterError(f"adapter {entry.name!r}: folder {path} does not exist",
+        raise AdapterError(f"adapter {entry.name!r}: folder {_short(path)} does not exist",
                            hint="give the folder PEFT's save_pretrained wrote (adapter_config.json + weights)")
     if not config.is_file():
-        raise AdapterError(f"adapter {entry.name!r}: {path} has no adapter_config.json (not a PEFT adapter)",
+        raise AdapterError(f"adapter {entry.name!r}: {_short(path)} has no adapter_config.json (not a PEFT adapter)",
                            hint="save the adapter with PEFT's save_pretrained")
     weights = [p for p in ("adapter_model.safetensors", "adapter_model.bin") if (path / p).is_file()]
     if not weights:
-        raise AdapterError(f"adapter {entry.name!r}: {path} has no adapter_model.safetensors (or .bin)",
+        raise AdapterError(f"adapter {entry.name!r}: {_short(path)} has no adapter_model.safetensors (or .bin)",
                            hint="the weights are missing: copy them next to adapter_config.json")
+    size = config.stat().st_size
+    if size > CONFIG_MAX_BYTES:
+        raise AdapterError(f"adapter {entry.name!r}: {_short(config)} is {size / 2**20:.0f} MiB; PEFT's is about "
+                           f"1 KB (the limit is {CONFIG_MAX_BYTES // 1024} KiB)",
+                           hint="write adapter_config.json with PEFT's save_pretrained")
     try:
-        data = json.loads(config.read_text())
-    except ValueError as exc:
-        raise AdapterError(f"adapter {entry.name!r}: {config} is not valid JSON ({exc})") from None
-    if str(data.get("peft_type", "LORA")).upper() != "LORA":
-        raise AdapterError(f"adapter {entry.name!r}: peft_type {data.get('peft_type')!r}; vLLM serves LoRA only")
-    rank = int(data.get("r") or 0)
-    if rank < 1:
-        raise AdapterError(f"adapter {entry.name!r}: adapter_config.json has no rank `r`")
+        data = json.loads(config.read_bytes())
+    except ValueError as exc:  # invalid JSON or not UTF-8
+        raise AdapterError(f"adapter {entry.name!r}: {_short(config)} is not valid JSON ({exc})",
+                           hint="write adapter_config.json with PEFT's save_pretrained") from None
+    config_fields(entry.name, config, data)
+    rank = data.get("r")
     modules = data.get("target_modules") or []
     modules = (modules,) if isinstance(modules, str) else tuple(modules)
-    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-    return AdapterInfo(entry.name, path, rank, modules, data.get("base_model_name_or_path"), size,
+    total = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    return AdapterInfo(entry.name, path, rank, modules, data.get("base_model_name_or_path"), total,
                        entry.model_dump(exclude_none=True))  # fmt: skip
 
 
@@ -154,6 +175,37 @@ def _abs_max(block: Any, framework: str) -> float:
     if np.isnan(values).any():
         return float("nan")
     return float(np.abs(values).max()) if values.size else 0.0
+def config_fields(name: str, config: Path, data: object) -> None:
+    """The fields we read, of the types PEFT writes: an AdapterError naming the file and the field if not."""
+    where = f"adapter {name!r}: {_short(config)}"
+    fix = "write adapter_config.json with PEFT's save_pretrained"
+    if not isinstance(data, dict):
+        raise AdapterError(f"{where} holds a JSON {type(data).__name__}, not an object", hint=fix)
+    peft_type = data.get("peft_type", "LORA")
+    if not isinstance(peft_type, str) or peft_type.upper() != "LORA":
+        raise AdapterError(f"{where}: peft_type {peft_type!r}; vLLM serves LoRA only", hint=fix)
+    rank = data.get("r")
+    if rank is None or isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise AdapterError(f"{where}: the rank `r` must be a whole number >= 1, not {_brief(rank)}", hint=fix)
+    modules = data.get("target_modules")
+    if modules is not None and not isinstance(modules, str) and not (
+            isinstance(modules, list) and all(isinstance(m, str) for m in modules)):
+        raise AdapterError(f"{where}: target_modules must be a name or a list of names, not {_brief(modules)}",
+                           hint=fix)
+    base = data.get("base_model_name_or_path")
+    if base is not None and not isinstance(base, str):
+        raise AdapterError(f"{where}: base_model_name_or_path must be text, not {_brief(base)}", hint=fix)
+
+
+def _short(path: object, limit: int = 120) -> str:
+    """A path for a message: its end when it is very long (a 300-character path is not worth reading twice)."""
+    text = str(path)
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def _brief(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def base_names(model: ModelEntry, model_dir: Path | None = None) -> set[str]:

@@ -163,6 +163,17 @@ ROWS = [
         ("source.path",), code=4, cmd=("up",)),
     Row("up-context-beyond-model", cfg("engine:\n  max_model_len: 100000\n"), ("8192",), code=6,
         cmd=("up",)),
+    # -- issue 34, item 10: a model the manager cannot know, a state_dir nobody can write ----------------------
+    Row("manager-unknown-model", cfg("manager:\n  models: [smollm2-135m-instruct, ghost-7b]\n"),
+        ("cfg.yaml", "manager.models.1", "ghost-7b")),
+    Row("manager-unknown-preload", cfg("manager:\n  preload: [ghost-7b]\n"), ("cfg.yaml", "manager.preload.0")),
+    Row("up-manager-unknown-model", cfg("manager:\n  models: [ghost-7b]\n"), ("cfg.yaml", "manager.models.0"),
+        cmd=("up",)),
+    # A state_dir under a regular file: unwritable even for root (a read-only mount is in tests/cli/test_state_dir.py).
+    Row("state-dir-unwritable", {"cfg.yaml": "serve: auto\n", "a-file": "x"}, ("state_dir", "not writable"),
+        env={"VSTACK_STATE_DIR": "a-file/state"}),
+    Row("up-state-dir-unwritable", {"cfg.yaml": "serve: auto\n", "a-file": "x"},
+        ("VSTACK_STATE_DIR", "state_dir", "not writable"), cmd=("up",), env={"VSTACK_STATE_DIR": "a-file/state"}),
 ]  # fmt: skip
 
 
@@ -183,7 +194,8 @@ def _run(row: Row, root: Path) -> Outcome:
     state = home / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith("VSTACK_")}
     env.update(PYTHONPATH=str(ROOT), COLUMNS="400", NO_COLOR="1", VSTACK_STATE_DIR=str(state),
-               LITELLM_LOCAL_MODEL_COST_MAP="True", **row.env)  # fmt: skip
+               LITELLM_LOCAL_MODEL_COST_MAP="True")  # fmt: skip
+    env.update(row.env)
     if row.cmd[0] == "up":
         env["VSTACK_GATEWAY__PORT"] = "0"  # never the default 8000 of a gateway that is really running
     if row.config:

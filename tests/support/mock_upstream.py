@@ -37,6 +37,8 @@ class Mock:
     def __init__(self, name: str, chunks: int, delay_s: float) -> None:
         self.name, self.chunks, self.delay_s = name, chunks, delay_s
         self.served = 0
+        self.in_flight = 0  # non-streamed requests being "generated" now
+        self.aborted = 0  # ... and those whose client went away first
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
@@ -67,8 +69,8 @@ class Mock:
         usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
         headers = {"x-mock-name": self.name}
         if not body.get("stream"):
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s * n)
+            if self.delay_s and not await self._wait_unless_gone(request, n):
+                return web.Response(status=499)
             text = WORD * n
             choice = {"index": 0, "finish_reason": "length", "logprobs": None}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
@@ -95,6 +97,20 @@ class Mock:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    async def _wait_unless_gone(self, request: web.Request, n: int) -> bool:
+        """A provider "generating" n tokens: False (counted in mock_aborted_total) when the client's
+        connection closed meanwhile, as a real provider stops generating for a gone client."""
+        self.in_flight += 1
+        try:
+            for _ in range(n):
+                await asyncio.sleep(self.delay_s)
+                if request.transport is None or request.transport.is_closing():
+                    self.aborted += 1
+                    return False
+            return True
+        finally:
+            self.in_flight -= 1
 
     async def _tools(self, request: web.Request, body: dict, model: str) -> web.StreamResponse:
         rid, created = f"mock-{self.served}", int(time.time())
@@ -171,7 +187,9 @@ class Mock:
         return web.Response(text="ok")
 
     async def metrics(self, _: web.Request) -> web.Response:
-        return web.Response(text=f"# TYPE mock_served counter\nmock_served_total {self.served}\n")
+        return web.Response(text=f"# TYPE mock_served counter\nmock_served_total {self.served}\n"
+                                 f"# TYPE mock_in_flight gauge\nmock_in_flight {self.in_flight}\n"
+                                 f"# TYPE mock_aborted counter\nmock_aborted_total {self.aborted}\n")
 
 
 def _tool_result(body: dict) -> str | None:

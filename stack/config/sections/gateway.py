@@ -67,6 +67,21 @@ class CloudDeployment(_Strict):
         return v
 
 
+class EngineLiveness(_Strict):
+    """How the gateway proves each local engine makes progress (adr/0021): a /health probe with a deadline,
+    and tokens on the requests it serves. An engine that fails either is `unresponsive`: out of routing and
+    /ready, its waiting requests go to a fallback or fail with 503, until it answers again."""
+
+    enabled: bool = Field(True, description="probe local engines and watch their tokens")
+    probe_interval_s: float = Field(5, gt=0, description="time between two /health probes of an engine")
+    probe_timeout_s: float = Field(5, gt=0, description="a probe not answered 200 within this fails")
+    probe_failures: int = Field(2, ge=1, description="failed probes in a row that make an engine unresponsive")
+    stall_s: float = Field(
+        60, gt=0, description="requests in flight on an engine and no token (no stream chunk, no growth of its "
+        "vllm:*_tokens counters) for this long: the engine is stalled, unresponsive",
+    )
+
+
 class GatewayConfig(_Strict):
     """The one public endpoint. Engines stay on loopback behind it."""
 
@@ -126,6 +141,7 @@ class GatewayConfig(_Strict):
     header_timeout_s: float = Field(10, gt=0, description="a client must send a request's headers within this")
     body_timeout_s: float = Field(60, gt=0, description="... and its body within this once the headers are in")
     keep_alive_s: float = Field(30, gt=0, description="an idle keep-alive connection is closed after this")
+    liveness: EngineLiveness = Field(default_factory=EngineLiveness, description="hung-engine detection")
     internal_networks: list[str] = Field(
         default_factory=list,
         description="where a local deployment added through /admin/deployments may point besides loopback and "

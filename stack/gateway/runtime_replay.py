@@ -1,0 +1,45 @@
+"""At start: the deployments and adapters added through /admin in earlier runs, added again through the
+same checks (stack.gateway.runtime_state keeps them). Said in the log and in /admin/models."""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import ValidationError
+
+from stack.errors import StackError
+from stack.gateway.adapter_routes import NewAdapter, register_adapter
+from stack.gateway.admin_routes import NewDeployment, register_deployment
+from stack.gateway.state import GatewayState
+
+log = logging.getLogger("stack.gateway.runtime_state")
+
+
+async def replay(state: GatewayState) -> None:
+    runtime = state.runtime
+    deployments, adapters = runtime.read()
+    runtime.deployments, runtime.adapters = deployments, adapters  # skipped ones stay: a later start may take them
+    for dep_id, body in deployments.items():
+        try:
+            register_deployment(state, NewDeployment.model_validate(body))
+            runtime.restored.append(f"deployment {dep_id}")
+        except (StackError, ValidationError) as exc:
+            runtime.skipped.append({"what": f"deployment {dep_id}", "why": _why(exc)})
+    for name, body in adapters.items():
+        try:
+            await register_adapter(state, NewAdapter.model_validate(body))
+            runtime.restored.append(f"adapter {name}")
+        except (StackError, ValidationError) as exc:
+            runtime.skipped.append({"what": f"adapter {name}", "why": _why(exc)})
+    if runtime.restored:
+        log.warning("restored %d runtime change(s) from %s: %s", len(runtime.restored), runtime.path,
+                    ", ".join(runtime.restored))  # fmt: skip
+    for skip in runtime.skipped:
+        log.error("runtime change not restored: %s: %s", skip["what"], skip["why"])
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in first.get('loc', ()))}: {first.get('msg')}"
+    return str(getattr(exc, "message", exc))
