@@ -2,7 +2,7 @@
 sleep switching through the manager next to raw vLLM, and (when it exists) the tools/LoRA row.
 
     bash bench/gpu/suite.sh [--only NAME ...] [--kind profile|layout|switch|tools ...]   (on the lent GPU)
-    python -m bench.gpu.suite report bench/results/gpu-h200-2026-11-23.json [--markdown]  (anywhere)
+    python -m bench.gpu.suite report bench/results/2026-11-23-h200-gpu-suite/gpu-h200-2026-11-23.json [--markdown]  (anywhere)
 
 Rows that need more GPUs than the machine has are listed as `needs N GPUs` and not run (the TP rows run on
 nvidia-h200-x2). Results go to bench/results/gpu-<device>-<date>.json (rows of an earlier run of the same

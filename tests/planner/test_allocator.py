@@ -17,7 +17,7 @@ from stack.planner.weight_tensors import weight_tensor_sizes
 from stack.planner.weights import weights_from_config
 
 GIB = 1024**3
-PROBE = Path(__file__).parents[2] / "bench/results/weights-probe-h200-2026-11-23/weights_probe.jsonl"
+PROBE = Path(__file__).parents[2] / "bench/results/2026-11-23-h200-weights-probe/weights_probe.jsonl"
 
 
 def probe_rows() -> dict[str, dict]:
