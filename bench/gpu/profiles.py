@@ -27,7 +27,7 @@ import httpx
 import yaml
 
 from bench.gpu.device import Device
-from bench.gpu.models import fixture_config, write_model
+from bench.harness.dummy_models import fixture_config, write_model
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3

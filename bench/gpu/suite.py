@@ -2,7 +2,8 @@
 sleep switching through the manager next to raw vLLM, and (when it exists) the tools/LoRA row.
 
     bash bench/gpu/suite.sh [--only NAME ...] [--kind profile|layout|switch|tools ...]   (on the lent GPU)
-    python -m bench.gpu.suite report bench/results/2026-11-23-h200-gpu-suite/gpu-h200-2026-11-23.json [--markdown]  (anywhere)
+    python -m bench.gpu.suite report bench/results/2026-11-23-h200-gpu-suite/gpu-h200-2026-11-23.json  (anywhere;
+                                                                                       --markdown: tables)
 
 Rows that need more GPUs than the machine has are listed as `needs N GPUs` and not run (the TP rows run on
 nvidia-h200-x2). Results go to bench/results/gpu-<device>-<date>.json (rows of an earlier run of the same
@@ -228,7 +229,7 @@ def repredict(path: Path) -> None:
     from types import SimpleNamespace
 
     from bench.gpu.layouts import LAYOUTS, predict
-    from bench.gpu.models import fixture_config, write_model
+    from bench.harness.dummy_models import fixture_config, write_model
 
     result = json.loads(path.read_text())
     gpu = SimpleNamespace(name=result["device"], memory_total=int(result["nvml_total_gib"] * 2**30),

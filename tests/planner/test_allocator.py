@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu.models import fixture_config
+from bench.harness.dummy_models import fixture_config
 from stack.planner.allocator import MIB, block_bytes, rounding_bytes
 from stack.planner.model_meta import parse_config
 from stack.planner.weight_tensors import weight_tensor_sizes

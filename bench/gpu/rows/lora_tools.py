@@ -90,7 +90,7 @@ def main() -> int:
 
 def run(device: object, work: Path, log_dir: Path) -> dict:
     """The GPU suite's entry (bench/gpu/suite.py): a Qwen2.5-7B shape (hermes parser) with dummy weights."""
-    from bench.gpu.models import fixture_config, write_model
+    from bench.harness.dummy_models import fixture_config, write_model
 
     model = write_model(work / "lora-qwen2.5-7b", fixture_config("Qwen--Qwen2.5-7B-Instruct"))
     args = argparse.Namespace(

@@ -1,7 +1,7 @@
 """A fast OpenAI-compatible server: the stand-in for a cloud provider in tests, and the upstream that
 isolates a proxy's own cost in bench/gateway_overhead.py.
 
-    python tests/support/mock_upstream.py --port 9100 [--chunks 20] [--delay-ms 0] [--name mock]
+    python bench/harness/mock_upstream.py --port 9100 [--chunks 20] [--delay-ms 0] [--name mock]
 
 Chat and text completions (streaming or not) answer `--chunks` chunks of one word each, `--delay-ms`
 apart; embeddings answer a fixed vector. The requested model name steers failures (a gateway sends

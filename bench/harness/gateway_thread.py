@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tests.support.net import free_port
+from bench.harness.waiting import free_port
 
 
 @dataclass

