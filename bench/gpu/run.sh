@@ -5,7 +5,7 @@
 #   bash bench/gpu/run.sh                     lists the runs
 #
 # NAME is one of the scripts beside this one that run there (each sources site.sh: the site unpacked once per
-# machine, the shared vLLM environment, $out = $OUT or bench/results/out). Its whole output is kept in
+# machine, the shared vLLM environment, $out = $OUT or bench/out). Its whole output is kept in
 # $out/run-NAME.log; its exit status is this script's. The scripts' own names (bash bench/gpu/suite.sh ...)
 # keep working: this only gives them one door and one log.
 set -uo pipefail

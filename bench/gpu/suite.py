@@ -6,7 +6,7 @@ sleep switching through the manager next to raw vLLM, and (when it exists) the t
                                                                                        --markdown: tables)
 
 Rows that need more GPUs than the machine has are listed as `needs N GPUs` and not run (the TP rows run on
-nvidia-h200-x2). Results go to bench/results/gpu-<device>-<date>.json (rows of an earlier run of the same
+nvidia-h200-x2). Results go to bench/out/gpu-<device>-<date>.json (rows of an earlier run of the same
 device and day are kept unless rerun) and, on the lent machine, to $OUT. README "GPU suite" has the recipe.
 """
 
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     log_dir = work / "logs"
     log_dir.mkdir(exist_ok=True)
     today = dt.date.today().isoformat()
-    results_dir = Path(os.environ.get("VSTACK_GPU_RESULTS_DIR") or ROOT / "bench" / "results")
+    results_dir = Path(os.environ.get("VSTACK_GPU_RESULTS_DIR") or ROOT / "bench" / "out")
     out_path = Path(args.results or results_dir / f"gpu-{device.label}-{today}.json")
     result = json.loads(out_path.read_text()) if out_path.is_file() else {"rows": []}
     vllm_version = _vllm_version()
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--only", action="append", default=[], help="rows whose name contains this (repeatable)")
     r.add_argument("--kind", action="append", default=[], choices=["profile", "layout", "switch", "tools"])
     r.add_argument("--work", default=os.environ.get("VSTACK_GPU_WORK", "/tmp/vstack-gpu-suite"))
-    r.add_argument("--results", help="results file (default bench/results/gpu-<device>-<date>.json)")
+    r.add_argument("--results", help="results file (default bench/out/gpu-<device>-<date>.json)")
     p = sub.add_parser("report", help="print a results file as a table")
     p.add_argument("json", type=Path)
     p.add_argument("--markdown", action="store_true")
