@@ -370,7 +370,19 @@ def main() -> int:
     args = parser.parse_args()
     if args.mode == "report":
         return report(args.json, args.markdown)
-    measure(args.mode, args.out, args.only)
+    result = measure(args.mode, args.out, args.only)
+    measured = [run for run in result["runs"] if "kv_tokens" in run["actual"]]
+    errors = [predict(run, result)["kv_tokens"] / run["actual"]["kv_tokens"] - 1 for run in measured]
+    worst = max((abs(e) for e in errors), default=0.0)
+    folder = record(
+        "planner-check", f"the planner's KV tokens against vLLM's on {len(measured)} of {len(result['runs'])} shapes "
+        f"({args.mode}): worst error {worst:.1%}",
+        [Figure(name="shapes measured", value=len(measured), unit="",
+                meaning="model shapes started with dummy weights whose KV cache line vLLM logged"),
+         Figure(name="worst KV error", value=round(100 * worst, 2), unit="%",
+                meaning="largest |planner / vLLM - 1| of KV tokens over the shapes; lower is better (10% fails)")],
+        files=[args.out / "planner_check.json"])
+    print(f"recorded in {folder}")
     return 0
 
 
