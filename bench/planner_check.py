@@ -25,6 +25,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.kv_probe import CPU_KV_GIB, run_engine
+from bench.harness.manifest import Figure
+from bench.harness.results import record
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "stack" / "planner" / "known_configs"  # the config.json copies the planner ships
