@@ -3,6 +3,7 @@ and a manifest.json (bench.harness.manifest) saying what ran, on what, and what 
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import shlex
@@ -73,9 +74,11 @@ def run_folder(name: str, device: str, when: dt.datetime, root: Path = RESULTS) 
 
 def record(name: str, summary: str, figures: list[Figure], raw: dict[str, Any] | None = None,
            files: list[Path] | None = None, command: str | None = None, root: Path = RESULTS,
-           device: str | None = None, **extra_versions: str) -> Path:
-    """Write one run: `raw` as NAME.json and copies of `files` beside manifest.json; the folder written."""
-    when = dt.datetime.now(dt.UTC)
+           device: str | None = None, when: dt.datetime | None = None, vllm: str | None = None,
+           **extra_versions: str) -> Path:
+    """Write one run: `raw` as NAME.json and copies of `files` beside manifest.json; the folder written.
+    `when`, `device` and `vllm` default to now and this machine (give them for results fetched from another)."""
+    when = when or dt.datetime.now(dt.UTC)
     folder = run_folder(name, device or device_label(), when, root)
     folder.mkdir(parents=True)
     listed: list[str] = []
@@ -85,8 +88,40 @@ def record(name: str, summary: str, figures: list[Figure], raw: dict[str, Any] |
     for path in files or []:
         (shutil.copytree if path.is_dir() else shutil.copy2)(path, folder / path.name)
         listed.append(path.name)
-    manifest = Manifest(name=name, date=f"{when:%Y-%m-%d}", time_utc=f"{when:%H:%M}",
+    manifest = Manifest(name=name, date=f"{when:%Y-%m-%d}", time_utc=f"{when:%H:%M}" if when.hour or when.minute
+                        else UNKNOWN,
                         device=device or device_label(), command=command or this_command(), commit=commit(),
-                        versions=versions(**extra_versions), summary=summary, figures=figures, files=listed)
+                        versions={**versions(**extra_versions), **({"vllm": vllm} if vllm else {})},
+                        summary=summary, figures=figures, files=listed)
     (folder / "manifest.json").write_text(manifest.model_dump_json(indent=2) + "\n")
     return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`adopt`: results fetched from another machine (the lent GPU's $OUT) into a run folder with its manifest."""
+    ap = argparse.ArgumentParser(prog="python -m bench.harness.results", description=main.__doc__)
+    sub = ap.add_subparsers(dest="action", required=True)
+    adopt = sub.add_parser("adopt", help="copy FILES into bench/results/<date>-<device>-<name>/ with a manifest")
+    adopt.add_argument("files", nargs="+", type=Path)
+    adopt.add_argument("--name", required=True, help="the kind of run, e.g. gpu-suite, switch-pair, tune-8b")
+    adopt.add_argument("--device", required=True, help="h100, h200, h200-x2 ... (the machine it ran on)")
+    adopt.add_argument("--command", required=True, help="what reran it there, e.g. 'bash bench/gpu/run.sh suite'")
+    adopt.add_argument("--summary", required=True, help="one line")
+    adopt.add_argument("--vllm", required=True, help="the vLLM it ran, e.g. 'vllm 0.26.0'")
+    adopt.add_argument("--date", help="YYYY-MM-DD[THH:MM] UTC it ran (default: now)")
+    adopt.add_argument("--figures", type=Path, help="a JSON list of {name, value, unit, meaning}")
+    adopt.add_argument("--root", type=Path, default=RESULTS, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    missing = [str(f) for f in args.files if not f.exists()]
+    if missing:
+        ap.error(f"not found: {', '.join(missing)}")
+    when = dt.datetime.fromisoformat(args.date).replace(tzinfo=dt.UTC) if args.date else None
+    figures = [Figure.model_validate(f) for f in json.loads(args.figures.read_text())] if args.figures else []
+    folder = record(args.name, args.summary, figures, files=args.files, command=args.command, device=args.device,
+                    when=when, vllm=args.vllm, root=args.root)
+    print(f"wrote {folder}; then: python -m bench.harness.performance_page")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

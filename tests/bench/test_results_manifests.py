@@ -51,3 +51,19 @@ def test_a_manifest_that_lists_a_missing_file_or_sits_in_the_wrong_folder_fails(
     (right / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(ManifestError, match="not in the folder"):
         manifest.load(right)
+
+
+def test_adopt_puts_fetched_gpu_results_in_a_run_folder(tmp_path: Path) -> None:
+    fetched = tmp_path / "out" / "gpu-h200-2026-11-26.json"
+    fetched.parent.mkdir()
+    fetched.write_text('{"rows": []}')
+    figures = tmp_path / "figures.json"
+    figures.write_text(json.dumps([{"name": "rows OK", "value": 5, "unit": "", "meaning": "rows every check passed"}]))
+    root = tmp_path / "results"
+    assert results.main(["adopt", str(fetched), "--name", "gpu-suite", "--device", "h200", "--vllm", "vllm 0.26.0",
+                         "--command", "bash bench/gpu/run.sh suite", "--summary", "every row OK",
+                         "--date", "2026-11-26T10:05", "--figures", str(figures), "--root", str(root)]) == 0
+    [folder] = root.iterdir()
+    assert folder.name == "2026-11-26-h200-gpu-suite"
+    run = manifest.load(folder)
+    assert (run.time_utc, run.versions["vllm"], run.files) == ("10:05", "vllm 0.26.0", ["gpu-h200-2026-11-26.json"])
