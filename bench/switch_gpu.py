@@ -37,6 +37,8 @@ from typing import Any
 
 import httpx
 
+from bench.harness.waiting import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 
@@ -227,14 +229,6 @@ class Bench:
         self.call(self.manager.shutdown())
         if self.broker is not None:
             self.broker.stop()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def median(xs: list[float]) -> float | None:
