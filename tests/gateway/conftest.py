@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ import pytest
 from bench.harness import models
 from bench.harness.gateway_thread import Gateway, app_in_thread
 from bench.harness.waiting import free_port, wait_http
+from stack.engine.process import stop_process_tree
 from tests.support.stack_engine import rendered_engine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,16 +30,12 @@ SERVED = models.SMOLLM2
 
 
 def stop(proc: subprocess.Popen, grace: float = 15) -> None:
+    """The whole process tree, the way the stack and the harness stop theirs (SIGTERM, grace, SIGKILL)."""
     if proc.poll() is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_process_tree(proc.pid, grace)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
 
 
 @dataclass
