@@ -303,8 +303,8 @@ def main() -> None:
     else:
         summary = "; ".join(f"{r['kind']}: vstack {r['vstack_s']:.2f} s vs plain vLLM {r['plain_vllm_s']:.2f} s"
                             for r in rows) or "no row measured"
-        print("wrote", record("switch-time", f"CPU switch times through the {through}: {summary}", figures(rows),
-                              raw=result))
+        name = "switch-time" if args.repeat > 1 else "switch-time-quick"  # one run of each kind: its own series
+        print("wrote", record(name, f"CPU switch times through the {through}: {summary}", figures(rows), raw=result))
 
 
 def figures(rows: list[dict]) -> list[Figure]:
