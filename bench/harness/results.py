@@ -79,7 +79,8 @@ def record(name: str, summary: str, figures: list[Figure], raw: dict[str, Any] |
     """Write one run: `raw` as NAME.json and copies of `files` beside manifest.json; the folder written.
     `when`, `device` and `vllm` default to now and this machine (give them for results fetched from another)."""
     when = when or dt.datetime.now(dt.UTC)
-    folder = run_folder(name, device or device_label(), when, root)
+    device = device or device_label()
+    folder = run_folder(name, device, when, root)
     folder.mkdir(parents=True)
     listed: list[str] = []
     if raw is not None:
@@ -90,7 +91,7 @@ def record(name: str, summary: str, figures: list[Figure], raw: dict[str, Any] |
         listed.append(path.name)
     manifest = Manifest(name=name, date=f"{when:%Y-%m-%d}", time_utc=f"{when:%H:%M}" if when.hour or when.minute
                         else UNKNOWN,
-                        device=device or device_label(), command=command or this_command(), commit=commit(),
+                        device=device, command=command or this_command(), commit=commit(),
                         versions={**versions(**extra_versions), **({"vllm": vllm} if vllm else {})},
                         summary=summary, figures=figures, files=listed)
     (folder / "manifest.json").write_text(manifest.model_dump_json(indent=2) + "\n")
