@@ -74,26 +74,24 @@ def run_folder(name: str, device: str, when: dt.datetime, root: Path = RESULTS) 
 
 def record(name: str, summary: str, figures: list[Figure], raw: dict[str, Any] | None = None,
            files: list[Path] | None = None, command: str | None = None, root: Path = RESULTS,
-           device: str | None = None, when: dt.datetime | None = None, vllm: str | None = None,
-           **extra_versions: str) -> Path:
+           device: str | None = None, when: dt.datetime | None = None, time_known: bool = True,
+           vllm: str | None = None, **extra_versions: str) -> Path:
     """Write one run: `raw` as NAME.json and copies of `files` beside manifest.json; the folder written.
-    `when`, `device` and `vllm` default to now and this machine (give them for results fetched from another)."""
+    `when`, `device` and `vllm` default to now and this machine (give them for results fetched from another).
+    The manifest is checked before anything is written: a bad one leaves no folder behind."""
     when = when or dt.datetime.now(dt.UTC)
     device = device or device_label()
-    folder = run_folder(name, device, when, root)
-    folder.mkdir(parents=True)
-    listed: list[str] = []
-    if raw is not None:
-        (folder / f"{name}.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
-        listed.append(f"{name}.json")
-    for path in files or []:
-        (shutil.copytree if path.is_dir() else shutil.copy2)(path, folder / path.name)
-        listed.append(path.name)
-    manifest = Manifest(name=name, date=f"{when:%Y-%m-%d}", time_utc=f"{when:%H:%M}" if when.hour or when.minute
-                        else UNKNOWN,
+    listed = ([f"{name}.json"] if raw is not None else []) + [path.name for path in files or []]
+    manifest = Manifest(name=name, date=f"{when:%Y-%m-%d}", time_utc=f"{when:%H:%M}" if time_known else UNKNOWN,
                         device=device, command=command or this_command(), commit=commit(),
                         versions={**versions(**extra_versions), **({"vllm": vllm} if vllm else {})},
                         summary=summary, figures=figures, files=listed)
+    folder = run_folder(name, device, when, root)
+    folder.mkdir(parents=True)
+    if raw is not None:
+        (folder / f"{name}.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
+    for path in files or []:
+        (shutil.copytree if path.is_dir() else shutil.copy2)(path, folder / path.name)
     (folder / "manifest.json").write_text(manifest.model_dump_json(indent=2) + "\n")
     return folder
 
@@ -119,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     when = dt.datetime.fromisoformat(args.date).replace(tzinfo=dt.UTC) if args.date else None
     figures = [Figure.model_validate(f) for f in json.loads(args.figures.read_text())] if args.figures else []
     folder = record(args.name, args.summary, figures, files=args.files, command=args.command, device=args.device,
-                    when=when, vllm=args.vllm, root=args.root)
+                    when=when, time_known=bool(args.date is None or "T" in args.date), vllm=args.vllm,
+                    root=args.root)
     print(f"wrote {folder}; then: python -m bench.harness.performance_page")
     return 0
 

@@ -67,3 +67,9 @@ def test_adopt_puts_fetched_gpu_results_in_a_run_folder(tmp_path: Path) -> None:
     assert folder.name == "2026-11-26-h200-gpu-suite"
     run = manifest.load(folder)
     assert (run.time_utc, run.versions["vllm"], run.files) == ("10:05", "vllm 0.26.0", ["gpu-h200-2026-11-26.json"])
+
+
+def test_a_bad_run_leaves_no_folder(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="one line"):
+        results.record("gateway-overhead", "two\nlines", [], raw={}, root=tmp_path, device="cpu", command="x")
+    assert list(tmp_path.iterdir()) == []
