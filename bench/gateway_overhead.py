@@ -323,6 +323,9 @@ def figures(results: dict) -> list[Figure]:
     if "before_added_p50_ms" in c1:
         out.insert(1, Figure(name=f"other tree added p50, c={c}", value=round(c1["before_added_p50_ms"], 3), unit="ms",
                              meaning="the compared checkout's gateway (--compare-tree), same interleaved rounds"))
+    if "before" in tp:
+        out.insert(3, Figure(name="other tree max req/s", value=round(tp["before"], 1), unit="req/s",
+                             meaning="the compared checkout's gateway, same rounds"))
     return out
 
 
