@@ -1,5 +1,6 @@
 """The stack's import graph between its layers (top-level packages and modules of `stack`), from grimp (the
-graph import-linter checks), written as Graphviz DOT and as a Mermaid diagram for adr/0010.
+graph import-linter checks), written as Graphviz DOT and as a Mermaid diagram for adr/0010; around it the
+benchmarks (`bench`, over `harness`) and `tests`, which use the stack as a whole (adr/0024).
 
     .venv/bin/python .ci/import_graph.py            # writes adr/0010-import-graph.dot and .mmd, and the
                                                     # mermaid block of adr/0010-layers-and-composition-root.md
@@ -17,14 +18,27 @@ ORDER = ["errors", "engine_env", "config", "hardware", "models", "vllm", "planne
          "assemble", "load", "patches", "cli", "entrypoints"]
 
 
+OUTER = ["harness", "bench", "tests"]  # drawn around the stack; their imports of it go to the box "stack"
+
+
+def group(module: str) -> str | None:
+    """The layer of a stack module, or `harness` / `bench` / `tests`; None for the root packages themselves."""
+    parts = module.split(".")
+    if parts[0] == "stack":
+        return parts[1] if len(parts) > 1 and parts[1] in ORDER else None
+    if parts[0] == "bench":
+        return "harness" if parts[1:2] == ["harness"] else "bench"
+    return "tests" if parts[0] == "tests" else None
+
+
 def edges() -> set[tuple[str, str]]:
-    graph = grimp.build_graph("stack")
+    graph = grimp.build_graph("stack", "bench", "tests")
     out = set()
     for module in graph.modules:
         for imported in graph.find_modules_directly_imported_by(module):
-            a, b = module.split(".")[1:2], imported.split(".")[1:2]
-            if a and b and a != b and a[0] in ORDER and b[0] in ORDER:
-                out.add((a[0], b[0]))
+            a, b = group(module), group(imported)
+            if a and b and a != b:
+                out.add((a, "stack" if a in OUTER and b in ORDER else b))
     return out
 
 
@@ -34,20 +48,30 @@ FENCE = "```mermaid\n"
 
 def render() -> tuple[dict[Path, str], list[tuple[str, str]], int]:
     """{file: the text it should hold}, the edges against the order, and the number of edges."""
-    found = sorted(edges(), key=lambda e: (ORDER.index(e[0]), ORDER.index(e[1])))
-    rank = {name: i for i, name in enumerate(ORDER)}
+    every = edges()
+    found = sorted((e for e in every if e[0] in ORDER), key=lambda e: (ORDER.index(e[0]), ORDER.index(e[1])))
+    outer = sorted((e for e in every if e[0] in OUTER), key=lambda e: (OUTER.index(e[0]), e[1]))
+    rank = {name: i for i, name in enumerate(ORDER + OUTER)} | {"stack": -1}
     siblings = [{"errors", "engine_env"}, {"hardware", "models", "vllm"}, {"load", "patches"}]
-    against = [(a, b) for a, b in found if rank[a] < rank[b] and not any({a, b} <= group for group in siblings)]
-    dot = ["digraph stack {", "  rankdir=BT; node [shape=box, fontname=Helvetica];"]
-    dot += [f'  "{a}" -> "{b}"{" [color=red]" if (a, b) in against else ""};' for a, b in found]
+    # tests -> bench is the one allowed upward edge (tests/gpu test the GPU suite's code: .importlinter)
+    against = [(a, b) for a, b in found + outer if rank[a] < rank[b] and (a, b) != ("tests", "bench")
+               and not any({a, b} <= g for g in siblings)]
+    dot = ["digraph stack {", "  rankdir=BT; compound=true; node [shape=box, fontname=Helvetica];",
+           '  subgraph cluster_stack { label="stack";']
+    dot += [f'    "{a}" -> "{b}"{" [color=red]" if (a, b) in against else ""};' for a, b in found]
+    dot.append("  }")
+    dot += [f'  "{a}" -> "errors" [lhead=cluster_stack];' if b == "stack" else
+            f'  "{a}" -> "{b}"{" [style=dashed]" if (a, b) == ("tests", "bench") else ""};' for a, b in outer]
     dot.append("}")
-    mmd = "\n".join(["graph BT"] + [f"  {a} --> {b}" for a, b in found]) + "\n"
+    mmd = "\n".join(["graph BT", "  subgraph stack"] + [f"    {a} --> {b}" for a, b in found] + ["  end"]
+                    + [f"  {a} -.-> {b}" if (a, b) == ("tests", "bench") else f"  {a} --> {b}" for a, b in outer])
+    mmd += "\n"
     adr = ADR.read_text()
     start = adr.index(FENCE) + len(FENCE)
     adr = adr[:start] + mmd + adr[adr.index("```", start):]
     files = {ROOT / "adr" / "0010-import-graph.dot": "\n".join(dot) + "\n",
              ROOT / "adr" / "0010-import-graph.mmd": mmd, ADR: adr}
-    return files, against, len(found)
+    return files, against, len(found) + len(outer)
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ the added latency of bench/gateway_overhead.py does.
     .venv/bin/python bench/gateway_cpu.py --trees ../old,. --rounds 3 --requests 400 --concurrency 8
 
 Each tree's gateway (`python -m stack.entrypoints.gateway`, local fast path) runs in its own process in front of
-one unpaced local OpenAI-compatible stand-in (tests/support/mock_upstream.py, 20 chunks per answer).
+one unpaced local OpenAI-compatible stand-in (bench/harness/mock_upstream.py, 20 chunks per answer).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def main() -> None:
     args = ap.parse_args()
     trees = [Path(t).resolve() for t in args.trees.split(",")]
     upstream = free_port()
-    mock = subprocess.Popen([sys.executable, "tests/support/mock_upstream.py", "--port", str(upstream), "--chunks",
+    mock = subprocess.Popen([sys.executable, "bench/harness/mock_upstream.py", "--port", str(upstream), "--chunks",
                              "20"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     time.sleep(2)
     gateways = {t: start_gateway(t, upstream) for t in trees}

@@ -8,7 +8,7 @@
 `git worktree add ../old COMMIT`), run from that tree with the same Python, in the same interleaved rounds:
 a regression check measured side by side instead of against a figure from another day.
 
-Upstreams: a fast local OpenAI-compatible streaming server (tests/support/mock_upstream.py) that isolates the
+Upstreams: a fast local OpenAI-compatible streaming server (bench/harness/mock_upstream.py) that isolates the
 proxy's own cost, twice: paced like an engine (`--cadence-ms` between its `--chunks` chunks) for the
 added-latency figures, and unpaced for the max requests/s; and, when given, a real vLLM.
 Proxies: our gateway (`python -m stack.entrypoints.gateway`, local fast path) and `litellm --config` (1 worker),
@@ -16,39 +16,36 @@ each in its own process, started and stopped here. Rounds are interleaved so dri
 
 Added latency = a percentile of end-to-end stream time through the proxy minus the same percentile
 direct. Targets (issue 3): <= 1 ms p50 and <= 5 ms p99 added at 32 concurrent streams; >= 3x LiteLLM's
-max requests/s. Results print as a table and go to results/gateway_overhead.json.
+max requests/s. Results print as a table and go to bench/results/<date>-<device>-gateway-overhead/ (with its
+manifest.json; bench.harness.results), or to `--out FILE` only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: no cost-map fetch
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.harness.children import Children  # noqa: E402
+from bench.harness.manifest import Figure  # noqa: E402
+from bench.harness.results import record  # noqa: E402
+from bench.harness.waiting import free_port  # noqa: E402
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: no cost-map fetch
 PY = sys.executable
 MASTER_KEY = "sk-bench-master"  # LiteLLM's proxy requires one; local only, nothing to protect
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -129,51 +126,6 @@ async def load(t: Target, concurrency: int, requests: int | None, seconds: float
     return Sample(e2e, ttft, errors, wall)
 
 
-# -- processes -------------------------------------------------------------------------------------
-class Procs:
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-        self.logdir = Path(tempfile.mkdtemp(prefix="vstack-bench-"))
-
-    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None,
-              cwd: Path | None = None) -> subprocess.Popen:
-        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the process
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd or ROOT,
-            env={**os.environ, **(env or {})},
-            start_new_session=True,
-        )
-        self.procs.append(proc)
-        return proc
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-async def wait_http(url: str, timeout: float, headers: dict[str, str] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            with contextlib.suppress(aiohttp.ClientError, OSError):
-                async with s.get(url, headers=headers or {}) as r:
-                    if r.status < 500:
-                        return
-            await asyncio.sleep(0.25)
-    raise RuntimeError(f"{url} did not come up within {timeout:.0f} s")
-
-
 def litellm_config(upstreams: dict[str, tuple[str, str]], path: Path) -> None:
     lines = ["model_list:"]
     for model, (url, served) in upstreams.items():
@@ -190,12 +142,12 @@ def litellm_config(upstreams: dict[str, tuple[str, str]], path: Path) -> None:
 
 # -- the run ---------------------------------------------------------------------------------------
 async def run(args: argparse.Namespace) -> dict:
-    procs = Procs()
-    try:
+    with Children() as procs:
         paced, fast = free_port(), free_port()
-        mock = [PY, "tests/support/mock_upstream.py", "--chunks", str(args.chunks)]
-        procs.start("mock-paced", [*mock, "--port", str(paced), "--delay-ms", str(args.cadence_ms), "--name", "paced"])
-        procs.start("mock-fast", [*mock, "--port", str(fast), "--name", "fast"])
+        mock = [PY, "bench/harness/mock_upstream.py", "--chunks", str(args.chunks)]
+        mock_paced = procs.start("mock-paced", [*mock, "--port", str(paced), "--delay-ms", str(args.cadence_ms),
+                                                "--name", "paced"])
+        mock_fast = procs.start("mock-fast", [*mock, "--port", str(fast), "--name", "fast"])
         upstreams = {
             "paced": (f"http://127.0.0.1:{paced}", "paced"),
             "fast": (f"http://127.0.0.1:{fast}", "fast"),
@@ -206,7 +158,7 @@ async def run(args: argparse.Namespace) -> dict:
         gw_argv = [PY, "-m", "stack.entrypoints.gateway", "--port", str(gw)]
         for model, (url, served) in upstreams.items():
             gw_argv += ["--upstream", f"{model}={url}@{served}"]
-        procs.start("gateway", gw_argv)
+        gateway = procs.start("gateway", gw_argv)
         before = free_port() if args.compare_tree else None
         if before:
             tree = Path(args.compare_tree).resolve()
@@ -214,19 +166,20 @@ async def run(args: argparse.Namespace) -> dict:
             new_layout = (tree / "stack/entrypoints/gateway.py").is_file()
             entry = "stack.entrypoints.gateway" if new_layout else "stack.gateway"
             old_argv = [PY, "-m", entry, "--port", str(before), *gw_argv[5:]]  # the same upstreams
-            procs.start("gateway-before", old_argv, {"PYTHONPATH": str(tree)}, cwd=tree)
-        cfg = procs.logdir / "litellm.yaml"
+            gateway_before = procs.start("gateway-before", old_argv, {"PYTHONPATH": str(tree)}, cwd=tree)
+        cfg = procs.logs / "litellm.yaml"
         litellm_config(upstreams, cfg)
         env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
         litellm_bin = str(Path(PY).with_name("litellm"))
-        procs.start("litellm", [litellm_bin, "--config", str(cfg), "--port", str(lt), "--num_workers", "1"], env)
+        litellm = procs.start("litellm", [litellm_bin, "--config", str(cfg), "--port", str(lt), "--num_workers", "1"],
+                              env)
         auth = {"Authorization": f"Bearer {MASTER_KEY}"}
-        await wait_http(f"http://127.0.0.1:{paced}/health", 30)
-        await wait_http(f"http://127.0.0.1:{fast}/health", 30)
-        await wait_http(f"http://127.0.0.1:{gw}/health", 60)
+        mock_paced.wait_http(f"http://127.0.0.1:{paced}/health", 30, interval=0.25)
+        mock_fast.wait_http(f"http://127.0.0.1:{fast}/health", 30, interval=0.25)
+        gateway.wait_http(f"http://127.0.0.1:{gw}/health", 60, interval=0.25)
         if before:
-            await wait_http(f"http://127.0.0.1:{before}/health", 60)
-        await wait_http(f"http://127.0.0.1:{lt}/health/liveliness", 120, auth)
+            gateway_before.wait_http(f"http://127.0.0.1:{before}/health", 60, interval=0.25)
+        litellm.wait_http(f"http://127.0.0.1:{lt}/health/liveliness", 120, headers=auth, interval=0.25)
 
         def targets(model: str) -> list[Target]:
             url, served = upstreams[model]
@@ -285,8 +238,6 @@ async def run(args: argparse.Namespace) -> dict:
                 results["vllm"].append(summarise_latency(c, per))
                 print_row_latency(results["vllm"][-1], label="vLLM")
         return results
-    finally:
-        procs.stop_all()
 
 
 def summarise_latency(c: int, per: dict[str, Sample]) -> dict:
@@ -350,6 +301,34 @@ def machine() -> dict:
     }
 
 
+def _c1(results: dict) -> dict:
+    return min(results["latency"], key=lambda row: row["concurrency"])
+
+
+def figures(results: dict) -> list[Figure]:
+    """What the manifest and docs/performance.md show of a run."""
+    c1, tp = _c1(results), results["throughput"]
+    c = c1["concurrency"]
+    out = [Figure(name=f"vstack added p50, c={c}", value=round(c1["vstack_added_p50_ms"], 3), unit="ms",
+                  meaning="latency the gateway adds to a streamed request over the direct upstream (paced mock); "
+                          "lower is better"),
+           Figure(name=f"LiteLLM added p50, c={c}", value=round(c1["litellm_added_p50_ms"], 3), unit="ms",
+                  meaning="the same for LiteLLM's proxy (1 worker); lower is better"),
+           Figure(name="vstack max req/s", value=round(tp["vstack"], 1), unit="req/s",
+                  meaning="streamed requests per second through the gateway, fast mock; higher is better"),
+           Figure(name="LiteLLM max req/s", value=round(tp["litellm"], 1), unit="req/s",
+                  meaning="the same through LiteLLM's proxy"),
+           Figure(name="vstack / LiteLLM req/s", value=round(tp["vstack_over_litellm"], 2), unit="x",
+                  meaning="how many times LiteLLM's throughput the gateway serves")]
+    if "before_added_p50_ms" in c1:
+        out.insert(1, Figure(name=f"other tree added p50, c={c}", value=round(c1["before_added_p50_ms"], 3), unit="ms",
+                             meaning="the compared checkout's gateway (--compare-tree), same interleaved rounds"))
+    if "before" in tp:
+        out.insert(3, Figure(name="other tree max req/s", value=round(tp["before"], 1), unit="req/s",
+                             meaning="the compared checkout's gateway, same rounds"))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
@@ -366,7 +345,8 @@ def main() -> None:
     ap.add_argument("--vllm-requests", type=int, default=12)
     ap.add_argument("--vllm-max-tokens", type=int, default=16)
     ap.add_argument("--compare-tree", help="another checkout of this repo: its gateway runs side by side")
-    ap.add_argument("--out", default="results/gateway_overhead.json")
+    ap.add_argument("--out", type=Path, help="write the raw JSON here only (default: a run folder under "
+                    "bench/results with its manifest)")
     args = ap.parse_args()
     if args.vllm_url and not args.vllm_model:
         ap.error("--vllm-url needs --vllm-model (the engine's served model name)")
@@ -381,9 +361,17 @@ def main() -> None:
     results = asyncio.run(run(args))
     results["machine"] = info
     results["args"] = vars(args)
-    out = ROOT / args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2))
+    if args.out:
+        out = ROOT / args.out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2, default=str))
+    else:
+        tp = results["throughput"]
+        added = _c1(results)["vstack_added_p50_ms"]
+        summary = (f"gateway overhead vs LiteLLM's proxy ({args.rounds} rounds): +{added:.1f} ms p50 added at c=1, "
+                   f"{tp['vstack_over_litellm']:.1f}x LiteLLM's req/s")
+        out = record("gateway-overhead-side-by-side" if args.compare_tree else "gateway-overhead", summary,
+                     figures(results), raw=results, litellm=info["litellm"])
     lat32 = next((r for r in results["latency"] if r["concurrency"] == 32), None)
     if lat32:
         ok = lat32["vstack_added_p50_ms"] <= 1 and lat32["vstack_added_p99_ms"] <= 5

@@ -18,14 +18,15 @@ import datetime as dt
 import json
 import os
 import platform
-import re
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness.kv_probe import CPU_KV_GIB, run_engine
+from bench.harness.manifest import Figure
+from bench.harness.results import record
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "stack" / "planner" / "known_configs"  # the config.json copies the planner ships
@@ -193,20 +194,6 @@ CPU_SHAPES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {"max_model_len": 8192},
     ),
 ]
-CPU_KV_GIB = 1  # VLLM_CPU_KVCACHE_SPACE for every CPU shape: small, on a shared machine
-
-PATTERNS = {
-    "weights_gib": r"Model loading took ([\d.]+) ?GiB",
-    "kv_gib": r"Available KV cache memory: ([\d.]+) GiB",
-    "kv_tokens": r"KV cache size: ([\d,]+) tokens",
-    "max_concurrency": r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
-    "torch_peak_gib": r"torch peak memory increase: ([\d.]+) ?GiB",
-    "non_torch_gib": r"non-torch forward increase memory: ([\d.]+) ?GiB",
-    "total_consumed_gib": r"total consumed \(from mem_get_info\): ([\d.]+) ?GiB",
-    "cudagraph_util": r"--gpu-memory-utilization=([\d.]+) is equivalent to --gpu-memory-utilization=([\d.]+)",
-}
-
-
 def write_model(folder: Path, config: dict[str, Any]) -> None:
     """config.json and a word-level tokenizer (tokens t3 t4 ...): enough for --load-format dummy."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
@@ -230,75 +217,6 @@ def write_model(folder: Path, config: dict[str, Any]) -> None:
             }
         )
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _argv(target: str, folder: Path, options: dict[str, Any]) -> list[str]:
-    if target == "gpu":
-        base = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(folder)]
-    elif (ROOT / "stack" / "vllm" / "launcher.py").is_file():
-        base = [sys.executable, "-m", "stack.vllm.launcher", "serve", str(folder)]
-    else:
-        base = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
-    argv = [*base, "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(_free_port())]
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
-def run_engine(
-    target: str, folder: Path, options: dict[str, Any], log: Path, timeout: float
-) -> dict[str, Any]:
-    """Start vLLM, wait for its KV cache line (or its exit), stop it; the figures it logged."""
-    env = {**os.environ, "VLLM_LOGGING_LEVEL": "DEBUG", "PYTHONUNBUFFERED": "1"}
-    if target == "cpu":
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KV_GIB)
-        # Memory in the model's own dtype, which the planner models; answers are not read (adr/0012 guard).
-        env["VSTACK_ALLOW_CPU_BF16"] = "1"
-    start = time.monotonic()
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            _argv(target, folder, options),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=ROOT,
-            start_new_session=True,
-        )
-        try:
-            while time.monotonic() - start < timeout and proc.poll() is None:
-                time.sleep(1)
-                if re.search(PATTERNS["kv_tokens"], log.read_text(errors="replace")):
-                    time.sleep(1)  # let the concurrency line follow
-                    break
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-    text = log.read_text(errors="replace")
-    found: dict[str, Any] = {"seconds": round(time.monotonic() - start, 1)}
-    for key, pattern in PATTERNS.items():
-        m = re.search(pattern, text)
-        if m and key == "cudagraph_util":
-            found["cudagraph_util"] = [float(m.group(1)), float(m.group(2))]
-        elif m:
-            found[key] = float(m.group(1).replace(",", ""))
-    if "kv_tokens" not in found:
-        found["error"] = "\n".join(text.splitlines()[-15:])
-    return found
 
 
 def gpu_total_bytes() -> int:
@@ -454,7 +372,19 @@ def main() -> int:
     args = parser.parse_args()
     if args.mode == "report":
         return report(args.json, args.markdown)
-    measure(args.mode, args.out, args.only)
+    result = measure(args.mode, args.out, args.only)
+    measured = [run for run in result["runs"] if "kv_tokens" in run["actual"]]
+    errors = [predict(run, result)["kv_tokens"] / run["actual"]["kv_tokens"] - 1 for run in measured]
+    worst = max((abs(e) for e in errors), default=0.0)
+    folder = record(
+        "planner-check", f"the planner's KV tokens against vLLM's on {len(measured)} of {len(result['runs'])} shapes "
+        f"({args.mode}): worst error {worst:.1%}",
+        [Figure(name="shapes measured", value=len(measured), unit="",
+                meaning="model shapes started with dummy weights whose KV cache line vLLM logged"),
+         Figure(name="worst KV error", value=round(100 * worst, 2), unit="%",
+                meaning="largest |planner / vLLM - 1| of KV tokens over the shapes; lower is better (10% fails)")],
+        files=[args.out / "planner_check.json"])
+    print(f"recorded in {folder}")
     return 0
 
 

@@ -25,7 +25,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.ray_local import SERVED, ray_cluster, ray_gateway, stack_config, wait_replicas
+from bench.harness.ray_cluster import SERVED, ray_cluster, ray_gateway, stack_config, wait_replicas
 
 
 def ask(client: openai.OpenAI) -> bool:
@@ -47,7 +47,7 @@ def main() -> int:
     args = parser.parse_args()
     import tempfile
 
-    from tests.gateway.conftest import smollm2_dir
+    from bench.harness.models import smollm2_dir
 
     out: dict = {"before": {}, "after": {}, "control_plane_seen": []}
     with tempfile.TemporaryDirectory() as tmp, ray_cluster(workers=2) as cluster:

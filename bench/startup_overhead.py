@@ -1,5 +1,5 @@
 """What the stack adds to a start, without an engine's own minute: `vstack up` to the first streamed token with a
-stand-in engine (the local OpenAI-compatible stand-in, tests/support/mock_upstream.py, started by a wrapper set
+stand-in engine (the local OpenAI-compatible stand-in, bench/harness/mock_upstream.py, started by a wrapper set
 as `engine_python` after a 2 s pause), against the stand-in started alone, for two checkouts side by side in
 interleaved rounds.
 

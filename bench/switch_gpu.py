@@ -37,6 +37,8 @@ from typing import Any
 
 import httpx
 
+from bench.harness.waiting import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 
@@ -93,7 +95,7 @@ def bus_limit(w_out: int, w_in: int, b: dict[str, float]) -> dict[str, float | N
 
 
 def make_models(names: list[str], where: Path) -> dict[str, Path]:
-    from bench.gpu.models import fixture_config, write_model
+    from bench.harness.dummy_models import fixture_config, write_model
 
     out = {}
     for name in names:
@@ -243,14 +245,6 @@ class Bench:
         self.call(self.manager.shutdown())
         if self.broker is not None:
             self.broker.stop()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def median(xs: list[float]) -> float | None:

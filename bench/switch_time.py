@@ -7,8 +7,10 @@ vLLM doing the same, measured in one run (issue 4, item 7).
     sleep   A ready, B asleep: request B -> A sleeps, B wakes  POST A/sleep + POST B/wake_up + first token
     resident A and B ready: request B after A -> first token   first token of B, straight to its engine
 
-    python bench/switch_time.py --model-a DIR --model-b DIR [--through gateway|manager] --out F.json   (CPU)
+    python bench/switch_time.py --model-a DIR --model-b DIR [--through gateway|manager] [--out F.json]  (CPU)
     python3 bench/switch_time.py --gpu --scenario pair|round [--repeat N] --out F.json                (GPU)
+
+Without --out, a CPU run lands in bench/results/<date>-cpu-switch-time/ with its manifest (bench.harness).
 
 --gpu (the lent GPU machine, bench/gpu/switch_time.sh): bench/switch_gpu.py, ours with and without the
 overlapped wake, raw vLLM sleep + wake by hand, and the bus limit from a pinned copy, on the same engines.
@@ -28,7 +30,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import threading
@@ -40,13 +41,13 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.harness.children import Child, Children  # noqa: E402
+from bench.harness.manifest import Figure  # noqa: E402
+from bench.harness.results import record  # noqa: E402
+from bench.harness.waiting import free_port  # noqa: E402
+
 GIB = 1024**3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -74,30 +75,10 @@ def first_token(base: str, served: str, timeout: float = 900) -> float:
     raise RuntimeError(f"{served}: the stream ended without a token")
 
 
-def wait_health(base: str, proc: subprocess.Popen, timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"engine exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise TimeoutError(base)
-
-
-def spawn(setup: Setup, model: str, served: str) -> tuple[subprocess.Popen, str]:
+def spawn(engines: Children, setup: Setup, model: str, served: str) -> tuple[Child, str]:
     port = free_port()
-    log = open(setup.logs / f"plain-{served}-{port}.log", "wb")  # noqa: SIM115 - lives as long as the engine
-    proc = subprocess.Popen(setup.argv(model, served, port), stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, **setup.env}, start_new_session=True)  # fmt: skip
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def kill(proc: subprocess.Popen) -> None:
-    from stack.engine.process import stop_process_tree
-
-    stop_process_tree(proc.pid, 15)
+    engine = engines.start(f"plain-{served}-{port}", setup.argv(model, served, port), setup.env)
+    return engine, f"http://127.0.0.1:{port}"
 
 
 # -- plain vLLM --------------------------------------------------------------------------------------
@@ -107,37 +88,32 @@ def plain(setup: Setup, a: str, b: str, repeat: int) -> dict[str, list[float]]:
     the other by the raw endpoints."""
     out: dict[str, list[float]] = {}
     t0 = time.perf_counter()
-    proc_b, url_b = spawn(setup, b, "b")
-    try:
-        wait_health(url_b, proc_b)
+    with Children(setup.logs) as engines:
+        engine_b, url_b = spawn(engines, setup, b, "b")
+        engine_b.wait_http(f"{url_b}/health", 900, ok=lambda status: status == 200, interval=0.1)
         first_token(url_b, "b")
         out["cold"] = [time.perf_counter() - t0]
         if setup.gpu:  # two engines of 0.8 x the GPU do not fit awake together
             httpx.post(f"{url_b}/sleep", params={"level": "1"}, timeout=300).raise_for_status()
-        proc_a, url_a = spawn(setup, a, "a")
-        try:
-            wait_health(url_a, proc_a)
-            first_token(url_a, "a")
-            if not setup.gpu:
-                times = []
-                for _ in range(repeat):
-                    first_token(url_a, "a")
-                    times.append(first_token(url_b, "b"))
-                out["resident"] = times
-                return out
-            urls, names, times = [url_a, url_b], ["a", "b"], []
-            for i in range(repeat * 2):  # A -> B, B -> A, ...
-                cur, nxt = i % 2, (i + 1) % 2
-                t = time.perf_counter()
-                httpx.post(f"{urls[cur]}/sleep", params={"level": "1"}, timeout=300).raise_for_status()
-                httpx.post(f"{urls[nxt]}/wake_up", timeout=300).raise_for_status()
-                first_token(urls[nxt], names[nxt])
-                times.append(time.perf_counter() - t)
-            out["sleep"] = times
-        finally:
-            kill(proc_a)
-    finally:
-        kill(proc_b)
+        engine_a, url_a = spawn(engines, setup, a, "a")
+        engine_a.wait_http(f"{url_a}/health", 900, ok=lambda status: status == 200, interval=0.1)
+        first_token(url_a, "a")
+        if not setup.gpu:
+            times = []
+            for _ in range(repeat):
+                first_token(url_a, "a")
+                times.append(first_token(url_b, "b"))
+            out["resident"] = times
+            return out
+        urls, names, times = [url_a, url_b], ["a", "b"], []
+        for i in range(repeat * 2):  # A -> B, B -> A, ...
+            cur, nxt = i % 2, (i + 1) % 2
+            t = time.perf_counter()
+            httpx.post(f"{urls[cur]}/sleep", params={"level": "1"}, timeout=300).raise_for_status()
+            httpx.post(f"{urls[nxt]}/wake_up", timeout=300).raise_for_status()
+            first_token(urls[nxt], names[nxt])
+            times.append(time.perf_counter() - t)
+        out["sleep"] = times
     return out
 
 
@@ -324,6 +300,23 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
+    else:
+        summary = "; ".join(f"{r['kind']}: vstack {r['vstack_s']:.2f} s vs plain vLLM {r['plain_vllm_s']:.2f} s"
+                            for r in rows) or "no row measured"
+        name = "switch-time" if args.repeat > 1 else "switch-time-quick"  # one run of each kind: its own series
+        print("wrote", record(name, f"CPU switch times through the {through}: {summary}", figures(rows), raw=result))
+
+
+def figures(rows: list[dict]) -> list[Figure]:
+    """What the manifest and docs/performance.md show of a run."""
+    out = []
+    for r in rows:
+        out.append(Figure(name=f"{r['kind']} switch, vstack", value=r["vstack_s"], unit="s",
+                          meaning=f"request to first token when the other model is {r['kind']}, through vstack "
+                                  f"(median of {r['runs']}); lower is better"))
+        out.append(Figure(name=f"{r['kind']} switch, plain vLLM", value=r["plain_vllm_s"], unit="s",
+                          meaning="the same moves done by hand on plain vLLM"))
+    return out
 
 
 def machine() -> str:

@@ -28,6 +28,21 @@ def test_the_contract_would_catch_an_import_against_the_order() -> None:
     assert graph.chain_exists(importer="stack.assemble", imported="stack.gateway", as_packages=True)
 
 
+def test_benchmarks_and_tests_share_only_the_harness() -> None:
+    """Issue 28 found them tangled both ways: bench/ray_local.py imported tests/support, tests/cluster imported
+    bench/ray_local.py, gpu/layouts imported planner_check. Now both sides use bench.harness."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("stack", "bench", "tests")
+    assert not graph.chain_exists(importer="bench", imported="tests", as_packages=True)
+    assert not graph.chain_exists(importer="stack", imported="bench", as_packages=True)
+    scripts = {m for m in graph.find_children("bench") if m not in ("bench.harness", "bench.gpu")}
+    for script in scripts:
+        assert not graph.chain_exists(importer="tests.cluster", imported=script, as_packages=True), script
+        assert not graph.chain_exists(importer="bench.gpu", imported=script, as_packages=True) or script == \
+            "bench.switch_gpu", script
+    assert graph.chain_exists(importer="tests.cluster", imported="bench.harness", as_packages=True)
+
+
 def test_the_committed_import_graph_is_the_current_one() -> None:
     """adr/0010's picture is generated; a stale one (it once missed four edges) fails here, with the fix."""
     pytest.importorskip("grimp")

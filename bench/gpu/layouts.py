@@ -82,8 +82,8 @@ def run_layout(layout: Layout, work: Path, log_dir: Path, gpu_info: Any) -> dict
     """One layout row: vLLM's figures, the planner's, the error. Never raises."""
     import time
 
-    from bench.gpu.models import fixture_config, write_model
-    from bench.planner_check import run_engine
+    from bench.harness.dummy_models import fixture_config, write_model
+    from bench.harness.kv_probe import run_engine
 
     row: dict[str, Any] = {"row": layout.name, "kind": "layout", "layout": layout.layout, "new_shape": layout.new,
                            "fixture": layout.fixture, "options": options_for(layout)}

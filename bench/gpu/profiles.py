@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +26,9 @@ import httpx
 import yaml
 
 from bench.gpu.device import Device
-from bench.gpu.models import fixture_config, write_model
+from bench.harness.dummy_models import fixture_config, write_model
+from bench.harness.stack_cli import Vstack
+from bench.harness.waiting import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 1024**3
@@ -182,8 +183,7 @@ def planner_prediction(run: ProfileRun, profile: str | None = None) -> dict[str,
 
 
 def vstack(run: ProfileRun, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "stack.entrypoints.cli", "--config", str(run.overlay), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return Vstack(config=run.overlay)(*args, timeout=timeout)
 
 
 def chat_checks(base: str, served: str) -> dict[str, Any]:
@@ -315,11 +315,3 @@ def finish_kv(row: dict[str, Any]) -> None:
     actual = (row.get("vllm") or {}).get("kv_tokens")
     if predicted and actual:
         row["kv_error"] = round(predicted / actual - 1, 4)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

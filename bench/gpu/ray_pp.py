@@ -97,8 +97,8 @@ def main() -> int:
     args = ap.parse_args()
     import ray
 
-    from bench.gpu.models import fixture_config, write_model
-    from bench.ray_local import ray_gateway_for
+    from bench.harness.dummy_models import fixture_config, write_model
+    from bench.harness.ray_cluster import ray_gateway_for
 
     result: dict = {"date": time.strftime("%Y-%m-%d"), "model": f"{args.model} (dummy weights)", "ok": False}
     t0 = time.monotonic()

@@ -6,7 +6,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 parts=${VSTACK_GPU_PARTS:-/tmp/vstack-parts}
 site=${VSTACK_GPU_SITE:-/tmp/vstack-site}
-out=${OUT:-$root/bench/results/out}
+out=${OUT:-$root/bench/out}  # not in bench/results: a run folder there needs its manifest
 mkdir -p "$parts" "$out"
 for p in "$root"/.gpu[0-9]/part.* "$root"/.gpuray/part.*; do [ -e "$p" ] && cp "$p" "$parts/"; done
 

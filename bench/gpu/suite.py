@@ -2,10 +2,11 @@
 sleep switching through the manager next to raw vLLM, and (when it exists) the tools/LoRA row.
 
     bash bench/gpu/suite.sh [--only NAME ...] [--kind profile|layout|switch|tools ...]   (on the lent GPU)
-    python -m bench.gpu.suite report bench/results/gpu-h200-2026-11-23.json [--markdown]  (anywhere)
+    python -m bench.gpu.suite report bench/results/2026-11-23-h200-gpu-suite/gpu-h200-2026-11-23.json  (anywhere;
+                                                                                       --markdown: tables)
 
 Rows that need more GPUs than the machine has are listed as `needs N GPUs` and not run (the TP rows run on
-nvidia-h200-x2). Results go to bench/results/gpu-<device>-<date>.json (rows of an earlier run of the same
+nvidia-h200-x2). Results go to bench/out/gpu-<device>-<date>.json (rows of an earlier run of the same
 device and day are kept unless rerun) and, on the lent machine, to $OUT. README "GPU suite" has the recipe.
 """
 
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     log_dir = work / "logs"
     log_dir.mkdir(exist_ok=True)
     today = dt.date.today().isoformat()
-    results_dir = Path(os.environ.get("VSTACK_GPU_RESULTS_DIR") or ROOT / "bench" / "results")
+    results_dir = Path(os.environ.get("VSTACK_GPU_RESULTS_DIR") or ROOT / "bench" / "out")
     out_path = Path(args.results or results_dir / f"gpu-{device.label}-{today}.json")
     result = json.loads(out_path.read_text()) if out_path.is_file() else {"rows": []}
     vllm_version = _vllm_version()
@@ -228,7 +229,7 @@ def repredict(path: Path) -> None:
     from types import SimpleNamespace
 
     from bench.gpu.layouts import LAYOUTS, predict
-    from bench.gpu.models import fixture_config, write_model
+    from bench.harness.dummy_models import fixture_config, write_model
 
     result = json.loads(path.read_text())
     gpu = SimpleNamespace(name=result["device"], memory_total=int(result["nvml_total_gib"] * 2**30),
@@ -253,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--only", action="append", default=[], help="rows whose name contains this (repeatable)")
     r.add_argument("--kind", action="append", default=[], choices=["profile", "layout", "switch", "tools"])
     r.add_argument("--work", default=os.environ.get("VSTACK_GPU_WORK", "/tmp/vstack-gpu-suite"))
-    r.add_argument("--results", help="results file (default bench/results/gpu-<device>-<date>.json)")
+    r.add_argument("--results", help="results file (default bench/out/gpu-<device>-<date>.json)")
     p = sub.add_parser("report", help="print a results file as a table")
     p.add_argument("json", type=Path)
     p.add_argument("--markdown", action="store_true")

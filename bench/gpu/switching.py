@@ -13,7 +13,6 @@ POST B/wake_up, B's first token; and back.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,9 @@ from typing import Any
 import httpx
 
 from bench.gpu.device import Device
-from bench.gpu.profiles import free_port, prepare, vstack
+from bench.gpu.profiles import prepare, vstack
+from bench.harness.children import Children
+from bench.harness.waiting import free_port
 
 GIB = 1024**3
 MODEL_A, MODEL_B = "llama-3.1-8b-instruct", "qwen2.5-7b-instruct"
@@ -97,12 +98,8 @@ def ours(cfg: Any, device: Device, work: Path, log_dir: Path) -> dict[str, Any]:
 
 def raw(device: Device, work: Path, log_dir: Path, utilization: float) -> dict[str, Any]:
     """Plain vLLM: B started and put to sleep, A started; then sleep one / wake the other by hand."""
-    import subprocess
-
-    from stack.engine.process import stop_process_tree
-
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
-    procs: dict[str, tuple[subprocess.Popen, str]] = {}
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    engines = Children(log_dir)
     out: dict[str, Any] = {"steps": []}
     baseline = device.used_bytes()
 
@@ -112,21 +109,10 @@ def raw(device: Device, work: Path, log_dir: Path, utilization: float) -> dict[s
                 "--host", "127.0.0.1", "--port", str(port), "--served-model-name", name, "--load-format", "dummy",
                 "--enable-sleep-mode", "--gpu-memory-utilization", str(utilization), "--enforce-eager",
                 "--max-model-len", str(ENGINE["max_model_len"])]
-        log = open(log_dir / f"raw-{name}.log", "wb")  # noqa: SIM115 - lives as long as the engine
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         base = f"http://127.0.0.1:{port}"
-        procs[name] = (proc, base)
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"raw vLLM {name} exited with {proc.returncode}")
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    return base
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(name)
+        engines.start(f"raw-{name}", argv, env).wait_http(f"{base}/health", 600, ok=lambda status: status == 200,
+                                                          interval=0.5)
+        return base
 
     try:
         b = start(MODEL_B)
@@ -147,8 +133,7 @@ def raw(device: Device, work: Path, log_dir: Path, utilization: float) -> dict[s
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        for proc, _ in procs.values():
-            stop_process_tree(proc.pid, 15)
+        engines.stop_all()
         out["stopped_clean"], out["memory_after"] = device.wait_released(baseline)
     return out
 

@@ -58,7 +58,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-    from bench.gpu.models import fixture_config, write_model
+    from bench.harness.dummy_models import fixture_config, write_model
     from stack.planner.allocator import block_bytes, rounding_bytes
     from stack.planner.model_meta import parse_config
     from stack.planner.weight_tensors import weight_tensor_sizes

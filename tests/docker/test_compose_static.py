@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.waiting import wait_http
 from tests.docker.conftest import MODEL, ROOT, Compose, build_env, write_env_file
-from tests.support.net import wait_http
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
 PROJECT = "vstack-static-test"

@@ -105,7 +105,7 @@ def test_a_gateway_on_the_host_runs_its_engine_as_a_container(
 ) -> None:
     from openai import OpenAI
 
-    from tests.support.net import free_port, wait_http
+    from bench.harness.waiting import free_port, wait_http
 
     tag = uuid.uuid4().hex[:8]
     network = docker_client.networks.create(f"vstack-test-{tag}", internal=True)

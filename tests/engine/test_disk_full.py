@@ -22,13 +22,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.harness.waiting import free_port, wait_for
 from stack.config.sections.gateway import GatewayConfig
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import EngineError
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.log_health import WatchedLogHandler
 from tests.gateway.conftest import local, run_gateway, smollm2_dir, stop
-from tests.support.net import free_port, wait_for
 from tests.support.stack_engine import rendered_engine
 
 pytestmark = pytest.mark.lifecycle

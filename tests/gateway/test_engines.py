@@ -9,17 +9,17 @@ import sys
 import httpx
 import pytest
 
+from bench.harness.waiting import free_port, wait_for
 from stack.config.sections.gateway import GatewayConfig
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
-from tests.support.net import free_port, wait_for
 
 from .conftest import ROOT, run_gateway
 
 
 def mock_engine(tmp_path, argv_tail=()) -> EngineProcess:
     port = free_port()
-    argv = [sys.executable, str(ROOT / "tests/support/mock_upstream.py"), "--port", str(port), *argv_tail]
+    argv = [sys.executable, str(ROOT / "bench/harness/mock_upstream.py"), "--port", str(port), *argv_tail]
     spec = EngineSpec(name="smol", profile="test", argv=argv, env={}, host="127.0.0.1", port=port,
                       log_path=tmp_path / "engine.log", display_argv=argv)  # fmt: skip
     return EngineProcess(spec)

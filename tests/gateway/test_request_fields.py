@@ -6,7 +6,7 @@ would send our provider key to a host of the client's choice. The gateway forwar
 defines: every route refuses any other top-level field (400, the field named), and the cloud client passes on
 only those fields whatever a route let through.
 
-The cloud provider is outside this machine: `tests/support/mock_upstream.py` stands in for it, reached the way
+The cloud provider is outside this machine: `bench/harness/mock_upstream.py` stands in for it, reached the way
 the README's `openai/gpt-4o-mini` example is (no `api_base` in the entry: LiteLLM's OpenAI provider takes its
 base URL from `OPENAI_BASE_URL`). A second local server, the trap, records anything sent to it: any request
 that reaches it carries the provider key away.

@@ -7,8 +7,8 @@ import httpx
 import openai
 import pytest
 
+from bench.harness.waiting import free_port
 from stack.config.sections.gateway import GatewayConfig
-from tests.support.net import free_port
 
 from .conftest import cloud_entry, local, run_gateway, start_mock, stop
 

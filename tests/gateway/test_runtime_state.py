@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from bench.harness.gateway_thread import Gateway, app_in_thread
+from bench.harness.waiting import wait_for
 from stack.cli.lifecycle import _warnings
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.adapters import Base
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.registry import DeploymentRegistry
 from tests.engine.test_disk_full import fill, full_disk
-from tests.support.app_thread import Gateway, app_in_thread
-from tests.support.net import wait_for
 
 from .conftest import local, run_gateway
 from .test_engines import mock_engine

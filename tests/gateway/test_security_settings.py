@@ -8,7 +8,7 @@
   names the socket the request came in on, not the Host header (before: echoed).
 - An admin key whose value is a client key's is refused at start (before: the client key opened /admin).
 
-The engine here is tests/support/mock_upstream.py, the project's stand-in for an OpenAI-compatible server:
+The engine here is bench/harness/mock_upstream.py, the project's stand-in for an OpenAI-compatible server:
 these tests look at the gateway's own decisions, not at what an engine answers.
 """
 

@@ -2,7 +2,7 @@
 the engine, and a hung engine (SIGSTOP) is found out, taken out of /ready, its requests cut or sent to the
 fallback, and taken back when it runs again (SIGCONT).
 
-The fallback is a cloud model: the local stand-in for a provider (tests/support/mock_upstream.py), the one
+The fallback is a cloud model: the local stand-in for a provider (bench/harness/mock_upstream.py), the one
 fake the project allows. The engine is the session's shared one; every stopped process is continued in a
 `finally`, so the tests after these find it running. The file sorts before test_vllm_fallback.py, which
 kills that engine.

@@ -11,8 +11,8 @@ import jsonschema
 import openai
 import pytest
 
+from bench.harness.waiting import wait_for
 from stack.config.sections.gateway import GatewayConfig
-from tests.support.net import wait_for
 
 from .conftest import SERVED, cloud_entry, local, run_gateway
 

@@ -1,5 +1,5 @@
 """Runs last among the vLLM tests (it kills the shared engine): the fallback answers, then a clean 503.
-The cloud provider is a local OpenAI-compatible stand-in (tests/support/mock_upstream.py), reached through LiteLLM."""
+The cloud provider is a local OpenAI-compatible stand-in (bench/harness/mock_upstream.py), reached through LiteLLM."""
 
 from __future__ import annotations
 

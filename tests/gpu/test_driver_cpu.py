@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from bench.gpu.device import Device
-from bench.gpu.models import CHARS, vocabulary, write_model
 from bench.gpu.profiles import MAX_TOOL_TOKENS, WEATHER, parse_engine_log, prepare, run_profile
 from bench.gpu.suite import table, verdict
+from bench.harness.dummy_models import CHARS, vocabulary, write_model
 
 CPU = Device("cpu", 0, 0, 0)
 

@@ -15,8 +15,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 @pytest.fixture
 def run(tmp_path: Path) -> Path:
     """The folder layout the device run leaves (/tmp/vstack-gpu-tune): tune-8b/ and auto-tune-8b/."""
-    (tmp_path / "tune-8b").symlink_to(RESULTS / "tune-8b-h200-2026-11-24b")
-    (tmp_path / "auto-tune-8b").symlink_to(RESULTS / "auto-tune-8b-h200-2026-11-24")
+    (tmp_path / "tune-8b").symlink_to(RESULTS / "2026-11-24-h200-tune-8b-1007")
+    (tmp_path / "auto-tune-8b").symlink_to(RESULTS / "2026-11-24-h200-auto-tune-8b")
     return tmp_path
 
 

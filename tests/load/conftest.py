@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from bench.harness.waiting import free_port
 from stack.load.records import RequestRecord
-from tests.support.net import free_port
 
 DATA = Path(__file__).parent / "data"
 # Small enough for a 2-core machine shared with others: a few short requests, two users.

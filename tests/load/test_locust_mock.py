@@ -1,4 +1,4 @@
-"""The locustfile against a local OpenAI-compatible mock (tests/support/mock_upstream.py): stages, a model mix,
+"""The locustfile against a local OpenAI-compatible mock (bench/harness/mock_upstream.py): stages, a model mix,
 streamed and plain requests, failures counted and the SLO failed, in seconds and without vLLM."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.harness.waiting import free_port
 from tests.load.conftest import write_scenario
-from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="needs Locust")
@@ -35,7 +35,7 @@ slo: ["error_rate<0.01"]
 @pytest.fixture
 def mock_url() -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "mock_upstream.py"), "--port", str(port),
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "harness" / "mock_upstream.py"), "--port", str(port),
                              "--chunks", "4", "--delay-ms", "5"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

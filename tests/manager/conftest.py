@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.gateway_thread import Gateway, app_in_thread
+from bench.harness.waiting import free_port
 from stack.config.sections.manager import ManagerConfig
 from stack.errors import EngineError
 from stack.manager.manager import ModelManager
 from stack.manager.metrics import ManagerMetrics
 from stack.manager.policy import Capacity
 from stack.manager.slot import Slot
-from tests.support.app_thread import Gateway, app_in_thread
-from tests.support.net import free_port
 from tests.support.stack_engine import rendered_engine
 
 GIB = 1024**3

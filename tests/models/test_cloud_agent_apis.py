@@ -1,7 +1,7 @@
 """Tools, the Responses API and the Anthropic Messages API through the gateway to a cloud deployment
 (LiteLLM), and the same tool calls through the local fast path, with the official clients.
 
-The cloud provider is the one thing faked: bench/mock_upstream.py stands in for it (extended for this
+The cloud provider is the one thing faked: bench/harness/mock_upstream.py stands in for it (extended for this
 issue to call tools, stream tool-call deltas, answer tool results and serve /v1/responses). The gateway,
 LiteLLM and the clients are real. The real-engine versions of these checks are in test_served_e2e.py.
 """

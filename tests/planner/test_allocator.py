@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.gpu.models import fixture_config
+from bench.harness.dummy_models import fixture_config
 from stack.planner.allocator import MIB, block_bytes, rounding_bytes
 from stack.planner.model_meta import parse_config
 from stack.planner.weight_tensors import weight_tensor_sizes
 from stack.planner.weights import weights_from_config
 
 GIB = 1024**3
-PROBE = Path(__file__).parents[2] / "bench/results/weights-probe-h200-2026-11-23/weights_probe.jsonl"
+PROBE = Path(__file__).parents[2] / "bench/results/2026-11-23-h200-weights-probe/weights_probe.jsonl"
 
 
 def probe_rows() -> dict[str, dict]:

@@ -35,7 +35,7 @@ def test_uniform_capacity_is_blocks_times_block_size() -> None:
     assert concurrency == pytest.approx(2.5)
 
 
-# Logged by vLLM 0.26.0 on an H200 (bench/planner_check_h200_2026-11-21.json): available KV GiB (2 decimals)
+# Logged by vLLM 0.26.0 on an H200 (bench/results/2026-11-21-h200-planner-check/): available KV GiB (2 decimals)
 # -> tokens. The capacity arithmetic must reproduce the token count from vLLM's own byte figure.
 @pytest.mark.parametrize(("name", "max_len", "kv_gib", "tokens", "block"), [
     ("meta-llama--Llama-3.1-8B-Instruct", 32768, 112.28, 919_824, 16),

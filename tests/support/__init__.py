@@ -1,2 +1,3 @@
-"""Helpers shared by the tests: free ports and waits (net), an app served in a thread (app_thread),
-the real CLI in a subprocess (cli)."""
+"""Helpers only the tests use: engines rendered as `vstack up` renders them (stack_engine), the `vstack` CLI
+fixture (cli). What benchmarks use as well (free ports and waits, the gateway in a thread, the mock upstream,
+the Ray cluster, the CLI runner) is in bench.harness (adr/0024)."""

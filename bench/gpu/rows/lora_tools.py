@@ -31,14 +31,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # run as a file: the checkout's bench and stack
+
+from bench.harness.children import Children
+from bench.harness.waiting import free_port
 
 # strict: arguments pinned to the schema (vLLM >= 0.32 pins only strict tools by default; 0.26 always did).
 TOOL = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
@@ -78,7 +81,7 @@ def main() -> int:
     ap.add_argument("--max-loras", type=int, default=1)
     ap.add_argument("--max-cpu-loras", type=int, default=2)
     ap.add_argument("--rank", type=int, default=8)
-    ap.add_argument("--port", type=int, default=8123)
+    ap.add_argument("--port", type=int, default=0, help="default: a free one")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--extra", default="", help="more `vllm serve` arguments, one string")
     ap.add_argument("--launcher", default="vllm.entrypoints.cli.main",
@@ -90,12 +93,12 @@ def main() -> int:
 
 def run(device: object, work: Path, log_dir: Path) -> dict:
     """The GPU suite's entry (bench/gpu/suite.py): a Qwen2.5-7B shape (hermes parser) with dummy weights."""
-    from bench.gpu.models import fixture_config, write_model
+    from bench.harness.dummy_models import fixture_config, write_model
 
     model = write_model(work / "lora-qwen2.5-7b", fixture_config("Qwen--Qwen2.5-7B-Instruct"))
     args = argparse.Namespace(
         model_dir=str(model), out=str(log_dir / "lora_tools.json"), python=sys.executable, dummy=True,
-        tool_parser="hermes", adapters=3, max_loras=1, max_cpu_loras=2, rank=8, port=8123, timeout=600,
+        tool_parser="hermes", adapters=3, max_loras=1, max_cpu_loras=2, rank=8, port=0, timeout=600,
         extra="--enforce-eager --gpu-memory-utilization 0.5", launcher="vllm.entrypoints.cli.main")
     return check(args)
 
@@ -115,6 +118,7 @@ def check(args: argparse.Namespace) -> dict:
     for i, name in enumerate(names):
         write_adapter(work / name, config, args.rank, i + 1, args.model_dir)
     write_adapter(work / "too-big", config, args.rank * 2, 99, args.model_dir)
+    args.port = args.port or free_port()
     url = f"http://127.0.0.1:{args.port}"
     argv = [args.python, "-m", args.launcher, "serve", args.model_dir, "--served-model-name", "base",
             "--host", "127.0.0.1", "--port", str(args.port), "--enable-lora", "--max-loras", str(args.max_loras),
@@ -122,23 +126,14 @@ def check(args: argparse.Namespace) -> dict:
             "--tool-call-parser", args.tool_parser, "--enable-auto-tool-choice",
             *(["--load-format", "dummy"] if args.dummy else []), *args.extra.split()]  # fmt: skip
     log = Path(args.out).with_suffix(".log")
-    env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
     row: dict = {"row": "lora_tools", "argv": argv[3:], "checks": {}}
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    log.unlink(missing_ok=True)
+    engines = Children(log.parent, grace=30)
+    engine = engines.start(log.stem, argv, {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}, log=log)
     checks = row["checks"]
     try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"engine exited {proc.returncode}; see {log}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() - t0 > args.timeout:
-                raise TimeoutError("engine not up")
-            time.sleep(1)
+        engine.wait_http(f"{url}/health", args.timeout, ok=lambda status: status == 200, interval=1)
         row["startup_s"] = round(time.monotonic() - t0, 1)
         c = httpx.Client(base_url=url, timeout=300)
 
@@ -195,11 +190,7 @@ def check(args: argparse.Namespace) -> dict:
     except Exception as exc:  # recorded in the row: the suite shows it
         row["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        engines.stop_all()
     row["ok"] = "error" not in row and all(checks.values())
     Path(args.out).write_text(json.dumps(row, indent=2))
     return row

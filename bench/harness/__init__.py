@@ -1,0 +1,11 @@
+"""What every benchmark (and the tests) share, so each starts, waits for, stops and records things one way:
+
+- `children`: child processes (engines, gateways, stand-ins) in their own sessions, stopped as a tree.
+- `waiting`: free ports, waiting for an HTTP endpoint or a condition.
+- `gateway_thread`: the gateway app served in a thread of this process (its state reachable).
+- `mock_upstream`: the local OpenAI-compatible stand-in for a cloud provider.
+- `ray_cluster`: a real local Ray cluster of several nodes with the stack on it.
+- `models`: the SmolLM2 checkpoint the CPU runs use.
+- `manifest`, `results`: one folder per run under bench/results/, with manifest.json beside the raw results.
+- `performance_page`: docs/performance.md, generated from the manifests.
+"""
