@@ -316,12 +316,17 @@ PAGES = {
 }
 
 
+def _portable(text: str) -> str:
+    # Defaults computed from where the checkout or the home folder is: the same page on every machine.
+    return text.replace(f"{ROOT}/", "").replace(str(ROOT), ".").replace(HOME, "~")
+
+
 def write(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, page in PAGES.items():
         target = out / name
-        target.write_text(page())
+        target.write_text(_portable(page()))
         written.append(target)
     return written
 
