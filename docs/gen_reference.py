@@ -22,7 +22,6 @@ from typing import Any
 import typer
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "reference"
@@ -122,7 +121,7 @@ def _lookup(data: Any, path: list[str]) -> Any:
 
 def _example(path: list[str], shipped: dict[str, Any]) -> str:
     value = _lookup(shipped, path)
-    if value is None or isinstance(value, (dict, list)) and not value:
+    if value is None or (isinstance(value, (dict, list)) and not value):
         return ""
     if isinstance(value, dict):
         return ""  # a section: its keys have their own rows
@@ -193,13 +192,15 @@ def _param_row(param: Any, ctx: Any) -> str:
         if getattr(param, "secondary_opts", None):
             names += param.secondary_opts
         name = " / ".join(f"`{n}`" for n in names)
-    kind = "argument" if param.param_type_name == "argument" else ("flag" if getattr(param, "is_flag", False)
-                                                                  else param.metavar or param.display_type(ctx).strip("<>"))
-    default = param.default
-    if default is None or default == () or callable(default):
-        shown = ""
+    if param.param_type_name == "argument":
+        kind = "argument"
+    elif getattr(param, "is_flag", False):
+        kind = "flag"
     else:
-        shown = f"`{json.dumps(default, default=str)}`"
+        kind = param.metavar or param.display_type(ctx).strip("<>")
+    default = param.default
+    hidden = default is None or default == () or callable(default)
+    shown = "" if hidden else f"`{json.dumps(default, default=str)}`"
     help_text = " ".join((getattr(param, "help", None) or "").split()).replace("|", "\\|")
     if getattr(param, "required", False):
         help_text = (help_text + " (required)").strip()
@@ -284,8 +285,8 @@ def _collectors(registry: Any) -> list[Any]:
 
 
 def metrics_page() -> str:
-    from stack.gateway.metrics import GatewayMetrics
     from stack.gateway.adapters import AdapterMetrics
+    from stack.gateway.metrics import GatewayMetrics
     from stack.manager.metrics import ManagerMetrics
 
     gateway = GatewayMetrics()

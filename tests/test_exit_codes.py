@@ -1,5 +1,5 @@
-"""One exit-code table (stack.errors.EXIT_CODES): the documented table (docs/reference/exit-codes.md) is the same, each error kind has its
-own code, and every StackError class in the package uses a code of the table."""
+"""One exit-code table (stack.errors.EXIT_CODES): the documented table (docs/reference/exit-codes.md, generated)
+is the same, each error kind has its own code, and every StackError class in the package uses a code of the table."""
 
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def parse(page: Path) -> list[Block]:
 def collect(docs: Path = DOCS) -> list[Block]:
     """Every runnable block: the CPU quick start's first, then the other pages' (sorted), teardowns last."""
     first = docs / FIRST.relative_to(DOCS)
-    pages = [first] + sorted(p for f in FOLDERS for p in (docs / f).rglob("*.md") if p != first)
+    pages = [first, *sorted(p for f in FOLDERS for p in (docs / f).rglob("*.md") if p != first)]
     blocks = [b for p in pages for b in parse(p)]
     return [b for b in blocks if not b.teardown] + [b for b in blocks if b.teardown]
 

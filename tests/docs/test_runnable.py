@@ -67,10 +67,8 @@ def docs_env(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
 def test_the_block_runs_as_written(block: Block, docs_env) -> None:
     code = localise(block.code, docs_env["port"])
-    if block.lang == "bash":
-        argv = ["bash", "-c", "set -eo pipefail\n" + code]
-    else:
-        argv = [sys.executable, "-c", code]
+    bash = ["bash", "-c", "set -eo pipefail\n" + code]
+    argv = bash if block.lang == "bash" else [sys.executable, "-c", code]
     timeout = 900 if "vstack up" in code else 300
     proc = subprocess.run(argv, env=docs_env["env"], cwd=docs_env["cwd"], capture_output=True, text=True,
                           timeout=timeout, check=False)
