@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,3 +70,27 @@ def test_mkdocs_build_is_strict_clean(tmp_path: Path) -> None:
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING")]
     assert not warnings, "\n".join(warnings)
     assert (tmp_path / "site" / "reference" / "configuration" / "index.html").exists()
+
+
+# Files the docs tell the user to create, or quote from an example error message.
+USER_FILES = {"docker/.env", "configs/profiles/mine.yaml", "configs/models/tiny.yaml"}
+TOP = "stack|bench|configs|docker|patches|tests|adr|docs|loadtests|\\.ci"
+PATH_IN_TEXT = re.compile(rf"(?<![\w/.~$-])((?:{TOP})/[\w./-]*)")
+
+
+def test_every_repository_path_the_docs_name_exists() -> None:
+    """README.md and docs/ (not the ADRs, which record what was true when they were written): a path into the
+    repository that no longer exists is a stale instruction."""
+    pages = [REPO / "README.md", *(p for p in (REPO / "docs").rglob("*.md") if "design/adr" not in p.as_posix())]
+    missing = []
+    for page in pages:
+        text = page.read_text()
+        for m in PATH_IN_TEXT.finditer(text):
+            path = m[1].rstrip(".,:;")
+            if text[m.end():m.end() + 1] in ("<", "{", "*", "$") or path in USER_FILES:
+                continue  # a pattern (gpu-<device>-<date>.json, engine_args_0.{26,32}) or a file the user makes
+            if re.fullmatch(r"adr/\d{4}", path) and list(REPO.glob(f"{path}-*.md")):
+                continue
+            if not (REPO / path).exists():
+                missing.append(f"{page.relative_to(REPO)}: {path}")
+    assert not missing, "paths that do not exist:\n" + "\n".join(missing)
