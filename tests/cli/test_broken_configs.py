@@ -4,7 +4,7 @@ code, the file and the key named, no traceback, and nothing started.
 Every row runs `vstack config validate`, `config render`, `plan`, `patches status` or `up` as a subprocess
 in a fresh state folder (COLUMNS wide, so rich does not wrap a key across lines). The rows run a few at a
 time from a pool shared by the whole table, so the table costs about what its slowest third does.
-Exit codes (README): 2 configuration, 3 engine failed to start, 4 model not found, 6 does not fit.
+Exit codes (docs/reference/exit-codes.md): 2 configuration, 3 engine failed to start, 4 model not found, 6 does not fit.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`vstack up` exits with the failure's own code (the README's table), not 3 for everything the gateway
+"""`vstack up` exits with the failure's own code (docs/reference/exit-codes.md), not 3 for everything the gateway
 it starts in the background reports, and shows only this run's log lines. Nothing here starts an engine:
 each failure happens while planning, before any engine would start."""
 

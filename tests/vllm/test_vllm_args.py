@@ -98,7 +98,7 @@ def test_secrets_are_redacted_in_display(catalog: VllmCatalog) -> None:
     assert "sk-local-123" not in " ".join(rendered.redacted())
 
 
-# --- removed options (VLLM_NOTES.md table) -------------------------------------------------------
+# --- removed options (docs/design/vllm-notes.md table) -------------------------------------------------------
 
 
 def test_swap_space_is_rejected_with_the_reason_and_nearest_option(catalog: VllmCatalog) -> None:

@@ -48,7 +48,7 @@ class CloudDeployment(_Strict):
     api_key_env: str | None = Field(None, description="environment variable holding the provider key")
     context_window: int | None = Field(None, gt=0, description="tokens; used for context-window fallbacks")
     order: int = Field(2, ge=1, description="lower is tried first within a model group (local engines are 1)")
-    timeout_s: float | None = Field(None, gt=0)
+    timeout_s: float | None = Field(None, gt=0, description="per attempt (default: gateway.request_timeout_s)")
 
     @field_validator("litellm_params")
     @classmethod
@@ -100,8 +100,10 @@ class GatewayConfig(_Strict):
     context_window_fallbacks: dict[str, list[str]] = Field(
         default_factory=dict, description="model group -> groups with a larger context window"
     )
-    routing_strategy: Literal["simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2"] = (
-        "simple-shuffle"
+    routing_strategy: Literal[
+        "simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2"
+    ] = Field(
+        "simple-shuffle", description="LiteLLM Router's strategy among deployments of one model group and order"
     )
     replica_routing: Literal["least_outstanding", "prefix_affinity", "round_robin"] = Field(
         "least_outstanding", description="among a model's replicas (manager.runtime: ray): the one with the fewest "
@@ -119,14 +121,14 @@ class GatewayConfig(_Strict):
                                        "/metrics/engines/* only (Prometheus' bearer token); client and admin keys "
                                        "open them too. With no key of any kind configured they are open")
     cors_origins: list[str] = Field(default_factory=list, description="CORS is off unless origins are listed")
-    connect_timeout_s: float = Field(5, gt=0)
+    connect_timeout_s: float = Field(5, gt=0, description="to open a connection to a deployment")
     request_timeout_s: float = Field(600, gt=0, description="per attempt, first byte to last")
     num_retries: int = Field(1, ge=0, le=10, description="retries of one deployment before falling back")
     retry_backoff_s: float = Field(0.25, ge=0, description="first retry's wait; doubles each retry")
     allowed_fails: int = Field(3, ge=0, description="failures per minute before a deployment cools down")
-    cooldown_s: float = Field(5, ge=0)
+    cooldown_s: float = Field(5, ge=0, description="how long a deployment past allowed_fails is left out")
     retry_after_s: int = Field(5, ge=1, description="Retry-After sent with 503 when nothing can serve")
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
     max_tokens_limit: int = Field(1_048_576, ge=1, description="larger max_tokens are rejected with 400")
     max_in_flight: int = Field(4096, ge=1, description="concurrent requests before 429")
     drain_grace_s: float = Field(30, ge=0, description="SIGTERM: how long in-flight streams may finish")

@@ -148,7 +148,7 @@ class ManagerConfig(BaseModel):
         0.85, gt=0, le=1, description="CPU: the fraction of free RAM engines may use together"
     )
     restart_max: int = Field(3, ge=0, description="restarts of a crashed engine within restart_window_s")
-    restart_window_s: float = Field(600, gt=0)
+    restart_window_s: float = Field(600, gt=0, description="see restart_max")
     restart_backoff_s: float = Field(2, ge=0, description="first restart's delay; doubles each time")
     retry_failed_s: float = Field(30, ge=0, description="a failed model is tried again on a request after this")
     runtime: Literal["local", "docker", "ray"] = Field(
