@@ -17,6 +17,8 @@ from stack.gateway.adapters import AdapterBook
 from stack.gateway.admin_routes import cloud_deployment
 from stack.gateway.auth import KeyRing
 from stack.gateway.cloud import CloudUpstream
+from stack.gateway.console import ConsoleSources
+from stack.gateway.console import install as install_console
 from stack.gateway.dispatch import Dispatcher
 from stack.gateway.docs_routes import docs_router
 from stack.gateway.errors import envelope, install_error_handlers
@@ -103,10 +105,12 @@ def create_app(
     on_shutdown: list[Hook] | None = None,
     environ: Mapping[str, str] | None = None,
     manager: ModelManager | None = None,
+    console: ConsoleSources | None = None,
 ) -> FastAPI:
     """default_model: the model group `default` (and /ready) refers to; registry: deployments known
     so far (engines register theirs as they become ready); hooks: start and stop engines; manager: the
-    model manager that admits requests to the engines it switches (stack.gateway.engines builds it)."""
+    model manager that admits requests to the engines it switches (stack.gateway.engines builds it); console: what
+    the console's Plan & config page shows (stack.gateway.console.sources)."""
     registry = registry or DeploymentRegistry()
     for i, c in enumerate(settings.cloud):
         registry.add(cloud_deployment(c, f"cloud-{c.model_name}-{i + 1}"))
@@ -130,6 +134,8 @@ def create_app(
         adapters=dispatcher.adapters,
     )
 
+    on_shutdown = list(on_shutdown or [])
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await local.start()
@@ -138,7 +144,7 @@ def create_app(
         try:
             yield
         finally:
-            for hook in on_shutdown or []:
+            for hook in on_shutdown:
                 await hook(state)
             await local.close()
             await state.adapters.close()
@@ -160,6 +166,8 @@ def create_app(
     app.include_router(ops_routes.router)
     if settings.docs:
         app.include_router(docs_router(app))
+    if settings.console:
+        on_shutdown.append(install_console(app, state, console).close)
     app.include_router(agent_routes.router)
     app.include_router(adapter_routes.router)
     app.include_router(agent_routes.unknown)  # last: OpenAI's 404 JSON for every path no route serves
