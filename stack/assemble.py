@@ -31,6 +31,7 @@ from stack.engine.sleep_copy import KEEP_ENV
 from stack.errors import EngineError, StackError
 from stack.gateway.adapters import Adapter, Base, adapter_from_info
 from stack.gateway.app import create_app
+from stack.gateway.console import ConsoleSources
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.serve import uvicorn_config
 from stack.gateway.state import GatewayState
@@ -283,18 +284,51 @@ def handoff_broker(cfg: StackConfig, planned: PlannedStack) -> HandoffBroker | N
     return broker
 
 
-def build_gateway(planned: PlannedStack, on_startup: list | None = None) -> tuple[FastAPI, EngineSupervisor]:
-    """The gateway app owning the planned engines (started by its startup hook, stopped on shutdown)."""
+def build_gateway(planned: PlannedStack, on_startup: list | None = None,
+                  console: ConsoleSources | None = None) -> tuple[FastAPI, EngineSupervisor]:  # fmt: skip
+    """The gateway app owning the planned engines (started by its startup hook, stopped on shutdown).
+    console: what the entry point adds to the console's Plan & config page (the patch ledger, reports)."""
     sup = supervisor(planned)
     warn_if_open(planned.cfg)
     app = create_app(planned.cfg.gateway, default_model=planned.default.resolved.served_name,
                      on_startup=[sup.start, *(on_startup or [])],
                      on_shutdown=[sup.stop, *([sup.manager.handoff.stop] if sup.manager.handoff else [])],
-                     manager=sup.manager)  # fmt: skip
+                     manager=sup.manager, console=console_sources(planned, console))  # fmt: skip
     return app, sup
 
 
-def serve(planned: PlannedStack, port: int) -> int:
+def console_sources(planned: PlannedStack, extra: ConsoleSources | None = None) -> ConsoleSources:
+    """The console's view of what was planned: the effective configuration (masked as `vstack config render`
+    masks), each model's fit with the planner's reasons and its `vllm serve` line; `extra` adds the rest."""
+    from stack.config.redact import redacted_dump
+    from stack.manager.tiers import bus_for
+
+    cfg, plans = planned.cfg, [planned.default, *planned.others]
+    masked = redacted_dump(cfg)
+
+    def engines() -> list[dict]:
+        return [{"model": p.resolved.served_name, "profile": p.resolved.name, "default": p is planned.default,
+                 "command": p.display(), "notes": list(p.notes), "fit": fit_view(p)} for p in plans]  # fmt: skip
+
+    gpus = planned.hardware.gpus
+    extra = extra or ConsoleSources()
+    return replace(extra, config=lambda: masked, engines=engines,
+                   bus_h2d_gbps=bus_for(gpus[0].name).h2d_gbps if gpus else None)  # fmt: skip
+
+
+def fit_view(plan: EnginePlan) -> dict | None:
+    fit = plan.fit
+    if fit is None:
+        return None
+    return {"hardware": fit.hardware,
+            "summary": f"{fit.max_concurrency:.1f} requests of {fit.max_model_len:,} tokens at once, "
+                       f"{fit.kv_tokens:,} KV tokens",
+            "decisions": [{"key": d.key, "value": d.value if isinstance(d.value, int | float | bool | str)
+                           else str(d.value), "source": d.source, "reason": d.reason}
+                          for d in fit.decisions]}  # fmt: skip
+
+
+def serve(planned: PlannedStack, port: int, console: ConsoleSources | None = None) -> int:
     """Run the gateway with its engines until SIGTERM/SIGINT (0). EngineError, with the engine's log tail,
     if the default model's engine fails to start: that ends `up` (a later crash only marks it failed)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -313,7 +347,7 @@ def serve(planned: PlannedStack, port: int) -> int:
 
         asyncio.get_running_loop().create_task(watch())
 
-    app, sup = build_gateway(planned, on_startup=[watch_start])
+    app, sup = build_gateway(planned, on_startup=[watch_start], console=console)
     cfg = planned.cfg
     server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
                                            limits=cfg.gateway))

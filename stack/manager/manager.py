@@ -240,7 +240,8 @@ class ModelManager:
             slot.last_switch = {"kind": str(kind), "seconds": round(seconds, 3), "reason": plan.reason,
                                 "tier": str(slot.tier), "overlap": order.overlap, "order": order.reason,
                                 "phases": phases}  # fmt: skip
-            self.history.append({"model": name, "at": time.time(), **slot.last_switch})
+            weights = None if slot.weights_gpu is None else round(slot.weights_gpu / 2**30, 3)
+            self.history.append({"model": name, "at": time.time(), **slot.last_switch, "weights_gib": weights})
             self.metrics.switches.labels(name, str(kind)).inc()
             self.metrics.switch_seconds.labels(str(kind)).observe(seconds)
             log.info("switched to %s (%s) in %.2f s: %s", name, kind, seconds, plan.reason)

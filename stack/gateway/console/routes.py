@@ -31,7 +31,7 @@ from stack.gateway.console.hub import Hub, TooManyStreams, frame
 from stack.gateway.console.live import Series, engine_row, gateway_row, parse
 from stack.gateway.console.logs import GatewayLog, follow, tail
 from stack.gateway.console.sessions import COOKIE, Session, Sessions
-from stack.gateway.console.sources import ConsoleSources
+from stack.gateway.console.sources import ConsoleSources, with_bus_floor
 from stack.gateway.errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
 from stack.gateway.schemas import ChatCompletionRequest
 from stack.gateway.state import GatewayState, get_state
@@ -269,6 +269,7 @@ async def api_models(request: Request) -> dict[str, Any]:
     state = get_state(request)
     view = models_view(state)
     view["switching"] = state.manager.switching() if state.manager is not None else None
+    view["served"] = list(state.model_cards())
     return view
 
 
@@ -338,7 +339,7 @@ async def api_plan(request: Request) -> dict[str, Any]:
     return {
         "config": call(s.config), "engines": call(s.engines), "patches": call(s.patches),
         "reports": call(s.reports),
-        "switches": list(manager.history)[::-1] if manager is not None else [],
+        "switches": [with_bus_floor(x, s.bus_h2d_gbps) for x in reversed(manager.history)] if manager else [],
         "decisions": manager.decisions if manager is not None else [],
         "manager": {k: v for k, v in manager.status().items() if k not in ("models", "decisions")} if manager else None,
     }  # fmt: skip

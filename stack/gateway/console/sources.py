@@ -20,3 +20,12 @@ class ConsoleSources:
     patches: Callable[[], dict[str, Any]] | None = None  # the patch ledger's state for the installed vLLM
     reports: Callable[[], list[dict[str, Any]]] | None = None  # the latest tune / load reports
     report_dirs: Callable[[], list[Path]] | None = None  # where their plots may be read from
+    bus_h2d_gbps: float | None = None  # host -> GPU copies (stack.manager.tiers.bus_for): a wake's floor
+
+
+def with_bus_floor(switch: dict[str, Any], h2d_gbps: float | None) -> dict[str, Any]:
+    """A wake from sleep next to the time its weights alone take over the bus (None: a cold start, or no GPU)."""
+    weights = switch.get("weights_gib")
+    if switch.get("kind") != "sleeping" or not weights or not h2d_gbps:
+        return {**switch, "bus_floor_s": None, "bus_gbps": h2d_gbps}
+    return {**switch, "bus_floor_s": round(weights * 2**30 / (h2d_gbps * 1e9), 3), "bus_gbps": h2d_gbps}
