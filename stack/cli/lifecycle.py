@@ -19,6 +19,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from stack.cli.console_sources import console_sources
 from stack.cli.shell import ConfigOpt, cli_config, config_path, err, out, run
 from stack.config.schema import StackConfig
 from stack.engine.diagnose import log_size, log_tail
@@ -88,9 +89,11 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
         planned = plan_engines(cfg, profile, on_status=lambda s: err.print(f"[dim]{s}[/]"))
         store.save(EngineRecord(GATEWAY, planned.default.resolved.name, os.getpid(), _local_host(host), port, ""))
         out.print(f"  OpenAI base URL: [bold]{url}/v1[/] (engine starting; /ready says when)")
+        if cfg.gateway.console:
+            out.print(f"  console:         [bold]{url}/ui/[/]")
         out.print("  [dim]running in the foreground; Ctrl-C stops it[/]")
         try:
-            return serve(planned, port)
+            return serve(planned, port, console_sources(cfg))
         finally:
             store.remove(GATEWAY)
     failure = cfg.state_dir / "gateway-failure.json"
@@ -117,11 +120,24 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     model = httpx.get(f"{url}/ready", timeout=5).json().get("model", "")
     out.print(f"[green]✓[/] [bold]{model}[/] ready in {seconds:.0f} s behind the gateway")
     out.print(f"  OpenAI base URL: [bold]{url}/v1[/]")
+    if cfg.gateway.console:
+        out.print(f"  console:         [bold]{url}/ui/[/]" + _console_login(cfg))
     out.print(f"  gateway log:     {log}")
     out.print("  try:")
     out.print(Text("    " + _sample_request(url, model)), soft_wrap=True)
     out.print("  stop with: vstack down")
     return 0
+
+
+def _console_login(cfg: StackConfig) -> str:
+    """How to get in when keys guard the gateway (their names only; never a value)."""
+    from stack.gateway.auth import KeyRing
+
+    g = cfg.gateway
+    with contextlib.suppress(Exception):
+        if KeyRing.from_refs(g.api_keys).enabled or KeyRing.from_refs([g.admin_key] if g.admin_key else []).enabled:
+            return "  (log in with the admin key or an API key)"
+    return ""
 
 
 def _failure(failure: Path, returncode: int | None, log: Path, start: int) -> ReportedError | EngineError:

@@ -28,12 +28,13 @@ def main() -> None:
     ap.add_argument("--failure-file", type=Path)
     args = ap.parse_args()
     from stack.assemble import plan_engines, serve
+    from stack.cli.console_sources import console_sources
     from stack.config import load_config
 
     def body() -> int:
         cfg = load_config(args.config)
         planned = plan_engines(cfg, args.profile, on_status=lambda s: print(s, flush=True))
-        return serve(planned, args.port)
+        return serve(planned, args.port, console_sources(cfg))
 
     def on_error(exc: StackError) -> None:
         if args.failure_file:
