@@ -37,6 +37,7 @@ from stack.gateway.schemas import ChatCompletionRequest
 from stack.gateway.state import GatewayState, get_state
 
 HERE = Path(__file__).parent
+log = logging.getLogger("stack.gateway.console")
 PAGES = {"models": "Models", "live": "Live", "activity": "Activity", "logs": "Logs", "playground": "Playground",
          "plan": "Plan & config"}  # fmt: skip
 SCRAPABLE = ("ready", "sleeping")
@@ -230,6 +231,7 @@ async def login(body: Login, request: Request) -> JSONResponse:
     else:
         raise Unauthorized("Incorrect key: give the admin key or an API key of this gateway", code="invalid_api_key")
     token, _ = console.sessions.create(role, name)  # type: ignore[arg-type]
+    log.info("console: key %r logged in as %s from %s", name, role, client)  # the key's name, never the key
     response = JSONResponse({"role": role, "key_name": name})
     set_cookie(response, token, console.sessions.ttl_s)
     return response
