@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import html
 import logging
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class Console:
         self.series: dict[str, Series] = {}
         self.log_seq = 0
         self.offsets: dict[str, int] = {}
+        self.logs_followed_at = 0.0
 
     # -- the once-a-second sample, while a page listens ----------------------------------------------
     async def tick(self, hub: Hub) -> None:
@@ -104,14 +106,20 @@ class Console:
         return files
 
     def new_lines(self) -> list[tuple[str, list[str]]]:
-        out = []
+        """Lines written since the last tick. After a pause (no Logs page open) following starts again at the
+        ends: a page opening later read the tail already (/ui/api/logs)."""
+        now, out = time.monotonic(), []
+        if now - self.logs_followed_at > 3:
+            self.offsets.clear()
+            self.log_seq = self.gateway_log.since(0)[0]
+        self.logs_followed_at = now
         self.log_seq, lines = self.gateway_log.since(self.log_seq)
         if lines:
             out.append(("gateway", lines))
         for name, path in self.log_files().items():
             key = str(path)
             if key not in self.offsets:
-                self.offsets[key] = tail(path, 0)[0]
+                self.offsets[key] = size_of(path)
                 continue
             self.offsets[key], lines = follow(path, self.offsets[key])
             if lines:
@@ -124,15 +132,23 @@ class Console:
             logging.getLogger(name).removeHandler(self.gateway_log)
 
 
+def size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def install(app: FastAPI, state: GatewayState, sources: ConsoleSources | None = None) -> Console:
     """Mount /ui on `app`; the returned console's `close` goes among the app's shutdown hooks."""
     console = Console(state, sources or ConsoleSources())
     app.state.console = console
     logging.getLogger().addHandler(console.gateway_log)  # the gateway's records (stack.*), wherever they go
     logging.getLogger("uvicorn.error").addHandler(console.gateway_log)  # uvicorn's own does not propagate
+    hub = console.hub  # each event is built only when a page listens for it: no page, no cost
     if state.manager is not None:
-        state.manager.subscribe(lambda *_: console.hub.publish("models", models_view(state)))
-    state.dispatcher.activity.listeners.append(lambda rec: console.hub.publish("activity", asdict(rec)))
+        state.manager.subscribe(lambda *_: hub.wants("models") and hub.publish("models", models_view(state)))
+    state.dispatcher.activity.listeners.append(lambda rec: hub.wants("activity") and hub.publish("activity", asdict(rec)))
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="console-static")
     return console
