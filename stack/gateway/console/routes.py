@@ -148,7 +148,8 @@ def install(app: FastAPI, state: GatewayState, sources: ConsoleSources | None = 
     hub = console.hub  # each event is built only when a page listens for it: no page, no cost
     if state.manager is not None:
         state.manager.subscribe(lambda *_: hub.wants("models") and hub.publish("models", models_view(state)))
-    state.dispatcher.activity.listeners.append(lambda rec: hub.wants("activity") and hub.publish("activity", asdict(rec)))
+    activity = state.dispatcher.activity
+    activity.listeners.append(lambda rec: hub.wants("activity") and hub.publish("activity", asdict(rec)))
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="console-static")
     return console
