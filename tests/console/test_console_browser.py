@@ -7,6 +7,7 @@ One `vstack up` for the module, with an admin key and an API key set. The tests 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -21,7 +22,10 @@ pytest.importorskip("vllm", reason="end-to-end tests need vLLM (./install.sh --d
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright (./install.sh --dev)")
 
 USER, ADMIN = "console-user-key-5f1c2a9e", "console-admin-key-77b0d3c4"
-SMOL, TINY = "smollm2-135m-instruct", "tiny"
+SMOL, TINY, BROKEN = "smollm2-135m-instruct", "tiny", "broken"
+BROKEN_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+                 "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+                 "vocab_size": 256, "max_position_embeddings": 256, "torch_dtype": "float32"}  # fmt: skip
 READY = {  # what shows that each page has its data
     "models": f'#models tr[data-model="{SMOL}"]',
     "live": ".engine[data-engine] .figure",
@@ -49,10 +53,15 @@ def console(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("SmolLM2's files are needed (vstack models pull smollm2-135m-instruct)")
     root = tmp_path_factory.mktemp("console")
     tiny = tiny_llama(root / "tiny", 0)
+    broken = root / "broken"  # a config and no weights: vLLM itself fails while loading
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps(BROKEN_CONFIG))
     config = root / "stack.yaml"
     config.write_text(f"models:\n  {TINY}:\n    source: {{path: {tiny}}}\n"
                       "    engine: {max_model_len: 512, enforce_eager: true}\n"
-                      f"manager:\n  models: [{SMOL}, {TINY}]\n")  # fmt: skip
+                      f"  {BROKEN}:\n    source: {{path: {broken}}}\n"
+                      "    engine: {max_model_len: 128, enforce_eager: true}\n"
+                      f"manager:\n  models: [{SMOL}, {TINY}, {BROKEN}]\n")  # fmt: skip
     env = {"VSTACK_PORT": "0", "VSTACK_GATEWAY__PORT": "0", "VSTACK_GATEWAY__HOST": "127.0.0.1",
            "VSTACK_API_KEY": USER, "VSTACK_ADMIN_KEY": ADMIN, "HF_HUB_OFFLINE": "1"}  # fmt: skip
     vstack = Vstack(root / "state", env)
@@ -232,5 +241,21 @@ def test_a_switch_clicked_in_the_page_shows_the_state_change_live(console: str, 
         tab.page.screenshot(path=str(shots / "plan-after-switch.png"), full_page=True)
         # The only error: the refused load's 400, which the page showed as its message.
         assert [e for e in tab.errors if "status of 400" not in e] == []
+    finally:
+        tab.close()
+
+
+def test_a_failed_start_shows_the_engines_last_log_lines(console: str, browser, shots: Path) -> None:
+    tab = Tab(browser, console, ADMIN)
+    try:
+        tab.open("models")
+        tab.page.click(f'button[data-action="load"][data-model="{BROKEN}"]')
+        tab.page.click("#confirm-ok")
+        tab.page.wait_for_selector(f'#models tr[data-model="{BROKEN}"][data-state="failed"]', timeout=300_000)
+        tail = tab.page.inner_text(f'#models tr[data-model="{BROKEN}"] pre.log-tail')
+        assert len(tail.splitlines()) >= 3, tail  # the engine's own lines, as `vstack up` prints them
+        tab.page.screenshot(path=str(shots / "models-failed.png"), full_page=True)
+        # The models already serving were left alone.
+        assert tab.page.get_attribute(f'#models tr[data-model="{TINY}"]', "data-state") == "ready"
     finally:
         tab.close()

@@ -69,3 +69,24 @@ def test_the_configuration_shown_masks_every_secret(tmp_path, monkeypatch) -> No
     assert shown["gateway"]["api_keys"] == [{"name": "team", "sha256": MASK, "env": None, "optional": False}]
     assert shown["gateway"]["admin_key"]["env"] == "VSTACK_ADMIN_KEY"  # a variable's name is not a secret
     assert "hf_secret_value_123" not in str(shown) and "pw@h" not in str(shown)
+
+
+def test_every_file_the_pages_name_ships_in_the_package_with_the_vendored_licence() -> None:
+    """No CDN: each script and stylesheet a page loads is a file of stack/gateway/console (in the wheel)."""
+    import re
+    from pathlib import Path
+
+    import stack.gateway.console as console
+    from stack.gateway.console.routes import PAGES
+
+    root = Path(console.__file__).parent
+    for template in ("page.html", "login.html"):
+        text = (root / "templates" / template).read_text()
+        names = re.findall(r'(?:src|href)="(/ui/static/[^"{]+)"', text)
+        assert names and not re.search(r'(?:src|href)="(?:https?:)?//', text)
+        for name in names:
+            assert (root / "static" / name.removeprefix("/ui/static/")).is_file(), name
+    for page in PAGES:
+        assert (root / "static" / "pages" / f"{page}.js").is_file(), page
+    vendored = (root / "static" / "vendor" / "VENDORED.md").read_text()
+    assert "uPlot | 1.6.32" in vendored and (root / "static" / "vendor" / "uPlot.LICENSE").is_file()
