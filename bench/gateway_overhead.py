@@ -323,7 +323,9 @@ class ConsolePages:
 
     async def open(self) -> None:
         for _ in range(self.n):
-            session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+            # unsafe=True: aiohttp keeps no cookie of an IP address (127.0.0.1) otherwise
+            session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+                                            cookie_jar=aiohttp.CookieJar(unsafe=True))
             self.sessions.append(session)
             async with session.get(f"{self.url}/ui/live") as page:  # the session cookie
                 if page.status != 200:
