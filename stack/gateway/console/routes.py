@@ -353,11 +353,14 @@ async def api_plan(request: Request) -> dict[str, Any]:
     need_session(request)
     console, state = console_of(request), get_state(request)
     s = console.sources
-    call = lambda f: None if f is None else f()  # noqa: E731
+
+    async def call(f):  # the ledger reads vLLM's files, the reports scan results/: off the event loop
+        return None if f is None else await asyncio.to_thread(f)
+
     manager = state.manager
     return {
-        "config": call(s.config), "engines": call(s.engines), "patches": call(s.patches),
-        "reports": call(s.reports),
+        "config": await call(s.config), "engines": await call(s.engines), "patches": await call(s.patches),
+        "reports": await call(s.reports),
         "switches": [with_bus_floor(x, s.bus_h2d_gbps) for x in reversed(manager.history)] if manager else [],
         "decisions": manager.decisions if manager is not None else [],
         "manager": {k: v for k, v in manager.status().items() if k not in ("models", "decisions")} if manager else None,
