@@ -12,7 +12,6 @@ import io
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 FIELDS = ("id", "ts", "endpoint", "model", "deployment", "route", "status", "ttft_ms", "tokens_in", "tokens_out",
@@ -35,12 +34,12 @@ class Activity:
 
 
 class ActivityRing:
-    """The last `size` requests; `listen` is told of each new one (the console's event hub)."""
+    """The last `size` requests. Adding one is all a request pays: the console reads new ones once a second."""
 
     def __init__(self, size: int = 1000) -> None:
         self._ring: deque[Activity] = deque(maxlen=size)
         self._ids = itertools.count(1)
-        self.listeners: list[Callable[[Activity], None]] = []
+        self.latest = 0
 
     def add(self, *, endpoint: str, model: str, deployment: str, route: str, status: str, started: float,
             ttft_s: float | None = None, usage: dict | None = None) -> Activity:  # fmt: skip
@@ -52,9 +51,17 @@ class ActivityRing:
                        tin if isinstance(tin, int) else None, tout if isinstance(tout, int) else None,
                        round((time.perf_counter() - started) * 1000, 1))  # fmt: skip
         self._ring.append(rec)
-        for listen in self.listeners:
-            listen(rec)
+        self.latest = rec.id
         return rec
+
+    def before(self, ts: float) -> int:
+        """The id of the newest record older than `ts` (0: none)."""
+        return next((r.id for r in reversed(self._ring) if r.ts < ts), 0)
+
+    def since(self, last_id: int, limit: int = 200) -> list[dict]:
+        """Records after `last_id`, oldest first (at most the newest `limit`)."""
+        new = [asdict(r) for r in reversed(self._ring) if r.id > last_id][:limit]
+        return new[::-1]
 
     def last(self, model: str | None = None, status: str | None = None, limit: int = 200) -> list[dict]:
         """Newest first; status `ok` = 2xx, `error` = everything else, else an exact status."""

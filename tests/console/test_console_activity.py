@@ -26,13 +26,14 @@ def cloud(tmp_path_factory: pytest.TempPathFactory):
 
 
 def activity_events(lines, want: int) -> list[dict]:
+    """The records the `activity` events carry (each a list: the requests of one second), until `want`."""
     events, topic = [], None
     for line in lines:
         if line.startswith("event: "):
             topic = line.removeprefix("event: ")
         elif line.startswith("data: ") and topic == "activity":
-            events.append(json.loads(line.removeprefix("data: ")))
-            if len(events) == want:
+            events += json.loads(line.removeprefix("data: "))
+            if len(events) >= want:
                 return events
     return events
 

@@ -53,6 +53,8 @@ def test_the_activity_ring_is_bounded_filtered_and_exported_without_bodies() -> 
     assert [r["id"] for r in ring.last(status="error")] == [2]
     assert [r["id"] for r in ring.last(model="m0", status="ok")] == [3]
     assert rows[0]["ttft_ms"] == 50.0 and rows[0]["tokens_in"] == 7 and rows[0]["tokens_out"] == 3
+    assert [r["id"] for r in ring.since(2)] == [3, 4]  # what the console's stream sends next, oldest first
+    assert ring.before(time.time() + 1) == 4 and ring.before(0) == 0
     text = to_csv(rows)
     header = "id,ts,endpoint,model,deployment,route,status,ttft_ms,tokens_in,tokens_out,duration_ms"
     assert text.splitlines()[0] == header

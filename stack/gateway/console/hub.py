@@ -1,8 +1,9 @@
 """Server-Sent Events for the console: one bounded queue per open page, a bounded number of pages.
 
 Events are pushed, never polled by the browser: `models` on each of the manager's state changes (its
-`on_change`), `activity` for each answered request, and, once a second while at least one page listens,
-`live` (the engines' and the gateway's Prometheus series) and `log` (new log lines). With no page open the
+`on_change`) and, once a second while at least one page listens, `live` (the engines' and the gateway's
+Prometheus series), `log` (new log lines) and `activity` (the requests answered since the last second, in one
+event: a request itself pays only its entry in the ring, however many pages are open). With no page open the
 ticker does not run and a publish is a loop over an empty set: the console costs `/v1` nothing.
 """
 

@@ -15,7 +15,6 @@ import asyncio
 import html
 import logging
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,7 @@ class Console:
         self.log_seq = 0
         self.offsets: dict[str, int] = {}
         self.logs_followed_at = 0.0
+        self.activity_seen, self.activity_read_at = 0, 0.0
 
     # -- the once-a-second sample, while a page listens ----------------------------------------------
     async def tick(self, hub: Hub) -> None:
@@ -70,6 +70,14 @@ class Console:
         if hub.wants("log"):
             for source, lines in self.new_lines():
                 hub.publish("log", {"source": source, "lines": lines})
+        if hub.wants("activity"):
+            ring = self.state.dispatcher.activity
+            if time.monotonic() - self.activity_read_at > 3:  # after a pause: the last seconds only (pages
+                self.activity_seen = ring.before(time.time() - 5)  # opening now read the list; they skip twins)
+            self.activity_read_at = time.monotonic()
+            if rows := ring.since(self.activity_seen):
+                self.activity_seen = rows[-1]["id"]
+                hub.publish("activity", rows)
 
     async def sample(self) -> dict[str, Any]:
         state = self.state
@@ -145,11 +153,9 @@ def install(app: FastAPI, state: GatewayState, sources: ConsoleSources | None = 
     app.state.console = console
     logging.getLogger().addHandler(console.gateway_log)  # the gateway's records (stack.*), wherever they go
     logging.getLogger("uvicorn.error").addHandler(console.gateway_log)  # uvicorn's own does not propagate
-    hub = console.hub  # each event is built only when a page listens for it: no page, no cost
+    hub = console.hub  # built only when a page listens for it: no page, no cost
     if state.manager is not None:
         state.manager.subscribe(lambda *_: hub.wants("models") and hub.publish("models", models_view(state)))
-    activity = state.dispatcher.activity
-    activity.listeners.append(lambda rec: hub.wants("activity") and hub.publish("activity", asdict(rec)))
     app.include_router(router)
     app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="console-static")
     return console

@@ -52,10 +52,11 @@
   status.addEventListener("change", load);
   api("/ui/api/models").then((v) => (v.served || v.models.map((m) => m.model)).forEach(addModel))
     .then(load).catch((e) => notice(e.message, "error"));
-  events(["activity"], {activity: (r) => {
-    addModel(r.model);
-    if (!matches(r)) return;
-    body.prepend(tr(r));
+  events(["activity"], {activity: (rows) => {  // the requests of the last second, oldest first
+    for (const r of rows) {
+      addModel(r.model);
+      if (matches(r) && !body.querySelector(`tr[data-id="${r.id}"]`)) body.prepend(tr(r));
+    }
     while (body.children.length > 500) body.lastChild.remove();
   }});
 })();
