@@ -351,6 +351,7 @@ def serve(planned: PlannedStack, port: int, console: ConsoleSources | None = Non
     cfg = planned.cfg
     server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
                                            limits=cfg.gateway))
+    end_console_streams_on_exit(server, app)
     server.run()
     if failed:
         engine = sup.manager.slots[sup.engines[0].model_group].runtime
@@ -359,6 +360,21 @@ def serve(planned: PlannedStack, port: int, console: ConsoleSources | None = Non
                           hint=f"read {log}", log_tail=sup.manager.slots[sup.engines[0].model_group].log_tail
                           or logs_of(engine))  # fmt: skip
     return 0
+
+
+def end_console_streams_on_exit(server: uvicorn.Server, app: FastAPI) -> None:
+    """SIGTERM/SIGINT end the console's event streams first: uvicorn's drain waits for every open response, and
+    a console page's stream never ends by itself (`vstack down` would wait gateway.drain_grace_s for it)."""
+    console = getattr(app.state, "console", None)
+    if console is None:
+        return
+    handle_exit = server.handle_exit
+
+    def ending(sig: int, frame: object) -> None:
+        console.hub.end_streams()
+        handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    server.handle_exit = ending  # type: ignore[method-assign]
 
 
 def warn_if_open(cfg: StackConfig) -> None:

@@ -150,3 +150,19 @@ def test_the_sse_endpoint_answers_429_past_the_limit(keyed: str) -> None:
     finally:
         for s in streams:
             s.__exit__(None, None, None)
+
+
+def test_a_stopping_gateway_ends_the_open_streams_at_once() -> None:
+    """uvicorn's drain waits for every open response: a page's stream must end when SIGTERM comes (the handler
+    stack.assemble puts in front of uvicorn's calls Hub.end_streams), not hold `vstack down` for drain_grace_s."""
+    app = create_app(GatewayConfig(), default_model="m", environ={})
+    with app_in_thread(app) as (url, _loop):
+        c = httpx.Client(base_url=url, timeout=10)
+        c.get("/ui/models")
+        with c.stream("GET", "/ui/api/events?topics=models") as stream:
+            lines = stream.iter_lines()
+            assert next(lines) == "retry: 3000"
+            app.state.console.hub.end_streams()  # from another thread, as from a signal handler
+            rest = list(lines)  # returns only because the stream ended (else: 15 s keep-alives, then the timeout)
+        assert all(not line.startswith("event: log") for line in rest)
+        assert app.state.console.hub.clients == set()

@@ -51,6 +51,7 @@ class Hub:
         self.max_streams, self.per_session, self.queue_size = max_streams, per_session, queue_size
         self.clients: set[Client] = set()
         self._ticker: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def open(self, owner: str, topics: set[str]) -> Client:
         if len(self.clients) >= self.max_streams:
@@ -59,6 +60,7 @@ class Hub:
             raise TooManyStreams(f"this browser has {self.per_session} live pages open; close one")
         client = Client(owner, topics & TOPICS, self.queue_size)
         self.clients.add(client)
+        self._loop = asyncio.get_running_loop()
         if self._ticker is None or self._ticker.done():
             self._ticker = asyncio.get_running_loop().create_task(self._run(), name="console ticker")
         return client
@@ -84,6 +86,19 @@ class Hub:
             except Exception:  # one bad sample must not end the live pages
                 log.exception("console tick failed")
             await asyncio.sleep(self.interval_s)
+
+    def end_streams(self) -> None:
+        """Safe from a signal handler: every open stream ends (an empty frame), so that a gateway asked to stop
+        does not wait `drain_grace_s` for pages that never finish; the browsers reconnect to the next one."""
+        if self._loop is None or self._loop.is_closed():
+            return
+
+        def end() -> None:
+            for client in list(self.clients):
+                client.put(b"")
+
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(end)
 
     async def stop(self) -> None:
         self.clients.clear()

@@ -417,9 +417,12 @@ async def api_events(request: Request, topics: str = "models") -> Response:
                 yield frame(topic, data)
             while console_of(request).sessions.get(request.cookies.get(COOKIE)) is session:
                 try:
-                    yield await asyncio.wait_for(client.queue.get(), 15)
+                    raw = await asyncio.wait_for(client.queue.get(), 15)
                 except TimeoutError:
-                    yield b": keep-alive\n\n"
+                    raw = b": keep-alive\n\n"
+                if not raw:  # the gateway is stopping (Hub.end_streams)
+                    return
+                yield raw
         finally:
             hub.close(client)
 
