@@ -4,6 +4,7 @@ bounded event streams. A real gateway app (create_app) served by uvicorn in a th
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -162,7 +163,7 @@ def test_a_stopping_gateway_ends_the_open_streams_at_once() -> None:
         with c.stream("GET", "/ui/api/events?topics=models") as stream:
             lines = stream.iter_lines()
             assert next(lines) == "retry: 3000"
+            t0 = time.monotonic()
             app.state.console.hub.end_streams()  # from another thread, as from a signal handler
-            rest = list(lines)  # returns only because the stream ended (else: 15 s keep-alives, then the timeout)
-        assert all(not line.startswith("event: log") for line in rest)
-        assert app.state.console.hub.clients == set()
+            list(lines)  # returns only because the stream ended (else: a keep-alive in 15 s, a ReadTimeout at 10)
+        assert time.monotonic() - t0 < 5 and app.state.console.hub.clients == set()
