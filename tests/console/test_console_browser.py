@@ -203,7 +203,7 @@ def test_logs_streams_a_new_line(console: str, browser, shots: Path) -> None:
         other.close()
         until(lambda: tab.page.text_content("#log").count("logged in as admin") > before, 15)
         text = tab.page.inner_text("#log")
-        assert "key 'ops' logged in as admin" in text and ADMIN not in text
+        assert "key 'admin' logged in as admin" in text and ADMIN not in text  # the admin key's name
         tab.page.fill("#log-filter", "logged in as admin")
         assert all("logged in as admin" in line for line in tab.page.inner_text("#log").splitlines())
         tab.open("logs", f"?source={SMOL}")  # an engine's own log
