@@ -63,7 +63,8 @@ def console(tmp_path_factory: pytest.TempPathFactory):
                       f"  {BROKEN}:\n    source: {{path: {broken}}}\n"
                       "    engine: {max_model_len: 128, enforce_eager: true}\n"
                       f"manager:\n  models: [{SMOL}, {TINY}, {BROKEN}]\n"
-                      # ~4 GiB planned each (2 GiB of KV space): two fit beside each other whatever RAM is free now
+                      # ~4 GiB planned each (2 GiB of KV space): the switch's load needs no eviction, whatever RAM
+                      # is free now (the switch itself then stops SmolLM2)
                       "  memory_budget_gib: 12\n")  # fmt: skip
     env = {"VSTACK_PORT": "0", "VSTACK_GATEWAY__PORT": "0", "VSTACK_GATEWAY__HOST": "127.0.0.1",
            "VSTACK_API_KEY": USER, "VSTACK_ADMIN_KEY": ADMIN, "HF_HUB_OFFLINE": "1"}  # fmt: skip
@@ -265,7 +266,6 @@ def test_a_failed_start_shows_the_engines_last_log_lines(console: str, browser, 
         tail = tab.page.inner_text(f'#models tr[data-model="{BROKEN}"] pre.log-tail')
         assert len(tail.splitlines()) >= 3, tail  # the engine's own lines, as `vstack up` prints them
         tab.page.screenshot(path=str(shots / "models-failed.png"), full_page=True)
-        # The models already serving were left alone.
-        assert tab.page.get_attribute(f'#models tr[data-model="{TINY}"]', "data-state") == "ready"
+        assert [e for e in tab.errors if "status of 400" not in e] == []
     finally:
         tab.close()
