@@ -199,6 +199,7 @@ def test_logs_streams_a_new_line(console: str, browser, shots: Path) -> None:
     tab = Tab(browser, console, USER)
     try:
         tab.open("logs")
+        tab.page.wait_for_selector("body[data-live='1']", state="attached", timeout=15_000)  # its stream is open
         before = tab.page.text_content("#log").count("logged in as admin")
         other = Tab(browser, console, ADMIN)  # the gateway logs each login (the key's name, never the key)
         other.close()

@@ -24,6 +24,7 @@ class GatewayLog(logging.Handler):
         super().__init__(logging.INFO)
         self.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         self.lines: deque[tuple[int, str]] = deque(maxlen=size)
+        self.times: deque[tuple[int, float, None]] = deque(maxlen=size)
         self._seq = itertools.count(1)
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -32,7 +33,13 @@ class GatewayLog(logging.Handler):
         except Exception:
             return
         for line in text.splitlines()[:20]:
-            self.lines.append((next(self._seq), clean(line)))  # deque.append is thread-safe
+            n = next(self._seq)
+            self.lines.append((n, clean(line)))  # deque.append is thread-safe
+            self.times.append((n, record.created, None))
+
+    def before(self, ts: float) -> int:
+        """The number of the last line written before `ts` (a page opening now read the ones after it too)."""
+        return next((n for n, t, _ in reversed(self.times) if t < ts), 0)
 
     def since(self, seq: int) -> tuple[int, list[str]]:
         new = [(n, line) for n, line in list(self.lines) if n > seq]

@@ -66,7 +66,7 @@ const VS = (() => {
     for (const [topic, fn] of Object.entries(handlers)) {
       src.addEventListener(topic, (ev) => fn(JSON.parse(ev.data)));
     }
-    src.addEventListener("open", () => document.body.classList.remove("offline"));
+    src.addEventListener("open", () => { document.body.classList.remove("offline"); document.body.dataset.live = "1"; });
     src.addEventListener("error", () => document.body.classList.add("offline"));
     window.addEventListener("beforeunload", () => src.close());
     return src;

@@ -38,7 +38,8 @@
   load().catch((e) => notice(e.message, "error"));
   events(["log"], {log: (ev) => {
     if (ev.source !== (source.value || "gateway")) return;
-    lines = lines.concat(ev.lines).slice(-KEEP);
+    const recent = new Set(lines.slice(-500));  // the stream may repeat what the first load read
+    lines = lines.concat(ev.lines.filter((l) => !recent.has(l))).slice(-KEEP);
     draw();
   }});
 })();
