@@ -63,8 +63,7 @@ def console(tmp_path_factory: pytest.TempPathFactory):
                       f"  {BROKEN}:\n    source: {{path: {broken}}}\n"
                       "    engine: {max_model_len: 128, enforce_eager: true}\n"
                       f"manager:\n  models: [{SMOL}, {TINY}, {BROKEN}]\n"
-                      # ~4 GiB planned each (2 GiB of KV space): the switch's load needs no eviction, whatever RAM
-                      # is free now (the switch itself then stops SmolLM2)
+                      # a fixed budget: what the manager evicts does not depend on the RAM free at the time
                       "  memory_budget_gib: 12\n")  # fmt: skip
     env = {"VSTACK_PORT": "0", "VSTACK_GATEWAY__PORT": "0", "VSTACK_GATEWAY__HOST": "127.0.0.1",
            "VSTACK_API_KEY": USER, "VSTACK_ADMIN_KEY": ADMIN, "HF_HUB_OFFLINE": "1"}  # fmt: skip
