@@ -4,6 +4,11 @@
     .venv/bin/python bench/gateway_overhead.py --vllm-url http://127.0.0.1:8100 --vllm-model NAME
     .venv/bin/python bench/gateway_overhead.py --compare-tree ../old    # + the gateway of another checkout
 
+`--console` adds a target "console": a second gateway of this tree, the same as "vstack", with the browser
+console open on it and streaming (`--console-pages` pages, each one Server-Sent Events stream of every topic:
+models, live, activity, log, read for the whole run), so that what an open console costs `/v1` shows side by side
+with the gateway nobody watches. `--no-litellm` leaves LiteLLM's proxy out (a shorter run).
+
 `--compare-tree DIR` adds a fourth target, "before": the gateway of another checkout of this repository (e.g.
 `git worktree add ../old COMMIT`), run from that tree with the same Python, in the same interleaved rounds:
 a regression check measured side by side instead of against a figure from another day.
@@ -159,6 +164,9 @@ async def run(args: argparse.Namespace) -> dict:
         for model, (url, served) in upstreams.items():
             gw_argv += ["--upstream", f"{model}={url}@{served}"]
         gateway = procs.start("gateway", gw_argv)
+        watched = free_port() if args.console else None
+        gateway_console = (procs.start("gateway-console", [*gw_argv[:4], str(watched), *gw_argv[5:]])
+                           if watched else None)  # fmt: skip
         before = free_port() if args.compare_tree else None
         if before:
             tree = Path(args.compare_tree).resolve()
@@ -167,28 +175,38 @@ async def run(args: argparse.Namespace) -> dict:
             entry = "stack.entrypoints.gateway" if new_layout else "stack.gateway"
             old_argv = [PY, "-m", entry, "--port", str(before), *gw_argv[5:]]  # the same upstreams
             gateway_before = procs.start("gateway-before", old_argv, {"PYTHONPATH": str(tree)}, cwd=tree)
-        cfg = procs.logs / "litellm.yaml"
-        litellm_config(upstreams, cfg)
-        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
-        litellm_bin = str(Path(PY).with_name("litellm"))
-        litellm = procs.start("litellm", [litellm_bin, "--config", str(cfg), "--port", str(lt), "--num_workers", "1"],
-                              env)
+        litellm = None
+        if args.litellm:
+            cfg = procs.logs / "litellm.yaml"
+            litellm_config(upstreams, cfg)
+            env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+            litellm_bin = str(Path(PY).with_name("litellm"))
+            litellm = procs.start("litellm", [litellm_bin, "--config", str(cfg), "--port", str(lt), "--num_workers",
+                                              "1"], env)  # fmt: skip
         auth = {"Authorization": f"Bearer {MASTER_KEY}"}
         mock_paced.wait_http(f"http://127.0.0.1:{paced}/health", 30, interval=0.25)
         mock_fast.wait_http(f"http://127.0.0.1:{fast}/health", 30, interval=0.25)
         gateway.wait_http(f"http://127.0.0.1:{gw}/health", 60, interval=0.25)
         if before:
             gateway_before.wait_http(f"http://127.0.0.1:{before}/health", 60, interval=0.25)
-        litellm.wait_http(f"http://127.0.0.1:{lt}/health/liveliness", 120, headers=auth, interval=0.25)
+        if gateway_console is not None:
+            gateway_console.wait_http(f"http://127.0.0.1:{watched}/health", 60, interval=0.25)
+        if litellm is not None:
+            litellm.wait_http(f"http://127.0.0.1:{lt}/health/liveliness", 120, headers=auth, interval=0.25)
 
         def targets(model: str) -> list[Target]:
             url, served = upstreams[model]
             return [
                 Target("direct", url, served),
                 Target("vstack", f"http://127.0.0.1:{gw}", model),
+                *([Target("console", f"http://127.0.0.1:{watched}", model)] if watched else []),
                 *([Target("before", f"http://127.0.0.1:{before}", model)] if before else []),
-                Target("litellm", f"http://127.0.0.1:{lt}", model, auth),
+                *([Target("litellm", f"http://127.0.0.1:{lt}", model, auth)] if args.litellm else []),
             ]
+
+        pages = ConsolePages(f"http://127.0.0.1:{watched}", args.console_pages) if watched else None
+        if pages is not None:
+            await pages.open()
 
         for t in targets("fast"):  # warm-up: connections, JIT-free but caches and imports
             await load(t, 4, 40, None, args.chunks)
@@ -214,9 +232,10 @@ async def run(args: argparse.Namespace) -> dict:
                 if s.errors:
                     print(f"  ({t.name}: {s.errors} errors)")
         results["throughput"] = {name: max(v) for name, v in tp.items()}
-        results["throughput"]["vstack_over_litellm"] = (
-            results["throughput"]["vstack"] / results["throughput"]["litellm"]
-        )
+        if args.litellm:
+            results["throughput"]["vstack_over_litellm"] = (
+                results["throughput"]["vstack"] / results["throughput"]["litellm"]
+            )
         print_throughput(results["throughput"], args.throughput_concurrency)
         if args.vllm_url:
             for c in args.vllm_concurrency:
@@ -237,7 +256,53 @@ async def run(args: argparse.Namespace) -> dict:
                         )
                 results["vllm"].append(summarise_latency(c, per))
                 print_row_latency(results["vllm"][-1], label="vLLM")
+        if pages is not None:
+            results["console_events"] = await pages.close()
+            print(f"console: {args.console_pages} pages streamed {results['console_events']} events during the run",
+                  flush=True)
         return results
+
+
+class ConsolePages:
+    """Browser tabs on the console, as the bench sees them: each its own session (cookie) and one event stream of
+    every topic, read until closed. The gateway has no key, so a loopback page gets its session at once."""
+
+    def __init__(self, url: str, n: int) -> None:
+        self.url, self.n = url, n
+        self.events = 0
+        self.tasks: list[asyncio.Task] = []
+        self.sessions: list[aiohttp.ClientSession] = []
+
+    async def open(self) -> None:
+        for _ in range(self.n):
+            # unsafe=True: aiohttp keeps no cookie of an IP address (127.0.0.1) otherwise
+            session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None),
+                                            cookie_jar=aiohttp.CookieJar(unsafe=True))
+            self.sessions.append(session)
+            async with session.get(f"{self.url}/ui/live") as page:  # the session cookie
+                if page.status != 200:
+                    raise RuntimeError(f"console page: HTTP {page.status}")
+            self.tasks.append(asyncio.create_task(self._read(session)))
+        await asyncio.sleep(1.5)
+        if not self.events:
+            raise RuntimeError("the console streams sent nothing: is the console on?")
+
+    async def _read(self, session: aiohttp.ClientSession) -> None:
+        url = f"{self.url}/ui/api/events?topics=models,live,activity,log"
+        async with session.get(url) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"console stream: HTTP {resp.status}")
+            async for line in resp.content:
+                if line.startswith(b"event:"):
+                    self.events += 1
+
+    async def close(self) -> int:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for session in self.sessions:
+            await session.close()
+        return self.events
 
 
 def summarise_latency(c: int, per: dict[str, Sample]) -> dict:
@@ -248,7 +313,7 @@ def summarise_latency(c: int, per: dict[str, Sample]) -> dict:
         "direct_p50_ms": pct(d.e2e, 50) * 1e3,
         "direct_p99_ms": pct(d.e2e, 99) * 1e3,
     }
-    for name in ("vstack", "before", "litellm"):
+    for name in ("vstack", "console", "before", "litellm"):
         if name not in per:
             continue
         s = per[name]
@@ -264,19 +329,19 @@ def print_row_latency(r: dict, label: str = "paced mock") -> None:
     print(
         f"{label:10} c={r['concurrency']:<3} "
         f"direct p50 {r['direct_p50_ms']:8.2f} ms p99 {r['direct_p99_ms']:8.2f} | "
-        f"vstack +{r['vstack_added_p50_ms']:6.2f} / +{r['vstack_added_p99_ms']:6.2f} ms | "
-        + (f"before +{r['before_added_p50_ms']:6.2f} / +{r['before_added_p99_ms']:6.2f} ms | "
-           if "before_added_p50_ms" in r else "") +
-        f"litellm +{r['litellm_added_p50_ms']:7.2f} / +{r['litellm_added_p99_ms']:7.2f} ms (p50 / p99 added)",
+        + " | ".join(f"{name} +{r[f'{name}_added_p50_ms']:6.2f} / +{r[f'{name}_added_p99_ms']:6.2f} ms"
+                     for name in ("vstack", "console", "before", "litellm") if f"{name}_added_p50_ms" in r)
+        + " (p50 / p99 added)",
         flush=True,
     )
 
 
 def print_throughput(tp: dict, c: int) -> None:
     print(
-        f"max req/s (fast mock, c={c}): direct {tp['direct']:.0f}, vstack {tp['vstack']:.0f}, "
-        + (f"before {tp['before']:.0f}, " if "before" in tp else "") +
-        f"litellm {tp['litellm']:.0f} -> vstack/litellm = {tp['vstack_over_litellm']:.1f}x",
+        f"max req/s (fast mock, c={c}): "
+        + ", ".join(f"{name} {tp[name]:.0f}" for name in ("direct", "vstack", "console", "before", "litellm")
+                    if name in tp)
+        + (f" -> vstack/litellm = {tp['vstack_over_litellm']:.1f}x" if "vstack_over_litellm" in tp else ""),
         flush=True,
     )
 
@@ -345,9 +410,14 @@ def main() -> None:
     ap.add_argument("--vllm-requests", type=int, default=12)
     ap.add_argument("--vllm-max-tokens", type=int, default=16)
     ap.add_argument("--compare-tree", help="another checkout of this repo: its gateway runs side by side")
+    ap.add_argument("--console", action="store_true", help="add a gateway with the browser console open and streaming")
+    ap.add_argument("--console-pages", type=int, default=4, help="--console: how many open pages (event streams)")
+    ap.add_argument("--no-litellm", dest="litellm", action="store_false", help="leave LiteLLM's proxy out")
     ap.add_argument("--out", type=Path, help="write the raw JSON here only (default: a run folder under "
                     "bench/results with its manifest)")
     args = ap.parse_args()
+    if not args.litellm and args.out is None:  # a recorded run's figures compare against LiteLLM's proxy
+        ap.error("--no-litellm writes the raw JSON only: give --out FILE")
     if args.vllm_url and not args.vllm_model:
         ap.error("--vllm-url needs --vllm-model (the engine's served model name)")
     try:
@@ -376,8 +446,10 @@ def main() -> None:
     if lat32:
         ok = lat32["vstack_added_p50_ms"] <= 1 and lat32["vstack_added_p99_ms"] <= 5
         print(f"target c=32 added <= 1 ms p50 / 5 ms p99: {'met' if ok else 'NOT met'}")
-    ratio = results["throughput"]["vstack_over_litellm"]
-    print(f"target >= 3x LiteLLM max req/s: {'met' if ratio >= 3 else 'NOT met'} ({ratio:.1f}x); wrote {out}")
+    ratio = results["throughput"].get("vstack_over_litellm")
+    if ratio is not None:
+        print(f"target >= 3x LiteLLM max req/s: {'met' if ratio >= 3 else 'NOT met'} ({ratio:.1f}x)")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

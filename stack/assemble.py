@@ -34,10 +34,12 @@ from stack.models import pull
 from stack.planner.cluster import Demand, Placement
 
 if TYPE_CHECKING:  # the gateway's modules (FastAPI, LiteLLM: seconds) load only once the engine has started
+    import uvicorn
     from fastapi import FastAPI
 
     from stack.engine.docker_site import Site
     from stack.gateway.adapters import Adapter, Base
+    from stack.gateway.console.sources import ConsoleSources
     from stack.gateway.engines import EngineSupervisor, ManagedEngine
     from stack.gateway.state import GatewayState
 
@@ -419,9 +421,11 @@ class Reloader:
 
 
 def build_gateway(planned: PlannedStack, on_startup: list | None = None,
-                  reload_from: tuple[str | None, str | None] | None = None) -> tuple[FastAPI, EngineSupervisor]:
+                  reload_from: tuple[str | None, str | None] | None = None,
+                  console: ConsoleSources | None = None) -> tuple[FastAPI, EngineSupervisor]:  # fmt: skip
     """The gateway app owning the planned engines (started by its startup hook, stopped on shutdown).
-    reload_from: (profile, config file) it was started from: `vstack reload` reads them again."""
+    reload_from: (profile, config file) it was started from: `vstack reload` reads them again. console: what
+    the entry point adds to the console's Plan & config page (the patch ledger, reports)."""
     from stack.gateway.app import create_app
 
     sup = supervisor(planned)
@@ -429,13 +433,47 @@ def build_gateway(planned: PlannedStack, on_startup: list | None = None,
     app = create_app(planned.cfg.gateway, default_model=planned.default.resolved.served_name,
                      on_startup=[sup.start, *(on_startup or [])],
                      on_shutdown=[sup.stop, *([sup.manager.handoff.stop] if sup.manager.handoff else [])],
-                     manager=sup.manager, state_file=planned.cfg.state_dir / "runtime.json")  # fmt: skip
+                     manager=sup.manager, state_file=planned.cfg.state_dir / "runtime.json",
+                     console=console_sources(planned, console))  # fmt: skip
     if reload_from is not None and planned.site is None and planned.cluster is None:
         app.state.gateway.reload = Reloader(planned, sup, *reload_from)
     return app, sup
 
 
-def serve(planned: PlannedStack, port: int, reload_from: tuple[str | None, str | None] | None = None) -> int:
+def console_sources(planned: PlannedStack, extra: ConsoleSources | None = None) -> ConsoleSources:
+    """The console's view of what was planned: the effective configuration (masked as `vstack config render`
+    masks), each model's fit with the planner's reasons and its `vllm serve` line; `extra` adds the rest."""
+    from stack.config.redact import redacted_dump
+    from stack.gateway.console.sources import ConsoleSources
+    from stack.manager.tiers import bus_for
+
+    cfg, plans = planned.cfg, [planned.default, *planned.others]
+    masked = redacted_dump(cfg)
+
+    def engines() -> list[dict]:
+        return [{"model": p.resolved.served_name, "profile": p.resolved.name, "default": p is planned.default,
+                 "command": p.display(), "notes": list(p.notes), "fit": fit_view(p)} for p in plans]  # fmt: skip
+
+    gpus = planned.hardware.gpus
+    extra = extra or ConsoleSources()
+    return replace(extra, config=lambda: masked, engines=engines,
+                   bus_h2d_gbps=bus_for(gpus[0].name).h2d_gbps if gpus else None)  # fmt: skip
+
+
+def fit_view(plan: EnginePlan) -> dict | None:
+    fit = plan.fit
+    if fit is None:
+        return None
+    return {"hardware": fit.hardware,
+            "summary": f"{fit.max_concurrency:.1f} requests of {fit.max_model_len:,} tokens at once, "
+                       f"{fit.kv_tokens:,} KV tokens",
+            "decisions": [{"key": d.key, "value": d.value if isinstance(d.value, int | float | bool | str)
+                           else str(d.value), "source": d.source, "reason": d.reason}
+                          for d in fit.decisions]}  # fmt: skip
+
+
+def serve(planned: PlannedStack, port: int, reload_from: tuple[str | None, str | None] | None = None,
+          console: ConsoleSources | None = None) -> int:
     """Run the gateway with its engines until SIGTERM/SIGINT (0). EngineError, with the engine's log tail,
     if the default model's engine fails to start: that ends `up` (a later crash only marks it failed)."""
     from stack.gateway.log_health import install
@@ -461,11 +499,12 @@ def serve(planned: PlannedStack, port: int, reload_from: tuple[str | None, str |
 
         asyncio.get_running_loop().create_task(watch())
 
-    app, sup = build_gateway(planned, on_startup=[watch_start], reload_from=reload_from)
+    app, sup = build_gateway(planned, on_startup=[watch_start], reload_from=reload_from, console=console)
     app.state.gateway.watch_log(log_handler)
     cfg = planned.cfg
     server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
                                            limits=cfg.gateway))
+    end_console_streams_on_exit(server, app)
     try:
         server.run()
     finally:
@@ -478,6 +517,21 @@ def serve(planned: PlannedStack, port: int, reload_from: tuple[str | None, str |
                           hint=f"read {log}", log_tail=sup.manager.slots[sup.engines[0].model_group].log_tail
                           or logs_of(engine))  # fmt: skip
     return 0
+
+
+def end_console_streams_on_exit(server: uvicorn.Server, app: FastAPI) -> None:
+    """SIGTERM/SIGINT end the console's event streams first: uvicorn's drain waits for every open response, and
+    a console page's stream never ends by itself (`vstack down` would wait gateway.drain_grace_s for it)."""
+    console = getattr(app.state, "console", None)
+    if console is None:
+        return
+    handle_exit = server.handle_exit
+
+    def ending(sig: int, frame: object) -> None:
+        console.hub.end_streams()
+        handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    server.handle_exit = ending  # type: ignore[method-assign]
 
 
 def warn_if_open(cfg: StackConfig) -> None:

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stack.cli.complete import profiles_and_models
+from stack.cli.console_sources import console_sources
 from stack.cli.progress import StartProgress
 from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
 from stack.config.schema import StackConfig
@@ -110,9 +111,12 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
         planned = plan_engines(cfg, profile, on_status=lambda s: err.print(f"[dim]{s}[/]"))
         store.save(EngineRecord(GATEWAY, planned.default.resolved.name, os.getpid(), _local_host(host), port, ""))
         out.print(f"  OpenAI base URL: [bold]{url}/v1[/] (engine starting; /ready says when)")
+        if cfg.gateway.console:
+            out.print(f"  console:         [bold]{url}/ui/[/]")
         out.print("  [dim]running in the foreground; Ctrl-C stops it[/]")
         try:
-            return serve(planned, port, reload_from=(profile, str(config_path()) if config_path() else None))
+            return serve(planned, port, reload_from=(profile, str(config_path()) if config_path() else None),
+                         console=console_sources(cfg))
         finally:
             store.remove(GATEWAY)
     failure = cfg.state_dir / "gateway-failure.json"
@@ -139,6 +143,8 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     model = httpx.get(f"{url}/ready", timeout=5).json().get("model", "")
     out.print(f"[green]✓[/] [bold]{model}[/] ready in {seconds:.0f} s behind the gateway")
     out.print(f"  OpenAI base URL: [bold]{url}/v1[/]")
+    if cfg.gateway.console:
+        out.print(f"  console:         [bold]{url}/ui/[/]" + _console_login(cfg))
     out.print(f"  gateway log:     {log}")
     for line in _unconfigured_lines(log, start):
         out.print(Text(f"  {line}"), soft_wrap=True)
@@ -153,6 +159,17 @@ def _unconfigured_lines(log: Path, start: int) -> list[str]:
     from stack.assemble import UNCONFIGURED
 
     return [line for line in log_tail(log, 400, start).splitlines() if line.startswith(UNCONFIGURED)]
+
+
+def _console_login(cfg: StackConfig) -> str:
+    """How to get in when keys guard the gateway (their names only; never a value)."""
+    from stack.gateway.auth import KeyRing
+
+    g = cfg.gateway
+    with contextlib.suppress(Exception):
+        if KeyRing.from_refs(g.api_keys).enabled or KeyRing.from_refs([g.admin_key] if g.admin_key else []).enabled:
+            return "  (log in with the admin key or an API key)"
+    return ""
 
 
 def _failure(failure: Path, returncode: int | None, log: Path, start: int) -> ReportedError | EngineError:

@@ -80,3 +80,22 @@ def is_secret_key(model: type[BaseModel], path: tuple[str, ...]) -> bool:
         if len(path) >= len(secret) and all(s in ("*", p) for s, p in zip(secret, path, strict=False)):
             return True
     return False
+
+
+def redacted_dump(config: BaseModel) -> dict[str, Any]:
+    """The configuration as JSON data with every secret masked by the rules above (the console's Plan & config
+    page): schema-marked keys, environment values not known safe, credential engine options, key digests."""
+    model = type(config)
+
+    def walk(value: Any, path: tuple[str, ...]) -> Any:
+        if isinstance(value, dict) and not (path and is_secret_key(model, path)):  # a KeyRef: its env name shows
+            return {k: walk(v, (*path, str(k))) for k, v in value.items()}
+        if path and (is_secret_key(model, path) or option_is_secret(path[-1]) or path[-1] == "sha256"):
+            return MASK if value not in (None, "", {}, []) else value
+        if isinstance(value, dict):
+            return {k: walk(v, (*path, str(k))) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, path) for v in value]
+        return value
+
+    return walk(config.model_dump(mode="json"), ())

@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--failure-file", type=Path)
     args = ap.parse_args()
     from stack.assemble import plan_engines, serve
+    from stack.cli.console_sources import console_sources
     from stack.config import load_config
     from stack.config.state_dir import check_state_dir
 
@@ -51,7 +52,7 @@ def main() -> None:
         cfg = load_config(args.config)
         check_state_dir(cfg)
         planned = plan_engines(cfg, args.profile, on_status=lambda s: print(s, flush=True))
-        return serve(planned, args.port, reload_from=(args.profile, args.config))
+        return serve(planned, args.port, reload_from=(args.profile, args.config), console=console_sources(cfg))
 
     def on_error(exc: StackError) -> None:
         if args.failure_file:

@@ -59,7 +59,11 @@ class NewDeployment(BaseModel):
 
 @router.get("/models")
 async def models(request: Request) -> dict[str, Any]:
-    state = get_state(request)
+    return models_view(get_state(request))
+
+
+def models_view(state: GatewayState) -> dict[str, Any]:
+    """Every model group with its deployments and (when the gateway owns engines) the manager's view of it."""
     cooling = state.routing.cooling_down()
     out = []
     for group, deps in sorted(state.registry.groups().items()):
@@ -96,7 +100,11 @@ async def model_action(model: str, action: Action, request: Request, wait: bool 
     """load: make it ready (co-resident if it fits, else evicting others); switch: load it and put every
     other model to sleep or stop it; unload: stop it; sleep: put it to sleep (GPU), else stop it.
     wait=false answers at once (202-like) and the change runs in the background."""
-    state = get_state(request)
+    return await run_model_action(get_state(request), model, action, wait)
+
+
+async def run_model_action(state: GatewayState, model: str, action: Action, wait: bool = True) -> dict[str, Any]:
+    """One admin action on a managed model (the admin API's and the console's): checked before anything runs."""
     manager = state.manager
     if manager is None:
         raise InvalidRequest("this gateway has no model manager (it serves fixed deployments)", param="model")

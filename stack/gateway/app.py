@@ -22,6 +22,8 @@ from stack.gateway.adapters import AdapterBook
 from stack.gateway.admin_routes import cloud_deployment
 from stack.gateway.auth import KeyRing
 from stack.gateway.cloud import CloudUpstream
+from stack.gateway.console.routes import install as install_console
+from stack.gateway.console.sources import ConsoleSources
 from stack.gateway.dispatch import Dispatcher
 from stack.gateway.docs_routes import docs_router
 from stack.gateway.errors import envelope, install_error_handlers
@@ -111,11 +113,13 @@ def create_app(
     environ: Mapping[str, str] | None = None,
     manager: ModelManager | None = None,
     state_file: Path | None = None,
+    console: ConsoleSources | None = None,
 ) -> FastAPI:
     """default_model: the model group `default` (and /ready) refers to; registry: deployments known
     so far (engines register theirs as they become ready); hooks: start and stop engines; manager: the
     model manager that admits requests to the engines it switches (stack.gateway.engines builds it);
-    state_file: where deployments and adapters added through /admin are kept across restarts (none: not kept)."""
+    state_file: where deployments and adapters added through /admin are kept across restarts (none: not kept);
+    console: what the console's Plan & config page shows (stack.gateway.console.sources)."""
     registry = registry or DeploymentRegistry()
     keys = KeyRing.from_refs(settings.api_keys, environ)
     admin_keys = KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ)
@@ -156,6 +160,8 @@ def create_app(
         runtime=RuntimeState(state_file),
     )
 
+    on_shutdown = list(on_shutdown or [])
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # LiteLLM's imports (~3 s) on a thread: the gateway serves local engines meanwhile.
@@ -171,7 +177,7 @@ def create_app(
         finally:
             if watch is not None:
                 watch.cancel()
-            for hook in on_shutdown or []:
+            for hook in on_shutdown:
                 await hook(state)
             await live.close()
             await local.close()
@@ -194,6 +200,8 @@ def create_app(
     app.include_router(ops_routes.router)
     if settings.docs:
         app.include_router(docs_router(app))
+    if settings.console:
+        on_shutdown.append(install_console(app, state, console).close)
     app.include_router(agent_routes.router)
     app.include_router(adapter_routes.router)
     # last: OpenAI's 404 JSON for every path no route serves, behind the /v1 keys (its text lists endpoints)

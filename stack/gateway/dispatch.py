@@ -19,6 +19,7 @@ from starlette.responses import Response, StreamingResponse
 
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway import cloud, local
+from stack.gateway.activity import ActivityRing
 from stack.gateway.adapters import Adapter, AdapterBook
 from stack.gateway.errors import InvalidRequest, NoDeployment, RateLimited, UpstreamError
 from stack.gateway.liveness import UNRESPONSIVE, Liveness
@@ -42,6 +43,9 @@ class Attempt:
     started: float
     ticket: Ticket | None = None
     adapter: Adapter | None = None
+    endpoint: str = ""
+    model: str = ""  # as the client named it (an alias, an adapter)
+    ttft_s: float | None = None
 
 
 class Ticket(Protocol):
@@ -77,6 +81,7 @@ class Dispatcher:
         # Proof of progress per local engine (stack.gateway.liveness); its probes run in the app's lifespan.
         self.liveness = Liveness(settings.liveness, routing.registry, routing.replicas.outstanding,
                                  metrics.registry)  # fmt: skip
+        self.activity = ActivityRing()  # the last requests, for the console (no bodies, no keys)
 
     async def handle(self, endpoint: str, body: dict[str, Any]) -> Response:
         try:  # JSON may carry lone surrogates (\ud800) that no UTF-8 body can: refuse them here, once
@@ -95,6 +100,7 @@ class Dispatcher:
         gauge.inc()
         handed_over = False
         ticket: Ticket | None = None
+        started = time.perf_counter()
         try:
             if self.admission is not None:
                 ticket = await self._admit(group)
@@ -102,11 +108,10 @@ class Dispatcher:
                                          and ticket is None, adapter=adapter)  # fmt: skip
             handed_over = isinstance(response, StreamingResponse)
             return response
-        except UpstreamError as err:
+        except (UpstreamError, NoDeployment, RateLimited) as err:
             self.metrics.requests.labels(group, "-", str(err.status)).inc()
-            raise
-        except (NoDeployment, RateLimited) as err:
-            self.metrics.requests.labels(group, "-", str(err.status)).inc()
+            self.activity.add(endpoint=endpoint, model=str(body["model"]), deployment="-", route="-",
+                              status=str(err.status), started=started)  # fmt: skip
             raise
         except asyncio.CancelledError:  # the client went away before its answer (stack.gateway.aborts)
             self.metrics.requests.labels(group, "-", "499").inc()
@@ -154,7 +159,8 @@ class Dispatcher:
                 if reason is not None and dep.id != last_dep:
                     self.metrics.fallbacks.labels(previous or group, step.group, reason).inc()
                 try:
-                    return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0, ticket, adapter))
+                    return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0, ticket, adapter,
+                                                                       endpoint, str(body["model"])))
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(dep.id, err.reason).inc()
                     last, previous, last_dep = err, step.group, dep.id
@@ -291,7 +297,8 @@ class Dispatcher:
         state = {"status": "200", "usage": None}
 
         def on_first() -> None:
-            m.ttft.labels(group, dep_id).observe(time.perf_counter() - at.started)
+            at.ttft_s = time.perf_counter() - at.started
+            m.ttft.labels(group, dep_id).observe(at.ttft_s)
 
         def on_usage(usage: dict) -> None:
             state["usage"] = usage
@@ -312,6 +319,19 @@ class Dispatcher:
         m.requests.labels(at.group, at.dep.id, status).inc()
         m.latency.labels(at.group, at.dep.id).observe(time.perf_counter() - at.started)
         m.usage(at.group, at.dep.id, usage)
+        self.activity.add(endpoint=at.endpoint, model=at.model or at.group, deployment=at.dep.id, route=route_of(at),
+                          status=status, started=at.started, ttft_s=at.ttft_s, usage=usage)  # fmt: skip
+
+
+def route_of(at: Attempt) -> str:
+    """How the request was answered, as the Activity page shows it."""
+    if at.fallback_reason == "switching":
+        return "spilled"
+    if at.fallback_reason:
+        return f"fallback:{at.fallback_reason}"
+    if at.dep.kind == "cloud":
+        return "cloud"
+    return "replica" if is_replica(at.dep) else "local"
 
 
 async def _closing(gen: Any, on_end: Any) -> Any:

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from stack.config.sections.manager import ManagerConfig
@@ -88,6 +89,7 @@ class ModelManager:
         self._event = asyncio.Event()
         self._last_group: str | None = None
         self.decisions: list[dict] = []  # the last switch decisions with their reasons, for /admin/models
+        self.history: deque[dict] = deque(maxlen=100)  # every finished switch with its phases (the console's)
         self.stopping = False
         self.handoff: HandoffBroker | None = None  # manager.sleep_handoff: set by the composition root
         self.assign_tiers()
@@ -127,6 +129,10 @@ class ModelManager:
             await asyncio.wait_for(self._event.wait(), timeout)
 
     # -- admission ------------------------------------------------------------------------------------
+    def switching(self) -> str | None:
+        """The model a switch is running for now, or None."""
+        return next((name for name, flight in self._flights.items() if not flight.done()), None)
+
     def manages(self, group: str) -> bool:
         return group in self.slots
 
@@ -234,6 +240,8 @@ class ModelManager:
             slot.last_switch = {"kind": str(kind), "seconds": round(seconds, 3), "reason": plan.reason,
                                 "tier": str(slot.tier), "overlap": order.overlap, "order": order.reason,
                                 "phases": phases}  # fmt: skip
+            weights = None if slot.weights_gpu is None else round(slot.weights_gpu / 2**30, 3)
+            self.history.append({"model": name, "at": time.time(), **slot.last_switch, "weights_gib": weights})
             self.metrics.switches.labels(name, str(kind)).inc()
             self.metrics.switch_seconds.labels(str(kind)).observe(seconds)
             log.info("switched to %s (%s) in %.2f s: %s", name, kind, seconds, plan.reason)

@@ -65,4 +65,5 @@ def test_one_up_loads_config_once_detects_once_and_plans_each_model_once(
 
     result = CliRunner().invoke(app, ["--config", str(config), "up", "-f", "--port", "0"], env=env)
     assert result.exit_code == 0, result.output
+    assert "console:" in result.output and "/ui/" in result.output  # `vstack up` says where the console is
     assert calls == Counter({"load_config": 1, "detect": 1, "plan:smollm2-135m-instruct": 1, "plan:tiny": 1})

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.support.net import free_port
 
+from bench.harness.waiting import free_port
 from tests.docs.runnable import FIRST, Block, collect, localise, parse
 
 REPO = Path(__file__).resolve().parents[2]

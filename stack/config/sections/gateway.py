@@ -140,6 +140,8 @@ class GatewayConfig(_Strict):
         "api_key_env; the gateway.cloud entries' own api_key_env are always allowed, no other variable ever is",
     )
     docs: bool = Field(True, description="serve /docs and /openapi.json (behind the /v1 keys when keys are set)")
+    console: bool = Field(True, description="serve the browser console at /ui/ (login with the admin or an API key "
+                          "when keys are set; docs/guides/console.md)")
     header_timeout_s: float = Field(10, gt=0, description="a client must send a request's headers within this")
     body_timeout_s: float = Field(60, gt=0, description="... and its body within this once the headers are in")
     keep_alive_s: float = Field(30, gt=0, description="an idle keep-alive connection is closed after this")

@@ -1,0 +1,436 @@
+"""/ui/*: the console's pages, its JSON calls and its event stream. Thin: each call reuses what the admin
+API (stack.gateway.admin_routes) and the dispatcher already do.
+
+Who may do what (adr/0018):
+- a session cookie (HttpOnly, SameSite=Strict, path /ui) is needed for every page and call; with no key
+  configured anywhere it is given on the first page, else by the login form;
+- `admin` (the admin key; or, with no admin key, a loopback client, as /admin/* answers) may press the model
+  buttons; `viewer` (an API key) reads and uses the playground;
+- every POST carries the session's CSRF token in `X-CSRF-Token` and, from a browser, a same-origin `Origin`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, Field
+from starlette.responses import FileResponse, Response
+
+from stack.gateway.activity import to_csv
+from stack.gateway.admin_routes import Action, models_view, run_model_action
+from stack.gateway.auth import is_loopback
+from stack.gateway.console.hub import Hub, TooManyStreams, frame
+from stack.gateway.console.live import Series, engine_row, gateway_row, parse
+from stack.gateway.console.logs import GatewayLog, follow, tail
+from stack.gateway.console.sessions import COOKIE, Session, Sessions
+from stack.gateway.console.sources import ConsoleSources, with_bus_floor
+from stack.gateway.errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
+from stack.gateway.schemas import ChatCompletionRequest
+from stack.gateway.state import GatewayState, get_state
+
+HERE = Path(__file__).parent
+log = logging.getLogger("stack.gateway.console")
+PAGES = {"models": "Models", "live": "Live", "activity": "Activity", "logs": "Logs", "playground": "Playground",
+         "plan": "Plan & config"}  # fmt: skip
+SCRAPABLE = ("ready", "sleeping")
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+}  # fmt: skip
+
+
+class Console:
+    """What the console keeps: sessions, the event hub, the gateway's log ring, the live series, log offsets."""
+
+    def __init__(self, state: GatewayState, sources: ConsoleSources) -> None:
+        self.state, self.sources = state, sources
+        self.sessions = Sessions()
+        self.hub = Hub(self.tick)
+        self.gateway_log = GatewayLog()
+        self.series: dict[str, Series] = {}
+        self.log_seq = 0
+        self.offsets: dict[str, int] = {}
+        self.logs_followed_at = 0.0
+        self.activity_seen, self.activity_read_at = 0, 0.0
+
+    # -- the once-a-second sample, while a page listens ----------------------------------------------
+    async def tick(self, hub: Hub) -> None:
+        if hub.wants("live"):
+            hub.publish("live", await self.sample())
+        if hub.wants("log"):
+            for source, lines in self.new_lines():
+                hub.publish("log", {"source": source, "lines": lines})
+        if hub.wants("activity"):
+            ring = self.state.dispatcher.activity
+            if time.monotonic() - self.activity_read_at > 3:  # after a pause: the last seconds only (pages
+                self.activity_seen = ring.before(time.time() - 5)  # opening now read the list; they skip twins)
+            self.activity_read_at = time.monotonic()
+            if rows := ring.since(self.activity_seen):
+                self.activity_seen = rows[-1]["id"]
+                hub.publish("activity", rows)
+
+    async def sample(self) -> dict[str, Any]:
+        state = self.state
+        engines = [d for d in state.registry.all() if d.kind == "local" and d.api_base and d.state in SCRAPABLE]
+        texts = await asyncio.gather(*(self._scrape(d.api_base) for d in engines))
+        rows = []
+        for dep, text in zip(engines, texts, strict=True):
+            series = self.series.setdefault(dep.id, Series())
+            if text is not None:
+                series.add(parse(text))
+            rows.append({"id": dep.id, "model": dep.model_group, "state": dep.state, **engine_row(series)})
+        gateway = self.series.setdefault("gateway", Series())
+        gateway.add(parse(state.metrics.render().decode()))
+        used = state.manager.probe.used() if state.manager is not None else None
+        return {"engines": rows, "gateway": gateway_row(gateway),
+                "gpu_used_gib": None if used is None else round(used / 2**30, 2)}  # fmt: skip
+
+    async def _scrape(self, base: str) -> str | None:
+        try:
+            async with self.state.dispatcher.local.session.get(f"{base}/metrics") as resp:
+                return (await resp.read()).decode(errors="replace") if resp.status == 200 else None
+        except Exception:
+            return None
+
+    def log_files(self) -> dict[str, Path]:
+        manager = self.state.manager
+        if manager is None:
+            return {}
+        files = {}
+        for name, slot in manager.slots.items():
+            path = getattr(slot.runtime.spec, "log_path", None)
+            if path:
+                files[name] = Path(path)
+        return files
+
+    def new_lines(self) -> list[tuple[str, list[str]]]:
+        """Lines written since the last tick. After a pause (no Logs page open) following starts again at the
+        ends: a page opening later read the tail already (/ui/api/logs)."""
+        now, out = time.monotonic(), []
+        if now - self.logs_followed_at > 3:
+            self.offsets.clear()
+            self.log_seq = self.gateway_log.before(time.time() - 5)  # the page skips lines it has
+        self.logs_followed_at = now
+        self.log_seq, lines = self.gateway_log.since(self.log_seq)
+        if lines:
+            out.append(("gateway", lines))
+        for name, path in self.log_files().items():
+            key = str(path)
+            if key not in self.offsets:
+                self.offsets[key] = size_of(path)
+                continue
+            self.offsets[key], lines = follow(path, self.offsets[key])
+            if lines:
+                out.append((name, lines))
+        return out
+
+    async def close(self, _state: GatewayState) -> None:
+        await self.hub.stop()
+        for name in ("", "uvicorn.error"):
+            logging.getLogger(name).removeHandler(self.gateway_log)
+
+
+def size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def install(app: FastAPI, state: GatewayState, sources: ConsoleSources | None = None) -> Console:
+    """Mount /ui on `app`; the returned console's `close` goes among the app's shutdown hooks."""
+    console = Console(state, sources or ConsoleSources())
+    app.state.console = console
+    logging.getLogger().addHandler(console.gateway_log)  # the gateway's records (stack.*), wherever they go
+    logging.getLogger("uvicorn.error").addHandler(console.gateway_log)  # uvicorn's own does not propagate
+    hub = console.hub  # built only when a page listens for it: no page, no cost
+    if state.manager is not None:
+        state.manager.subscribe(lambda *_: hub.wants("models") and hub.publish("models", models_view(state)))
+    app.include_router(router)
+    app.mount("/ui/static", StaticFiles(directory=HERE / "static"), name="console-static")
+    return console
+
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+
+
+def console_of(request: Request) -> Console:
+    return request.app.state.console
+
+
+def login_needed(state: GatewayState) -> bool:
+    return state.keys.enabled or state.admin_keys.enabled
+
+
+def open_role(state: GatewayState, request: Request) -> str:
+    """The role a browser gets without logging in (no key configured for what it asks)."""
+    client = request.client.host if request.client else None
+    return "admin" if not state.admin_keys.enabled and is_loopback(client) else "viewer"
+
+
+def session_of(request: Request) -> Session | None:
+    return console_of(request).sessions.get(request.cookies.get(COOKIE))
+
+
+def need_session(request: Request) -> Session:
+    session = session_of(request)
+    if session is None:
+        raise Unauthorized("log in to the console first: open /ui/login", code="console_login_required")
+    return session
+
+
+def need_post(request: Request, admin: bool = False) -> Session:
+    """A state-changing call: same origin, the session's CSRF token, and (admin) the admin role."""
+    session = need_session(request)
+    check_origin(request)
+    if not session.csrf_ok(request.headers.get("x-csrf-token")):
+        raise Forbidden("missing or wrong CSRF token: reload the page and try again", code="csrf_failed")
+    if admin and session.role != "admin":
+        raise Forbidden("this needs the admin role: log in with the admin key", code="admin_required")
+    return session
+
+
+def check_origin(request: Request) -> None:
+    origin = request.headers.get("origin")
+    host = request.headers.get("host", "")
+    if origin is not None and origin.split("://", 1)[-1] != host:
+        raise Forbidden("cross-site request refused", code="cross_site")
+
+
+def set_cookie(response: Response, token: str, ttl_s: float) -> None:
+    response.set_cookie(COOKIE, token, max_age=int(ttl_s), path="/ui", httponly=True, samesite="strict")
+
+
+def page_html(name: str, session: Session, state: GatewayState) -> str:
+    nav = "".join(f'<a href="/ui/{p}"{" aria-current=page" if p == name else ""}>{html.escape(t)}</a>'
+                  for p, t in PAGES.items())  # fmt: skip
+    text = (HERE / "templates" / "page.html").read_text()
+    values = {"title": PAGES[name], "page": name, "nav": nav, "role": session.role, "csrf": session.csrf,
+              "who": session.key_name, "login": "1" if login_needed(state) else ""}  # fmt: skip
+    for key, value in values.items():
+        text = text.replace("{{" + key + "}}", value if key == "nav" else html.escape(value, quote=True))
+    return text
+
+
+@router.get("")
+async def root() -> RedirectResponse:
+    return RedirectResponse("/ui/models", 307)
+
+
+@router.get("/")
+async def index() -> RedirectResponse:
+    return RedirectResponse("/ui/models", 307)
+
+
+@router.get("/login")
+async def login_page(request: Request) -> HTMLResponse:
+    text = (HERE / "templates" / "login.html").read_text()
+    return HTMLResponse(text, headers=HEADERS)
+
+
+class Login(BaseModel):
+    key: str = Field(min_length=1, max_length=4096)
+
+
+@router.post("/login")
+async def login(body: Login, request: Request) -> JSONResponse:
+    check_origin(request)
+    state, console = get_state(request), console_of(request)
+    client = request.client.host if request.client else None
+    if (name := state.admin_keys.check(body.key)) is not None:
+        role = "admin"
+    elif (name := state.keys.check(body.key)) is not None:
+        role = "admin" if not state.admin_keys.enabled and is_loopback(client) else "viewer"
+    else:
+        raise Unauthorized("Incorrect key: give the admin key or an API key of this gateway", code="invalid_api_key")
+    token, _ = console.sessions.create(role, name)  # type: ignore[arg-type]
+    log.info("console: key %r logged in as %s from %s", name, role, client)  # the key's name, never the key
+    response = JSONResponse({"role": role, "key_name": name})
+    set_cookie(response, token, console.sessions.ttl_s)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> JSONResponse:
+    need_post(request)
+    console_of(request).sessions.drop(request.cookies.get(COOKIE))
+    response = JSONResponse({"logged_out": True})
+    response.delete_cookie(COOKIE, path="/ui")
+    return response
+
+
+@router.get("/{page}")
+async def page(page: str, request: Request) -> Response:
+    if page not in PAGES:
+        return HTMLResponse(f"<!doctype html><title>Not found</title><p>No console page {html.escape(page)!r}: "
+                            '<a href="/ui/models">Models</a></p>', 404, headers=HEADERS)  # fmt: skip
+    state, console = get_state(request), console_of(request)
+    session, token = session_of(request), None
+    if session is None:
+        if login_needed(state) and state.keys.enabled:
+            return RedirectResponse(f"/ui/login?next=/ui/{page}", 303)
+        # Nothing to log in with for reading: a session for this browser (admin only where /admin/* would be).
+        token, session = console.sessions.create(open_role(state, request), "none")  # type: ignore[arg-type]
+    response = HTMLResponse(page_html(page, session, state), headers=HEADERS)
+    if token:
+        set_cookie(response, token, console.sessions.ttl_s)
+    return response
+
+
+# -- JSON ------------------------------------------------------------------------------------------------
+@router.get("/api/models")
+async def api_models(request: Request) -> dict[str, Any]:
+    need_session(request)
+    state = get_state(request)
+    view = models_view(state)
+    view["switching"] = state.manager.switching() if state.manager is not None else None
+    view["served"] = list(state.model_cards())
+    return view
+
+
+@router.post("/api/models/{model:path}/{action}")
+async def api_model_action(model: str, action: str, request: Request) -> dict[str, Any]:
+    """Checked in full before anything runs (unknown model, a switch already running); the change itself runs
+    in the background and shows on the `models` stream."""
+    need_post(request, admin=True)
+    state = get_state(request)
+    if action not in ("load", "unload", "switch", "sleep"):
+        raise InvalidRequest(f"unknown action {action!r}: load, unload, switch or sleep", param="action")
+    manager = state.manager
+    if manager is None:
+        raise InvalidRequest("this gateway has no model manager (it serves fixed deployments)", param="model")
+    group = state.routing.resolve(model)
+    if not manager.manages(group):
+        raise ModelNotFound(f"`{model}` is not a model this gateway starts", param="model")
+    running = manager.switching()
+    if running is not None and action in ("load", "switch"):
+        raise InvalidRequest(f"a switch to `{running}` is running: wait until it ends, then try again",
+                             param="model", code="switch_running")  # fmt: skip
+    action_: Action = action  # type: ignore[assignment]
+    return await run_model_action(state, group, action_, wait=False)
+
+
+@router.get("/api/activity")
+async def api_activity(request: Request, model: str | None = None, status: str | None = None,
+                       format: str = "json", limit: int = 200) -> Response:  # fmt: skip
+    need_session(request)
+    rows = get_state(request).dispatcher.activity.last(model, status, max(1, min(limit, 1000)))
+    if format == "csv":
+        return PlainTextResponse(to_csv(rows), media_type="text/csv",
+                                 headers={"Content-Disposition": "attachment; filename=activity.csv"})
+    if format != "json":
+        raise InvalidRequest("format must be json or csv", param="format")
+    return JSONResponse({"requests": rows})
+
+
+@router.get("/api/logs")
+async def api_logs(request: Request, source: str = "gateway", lines: int = 200) -> dict[str, Any]:
+    need_session(request)
+    console = console_of(request)
+    files = console.log_files()
+    sources = ["gateway", *files]
+    if source == "gateway":
+        text = [line for _, line in list(console.gateway_log.lines)][-lines:]
+    elif source in files:
+        text = tail(files[source], max(1, min(lines, 1000)))[1]
+    else:
+        raise InvalidRequest(f"no log {source!r}: one of {', '.join(sources)}", param="source")
+    return {"source": source, "sources": sources, "lines": text}
+
+
+@router.get("/api/live")
+async def api_live(request: Request) -> dict[str, Any]:
+    need_session(request)
+    return await console_of(request).sample()
+
+
+@router.get("/api/plan")
+async def api_plan(request: Request) -> dict[str, Any]:
+    need_session(request)
+    console, state = console_of(request), get_state(request)
+    s = console.sources
+
+    async def call(f):  # the ledger reads vLLM's files, the reports scan results/: off the event loop
+        return None if f is None else await asyncio.to_thread(f)
+
+    manager = state.manager
+    return {
+        "config": await call(s.config), "engines": await call(s.engines), "patches": await call(s.patches),
+        "reports": await call(s.reports),
+        "switches": [with_bus_floor(x, s.bus_h2d_gbps) for x in reversed(manager.history)] if manager else [],
+        "decisions": manager.decisions if manager is not None else [],
+        "manager": {k: v for k, v in manager.status().items() if k not in ("models", "decisions")} if manager else None,
+    }  # fmt: skip
+
+
+@router.get("/api/reports/{index}/{name}")
+async def api_report_file(index: int, name: str, request: Request) -> Response:
+    """A report's plot (PNG), only from the folders the report list names."""
+    need_session(request)
+    dirs = console_of(request).sources.report_dirs
+    folders = dirs() if dirs is not None else []
+    if not 0 <= index < len(folders) or "/" in name or not name.endswith(".png"):
+        raise ModelNotFound(f"no plot {name!r} in report {index}", code="not_found")
+    path = folders[index] / name
+    if not path.is_file():
+        raise ModelNotFound(f"no plot {name!r} in report {index}", code="not_found")
+    return FileResponse(path, media_type="image/png")
+
+
+@router.post("/api/chat")
+async def api_chat(req: ChatCompletionRequest, request: Request) -> Response:
+    """The playground: the gateway's own dispatcher answers (the request shows in Activity like any other)."""
+    need_post(request)
+    state = get_state(request)
+    limit = state.settings.max_tokens_limit
+    if req.max_tokens is not None and req.max_tokens > limit:
+        raise InvalidRequest(f"'max_tokens' is too large: {req.max_tokens} (at most {limit})", param="max_tokens")
+    return await state.dispatcher.handle("chat", await request.json())
+
+
+@router.get("/api/events")
+async def api_events(request: Request, topics: str = "models") -> Response:
+    session = need_session(request)
+    hub = console_of(request).hub
+    try:
+        client = hub.open(request.cookies.get(COOKIE, ""), set(topics.split(",")))
+    except TooManyStreams as exc:
+        return JSONResponse({"error": {"message": str(exc), "type": "rate_limit_error", "code": "too_many_streams"}},
+                            429, headers={"Retry-After": "5"})  # fmt: skip
+    state = get_state(request)
+    first = [("models", models_view(state))] if "models" in client.topics else []
+
+    async def stream():
+        try:
+            yield b"retry: 3000\n\n"
+            for topic, data in first:
+                yield frame(topic, data)
+            while console_of(request).sessions.get(request.cookies.get(COOKIE)) is session:
+                try:
+                    raw = await asyncio.wait_for(client.queue.get(), 15)
+                except TimeoutError:
+                    raw = b": keep-alive\n\n"
+                if not raw:  # the gateway is stopping (Hub.end_streams)
+                    return
+                yield raw
+        finally:
+            hub.close(client)
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+
+
+
+

@@ -1,0 +1,56 @@
+"""Console sessions: a login turns a key into an HttpOnly cookie; every state-changing call carries a CSRF token.
+
+The key itself is checked once (stack.gateway.auth's key rings) and never stored: the session keeps a role
+(`admin` may press the model buttons; `viewer` reads and uses the playground) and the key's *name*.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Literal
+
+COOKIE = "vstack_console"
+Role = Literal["admin", "viewer"]
+
+
+@dataclass
+class Session:
+    role: Role
+    key_name: str
+    csrf: str
+    expires: float
+
+    def csrf_ok(self, presented: str | None) -> bool:
+        return presented is not None and hmac.compare_digest(presented.encode(), self.csrf.encode())
+
+
+class Sessions:
+    """In memory (a gateway restart logs everyone out), bounded: the oldest session goes first."""
+
+    def __init__(self, ttl_s: float = 12 * 3600, limit: int = 256) -> None:
+        self.ttl_s, self.limit = ttl_s, limit
+        self._by_token: OrderedDict[str, Session] = OrderedDict()
+
+    def create(self, role: Role, key_name: str) -> tuple[str, Session]:
+        token = secrets.token_urlsafe(32)
+        session = Session(role, key_name, secrets.token_urlsafe(24), time.time() + self.ttl_s)
+        self._by_token[token] = session
+        while len(self._by_token) > self.limit:
+            self._by_token.popitem(last=False)
+        return token, session
+
+    def get(self, token: str | None) -> Session | None:
+        session = self._by_token.get(token or "")
+        if session is None:
+            return None
+        if session.expires < time.time():
+            self._by_token.pop(token or "", None)
+            return None
+        return session
+
+    def drop(self, token: str | None) -> None:
+        self._by_token.pop(token or "", None)

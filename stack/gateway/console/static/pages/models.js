@@ -1,0 +1,69 @@
+"use strict";
+// Models: every configured model with its state, tier, memory and replicas; admin buttons, confirmed.
+(() => {
+  const {el, api, post, errorOf, notice, confirm, events, fmt, section, table, role} = VS;
+  const app = document.getElementById("app");
+  const ACTIONS = {load: "Load", sleep: "Sleep", unload: "Unload", switch: "Switch to"};
+  const WHAT = {
+    load: "start it (co-resident if it fits, else other models make room)",
+    sleep: "put it to sleep (or stop it where sleep mode is off)",
+    unload: "stop its engine once its requests finish",
+    switch: "make it the one awake model: load it, then put every other model to sleep or stop it",
+  };
+  let pending = null;
+
+  async function act(model, action) {
+    if (!await confirm(`${ACTIONS[action]} ${model}: ${WHAT[action]}?`)) return;
+    const resp = await post(`/ui/api/models/${encodeURIComponent(model)}/${action}`);
+    if (!resp.ok) { notice((await errorOf(resp)).message, "error"); return; }
+    pending = `${action} ${model}`;
+    notice(`${ACTIONS[action]} ${model}: accepted; the state below follows it live`, "ok");
+  }
+
+  function memory(m) {
+    const parts = [];
+    if (m.need_gib !== null && m.need_gib !== undefined) parts.push(`${fmt(m.need_gib, 2)} GiB awake`);
+    if (m.weights_gib) parts.push(`${fmt(m.weights_gib, 2)} GiB weights (host copy when asleep at level 1)`);
+    return parts.join("; ") || "–";
+  }
+
+  function row(entry) {
+    const m = entry.manager || {};
+    const state = m.state || entry.state;
+    const replicas = entry.deployments.filter((d) => d.labels && d.labels.replica);
+    const buttons = Object.keys(ACTIONS).map((a) => el("button", {
+      type: "button", "data-action": a, "data-model": entry.model, disabled: role !== "admin" || !entry.manager,
+      title: role !== "admin" ? "admin only: log in with the admin key" : WHAT[a], onclick: () => act(entry.model, a),
+    }, ACTIONS[a]));
+    const detail = [el("div", {text: m.detail || (entry.deployments[0] || {}).detail || ""})];
+    if (state === "failed" && m.log_tail) {
+      detail.push(el("details", {open: true}, el("summary", {text: "last engine log lines"}),
+        el("pre", {class: "log-tail", text: m.log_tail})));
+    }
+    return el("tr", {"data-model": entry.model, "data-state": state},
+      el("td", {}, el("strong", {text: entry.model}), entry.aliases.length ? el("div", {class: "muted", text: `aliases: ${entry.aliases.join(", ")}`}) : null),
+      el("td", {}, el("span", {class: `badge state state-${state}`, text: state}),
+        m.for_s !== undefined ? el("div", {class: "muted", text: `for ${fmt(m.for_s, 0)} s`}) : null),
+      el("td", {}, m.tier || "–", m.tier_reason ? el("div", {class: "muted", text: m.tier_reason}) : null),
+      el("td", {text: memory(m)}),
+      el("td", {text: replicas.length ? replicas.map((d) => `r${d.labels.replica}@${d.labels.node} ${d.state}`).join(", ")
+        : `${entry.deployments.length} deployment(s)`}),
+      el("td", {class: "num", text: `${m.in_flight ?? 0} / ${m.queued ?? 0}`}),
+      el("td", {}, detail),
+      el("td", {}, el("div", {class: "actions"}, buttons)));
+  }
+
+  function render(view) {
+    const rows = view.models.map(row);
+    const mgr = view.manager;
+    app.replaceChildren(
+      section("Models",
+        el("p", {class: "muted"}, `default: ${view.default}`, mgr ? ` · capacity ${fmt(mgr.capacity_gib, 2)} GiB · sleep mode ${mgr.sleep_mode ? "on" : "off"}` +
+          (mgr.host_budget_gib !== null ? ` · host budget ${fmt(mgr.host_budget_gib, 2)} GiB` : "") : "",
+          role !== "admin" ? " · read-only: the buttons need the admin role" : ""),
+        table(["model", "state", "tier", "memory", "replicas", "in flight / queued", "detail", "actions"], rows, {id: "models"})));
+  }
+
+  api("/ui/api/models").then(render).catch((e) => notice(e.message, "error"));
+  events(["models"], {models: (view) => { render(view); if (pending) pending = null; }});
+})();

@@ -1,0 +1,169 @@
+"""The console's rules without an engine: login, cookie, CSRF, roles, bad actions, no secret in any answer,
+bounded event streams. A real gateway app (create_app) served by uvicorn in a thread; no upstream is needed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from bench.harness.gateway_thread import app_in_thread
+from stack.config.sections.gateway import GatewayConfig
+from stack.gateway.app import create_app
+from stack.gateway.console.hub import Hub, TooManyStreams
+
+USER, ADMIN = "user-secret-key-0123456789", "admin-secret-key-9876543210"
+PAGES = ["models", "live", "activity", "logs", "playground", "plan"]
+APIS = ["/ui/api/models", "/ui/api/activity", "/ui/api/activity?format=csv", "/ui/api/logs", "/ui/api/live",
+        "/ui/api/plan"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def keyed():
+    settings = GatewayConfig.model_validate({"api_keys": [{"name": "team", "env": "K"}],
+                                             "admin_key": {"name": "ops", "env": "A"}})  # fmt: skip
+    app = create_app(settings, default_model="m", environ={"K": USER, "A": ADMIN})
+    with app_in_thread(app) as (url, _loop):
+        yield url
+
+
+def login(url: str, key: str) -> tuple[httpx.Client, str]:
+    c = httpx.Client(base_url=url)
+    r = c.post("/ui/login", json={"key": key})
+    assert r.status_code == 200, r.text
+    page = c.get("/ui/models").text
+    csrf = page.split('name="csrf-token" content="')[1].split('"')[0]
+    return c, csrf
+
+
+def test_pages_need_a_login_when_keys_are_set(keyed: str) -> None:
+    c = httpx.Client(base_url=keyed)
+    for page in PAGES:
+        r = c.get(f"/ui/{page}")
+        assert r.status_code == 303 and r.headers["location"] == f"/ui/login?next=/ui/{page}"
+    for api in APIS:
+        r = c.get(api)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "console_login_required"
+    r = c.post("/ui/login", json={"key": "not-a-key"})
+    assert r.status_code == 401 and "Incorrect key" in r.json()["error"]["message"]
+    assert "not-a-key" not in r.text and "set-cookie" not in r.headers
+
+
+def test_login_sets_an_httponly_strict_cookie_and_gives_the_role(keyed: str) -> None:
+    for key, role in ((USER, "viewer"), (ADMIN, "admin")):
+        r = httpx.post(f"{keyed}/ui/login", json={"key": key})
+        assert r.status_code == 200 and r.json() == {"role": role, "key_name": "team" if role == "viewer" else "ops"}
+        cookie = r.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/ui" in cookie
+        assert key not in cookie
+
+
+def test_no_secret_in_any_page_or_answer(keyed: str) -> None:
+    for key in (USER, ADMIN):
+        c, _ = login(keyed, key)
+        bodies = [c.get(f"/ui/{p}").text for p in PAGES] + [c.get(a).text for a in APIS]
+        bodies += [c.get("/ui/login").text, c.get("/ui/static/console.js").text]
+        for body in bodies:
+            assert USER not in body and ADMIN not in body
+
+
+def test_a_post_without_the_csrf_token_is_refused(keyed: str) -> None:
+    c, csrf = login(keyed, ADMIN)
+    r = c.post("/ui/api/models/m/load")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+    r = c.post("/ui/api/models/m/load", headers={"X-CSRF-Token": "guess"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+    r = c.post("/ui/api/chat", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+    # Another site's page posting with the browser's cookie: refused by its Origin even with a token.
+    r = c.post("/ui/api/models/m/load", headers={"X-CSRF-Token": csrf, "Origin": "https://evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "cross_site"
+
+
+def test_the_api_key_session_cannot_press_admin_buttons(keyed: str) -> None:
+    c, csrf = login(keyed, USER)
+    for action in ("load", "sleep", "unload", "switch"):
+        r = c.post(f"/ui/api/models/m/{action}", headers={"X-CSRF-Token": csrf})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "admin_required"
+        assert "admin key" in r.json()["error"]["message"]
+
+
+def test_bad_actions_get_a_clear_message_and_change_nothing(keyed: str) -> None:
+    c, csrf = login(keyed, ADMIN)
+    r = c.post("/ui/api/models/m/explode", headers={"X-CSRF-Token": csrf})
+    assert r.status_code == 400 and "load, unload, switch or sleep" in r.json()["error"]["message"]
+    r = c.post("/ui/api/models/m/load", headers={"X-CSRF-Token": csrf})  # this gateway starts no engine
+    assert r.status_code == 400 and "no model manager" in r.json()["error"]["message"]
+    assert c.get("/ui/api/models").json()["models"] == []
+
+
+def test_logout_ends_the_session(keyed: str) -> None:
+    c, csrf = login(keyed, USER)
+    assert c.post("/ui/logout", headers={"X-CSRF-Token": csrf}).status_code == 200
+    assert c.get("/ui/api/models").status_code == 401
+
+
+def test_an_open_gateway_gives_loopback_the_admin_role_without_a_login() -> None:
+    """No key anywhere: /admin/* answers loopback clients, so does the console (and only them)."""
+    app = create_app(GatewayConfig(), default_model="m", environ={})
+    with app_in_thread(app) as (url, _loop):
+        c = httpx.Client(base_url=url)
+        page = c.get("/ui/models")
+        assert page.status_code == 200 and 'name="console-role" content="admin"' in page.text
+        assert c.get("/ui/api/models").status_code == 200
+        assert c.get("/ui/nope").status_code == 404
+
+
+def test_event_streams_are_bounded_per_browser_and_in_total() -> None:
+    async def run() -> None:
+        async def tick(_hub: Hub) -> None:
+            return None
+
+        hub = Hub(tick, max_streams=3, per_session=2, queue_size=2)
+        a1, _a2 = hub.open("a", {"models"}), hub.open("a", {"models"})
+        with pytest.raises(TooManyStreams, match="this browser"):
+            hub.open("a", {"models"})
+        hub.open("b", {"live"})
+        with pytest.raises(TooManyStreams, match="live pages open"):
+            hub.open("c", {"models"})
+        for i in range(5):  # a page that does not read keeps only the newest events
+            hub.publish("models", {"n": i})
+        assert a1.queue.qsize() == 2 and a1.dropped == 3
+        assert b"3" in a1.queue.get_nowait() and b"4" in a1.queue.get_nowait()
+        await hub.stop()
+
+    asyncio.run(run())
+
+
+def test_the_sse_endpoint_answers_429_past_the_limit(keyed: str) -> None:
+    c, _ = login(keyed, USER)
+    streams = []
+    try:
+        for _ in range(6):  # the per-browser limit
+            s = c.stream("GET", "/ui/api/events?topics=models")
+            r = s.__enter__()
+            streams.append(s)
+            assert r.status_code == 200
+        r = c.get("/ui/api/events?topics=models")
+        assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_streams"
+    finally:
+        for s in streams:
+            s.__exit__(None, None, None)
+
+
+def test_a_stopping_gateway_ends_the_open_streams_at_once() -> None:
+    """uvicorn's drain waits for every open response: a page's stream must end when SIGTERM comes (the handler
+    stack.assemble puts in front of uvicorn's calls Hub.end_streams), not hold `vstack down` for drain_grace_s."""
+    app = create_app(GatewayConfig(), default_model="m", environ={})
+    with app_in_thread(app) as (url, _loop):
+        c = httpx.Client(base_url=url, timeout=10)
+        c.get("/ui/models")
+        with c.stream("GET", "/ui/api/events?topics=models") as stream:
+            lines = stream.iter_lines()
+            assert next(lines) == "retry: 3000"
+            t0 = time.monotonic()
+            app.state.console.hub.end_streams()  # from another thread, as from a signal handler
+            list(lines)  # returns only because the stream ended (else: a keep-alive in 15 s, a ReadTimeout at 10)
+        assert time.monotonic() - t0 < 5 and app.state.console.hub.clients == set()
