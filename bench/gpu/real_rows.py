@@ -48,8 +48,11 @@ def tool_calls(client: Any, model: str) -> dict[str, Any]:
     for label, choice in (("named", {"type": "function", "function": {"name": "get_weather"}}),
                           ("required", "required"), ("auto", "auto")):
         try:
-            resp = client.chat.completions.create(model=model, messages=ASK_WEATHER, temperature=0, max_tokens=96,
-                                                  tools=[WEATHER], tool_choice=choice)
+            # named/required: vLLM's grammar admits further calls after the first (parallel_tool_calls=false is
+            # applied after parsing), so room for the call to close; auto is free text, the call optional.
+            resp = client.chat.completions.create(
+                model=model, messages=ASK_WEATHER, temperature=0, max_tokens=96 if label == "auto" else 256,
+                tools=[WEATHER], tool_choice=choice, **({} if label == "auto" else {"parallel_tool_calls": False}))
         except Exception as exc:  # the status and message are the evidence
             out[label] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
             continue
