@@ -79,3 +79,24 @@ def test_spec_counters_and_row_from_prometheus_text() -> None:
     moved = real_rows.spec_row(same, [{"text": "a c", "tokens": ["a", " c"]}], counters)
     assert not moved["ok"] and moved["changed"][0]["token"] == 1
     assert not real_rows.spec_row(same, same, {})["ok"]  # no drafts counted: nothing was proven
+
+
+def test_results_folder_and_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each step merges its rows and writes <date>-<device>-realweights/ with the manifest's keys."""
+    from bench.gpu import realweights
+
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setenv("VSTACK_COMMIT", "abc123")
+    realweights.save(tmp_path, [{"row": "real-answer", "ok": True, "answer": "Paris."}], "cmd rows")
+    spec = {"row": "real-spec-ngram", "ok": False, "acceptance_rate": 0.42, "changed": [{"prompt": 1}]}
+    folder = realweights.save(tmp_path, [spec], "cmd spec")
+    assert folder.parent == tmp_path / "out" and folder.name.endswith("-realweights")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert set(manifest) == {"name", "date", "device", "command", "commit", "versions", "summary", "figures"}
+    assert manifest["commit"] == "abc123" and set(manifest["versions"]) == {"vllm", "stack"}
+    assert "1 of 2 rows pass" in manifest["summary"] and "real-spec-ngram FAILED" in manifest["summary"]
+    figures = {f["name"]: f for f in manifest["figures"]}
+    assert figures["ngram draft acceptance"]["value"] == 0.42 and figures["real-answer passed"]["value"] is True
+    assert all(set(f) == {"name", "value", "unit", "meaning"} for f in manifest["figures"])
+    rows = json.loads((folder / "results.json").read_text())["rows"]
+    assert [r["row"] for r in rows] == ["real-answer", "real-spec-ngram"]
