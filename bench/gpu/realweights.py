@@ -139,7 +139,7 @@ def step_spec(work: Path, logs: Path) -> list[dict[str, Any]]:
 
 
 def step_tune(work: Path, logs: Path, budget_s: float) -> list[dict[str, Any]]:
-    """`vstack tune` on the real weights: baseline, fp8 weights, fp8 KV, both, n-gram speculative decoding
+    """`vstack tune` on the real weights: baseline, fp8 weights, fp8 KV cache, n-gram speculative decoding
     (bench/gpu/realweights_tune.yaml), goodput mode; resumable, so a call that runs out of budget is simply
     repeated. The row is the tune's choice and each candidate's quality check."""
     pull(work)
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("step", choices=["rows", "spec", "tune"])
     ap.add_argument("--work", default=os.environ.get("VSTACK_GPU_WORK", "/tmp/vstack-realweights"))
-    ap.add_argument("--budget", type=float, default=420, help="tune: seconds this call may take (it resumes)")
+    ap.add_argument("--budget", type=float, default=460, help="tune: seconds this call may take (it resumes)")
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

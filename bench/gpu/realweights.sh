@@ -13,7 +13,7 @@
 #   call 5  carry [".gpuw2"]  bash bench/gpu/realweights.sh rows     unpack, convert, answer/tools/LoRA rows (~5 min)
 #   call 6  carry []          bash bench/gpu/realweights.sh spec     without and with n-gram speculation (~4 min)
 #   call 7  carry []          bash bench/gpu/realweights.sh tune     goodput + quality; repeat until its row says
-#                                                                    complete (it resumes; 2-3 calls)
+#                                                                    complete (it resumes; 1-2 calls)
 #   call 8  carry []          bash bench/gpu/realweights.sh eager qwen2.5-32b-awq-eager qwen2.5-7b-gptq-eager
 #   call 9  carry []          bash bench/gpu/realweights.sh eager llama-3.3-70b-fp8-eager gemma-2-9b-eager
 #                             planner vs vLLM with enforce_eager (layout rows, dummy weights, ~1-2 min each;
@@ -60,6 +60,6 @@ if [ "$step" = eager ]; then
   exit "${PIPESTATUS[0]}"
 fi
 unpack_weights
-budget=${VSTACK_TUNE_BUDGET:-420}
+budget=${VSTACK_TUNE_BUDGET:-460}
 python3 -m bench.gpu.realweights "$step" --work "$work" --budget "$budget" 2>&1 | tee -a "$out/realweights-$step.log"
 exit "${PIPESTATUS[0]}"
