@@ -20,6 +20,11 @@ CPU_ENGINE = {"enforce_eager": True, "max_model_len": 2048, "max_num_seqs": 8}
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
+def _folder(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _config(**model: object) -> dict:
     return {"serve": MODEL, "default_model": MODEL,
             "models": {MODEL: {"name": MODEL, "source": {"path": str(smollm2_dir())}, "env": CPU_ENV, **model}}}
@@ -35,7 +40,7 @@ def test_answer_tools_and_lora_rows_pass_with_real_weights(tmp_path: Path) -> No
     assert built.returncode == 0, built.stderr[-2000:]
     config = _config(adapters=[{"name": n, "path": str(tmp_path / "a" / n)} for n in adapters],
                      lora={"max_loras": 2, "max_cpu_loras": 2}, engine=CPU_ENGINE)
-    with run_stack(tmp_path / "stack", config) as stack:
+    with run_stack(_folder(tmp_path / "stack"), config) as stack:
         client = real_rows.client_for(stack.url, API_KEY)
         answer = real_rows.answer_row(client, MODEL)
         tools = real_rows.tools_row(client, MODEL)
@@ -50,9 +55,9 @@ def test_answer_tools_and_lora_rows_pass_with_real_weights(tmp_path: Path) -> No
 
 @pytest.mark.e2e
 def test_ngram_speculative_answers_match_the_baseline_and_drafts_are_accepted(tmp_path: Path) -> None:
-    with run_stack(tmp_path / "base", _config(engine=CPU_ENGINE)) as stack:
+    with run_stack(_folder(tmp_path / "base"), _config(engine=CPU_ENGINE)) as stack:
         baseline = real_rows.greedy_answers(real_rows.client_for(stack.url, API_KEY), MODEL)
-    with run_stack(tmp_path / "spec", _config(engine={**CPU_ENGINE, "speculative_config": NGRAM})) as stack:
+    with run_stack(_folder(tmp_path / "spec"), _config(engine={**CPU_ENGINE, "speculative_config": NGRAM})) as stack:
         speculative = real_rows.greedy_answers(real_rows.client_for(stack.url, API_KEY), MODEL)
         import httpx
 
