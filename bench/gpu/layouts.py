@@ -51,6 +51,19 @@ LAYOUTS: list[Layout] = [
            {"max_model_len": 8192, "tensor_parallel_size": 2}, gpus=2),
     Layout("deepseek-v2-lite-tp2", "TP 2, MLA latent replicated", "deepseek-ai--DeepSeek-V2-Lite-Chat",
            {"max_model_len": 32768, "tensor_parallel_size": 2}, gpus=2, new=False),
+    # Eager rows (issue 33): every layout row is eager, but these are the shapes where the eager profile peak
+    # was found off (a large AWQ model on a real H100, ~6% more KV planned than vLLM's) or where a term other
+    # than the forward pass sets it: the dummy sampler pass (many sequences x a large vocabulary), a 70B shape.
+    # vLLM's batch defaults of the GPU apply unless set. `bash bench/gpu/realweights.sh eager` runs them.
+    Layout("qwen2.5-32b-awq-eager", "AWQ 4-bit 32B, eager, the GPU's batch defaults", "Qwen--Qwen2.5-32B-Instruct-AWQ",
+           {"max_model_len": 32768}),
+    Layout("llama-3.3-70b-fp8-eager", "70B, fp8 weights (online), eager", "meta-llama--Llama-3.3-70B-Instruct",
+           {"max_model_len": 8192, "quantization": "fp8"}),
+    Layout("qwen2.5-7b-gptq-eager-sampler", "GPTQ 4-bit, eager, sampler-bound (1024 seqs x 152k vocab)",
+           "Qwen--Qwen2.5-7B-Instruct-GPTQ-Int4",
+           {"max_model_len": 8192, "max_num_seqs": 1024, "max_num_batched_tokens": 1024}),
+    Layout("gemma-2-9b-eager-vocab", "256k vocabulary, eager, 1024 seqs", "google--gemma-2-9b-it",
+           {"max_model_len": 8192, "max_num_seqs": 1024}),
 ]
 # Every layout row runs with these unless it sets them: vLLM's default utilization, eager (see above).
 COMMON = {"gpu_memory_utilization": 0.92, "enforce_eager": True}

@@ -1,6 +1,6 @@
 # Sourced by every script that runs on the lent GPU machine (suite.sh, switch_time.sh, tune_env.sh, ray_pp.sh):
 # the repository root, $parts/$site/$out, the parts carried with this call kept in $parts for later calls
-# (.gpuN/ the site built by bench/gpu/build_site.sh, .gpuray/ Ray's part), `unpack_site`, and the env they
+# (.gpuN/ the site built by bench/gpu/build_site.sh, .gpuray/ Ray's part, .gpuwN/ the real weights), `unpack_site`, and the env they
 # all run vLLM under. A machine stays warm ~30 s after a call; what is in /tmp outlives the checkout's resync.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
@@ -8,7 +8,7 @@ parts=${VSTACK_GPU_PARTS:-/tmp/vstack-parts}
 site=${VSTACK_GPU_SITE:-/tmp/vstack-site}
 out=${OUT:-$root/bench/out}  # not in bench/results: a run folder there needs its manifest
 mkdir -p "$parts" "$out"
-for p in "$root"/.gpu[0-9]/part.* "$root"/.gpuray/part.*; do [ -e "$p" ] && cp "$p" "$parts/"; done
+for p in "$root"/.gpu[0-9]/part.* "$root"/.gpuray/part.* "$root"/.gpuw[0-9]/part.*; do [ -e "$p" ] && cp "$p" "$parts/"; done
 
 # The site's own parts are part.NN: Ray's (part.ray.NN) are unpacked by ray_pp.sh, never into this stream.
 unpack_site() {

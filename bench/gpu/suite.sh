@@ -3,11 +3,14 @@
 #
 #   bash bench/gpu/suite.sh --stash                 a carry call: keep this call's part (.gpuN/) in /tmp
 #   bash bench/gpu/suite.sh [--only NAME ...] [--kind profile|layout|switch|tools ...]
+#   bash bench/gpu/suite.sh --real stash|rows|spec|tune|eager   the real-weight rows (bench/gpu/realweights.sh)
 #
 # Unpacks the site built by bench/gpu/build_site.sh once (parts stashed by earlier calls, or .gpuN/ folders
 # carried with this one), runs bench/gpu/suite.py through the project's own code, then the assertions in
 # tests/gpu against the results it wrote. Logs, results and the engines' logs land in $OUT when it is set.
 set -uo pipefail
+# The real-weight rows and the eager rows (issue 33): bench/gpu/realweights.sh, its call sequence at its top.
+if [ "${1:-}" = "--real" ]; then shift; exec bash "$(dirname "${BASH_SOURCE[0]}")/realweights.sh" "$@"; fi
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 if [ "${1:-}" = "--stash" ]; then ls -la "$parts"; exit 0; fi
 unpack_site

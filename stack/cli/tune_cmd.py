@@ -62,6 +62,10 @@ def tune_command(
     stop_on_error: Annotated[bool, typer.Option(help="end the run at the first candidate that fails")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="the outcome as JSON on stdout (progress stays on "
                                           "stderr)")] = False,
+    min_match: Annotated[float | None, typer.Option(
+        "--min-match", min=0.0, max=1.0, help="quality guard: a candidate that changes numerics and keeps fewer of "
+        "the fixed prompts' greedy answers identical to the baseline's is not chosen (default: the scenario's "
+        "tune.min_exact_match, 0.5)")] = None,
 ) -> None:
     """Find the engine settings that serve the most requests within an SLO, by measuring each candidate.
 
@@ -97,7 +101,7 @@ def tune_command(
         command = "vstack " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:] else "vstack tune"
         request = TuneRequest(target, scenario, candidates, folder, slo, method, restart, command,  # type: ignore[arg-type]
                               stop_on_error, mode, time_budget, max_candidates, baseline,  # type: ignore[arg-type]
-                              overlap_starts, would_run)
+                              overlap_starts, would_run, min_match)
         rows: list[list[str]] = [[str(i + 1), c.label, "waiting", ""] for i, c in enumerate(candidates or [])]
         title = f"vstack tune: scenario {scenario}, results in {folder}"
         err.print("[dim]checking the configuration and the model; candidates: "

@@ -24,6 +24,7 @@ class Measured:
     numerics: str | None = None  # why its answers may differ from the baseline's (quantization, ...), or None
     points: list[dict[str, Any]] | None = None  # goodput: every probe of the rate search
     answers: list[str] | None = None  # the fixed prompts' answers at temperature 0 (real weights only)
+    answer_tokens: list[list[str]] | None = None  # the same answers as the engine's tokens
     paused: bool = False  # a time budget cut its search short: the next call resumes it
 
     @property
@@ -69,22 +70,42 @@ def meets(m: Measured, checks: Sequence[ClauseResult]) -> bool:
     return all_met(checks) and (not m.goodput or m.score > 0) and not m.dropped
 
 
-def choose(measured: Sequence[Measured], clauses: Sequence[Clause]) -> Choice:
+def choose(measured: Sequence[Measured], clauses: Sequence[Clause], refused: dict[str, str] | None = None
+           ) -> Choice:
+    """`refused`: candidates the quality guard keeps out (key -> why); they are measured and shown, never picked."""
+    refused = refused or {}
     ran = [m for m in measured if m.ok]
     checks = {m.key: evaluate(clauses, m.metrics or {}) for m in ran}
     if not ran:
         return Choice(None, False, checks, "no candidate could be measured")
+    eligible = [m for m in ran if m.key not in refused]
+    kept_out = [m for m in ran if m.key in refused]
+    if not eligible:
+        return Choice(None, False, checks, "every measured candidate failed the quality guard: "
+                      + "; ".join(f"{m.label}: {refused[m.key]}" for m in kept_out))
     # Goodput: a candidate meets the SLO when some rate did (its figures are that rate's).
-    passing = [m for m in ran if meets(m, checks[m.key])]
+    passing = [m for m in eligible if meets(m, checks[m.key])]
     if passing:
         best = max(passing, key=lambda m: (m.score, m.throughput))
         others = len(passing) - 1
         what = "goodput" if best.goodput else "output throughput"
         why = (f"highest {what} ({best.describe_score()}) of the {len(passing)} candidates "
                f"that meet the SLO" if others else "the only candidate that meets the SLO")
-        return Choice(best, True, checks, why)
+        return Choice(best, True, checks, why + _quality_note(best, kept_out, checks, refused))
     # Nobody meets it: the smallest shortfall wins; throughput breaks ties.
-    best = min(ran, key=lambda m: (m.dropped > 0, distance(checks[m.key]), -m.throughput))
+    best = min(eligible, key=lambda m: (m.dropped > 0, distance(checks[m.key]), -m.throughput))
     missed = "; ".join([f"{best.dropped} requests failed"] * bool(best.dropped)
                        + [r.describe() for r in checks[best.key] if not r.met])
-    return Choice(best, False, checks, f"no candidate meets the SLO; closest: {best.label} ({missed})")
+    return Choice(best, False, checks, f"no candidate meets the SLO; closest: {best.label} ({missed})"
+                  + _quality_note(best, kept_out, checks, refused))
+
+
+def _quality_note(best: Measured, kept_out: list[Measured], checks: dict[str, list[ClauseResult]],
+                  refused: dict[str, str]) -> str:
+    """What the quality guard changed: the candidates it kept out that would have scored higher."""
+    better = [m for m in kept_out
+              if meets(m, checks[m.key]) and (m.score, m.throughput) > (best.score, best.throughput)]
+    if not better:
+        return ""
+    return "; not chosen for their answers: " + "; ".join(
+        f"{m.label} ({m.describe_score()}: {refused[m.key]})" for m in better)

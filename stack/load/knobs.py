@@ -47,6 +47,8 @@ def numerics_change(overrides: dict[str, Any]) -> str | None:
         why.append(f"KV cache {kv}")
     if overrides.get("speculative_config"):
         why.append("speculative decoding")
+    if overrides.get("dtype") not in (None, "auto"):
+        why.append(f"dtype {overrides['dtype']}")
     return ", ".join(why) or None
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stack.config.slo import parse_slo
 from stack.errors import ConfigError
+from stack.load.quality import MIN_EXACT_MATCH
 
 SCENARIO_ENV = "VSTACK_SCENARIO"  # the locustfile reads its scenario file from here
 MODELS_ENV = "VSTACK_LOAD_MODELS"  # the model mix `vstack bench load` decided (JSON), over the scenario's
@@ -145,6 +146,9 @@ class TuneSettings(_Strict):
     repeats: int = Field(1, ge=0, description="goodput: extra measurements of the winning rate")
     rate_start: float | None = Field(None, gt=0, description="goodput: first rate (default: the capacity)")
     rate_min: float = Field(0.05, gt=0, description="goodput: give up below this rate")
+    min_exact_match: float = Field(MIN_EXACT_MATCH, ge=0, le=1, description="quality guard: a candidate that "
+                                   "changes numerics (fp8, speculative decoding) and keeps fewer of the fixed "
+                                   "prompts' greedy answers identical to the baseline's is not chosen")
     keep_pace: float = Field(0.85, ge=0, le=1, description="goodput: a probe counts only if the engine served at "
                              "least this share of the offered rate (arrivals plus drain)")
 

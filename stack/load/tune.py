@@ -34,7 +34,7 @@ from stack.load.choose import Choice, Measured, choose
 from stack.load.knobs import Device, Skipped, device_candidates, model_quantization, numerics_change
 from stack.load.load import choose_slo
 from stack.load.prestart import GATE_PATCH, Prestart
-from stack.load.quality import answers_of
+from stack.load.quality import MIN_EXACT_MATCH, answers_of, compare
 from stack.load.rate_search import BudgetExhausted, Point, answered_counts, search_goodput
 from stack.load.scenario import Scenario, find_scenario, load_scenario_file
 from stack.load.tune_clock import CandidateClock
@@ -77,6 +77,9 @@ class TuneRequest:
     # Why a runtime patch would not run in an engine: (patch id, vLLM distribution, version, env) -> reason or
     # None. The composition root passes stack.patches.plugin.would_run (this layer cannot read the ledger).
     gate_blocker: Callable[[str, str, str, dict[str, str]], str | None] | None = None
+    # The quality guard's floor: a numerics candidate whose answers match the baseline's less is not chosen.
+    # None: the scenario's tune.min_exact_match (stack.load.quality says why its default is 0.5).
+    min_match: float | None = None
 
 
 @dataclass
@@ -118,7 +121,9 @@ def fingerprint(cfg: StackConfig, plan: EnginePlan, scenario: Scenario, method: 
         "env": configured_env(cfg, plan),
         "vllm": f"{plan.catalog.distribution} {plan.catalog.version}",
         "hardware": [g.name for g in hardware.gpus] or [f"cpu x{hardware.cpu_count}"],
-        "scenario": scenario.model_dump(include={"load", "requests", "tune"}, mode="json"),
+        # The quality floor only decides, as the SLO does: a rerun with another one re-picks.
+        "scenario": scenario.model_dump(include={"load", "requests", "tune"}, exclude={"tune": {"min_exact_match"}},
+                                        mode="json"),
         "method": method,
         "mode": mode,
     }
@@ -284,9 +289,12 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
             if not result.ok and req.stop_on_error:
                 break
     state.save(spent_before + time.monotonic() - started)
-    outcome = TuneOutcome(scenario, clauses, slo_source, measured, choose(measured, clauses), base, reused, fp,
-                          mode, skipped, remaining, state.spent_s)
-    outcome.quality = quality_checks(measured, base)
+    min_match = scenario.tune.min_exact_match if req.min_match is None else req.min_match
+    quality = quality_checks(measured, base, min_match)
+    refused = {key: q["note"] for key, q in quality.items() if q.get("below")}
+    outcome = TuneOutcome(scenario, clauses, slo_source, measured, choose(measured, clauses, refused), base,
+                          reused, fp, mode, skipped, remaining, state.spent_s)
+    outcome.quality = quality
     outcome.overlap_off = overlap_off
     return outcome
 
@@ -368,8 +376,10 @@ def check_candidates(candidates: list[Candidate], plans: dict[str, EnginePlan], 
     return refused
 
 
-def quality_checks(measured: list[Measured], base: EnginePlan) -> dict[str, dict[str, Any]]:
-    """For each candidate that changes numerics: its answers vs the baseline's (exact match at temperature 0)."""
+def quality_checks(measured: list[Measured], base: EnginePlan, min_match: float = MIN_EXACT_MATCH
+                   ) -> dict[str, dict[str, Any]]:
+    """For each candidate that changes numerics: its answers vs the baseline's (exact match at temperature 0,
+    the first diverging token of each changed answer), and whether it is below the floor `min_match`."""
     dummy = str(base.resolved.engine.get("load_format") or "") == "dummy"
     baseline = next((m for m in measured if not m.overrides and m.answers), None)
     out: dict[str, dict[str, Any]] = {}
@@ -377,16 +387,14 @@ def quality_checks(measured: list[Measured], base: EnginePlan) -> dict[str, dict
         if not m.numerics:
             continue
         if dummy:
-            out[m.key] = {"numerics": m.numerics, "exact_match": None,
+            out[m.key] = {"numerics": m.numerics, "exact_match": None, "below": False,
                           "note": "not possible: dummy weights (random numbers answer nothing to compare)"}
         elif not m.answers or baseline is None:
-            out[m.key] = {"numerics": m.numerics, "exact_match": None,
+            out[m.key] = {"numerics": m.numerics, "exact_match": None, "below": False,
                           "note": "not checked: the baseline's or this candidate's answers are missing"}
         else:
-            same = sum(a == b for a, b in zip(m.answers, baseline.answers or [], strict=False))
-            n = len(baseline.answers or [])
-            out[m.key] = {"numerics": m.numerics, "exact_match": same / n if n else None,
-                          "note": f"{same} of {n} answers identical to the baseline's at temperature 0"}
+            out[m.key] = {"numerics": m.numerics, **compare(baseline.answers or [], baseline.answer_tokens,
+                                                            m.answers, m.answer_tokens, min_match)}
     return out
 
 
@@ -435,7 +443,8 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
             metrics = answered(_run_measurement(req, scenario, scenario_path, plan, spec,
                                                 lambda t: tick("measuring", t)))
         if str(plan.resolved.engine.get("load_format") or "") != "dummy":
-            result.answers = answers_of(spec.base_url, plan.resolved.served_name)
+            got = answers_of(spec.base_url, plan.resolved.served_name)
+            result.answers, result.answer_tokens = (got.texts, got.tokens) if got else (None, None)
         result.metrics = {**metrics, **common, "measured_s": round(time.monotonic() - started - startup, 1)}
     except BudgetExhausted as exc:
         result.paused = True

@@ -102,14 +102,15 @@ def tune_markdown(outcome: TuneOutcome, machine: dict[str, Any], command: str, p
            "the candidate before it was measured; start s is the rest, after the other engine stopped"]
           if any((m.metrics or {}).get("prestart_s") is not None for m in outcome.measured) else []),
         "",
-        "| candidate | " + " | ".join(label for _k, label in columns) + " | SLO | numerics |",
-        "| --- | " + " | ".join("---" for _ in columns) + " | --- | --- |",
+        "| candidate | " + " | ".join(label for _k, label in columns) + " | SLO | numerics | answers vs baseline |",
+        "| --- | " + " | ".join("---" for _ in columns) + " | --- | --- | --- |",
     ]
     for m in outcome.measured:
         mark = " (chosen)" if choice.winner and m.key == choice.winner.key else ""
         numerics = m.numerics or "-"
         if not m.ok:
-            lines.append(f"| {m.label}{mark} | failed: {m.error} |" + " |" * len(columns) + f" {numerics} |")
+            lines.append(f"| {m.label}{mark} | failed: {m.error} |" + " |" * len(columns)
+                         + f" {numerics} | {_answers_cell(outcome.quality.get(m.key))} |")
             continue
         checks = choice.checks.get(m.key, [])
         met = meets(m, checks)
@@ -118,7 +119,8 @@ def tune_markdown(outcome: TuneOutcome, machine: dict[str, Any], command: str, p
             "fail: " + (", ".join(lost + [str(r.clause) for r in checks if not r.met]) or "no rate met it")
         cells = [_num((m.metrics or {}).get(k), 3 if k == "error_rate" else 2 if k == "goodput_rps" else 1)
                  for k, _label in columns]
-        lines.append(f"| {m.label}{mark} | " + " | ".join(cells) + f" | {verdict} | {numerics} |")
+        lines.append(f"| {m.label}{mark} | " + " | ".join(cells)
+                     + f" | {verdict} | {numerics} | {_answers_cell(outcome.quality.get(m.key))} |")
     if goodput:
         lines += ["", "## Rate search (every probe; warm-up requests excluded)", "",
                   "| candidate | offered req/s | role | requests | achieved req/s | TTFT p50 | TTFT p95 | TPOT p50 | "
@@ -140,9 +142,24 @@ def tune_markdown(outcome: TuneOutcome, machine: dict[str, Any], command: str, p
             label = next((m.label for m in outcome.measured if m.key == key), key)
             rate = "" if q["exact_match"] is None else f" (exact match {q['exact_match']:.0%})"
             lines.append(f"- {label}: {q['numerics']}: {q['note']}{rate}")
+            for d in q.get("first_divergence") or []:
+                where = "-" if d["token"] is None else f"token {d['token']}: {d['baseline']!r} -> {d['candidate']!r}"
+                lines.append(f"  - {d['prompt'].splitlines()[0]!r}: parts at {where}")
     if outcome.skipped:
         lines += ["", "## Not tried", ""] + [f"- {k.label}: {k.reason}" for k in outcome.skipped]
     return "\n".join(lines) + "\n"
+
+
+def _answers_cell(q: dict[str, Any] | None) -> str:
+    """The quality column: answers identical to the baseline's, the earliest diverging token, the verdict."""
+    if not q:
+        return "-"
+    if q.get("exact_match") is None:
+        return q["note"].split(":")[0]
+    text = f"{q['matched']}/{q['prompts']} identical"
+    if q.get("earliest_divergence") is not None:
+        text += f", first parts at token {q['earliest_divergence']}"
+    return text + (" (below the floor: not chosen)" if q.get("below") else "")
 
 
 def write_outputs(outcome: TuneOutcome, out_dir: Path, machine: dict[str, Any], command: str) -> dict[str, Path]:
@@ -161,6 +178,7 @@ def write_outputs(outcome: TuneOutcome, out_dir: Path, machine: dict[str, Any], 
         "mode": outcome.mode, "complete": outcome.complete, "remaining": outcome.remaining,
         "spent_s": round(outcome.spent_s, 1),
         "slo": {"source": outcome.slo_source, "clauses": [str(c) for c in outcome.clauses]},
+        "quality_floor": next((q["min_match"] for q in outcome.quality.values() if "min_match" in q), None),
         "choice": {"winner": choice.winner.label if choice.winner else None,
                    "overrides": choice.winner.overrides if choice.winner else None,
                    "meets_slo": choice.meets_slo, "reason": choice.reason},

@@ -27,8 +27,15 @@ KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3
 # The figures below are calibrated against vLLM's own profile (bench/planner_check.py, H200, vLLM 0.26.0,
 # 2026-11-21: torch peak 0.88-1.13 GiB for dense 8-9B shapes at 8192 batched tokens, 1.04 GiB for a 7B at 2048
 # compiled, 2.68 GiB for a 128-expert MoE).
-# The dummy sampler pass holds about one fp32 copy of the logits (max_num_seqs rows x vocabulary).
-SAMPLER_BYTES_PER_LOGIT = 4
+# The dummy sampler pass (vLLM 0.26, model runner V2: profile_run -> _dummy_sampler_run) computes the logits of
+# min(max_num_seqs, max_num_batched_tokens) rows in the model's dtype (vocabulary padded to 64) and samples
+# them in place (gumbel kernel, no fp32 copy), while the forward's hidden states are still held. Under tensor
+# parallel, LogitsProcessor all-gathers the rank's shard into a [tp, rows, vocab/tp] buffer and copies it
+# contiguous: shard + buffer + copy. A Gemma 2 soft cap divides, tanh-es and multiplies out of place: two
+# copies at once. Checked on the eager H200 rows (bench/results/gpu-h200*-2026-11-23.json, torch peak):
+# gemma-2b TP 2 1.29 GiB (this: 1.26), Qwen2.5-7B TP 2 0.82 (0.79), gemma-2-2b 1.05 (1.02); the old flat
+# "one fp32 copy" gave 0.98, 0.65 and 0.98.
+VOCAB_PADDING = 64
 # Forward pass, per token: the gated MLP's intermediate activations dominate (gate+up output, act output),
 # plus a few hidden-size buffers (residual, norm output, attention output, QKV).
 HIDDEN_BUFFERS_PER_TOKEN = 4
@@ -142,12 +149,23 @@ def activation_peak_bytes(shape: ModelShape, batched_tokens: int, num_seqs: int,
     else:
         inter, extra = shape.intermediate_size, 0
     forward = batched_tokens * b * (mats * inter / tp + HIDDEN_BUFFERS_PER_TOKEN * shape.hidden_size + extra)
-    # The dummy sampler pass takes min(max_num_seqs, max_num_batched_tokens) rows of logits (full vocab).
-    sampler = min(num_seqs, batched_tokens) * shape.vocab_size * SAMPLER_BYTES_PER_LOGIT
+    sampler = sampler_peak_bytes(shape, batched_tokens, num_seqs, tp)
     embedding = shape.vocab_size * shape.hidden_size * b / tp
     compiled_transient = (COMPILED_EMBEDDING_COPIES * embedding
                           + COMPILED_HIDDEN_COPIES * batched_tokens * shape.hidden_size * b) if compiled else 0
     return int(max(forward, sampler, compiled_transient))
+
+
+def sampler_peak_bytes(shape: ModelShape, batched_tokens: int, num_seqs: int, tp: int) -> int:
+    """What vLLM's dummy sampler pass holds at its peak, per GPU (see VOCAB_PADDING's comment)."""
+    b = shape.dtype_bytes
+    rows = min(num_seqs, batched_tokens)
+    logits = rows * math.ceil(shape.vocab_size / VOCAB_PADDING) * VOCAB_PADDING * b
+    copies = 2 + 1 / tp if tp > 1 else 1.0
+    if shape.logit_softcap:
+        copies = max(copies, 2.0)
+    held = (batched_tokens + rows) * shape.hidden_size * b  # the forward's hidden states, the sampled rows
+    return int(held + copies * logits)
 
 
 def cudagraph_bytes(shape: ModelShape, enforce_eager: bool) -> int:

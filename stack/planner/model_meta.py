@@ -86,6 +86,8 @@ class ModelShape:
     shared_expert_intermediate_size: int = 0
     dense_layers: int = 0
     quantization: Quantization = field(default_factory=Quantization)
+    # Gemma 2's tanh cap on the logits (vLLM's LogitsProcessor applies it out of place: a second logits copy).
+    logit_softcap: float | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -244,4 +246,5 @@ def parse_config(config: dict[str, Any], name: str = "model") -> ModelShape:
         shared_expert_intermediate_size=shared,
         dense_layers=int(cfg.get("first_k_dense_replace") or 0) if experts else 0,
         quantization=parse_quantization(cfg),
+        logit_softcap=float(cfg["final_logit_softcapping"]) if cfg.get("final_logit_softcapping") else None,
     )

@@ -94,3 +94,41 @@ def test_quality_guard_compares_answers_with_the_baseline() -> None:
     assert "3 of 4 answers identical" in checks["fp8"]["note"]
     dummy = SimpleNamespace(resolved=SimpleNamespace(engine={"load_format": "dummy"}))
     assert "not possible: dummy weights" in quality_checks([base, fp8], dummy)["fp8"]["note"]  # type: ignore[arg-type]
+
+
+def test_quality_floor_keeps_a_faster_candidate_that_changed_its_answers_out() -> None:
+    """The guard decides: fp8 serves the most but kept 1 of 4 answers, below a 0.5 floor, so the next best is
+    chosen and the reason names what was kept out and why; at a floor of 0.25 fp8 wins again."""
+    from types import SimpleNamespace
+
+    from stack.load.tune import quality_checks
+
+    base = g("base", 20, 1, 1, overrides={}, answers=["a b", "c d", "e f", "g h"])
+    base.answer_tokens = [["a", " b"], ["c", " d"], ["e", " f"], ["g", " h"]]
+    fp8 = g("fp8", 30, 1, 1, {"quantization": "fp8"}, ["a b", "c x", "y", "g z"], "weights quantization fp8")
+    fp8.answer_tokens = [["a", " b"], ["c", " x"], ["y"], ["g", " z"]]
+    kv = g("kv", 25, 1, 1, {"kv_cache_dtype": "fp8"}, ["a b", "c d", "e f", "g z"], "KV cache fp8")
+    kv.answer_tokens = [["a", " b"], ["c", " d"], ["e", " f"], ["g", " z"]]
+    real = SimpleNamespace(resolved=SimpleNamespace(engine={}))
+    slo = parse_slo("p95_ttft_ms<800")
+
+    checks = quality_checks([base, fp8, kv], real, 0.5)  # type: ignore[arg-type]
+    q = checks["fp8"]
+    assert q["exact_match"] == 0.25 and q["below"] and q["earliest_divergence"] == 0
+    assert [d["token"] for d in q["first_divergence"]] == [1, 0, 1]
+    assert q["first_divergence"][0] == {"prompt": q["first_divergence"][0]["prompt"], "token": 1,
+                                        "baseline": " d", "candidate": " x"}
+    assert checks["kv"]["exact_match"] == 0.75 and not checks["kv"]["below"]
+    refused = {k: v["note"] for k, v in checks.items() if v["below"]}
+    c = choose([base, fp8, kv], slo, refused)
+    assert c.winner and c.winner.key == "kv" and c.meets_slo
+    assert "not chosen for their answers: fp8 (goodput 30.00 req/s: 1 of 4 answers identical" in c.reason
+
+    lower = quality_checks([base, fp8, kv], real, 0.25)  # type: ignore[arg-type]
+    c = choose([base, fp8, kv], slo, {k: v["note"] for k, v in lower.items() if v["below"]})
+    assert c.winner and c.winner.key == "fp8" and "not chosen" not in c.reason
+
+
+def test_every_candidate_below_the_floor_means_no_winner() -> None:
+    c = choose([g("fp8", 30, 1, 1)], parse_slo("p95_ttft_ms<800"), {"fp8": "0 of 8 answers identical"})
+    assert c.winner is None and "every measured candidate failed the quality guard" in c.reason

@@ -59,6 +59,7 @@ def test_numerics_changes_are_named() -> None:
     assert numerics_change({"quantization": "fp8", "kv_cache_dtype": "fp8"}) == "weights quantization fp8, KV cache fp8"
     assert numerics_change({"speculative_config": NGRAM}) == "speculative decoding"
     assert numerics_change({"max_num_seqs": 8, "kv_cache_dtype": "auto"}) is None
+    assert numerics_change({"dtype": "bfloat16"}) == "dtype bfloat16" and numerics_change({"dtype": "auto"}) is None
 
 
 def test_prefilter_drops_what_cannot_fit_before_anything_starts() -> None:

@@ -40,3 +40,11 @@ def test_vllms_parser_refuses_before_any_engine_starts(vstack: Vstack, tmp_path:
     broken = vstack(*common, "--restart", "--time-budget", "30", timeout=300)
     assert broken.returncode == 2, broken.stdout + broken.stderr
     assert "rejects the rendered command" in broken.stderr and "vstack config render" in broken.stderr
+
+
+def test_quality_floor_out_of_range_is_refused_by_name(vstack: Vstack, tmp_path: Path) -> None:
+    scenario = str(write_scenario(tmp_path))
+    out = tmp_path / "tune"
+    bad = vstack("tune", "--scenario", scenario, "--min-match", "1.5", "--out", str(out), timeout=120)
+    assert bad.returncode == 2 and "--min-match" in bad.stderr and "less than or equal to 1" in bad.stderr, bad.stderr
+    assert not out.exists()

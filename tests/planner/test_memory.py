@@ -87,6 +87,27 @@ def test_compiled_peak_follows_the_embedding_not_a_constant() -> None:
     assert activation_peak_bytes(big, 2048, 16, 1) / GIB < 0.5
 
 
+def test_sampler_pass_follows_vllm_logits_path() -> None:
+    """vLLM 0.26's dummy sampler pass (model runner V2), term by term: rows x padded vocabulary logits in the
+    model's dtype, sampled in place; tensor parallel adds the all-gather's buffer and its contiguous copy to
+    the rank's shard; a Gemma 2 soft cap holds two copies; the forward's hidden states stay alive. The eager
+    torch peaks vLLM logged on an H200 (8192 tokens, 1024 sequences) for the sampler-bound rows, within 5%."""
+    from stack.planner.memory import sampler_peak_bytes
+
+    qwen, gemma1, gemma2 = (shape_of(n) for n in ("Qwen--Qwen2.5-7B-Instruct", "google--gemma-2b",
+                                                  "google--gemma-2-2b-it"))
+    logits = 1024 * 152064 * 2  # 152064 is a multiple of 64 already
+    hidden = (8192 + 1024) * 3584 * 2
+    assert sampler_peak_bytes(qwen, 8192, 1024, 1) == hidden + logits
+    assert sampler_peak_bytes(qwen, 8192, 1024, 2) == int(hidden + 2.5 * logits)
+    assert gemma2.logit_softcap == 30.0 and gemma1.logit_softcap is None
+    assert sampler_peak_bytes(gemma2, 8192, 1024, 1) == (8192 + 1024) * 2304 * 2 + 2 * 1024 * 256000 * 2
+    # Fewer sequences than tokens: only the sampled rows' logits (the profile's num_reqs).
+    assert sampler_peak_bytes(qwen, 512, 1024, 1) == (512 + 512) * 3584 * 2 + 512 * 152064 * 2
+    for shape, tp, measured in ((gemma1, 2, 1.29), (qwen, 2, 0.82), (gemma2, 1, 1.05)):
+        assert activation_peak_bytes(shape, 8192, 1024, tp) / GIB == pytest.approx(measured, rel=0.05)
+
+
 def test_gpu_budget_adds_up() -> None:
     s = shape_of("meta-llama--Llama-3.1-8B-Instruct")
     b = gpu_budget(shape=s, weights_total=15 * GIB, total_per_gpu=80 * GIB, utilization=0.9, tp=2,
