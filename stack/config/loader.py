@@ -337,7 +337,7 @@ def check_references(cfg: StackConfig, origins: Origins) -> None:
     servable = {**cfg.profiles, **cfg.models, **{m.api_name: m for m in cfg.models.values()}}
     for key in ("models", "preload"):
         for i, name in enumerate(getattr(cfg.manager, key) or []):
-            if name not in servable:
+            if name not in servable and unconfigured_model(name) is None:  # a Hub id or a folder may be named too
                 missing(("manager", key, str(i)), "model or profile", name, {**cfg.profiles, **cfg.models})
     if problems:
         raise ConfigError(problems)

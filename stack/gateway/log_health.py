@@ -50,6 +50,9 @@ class WatchedLogHandler(logging.StreamHandler):
         except OSError as exc:
             self.error = f"{exc.strerror or type(exc).__name__} (errno {exc.errno})"
             return False
+        except Exception as exc:  # a closed stream (ValueError), an encoding error: a handler never raises
+            self.error = f"{type(exc).__name__}: {exc}"[:200]  # into the request that logged (logging's own rule)
+            return False
 
     def _lost(self, _record: logging.LogRecord) -> None:
         self.failures += 1
