@@ -90,8 +90,9 @@ def install(level: int = logging.INFO, stream: IO[str] | None = None) -> Watched
     handler = WatchedLogHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
+    for old in list(root.handlers):  # only basicConfig's kind: others (a test runner's capture) stay
+        if type(old) in (logging.StreamHandler, WatchedLogHandler):
+            root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
     return handler

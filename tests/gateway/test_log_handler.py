@@ -40,3 +40,25 @@ def test_lines_written_again_say_how_many_were_lost() -> None:
     handler.emit(_record("back"))
     assert handler.status() is None
     assert "1 log lines were lost" in stream.getvalue() and "back" in stream.getvalue()
+
+
+def test_install_replaces_only_basic_config_handlers() -> None:
+    """Installing it kept pytest's own capture handlers off the root logger: every later caplog saw nothing."""
+    from stack.gateway.log_health import install
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    other = logging.FileHandler("/dev/null")
+    plain = logging.StreamHandler(io.StringIO())
+    root.addHandler(other)
+    root.addHandler(plain)
+    level = root.level
+    try:
+        handler = install(logging.INFO, io.StringIO())
+        assert other in root.handlers and plain not in root.handlers and handler in root.handlers
+    finally:
+        for h in list(root.handlers):
+            if h not in before:
+                root.removeHandler(h)
+        other.close()
+        root.setLevel(level)
