@@ -63,7 +63,7 @@ def _table(p: Patcher, rows: list[Row]) -> None:
 @command
 def status(
     site: SiteOpt = None, python: PythonOpt = None, ledger: LedgerOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="the patches' states as JSON")] = False,
+    as_json: Annotated[bool, typer.Option("--json", "--as-json", help="the patches' states as JSON")] = False,
 ) -> None:
     """Each patch as applied, not applied, already upstream, or not needed for the installed vLLM."""
     p = _patcher(site, python, ledger)
