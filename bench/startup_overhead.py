@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parent.parent
 WRAPPER = """#!/bin/bash
 if [ "$1" = "-m" ] && [ "$2" = "stack.vllm.launcher" ]; then
@@ -43,19 +41,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+sys.path.insert(0, str(ROOT))  # run as a script: the repository root, for bench.harness
+from bench.harness.waiting import first_token as _first_token  # noqa: E402
+
+
 def first_token(url: str, model: str, deadline: float) -> float:
-    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": True}
-    while time.monotonic() < deadline:
-        try:
-            with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=10) as resp:
-                if resp.status_code == 200:
-                    for line in resp.iter_lines():
-                        if line.startswith("data:") and '"content"' in line:
-                            return time.monotonic()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"no first token from {url}")
+    return _first_token(url, model, deadline, request_timeout=10, poll_s=0.05)
 
 
 def through_vstack(tree: Path, config: Path, state: Path) -> float:

@@ -37,6 +37,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.harness.waiting import first_token as _first_token  # noqa: E402
 from stack.assemble import plan_one  # noqa: E402
 from stack.config import load_config  # noqa: E402
 from stack.engine.launch import free_port  # noqa: E402
@@ -47,19 +48,7 @@ from stack.load.machine import describe, machine_facts  # noqa: E402
 
 
 def first_token(base_url: str, model: str, deadline: float) -> float:
-    """Poll with a streamed 1-token request until one content chunk arrives; returns when it did."""
-    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": True}
-    while time.monotonic() < deadline:
-        try:
-            with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=30) as resp:
-                if resp.status_code == 200:
-                    for line in resp.iter_lines():
-                        if line.startswith("data:") and '"content"' in line:
-                            return time.monotonic()
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    raise TimeoutError(f"no first token from {base_url} before the deadline")
+    return _first_token(base_url, model, deadline)
 
 
 def cli_argv(config: Path | None) -> list[str]:

@@ -41,3 +41,19 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, lo
                 return time.monotonic() - start
         time.sleep(interval)
     raise TimeoutError(f"{url} not up after {timeout:.0f} s")
+
+
+def first_token(base_url: str, model: str, deadline: float, request_timeout: float = 30, poll_s: float = 0.25) -> float:
+    """Poll with a streamed 1-token request until one content chunk arrives; returns when it did (monotonic)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": True}
+    while time.monotonic() < deadline:
+        try:
+            with httpx.stream("POST", f"{base_url}/v1/chat/completions", json=body, timeout=request_timeout) as resp:
+                if resp.status_code == 200:
+                    for line in resp.iter_lines():
+                        if line.startswith("data:") and '"content"' in line:
+                            return time.monotonic()
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll_s)
+    raise TimeoutError(f"no first token from {base_url} before the deadline")
