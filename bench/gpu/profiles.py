@@ -27,6 +27,7 @@ import yaml
 
 from bench.gpu.device import Device
 from bench.harness.dummy_models import fixture_config, write_model
+from bench.harness.scrape import engine_metrics_text, engine_targets
 from bench.harness.stack_cli import Vstack
 from bench.harness.waiting import free_port
 
@@ -261,13 +262,9 @@ def tool_checks(client: Any, served: str) -> dict[str, Any]:
 
 def metrics_check(base: str) -> dict[str, Any]:
     """The engine's own vllm:* series, scraped through the gateway (/metrics/targets -> /metrics/engines/ID)."""
-    targets = httpx.get(f"{base}/metrics/targets", timeout=10).json()
-    series: list[str] = []
-    for target in targets:
-        path = target["labels"]["__metrics_path__"]
-        text = httpx.get(f"{base}{path}", timeout=10).text
-        series += sorted({line.split("{")[0].split(" ")[0] for line in text.splitlines()
-                          if line.startswith("vllm:")})
+    targets = engine_targets(base)
+    text = engine_metrics_text(base)
+    series = sorted({line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("vllm:")})
     wanted = ("vllm:num_requests_running", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
     gateway = httpx.get(f"{base}/metrics", timeout=10).text
     return {"metrics_ok": all(w in series for w in wanted) and "vstack_gateway" in gateway,

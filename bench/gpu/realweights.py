@@ -92,12 +92,9 @@ class Served:
         return self
 
     def engine_metrics(self) -> str:
-        import httpx
+        from bench.harness.scrape import engine_metrics_text
 
-        text = ""
-        for target in httpx.get(f"{self.url}/metrics/targets", timeout=10).json():
-            text += httpx.get(f"{self.url}{target['labels']['__metrics_path__']}", timeout=10).text
-        return text
+        return engine_metrics_text(self.url)
 
     def __exit__(self, *_: object) -> None:
         vstack(self.overlay, "down", timeout=300)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.gpu import real_rows
+from bench.harness.scrape import engine_metrics_text
 from stack.load.knobs import NGRAM
 from tests.models.conftest import API_KEY, ROOT, run_stack, smollm2_dir
 
@@ -59,10 +60,7 @@ def test_ngram_speculative_answers_match_the_baseline_and_drafts_are_accepted(tm
         baseline = real_rows.greedy_answers(real_rows.client_for(stack.url, API_KEY), MODEL)
     with run_stack(_folder(tmp_path / "spec"), _config(engine={**CPU_ENGINE, "speculative_config": NGRAM})) as stack:
         speculative = real_rows.greedy_answers(real_rows.client_for(stack.url, API_KEY), MODEL)
-        import httpx
-
-        targets = httpx.get(f"{stack.url}/metrics/targets", timeout=10).json()
-        text = "".join(httpx.get(f"{stack.url}{t['labels']['__metrics_path__']}", timeout=10).text for t in targets)
+        text = engine_metrics_text(stack.url, API_KEY)
         log = stack.engine_log(MODEL)
     assert "ngram" in log  # the engine ran with the speculative config, not without it
     row = real_rows.spec_row(baseline, speculative, real_rows.spec_counters(text))

@@ -1,0 +1,28 @@
+"""Engines' own Prometheus text, read the way Prometheus reads it: the gateway's /metrics/targets (HTTP service
+discovery), then each target's /metrics/engines/<id>. Both routes follow the gateway's keys (adr/0020), so a
+key is sent where one is set (a client key, the admin key or gateway.metrics_key all open them)."""
+
+from __future__ import annotations
+
+import httpx
+
+
+def _headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def engine_targets(base: str, key: str | None = None) -> list[dict]:
+    """The gateway's service-discovery list; a refusal (401, 403) raises with the gateway's answer."""
+    resp = httpx.get(f"{base}/metrics/targets", headers=_headers(key), timeout=10)
+    resp.raise_for_status()
+    return resp.json()
+
+
+def engine_metrics_text(base: str, key: str | None = None) -> str:
+    """Every listed engine's vllm:* text, concatenated (each target's own path, as Prometheus scrapes it)."""
+    text = ""
+    for target in engine_targets(base, key):
+        resp = httpx.get(f"{base}{target['labels']['__metrics_path__']}", headers=_headers(key), timeout=10)
+        resp.raise_for_status()
+        text += resp.text
+    return text
