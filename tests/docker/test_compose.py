@@ -169,14 +169,23 @@ def _prometheus(deployment: Deployment, docker_client: Any) -> str:
     return f"http://{ip}:9090"
 
 
+def _print_discovery(deployment: Deployment, prom: str) -> None:
+    """What each side of the engines' service discovery saw: the gateway's list and Prometheus' targets."""
+    auth = {"Authorization": f"Bearer {deployment.env['VSTACK_METRICS_KEY']}"}
+    with contextlib.suppress(httpx.HTTPError):
+        listed = httpx.get(f"{deployment.gateway}/metrics/targets", headers=auth, timeout=10)
+        print("gateway /metrics/targets:", listed.status_code, listed.text[:2000])
+    with contextlib.suppress(httpx.HTTPError):
+        print("prometheus targets:", httpx.get(f"{prom}/api/v1/targets?state=any", timeout=10).text[:4000])
+    print("--- prometheus ---\n" + deployment.compose.logs("prometheus")[-4000:])
+
+
 def _query(prom: str, expr: str) -> list[dict]:
     body = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10).json()
     assert body["status"] == "success", (expr, body)
     return body["data"]["result"]
 
 
-@pytest.mark.xfail(strict=False, reason="open: with the keyed /metrics routes (adr/0020) Prometheus under Compose "
-                   "no longer lists the engine target from /metrics/targets; found at the end of 2026-11-25's session")
 def test_prometheus_scraped_the_gateway_and_the_engine(deployment: Deployment, docker_client: Any) -> None:
     prom = _prometheus(deployment, docker_client)
     _wait("gateway target up", lambda: _query(prom, 'up{job="gateway"} == 1'), 60)
@@ -184,16 +193,18 @@ def test_prometheus_scraped_the_gateway_and_the_engine(deployment: Deployment, d
     _wait("gateway request counter scraped with both chats",  # 120 s: scrapes run late on a loaded 2-core host
           lambda: _query(prom, f'sum(vstack_gateway_requests_total{{model="{MODEL}",status="200"}}) >= 2'), 120)
     # The engine is scraped through the gateway (/metrics/targets service discovery): vLLM's own metrics.
-    engine = _wait("engine metrics scraped through the gateway",
-                   lambda: _query(prom, f'vllm:generation_tokens_total{{model_name="{MODEL}"}} > 0'), 90)
+    try:
+        engine = _wait("engine metrics scraped through the gateway",
+                       lambda: _query(prom, f'vllm:generation_tokens_total{{model_name="{MODEL}"}} > 0'), 90)
+    except AssertionError:
+        _print_discovery(deployment, prom)
+        raise
     assert engine[0]["metric"]["job"] == "engines"
     targets = httpx.get(f"{prom}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
     health = {(t["labels"]["job"], t["labels"].get("model_group")): t["health"] for t in targets}
     assert health[("gateway", None)] == "up" and health[("engines", MODEL)] == "up", health
 
 
-@pytest.mark.xfail(strict=False, reason="open: with the keyed /metrics routes (adr/0020) Prometheus under Compose "
-                   "no longer lists the engine target from /metrics/targets; found at the end of 2026-11-25's session")
 def test_every_dashboard_query_evaluates_in_prometheus(deployment: Deployment, docker_client: Any) -> None:
     """Each panel's PromQL is valid against the real Prometheus, and the panels a healthy deployment must
     fill (requests, latency, TTFT, tokens, KV cache, queue, deployment state) have data."""

@@ -160,6 +160,12 @@ def test_prometheus_scrapes_the_gateway_and_discovers_engines_through_it() -> No
     jobs = {job["job_name"]: job for job in cfg["scrape_configs"]}
     assert jobs["gateway"]["static_configs"][0]["targets"] == ["gateway:8000"]
     assert jobs["engines"]["http_sd_configs"][0]["url"] == "http://gateway:8000/metrics/targets"
+    # Every request Prometheus makes (both scrapes and the discovery) carries the metrics key as a bearer token,
+    # its type written out: Prometheus 2.42's HTTP SD sends none by default (a bare token, which the gateway
+    # refuses with 401: the engine target was never discovered under Compose).
+    auths = [jobs["gateway"]["authorization"], jobs["engines"]["authorization"],
+             jobs["engines"]["http_sd_configs"][0]["authorization"]]
+    assert auths == [{"type": "Bearer", "credentials_file": "/run/secrets/metrics_key"}] * 3
 
 
 DASHBOARD = DOCKER_DIR / "grafana" / "dashboards" / "vllm-stack.json"
