@@ -1,7 +1,7 @@
 """The Live page's figures, from Prometheus text: each engine's own `vllm:*` series and the gateway's.
 
 Counters become rates and histograms become p50/p95 over the last `window_s` seconds from the difference of
-two scrapes; gauges are shown as they are. Names: /work/shared/VLLM_NOTES.md (stable 0.26 -> 0.33).
+two scrapes; gauges are shown as they are. Names: docs/design/vllm-notes.md (stable 0.26 -> 0.33).
 """
 
 from __future__ import annotations
