@@ -286,8 +286,8 @@ def _collectors(registry: Any) -> list[Any]:
 
 
 def metrics_page() -> str:
-    from stack.gateway.adapters import AdapterMetrics
     from stack.gateway.metrics import GatewayMetrics
+    from stack.gateway.routing.adapters import AdapterMetrics
     from stack.manager.metrics import ManagerMetrics
 
     gateway = GatewayMetrics()
@@ -302,7 +302,7 @@ def metrics_page() -> str:
             entries.append(f"| `{name}` | {metric.type} | {labels} | {metric.documentation} | {source} |")
     head = ("# Metrics\n\n" + HEADER
             + "What `GET /metrics` on the gateway exports (Prometheus text), from its registries "
-            "(`stack/gateway/metrics.py`, `stack/gateway/adapters.py`, `stack/manager/metrics.py`; the model "
+            "(`stack/gateway/metrics.py`, `stack/gateway/routing/adapters.py`, `stack/manager/metrics.py`; the model "
             "manager's are there when the gateway switches models, as under `vstack up`). Histograms also "
             "export `_bucket`, `_sum` and `_count`. The engines' own `vllm:*` metrics are served unchanged at "
             "`/metrics/engines/{id}`, and `/metrics/targets` lists them for Prometheus' HTTP service discovery.\n\n")

@@ -38,10 +38,10 @@ if TYPE_CHECKING:  # the gateway's modules (FastAPI, LiteLLM: seconds) load only
     from fastapi import FastAPI
 
     from stack.engine.docker_site import Site
-    from stack.gateway.adapters import Adapter, Base
     from stack.gateway.console.sources import ConsoleSources
     from stack.gateway.engines import EngineSupervisor, ManagedEngine
-    from stack.gateway.state import GatewayState
+    from stack.gateway.http.route_context import GatewayState
+    from stack.gateway.routing.adapters import Adapter, Base
 
 Status = Callable[[str], None]
 ATTACHED_READY_S = 900.0  # a restarted engine service compiling or loading a large model: minutes
@@ -219,7 +219,7 @@ def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None
 
 def lora_of(plan: EnginePlan) -> tuple[Base | None, list[Adapter]]:
     """The engine's LoRA limits and the adapters of its model config (stack.gateway.adapters)."""
-    from stack.gateway.adapters import Base, adapter_from_info
+    from stack.gateway.routing.adapters import Base, adapter_from_info
 
     engine = plan.resolved.engine
     if not engine.get("enable_lora"):
@@ -356,7 +356,7 @@ class Reloader:
         self._lock = asyncio.Lock()
 
     async def __call__(self) -> dict:
-        from stack.gateway.errors import InvalidRequest
+        from stack.gateway.openai_errors import InvalidRequest
 
         async with self._lock:
             try:
@@ -482,7 +482,7 @@ def serve(planned: PlannedStack, port: int, reload_from: tuple[str | None, str |
     start_early(planned)
     import uvicorn
 
-    from stack.gateway.serve import uvicorn_config
+    from stack.gateway.http.serve import uvicorn_config
 
     failed: dict[str, str] = {}
     server: uvicorn.Server | None = None
@@ -536,7 +536,7 @@ def end_console_streams_on_exit(server: uvicorn.Server, app: FastAPI) -> None:
 
 def warn_if_open(cfg: StackConfig) -> None:
     """A gateway on a public address without client keys serves anyone who can reach it: say so loudly."""
-    from stack.gateway.auth import KeyRing, is_loopback
+    from stack.gateway.http.auth import KeyRing, is_loopback
 
     if not is_loopback(cfg.gateway.host) and not KeyRing.from_refs(cfg.gateway.api_keys).enabled:
         logging.getLogger("stack.gateway").warning(

@@ -163,7 +163,7 @@ def _unconfigured_lines(log: Path, start: int) -> list[str]:
 
 def _console_login(cfg: StackConfig) -> str:
     """How to get in when keys guard the gateway (their names only; never a value)."""
-    from stack.gateway.auth import KeyRing
+    from stack.gateway.http.auth import KeyRing
 
     g = cfg.gateway
     with contextlib.suppress(Exception):

@@ -17,7 +17,7 @@ import argparse
 from stack.assemble import build_front_gateway
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
-from stack.gateway.serve import run
+from stack.gateway.http.serve import run
 
 
 def main() -> None:

@@ -9,98 +9,36 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import orjson
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stack.config.sections.gateway import GatewayConfig
 from stack.errors import ConfigError
-from stack.gateway import adapter_routes, admin_routes, agent_routes, openai_routes, ops_routes
-from stack.gateway.aborts import AbortOnDisconnect
-from stack.gateway.adapters import AdapterBook
-from stack.gateway.admin_routes import cloud_deployment
-from stack.gateway.auth import KeyRing
-from stack.gateway.cloud import CloudUpstream
 from stack.gateway.console.routes import install as install_console
 from stack.gateway.console.sources import ConsoleSources
-from stack.gateway.dispatch import Dispatcher
-from stack.gateway.docs_routes import docs_router
-from stack.gateway.errors import envelope, install_error_handlers
-from stack.gateway.local import LocalUpstream
+from stack.gateway.http import adapter_routes, admin_routes, agent_routes, openai_routes, ops_routes
+from stack.gateway.http.admin_routes import cloud_deployment
+from stack.gateway.http.auth import KeyRing
+from stack.gateway.http.body_limit import BodyLimit
+from stack.gateway.http.client_aborts import AbortOnDisconnect
+from stack.gateway.http.docs_routes import docs_router
+from stack.gateway.http.error_handlers import install_error_handlers
+from stack.gateway.http.request_log import RequestLog
+from stack.gateway.http.route_context import GatewayState
+from stack.gateway.http.runtime_replay import replay
+from stack.gateway.http.runtime_state import RuntimeState
 from stack.gateway.metrics import GatewayMetrics
-from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import Deployment, DeploymentRegistry
-from stack.gateway.request_log import RequestLog
-from stack.gateway.routing import Routing
-from stack.gateway.runtime_replay import replay
-from stack.gateway.runtime_state import RuntimeState
-from stack.gateway.state import GatewayState
+from stack.gateway.routing.adapters import AdapterBook
+from stack.gateway.routing.deployment_choice import Routing
+from stack.gateway.routing.dispatcher import Dispatcher
+from stack.gateway.upstreams.cloud_client import CloudUpstream
+from stack.gateway.upstreams.fast_path import LocalUpstream
+from stack.gateway.upstreams.provider_keys import KeyPolicy
 from stack.manager.manager import ModelManager
 
 log = logging.getLogger("stack.gateway")
 Hook = Callable[[GatewayState], Awaitable[None]]
-
-
-class BodyLimit:
-    """413 in OpenAI's shape for bodies over the limit, by Content-Length or while reading chunked ones."""
-
-    def __init__(self, app: ASGIApp, limit: int, metrics: GatewayMetrics | None = None) -> None:
-        self.app, self.limit, self.metrics = app, limit, metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        for name, value in scope["headers"]:
-            if name == b"content-length" and (not value.isdigit() or int(value) > self.limit):
-                return await self._reject(send)
-        if any(name == b"content-length" for name, _ in scope["headers"]):
-            return await self.app(scope, receive, send)
-        # Chunked upload (no Content-Length): read it here, up to the limit, then replay it.
-        chunks, seen = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return await self.app(scope, receive, send)
-            chunks.append(message.get("body", b""))
-            seen += len(chunks[-1])
-            if seen > self.limit:
-                return await self._reject(send)
-            if not message.get("more_body"):
-                break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    async def _reject(self, send: Send) -> None:
-        if self.metrics is not None:
-            self.metrics.rejected.labels("413", "request_too_large").inc()
-        body = orjson.dumps(
-            envelope(
-                f"Request body too large: the limit is {self.limit} bytes.",
-                "invalid_request_error",
-                None,
-                "request_too_large",
-            )
-        )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
 
 
 def create_app(

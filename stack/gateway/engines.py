@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.runtime import Runtime, engine_key
-from stack.gateway.adapters import Adapter, Base
+from stack.gateway.http.route_context import GatewayState
 from stack.gateway.registry import Deployment, DeploymentRegistry
-from stack.gateway.state import GatewayState
+from stack.gateway.routing.adapters import Adapter, Base
 from stack.manager.manager import ModelManager
 from stack.manager.memory import MemoryProbe
 from stack.manager.policy import Capacity
@@ -42,7 +42,7 @@ class ManagedEngine:
     weights_gpu: int | None = None  # weight bytes per GPU and of all ranks (stack.manager.memory.engine_weights)
     weights_host: int | None = None
     preload: bool = True
-    task: str = "generate"  # what the model does (stack.gateway.tasks): generate or embed
+    task: str = "generate"  # what the model does (stack.gateway.routing.model_tasks): generate or embed
     lora: Base | None = None  # the engine runs with LoRA: its limits
     adapters: list[Adapter] = field(default_factory=list)  # served on this engine, loaded on first request
     keeps_host_copy: bool = False  # a later sleep only releases memory (stack.engine.sleep_copy)

@@ -491,7 +491,7 @@ class ModelManager:
         return slot
 
     async def restart(self, name: str, why: str) -> None:
-        """Stop a ready engine that answers wrongly (stack.gateway.adapters' golden check) and start a fresh
+        """Stop a ready engine that answers wrongly (stack.gateway.routing.adapters' golden check) and start a fresh
         one: it is `starting` from now on, so no request is admitted to the broken one."""
         slot = self.slots[name]
         if slot.state != S.READY:

@@ -4,7 +4,7 @@ model's engine can serve them, and the engine options that let it (adr/0013-mode
 vLLM does the serving: `--enable-lora` with `--max-loras` (adapters in one batch, on the GPU) and
 `--max-cpu-loras` (adapters kept loaded, in CPU memory), adapters added while it runs through
 `/v1/load_lora_adapter` (VLLM_ALLOW_RUNTIME_LORA_UPDATING). The gateway loads each adapter on its first
-request and keeps at most max_cpu_loras loaded, least recently used out first (stack.gateway.adapters).
+request and keeps at most max_cpu_loras loaded, least recently used out first (stack.gateway.routing.adapters).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cluster planner (stack.planner.cluster) and the replica strategies (stack.gateway.replicas): pure
+"""The cluster planner (stack.planner.cluster) and the replica strategies (stack.gateway.routing.replicas): pure
 logic on small real inputs, no Ray needed."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from stack.config import load_config
 from stack.errors import ConfigError, ExitCode
 from stack.gateway.registry import Deployment
-from stack.gateway.replicas import ReplicaChooser, affinity_key, rendezvous
+from stack.gateway.routing.replicas import ReplicaChooser, affinity_key, rendezvous
 from stack.planner.cluster import GIB, ClusterFitError, Demand, NodeRes, check, place
 
 

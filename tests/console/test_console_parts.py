@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from stack.config import load_config
 from stack.config.redact import MASK, redacted_dump
-from stack.gateway.activity import ActivityRing, to_csv
 from stack.gateway.console.live import Series, engine_row, parse
+from stack.gateway.routing.activity import ActivityRing, to_csv
 
 
 def engine_metrics() -> tuple[CollectorRegistry, Histogram, Counter, Gauge]:

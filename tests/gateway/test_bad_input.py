@@ -8,7 +8,7 @@ from starlette.testclient import TestClient
 
 from stack.config.sections.gateway import GatewayConfig, KeyRef
 from stack.gateway.app import create_app
-from stack.gateway.auth import hash_key
+from stack.gateway.http.auth import hash_key
 
 from .conftest import local, run_gateway, start_mock, stop
 

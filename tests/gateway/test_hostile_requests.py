@@ -23,8 +23,8 @@ import pytest
 from bench.harness.waiting import free_port
 from stack.config.sections.gateway import GatewayConfig, KeyRef
 from stack.gateway.app import create_app
+from stack.gateway.http.serve import uvicorn_config
 from stack.gateway.registry import DeploymentRegistry
-from stack.gateway.serve import uvicorn_config
 
 from .conftest import cloud_entry, run_gateway, start_mock, stop
 
@@ -270,7 +270,7 @@ def test_docs_open_without_keys_and_off_by_switch() -> None:
 # -- 2. slow clients ------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def production_server(settings: GatewayConfig) -> Iterator[tuple[str, int]]:
-    """The gateway under the very uvicorn configuration `vstack up` uses (stack.gateway.serve)."""
+    """The gateway under the very uvicorn configuration `vstack up` uses (stack.gateway.http.serve)."""
     import asyncio
 
     import uvicorn

@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway import request_fields
-from stack.gateway.cloud import CloudUpstream
 from stack.gateway.registry import Deployment
+from stack.gateway.upstreams.cloud_client import CloudUpstream
 
 from .conftest import run_gateway
 

@@ -27,9 +27,9 @@ from bench.harness.gateway_thread import Gateway, app_in_thread
 from bench.harness.waiting import wait_for
 from stack.cli.lifecycle import _warnings
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway.adapters import Base
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.registry import DeploymentRegistry
+from stack.gateway.routing.adapters import Base
 from tests.engine.test_disk_full import fill, full_disk
 
 from .conftest import local, run_gateway

@@ -9,7 +9,7 @@ import pytest
 from stack.config import load_config
 from stack.config.sections.gateway import GatewayConfig, KeyRef
 from stack.errors import ConfigError
-from stack.gateway.auth import KeyRing, hash_key
+from stack.gateway.http.auth import KeyRing, hash_key
 
 
 def test_shipped_config_has_a_gateway_on_port_8000() -> None:

@@ -11,7 +11,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway.adapters import Base
+from stack.gateway.routing.adapters import Base
 from tests.gateway.conftest import local, run_gateway
 
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway.adapters import Base
+from stack.gateway.routing.adapters import Base
 from tests.gateway.conftest import local, run_gateway
 
 

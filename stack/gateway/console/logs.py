@@ -1,5 +1,6 @@
 """The Logs page: the gateway's own log records (a bounded ring fed by a logging handler) and each engine's
-log file, followed from where the page opened. Lines pass stack.gateway.cloud.scrub (key-like words masked)."""
+log file, followed from where the page opened. Lines pass stack.gateway.upstreams.cloud_client.scrub
+(key-like words masked)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import logging
 from collections import deque
 from pathlib import Path
 
-from stack.gateway.cloud import scrub
+from stack.gateway.upstreams.cloud_client import scrub
 
 MAX_READ = 64 * 1024  # per file per tick: a burst of engine output cannot stall the ticker
 

@@ -1,5 +1,5 @@
 """/ui/*: the console's pages, its JSON calls and its event stream. Thin: each call reuses what the admin
-API (stack.gateway.admin_routes) and the dispatcher already do.
+API (stack.gateway.http.admin_routes) and the dispatcher already do.
 
 Who may do what (adr/0018):
 - a session cookie (HttpOnly, SameSite=Strict, path /ui) is needed for every page and call; with no key
@@ -24,17 +24,17 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 from starlette.responses import FileResponse, Response
 
-from stack.gateway.activity import to_csv
-from stack.gateway.admin_routes import Action, models_view, run_model_action
-from stack.gateway.auth import is_loopback
 from stack.gateway.console.hub import Hub, TooManyStreams, frame
 from stack.gateway.console.live import Series, engine_row, gateway_row, parse
 from stack.gateway.console.logs import GatewayLog, follow, tail
 from stack.gateway.console.sessions import COOKIE, Session, Sessions
 from stack.gateway.console.sources import ConsoleSources, with_bus_floor
-from stack.gateway.errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
+from stack.gateway.http.admin_routes import Action, models_view, run_model_action
+from stack.gateway.http.auth import is_loopback
+from stack.gateway.http.route_context import GatewayState, get_state
+from stack.gateway.openai_errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
+from stack.gateway.routing.activity import to_csv
 from stack.gateway.schemas import ChatCompletionRequest
-from stack.gateway.state import GatewayState, get_state
 
 HERE = Path(__file__).parent
 log = logging.getLogger("stack.gateway.console")

@@ -1,6 +1,6 @@
 """Console sessions: a login turns a key into an HttpOnly cookie; every state-changing call carries a CSRF token.
 
-The key itself is checked once (stack.gateway.auth's key rings) and never stored: the session keeps a role
+The key itself is checked once (stack.gateway.http.auth's key rings) and never stored: the session keeps a role
 (`admin` may press the model buttons; `viewer` reads and uses the playground) and the key's *name*.
 """
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 from stack.config.sections.gateway import KeyRef
 from stack.errors import ConfigError
-from stack.gateway.errors import Forbidden, Unauthorized
+from stack.gateway.openai_errors import Forbidden, Unauthorized
 
 
 def hash_key(key: str) -> str:

@@ -18,9 +18,9 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from stack.gateway import request_fields
-from stack.gateway.errors import GatewayError, InvalidRequest
-from stack.gateway.openai_routes import client_key
-from stack.gateway.state import get_state
+from stack.gateway.http.openai_routes import client_key
+from stack.gateway.http.route_context import get_state
+from stack.gateway.openai_errors import GatewayError, InvalidRequest
 
 
 class _Named(BaseModel):

@@ -8,7 +8,7 @@ cloud deployments carry none and are left to their provider.
 
 from __future__ import annotations
 
-from stack.gateway.errors import InvalidRequest
+from stack.gateway.openai_errors import InvalidRequest
 from stack.gateway.registry import DeploymentRegistry
 
 SERVES = {

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway.errors import ModelNotFound
+from stack.gateway.openai_errors import ModelNotFound
 from stack.gateway.registry import Deployment, DeploymentRegistry
-from stack.gateway.replicas import ReplicaChooser, is_replica
+from stack.gateway.routing.replicas import ReplicaChooser, is_replica
 
 log = logging.getLogger("stack.gateway.routing")
 

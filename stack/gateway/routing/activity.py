@@ -1,6 +1,6 @@
 """The last requests the gateway answered, for the console's Activity page: a bounded ring, no bodies, no keys.
 
-Fed by the dispatcher where it counts `vstack_gateway_requests` (stack.gateway.dispatch), so a request is in
+Fed by the dispatcher where it counts `vstack_gateway_requests` (stack.gateway.routing.dispatcher), so a request is in
 the ring exactly when it is in the metrics. Each record is built from a fixed list of fields, never from the
 request: model, route, status, TTFT, tokens in/out, duration.
 """

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from stack.gateway import request_fields
-from stack.gateway.errors import UpstreamError, envelope
+from stack.gateway.openai_errors import UpstreamError, envelope
 from stack.gateway.registry import Deployment
 
 _KEYISH = re.compile(r"(sk|pk|rk|key|token)[-_][A-Za-z0-9_\-*]{6,}", re.I)

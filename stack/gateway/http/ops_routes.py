@@ -9,9 +9,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
-from stack.gateway.auth import require_client_key
-from stack.gateway.errors import ModelNotFound, UpstreamError
-from stack.gateway.state import get_state
+from stack.gateway.http.auth import require_client_key
+from stack.gateway.http.route_context import get_state
+from stack.gateway.openai_errors import ModelNotFound, UpstreamError
 
 
 def metrics_key(
@@ -30,7 +30,7 @@ SCRAPABLE = ("ready", "sleeping")  # deployment states whose engine answers /met
 @router.get("/health")
 async def health(request: Request) -> dict[str, object]:
     """The gateway process is alive (200 while it can answer at all: restarting it would not revive an engine,
-    and it serves the fallbacks). Engines found unresponsive (stack.gateway.liveness)
+    and it serves the fallbacks). Engines found unresponsive (stack.gateway.routing.liveness)
     and log lines it cannot write (a full disk: stack.gateway.log_health) make it `degraded`."""
     state = get_state(request)
     hung, log = state.dispatcher.liveness.unresponsive(), state.log_problem()

@@ -12,7 +12,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway.slow_clients import guarded_protocol
+from stack.gateway.http.slow_clients import guarded_protocol
 
 
 def uvicorn_config(
@@ -26,7 +26,7 @@ def uvicorn_config(
         host=host,
         port=port,
         loop="uvloop",
-        # httptools with per-connection header and body deadlines (stack.gateway.slow_clients).
+        # httptools with per-connection header and body deadlines (stack.gateway.http.slow_clients).
         http=guarded_protocol(limits.header_timeout_s, limits.body_timeout_s),
         access_log=False,
         log_level=log_level,

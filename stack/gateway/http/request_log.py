@@ -57,7 +57,7 @@ class RequestLog:
 
 
 def _status(answered: object, failed: bool, scope: Scope) -> object:
-    """The status the client saw; 499 when it went away first (stack.gateway.aborts marks that) or when no
+    """The status the client saw; 499 when it went away first (stack.gateway.http.client_aborts marks that) or when no
     answer started; 500 when the app failed before answering."""
     if (scope.get("state") or {}).get("client_gone"):
         return 499

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import orjson
 
-from stack.gateway.errors import UpstreamError, envelope
+from stack.gateway.openai_errors import UpstreamError, envelope
 from stack.gateway.registry import Deployment
 
 # vLLM 0.26-0.33: "This model's maximum context length is N tokens ...", "max_tokens=N cannot be greater
@@ -154,7 +154,7 @@ async def relay(
     stalled: Callable[[], str] = lambda: "",
 ) -> AsyncIterator[bytes]:
     """Forward SSE bytes (`first`: those read already); pick out usage; on a failure mid-stream, end with an
-    error event. `progress` hears every chunk (stack.gateway.liveness); `stalled` says why the engine was
+    error event. `progress` hears every chunk (stack.gateway.routing.liveness); `stalled` says why the engine was
     found unresponsive, when that is what closed the stream."""
     pending = b""
     started = False

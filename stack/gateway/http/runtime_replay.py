@@ -1,5 +1,5 @@
 """At start: the deployments and adapters added through /admin in earlier runs, added again through the
-same checks (stack.gateway.runtime_state keeps them). Said in the log and in /admin/models."""
+same checks (stack.gateway.http.runtime_state keeps them). Said in the log and in /admin/models."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import logging
 from pydantic import ValidationError
 
 from stack.errors import StackError
-from stack.gateway.adapter_routes import NewAdapter, register_adapter
-from stack.gateway.admin_routes import NewDeployment, register_deployment
-from stack.gateway.state import GatewayState
+from stack.gateway.http.adapter_routes import NewAdapter, register_adapter
+from stack.gateway.http.admin_routes import NewDeployment, register_deployment
+from stack.gateway.http.route_context import GatewayState
 
 log = logging.getLogger("stack.gateway.runtime_state")
 

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from stack.config.sections.gateway import EngineLiveness
-from stack.gateway.errors import UpstreamError
+from stack.gateway.openai_errors import UpstreamError
 from stack.gateway.registry import Deployment, DeploymentRegistry
 
 log = logging.getLogger("stack.gateway.liveness")

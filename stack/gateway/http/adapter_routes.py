@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stack.config.model_extras import AdapterEntry
 from stack.errors import StackError
-from stack.gateway.adapters import Adapter
-from stack.gateway.admin_routes import admin_key, unsaved
-from stack.gateway.errors import GatewayError, InvalidRequest, ModelNotFound
-from stack.gateway.state import GatewayState, get_state
+from stack.gateway.http.admin_routes import admin_key, unsaved
+from stack.gateway.http.route_context import GatewayState, get_state
+from stack.gateway.openai_errors import GatewayError, InvalidRequest, ModelNotFound
+from stack.gateway.routing.adapters import Adapter
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(admin_key)])
 
@@ -81,8 +81,8 @@ async def add_adapter(spec: NewAdapter, request: Request) -> dict[str, Any]:
 
 
 async def register_adapter(state: GatewayState, spec: NewAdapter) -> Adapter:
-    """Check and add an adapter (the admin call, and its replay at start: stack.gateway.runtime_state)."""
-    from stack.gateway.adapters import adapter_from_info
+    """Check and add an adapter (the admin call, and its replay at start: stack.gateway.http.runtime_state)."""
+    from stack.gateway.routing.adapters import adapter_from_info
 
     book = _book(state)
     group = state.routing.resolve(spec.base) if spec.base not in book.bases else spec.base

@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Header, Request
 from starlette.responses import Response
 
-from stack.gateway.auth import require_client_key
-from stack.gateway.errors import InvalidRequest, ModelNotFound
+from stack.gateway.http.auth import require_client_key
+from stack.gateway.http.route_context import GatewayState, get_state
+from stack.gateway.openai_errors import InvalidRequest, ModelNotFound
 from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from stack.gateway.state import GatewayState, get_state
 
 
 async def client_key(  # async: a plain def runs in the thread pool, a hop per request

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from stack.gateway.openai_routes import client_key
+from stack.gateway.http.openai_routes import client_key
 
 
 def docs_router(app: FastAPI) -> APIRouter:

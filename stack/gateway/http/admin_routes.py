@@ -18,11 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from stack.config.litellm_providers import ProviderError, destination
 from stack.config.sections.gateway import CloudDeployment
 from stack.errors import StackError
-from stack.gateway.auth import is_loopback, require_admin
-from stack.gateway.errors import InvalidRequest, ModelNotFound
-from stack.gateway.providers import KeyPolicy
+from stack.gateway.http.auth import is_loopback, require_admin
+from stack.gateway.http.route_context import GatewayState, get_state
+from stack.gateway.openai_errors import InvalidRequest, ModelNotFound
 from stack.gateway.registry import Deployment
-from stack.gateway.state import GatewayState, get_state
+from stack.gateway.upstreams.provider_keys import KeyPolicy
 
 
 async def admin_key(
@@ -159,7 +159,7 @@ def unsaved(state: Any, persisted: bool) -> dict[str, str]:
 
 
 def register_deployment(state: Any, spec: NewDeployment) -> Deployment:
-    """Check and register a deployment (the admin call, and its replay at start: stack.gateway.runtime_state)."""
+    """Check and register a deployment (the admin call, and its replay at start: stack.gateway.http.runtime_state)."""
     check_name(state, spec)
     if spec.kind == "local":
         if not spec.api_base:

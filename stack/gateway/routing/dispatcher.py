@@ -18,17 +18,18 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway import cloud, local
-from stack.gateway.activity import ActivityRing
-from stack.gateway.adapters import Adapter, AdapterBook
-from stack.gateway.errors import InvalidRequest, NoDeployment, RateLimited, UpstreamError
-from stack.gateway.liveness import UNRESPONSIVE, Liveness
+from stack.gateway.http.relay_response import RelayResponse
 from stack.gateway.metrics import GatewayMetrics
+from stack.gateway.openai_errors import InvalidRequest, NoDeployment, RateLimited, UpstreamError
 from stack.gateway.registry import Deployment
-from stack.gateway.replicas import is_replica
-from stack.gateway.routing import Routing
-from stack.gateway.sse import RelayResponse
-from stack.gateway.tasks import PATHS, check_task
+from stack.gateway.routing.activity import ActivityRing
+from stack.gateway.routing.adapters import Adapter, AdapterBook
+from stack.gateway.routing.deployment_choice import Routing
+from stack.gateway.routing.liveness import UNRESPONSIVE, Liveness
+from stack.gateway.routing.model_tasks import PATHS, check_task
+from stack.gateway.routing.replicas import is_replica
+from stack.gateway.upstreams import cloud_client as cloud
+from stack.gateway.upstreams import fast_path as local
 from stack.manager.errors import ModelUnavailable
 
 USAGE_OPTION = {"chat", "completions"}  # endpoints whose streams take stream_options.include_usage
@@ -78,7 +79,7 @@ class Dispatcher:
         self.in_flight = 0
         self.admission = admission  # the model manager, when the gateway owns engines
         self.adapters: AdapterBook | None = None  # LoRA adapters served on their base model's engine
-        # Proof of progress per local engine (stack.gateway.liveness); its probes run in the app's lifespan.
+        # Proof of progress per local engine (stack.gateway.routing.liveness); its probes run in the app's lifespan.
         self.liveness = Liveness(settings.liveness, routing.registry, routing.replicas.outstanding,
                                  metrics.registry)  # fmt: skip
         self.activity = ActivityRing()  # the last requests, for the console (no bodies, no keys)
@@ -113,7 +114,7 @@ class Dispatcher:
             self.activity.add(endpoint=endpoint, model=str(body["model"]), deployment="-", route="-",
                               status=str(err.status), started=started)  # fmt: skip
             raise
-        except asyncio.CancelledError:  # the client went away before its answer (stack.gateway.aborts)
+        except asyncio.CancelledError:  # the client went away before its answer (stack.gateway.http.client_aborts)
             self.metrics.requests.labels(group, "-", "499").inc()
             raise
         finally:
@@ -188,7 +189,7 @@ class Dispatcher:
         starting = [d.id for d in deps if d.state == "starting"]
         hung = [f"{d.id}: {d.detail}" for d in deps if d.state == UNRESPONSIVE]
         why = f"`{group}` is starting" if starting and last is None else f"no deployment of `{group}` can serve now"
-        if hung:  # say why: an engine that stopped making progress (stack.gateway.liveness)
+        if hung:  # say why: an engine that stopped making progress (stack.gateway.routing.liveness)
             why += f" (unresponsive engine {'; '.join(hung)})"
         elif last is not None and last.reason == "stalled":
             why += f" ({last.message})"

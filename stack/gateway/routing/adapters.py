@@ -29,7 +29,7 @@ import aiohttp
 import orjson
 from prometheus_client import CollectorRegistry, Counter
 
-from stack.gateway.errors import InvalidRequest, UpstreamError
+from stack.gateway.openai_errors import InvalidRequest, UpstreamError
 from stack.gateway.registry import Deployment, DeploymentRegistry
 
 log = logging.getLogger("stack.gateway.adapters")

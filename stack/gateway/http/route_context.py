@@ -10,15 +10,15 @@ from typing import Any
 from starlette.requests import Request
 
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway.adapters import AdapterBook
-from stack.gateway.auth import KeyRing
-from stack.gateway.dispatch import Dispatcher
+from stack.gateway.http.auth import KeyRing
+from stack.gateway.http.runtime_state import RuntimeState
 from stack.gateway.log_health import LogFailures, WatchedLogHandler
 from stack.gateway.metrics import GatewayMetrics
-from stack.gateway.providers import KeyPolicy
 from stack.gateway.registry import DeploymentRegistry
-from stack.gateway.routing import Routing
-from stack.gateway.runtime_state import RuntimeState
+from stack.gateway.routing.adapters import AdapterBook
+from stack.gateway.routing.deployment_choice import Routing
+from stack.gateway.routing.dispatcher import Dispatcher
+from stack.gateway.upstreams.provider_keys import KeyPolicy
 from stack.manager.manager import ModelManager
 
 
