@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from stack.cli.log_files import engine_logs as found
 from stack.cli.shell import cli_config
 
 
@@ -48,6 +49,4 @@ def hardware(incomplete: str) -> list[str]:
 
 
 def engine_logs(incomplete: str) -> list[str]:
-    from stack.cli.logs_cmd import engine_logs as found
-
     return _safe(lambda: found(cli_config().state_dir / "logs"), incomplete)

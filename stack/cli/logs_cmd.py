@@ -12,18 +12,11 @@ from typing import Annotated
 import typer
 
 from stack.cli import complete
+from stack.cli.log_files import GATEWAY_LOG, engine_logs
 from stack.cli.shell import ConfigOpt, cli_config, run
 from stack.config.origins import suggest
 from stack.engine.diagnose import log_tail
 from stack.errors import ExitCode, ModelSourceError, StackError
-
-GATEWAY_LOG = "gateway.log"
-
-
-def engine_logs(folder: Path) -> dict[str, Path]:
-    """Each engine log under `folder` by the model it serves (served names may hold a slash: Hub ids)."""
-    return {str(p.relative_to(folder).with_suffix("")): p for p in sorted(folder.rglob("*.log"))
-            if p.name != GATEWAY_LOG}  # fmt: skip
 
 
 def log_of(folder: Path, model: str | None) -> Path:

@@ -103,7 +103,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # LiteLLM's imports (~3 s) on a thread: the gateway serves local engines meanwhile.
-        threading.Thread(target=Routing.preload, name="litellm-import", daemon=True).start()
+        threading.Thread(target=CloudUpstream.preload, name="litellm-import", daemon=True).start()
         await local.start()
         for hook in on_startup or []:
             await hook(state)

@@ -2,8 +2,8 @@
 
 Each engine is a deployment in the registry, kept in the manager's state (stopped, starting, ready,
 sleeping, stopping, failed) by a subscription to the manager's state changes: requests for a model that
-is not ready wait for it (or get 503 + Retry-After), not 404. Only `ready` deployments reach LiteLLM's
-Router. Blocking process work runs in threads.
+is not ready wait for it (or get 503 + Retry-After), not 404. Only `ready` deployments are routed to.
+Blocking process work runs in threads.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 A deployment is one place a model group can be served: a local engine (an OpenAI-compatible server on
 loopback, usually vLLM) or a cloud model reached through a LiteLLM provider. Only `ready` deployments
-are known to LiteLLM's Router; the others (starting, failed, stopped) stay here so /admin/* can show
-them and so that a request for a starting model gets 503 + Retry-After, not 404. The model manager
+are chosen (stack.gateway.routing.deployment_choice); the others (starting, failed, stopped) stay here so
+/admin/* can show them and so that a request for a starting model gets 503 + Retry-After, not 404. The model manager
 (stack.manager: switching, sleep, restarts) drives the states through `set_state` and `update`, by the
 gateway's subscription to its state changes (stack.gateway.engines.follow).
 """
@@ -46,25 +46,6 @@ class Deployment:
         """The header a local engine we started wants (its key); none for others."""
         return {"Authorization": f"Bearer {self.engine_key}"} if self.engine_key else {}
 
-    def router_entry(self) -> dict[str, Any]:
-        """The LiteLLM Router model_list entry: no key in it (cloud keys are read at call time)."""
-        if self.kind == "local":
-            params: dict[str, Any] = {
-                "model": f"hosted_vllm/{self.upstream_model}",
-                "api_base": f"{self.api_base}/v1",
-            }
-            if self.engine_key:
-                params["api_key"] = self.engine_key
-        else:
-            params = {k: v for k, v in self.litellm_params.items()}
-        params["order"] = self.order
-        if self.timeout_s:
-            params["timeout"] = self.timeout_s
-        info: dict[str, Any] = {"id": self.id, "vstack_kind": self.kind}
-        if self.context_window:
-            info["max_input_tokens"] = self.context_window
-        return {"model_name": self.model_group, "litellm_params": params, "model_info": info}
-
     def public(self) -> dict[str, Any]:
         shown = asdict(self)
         shown.pop("litellm_params")
@@ -77,7 +58,7 @@ Listener = Callable[[str, Deployment | None, Deployment | None], None]
 
 
 class DeploymentRegistry:
-    """Deployments by id; listeners (the router sync, metrics) hear every change (id, before, after)."""
+    """Deployments by id; listeners (routing, liveness, adapters) hear every change (id, before, after)."""
 
     def __init__(self) -> None:
         self._items: dict[str, Deployment] = {}
@@ -124,7 +105,7 @@ class DeploymentRegistry:
         if dep is None:
             return None
         if all(getattr(dep, key) == value for key, value in fields.items()):
-            return dep  # nothing changed: no router rebuild
+            return dep  # nothing changed: listeners need not hear it
         before = Deployment(**{**dep.__dict__})
         for key, value in fields.items():
             setattr(dep, key, value)

@@ -139,3 +139,20 @@ def test_completions_and_embeddings_pass_through(engine_mock) -> None:
         c = client(gw.url)
         assert c.completions.create(model="smol", prompt="hi", max_tokens=3).choices[0].text == "tok tok tok "
         assert len(c.embeddings.create(model="smol", input=["a", "b"]).data) == 2
+
+
+def test_every_attempt_gives_back_what_it_held(engine_mock, cloud_mock) -> None:
+    """One exit stack per request, one context manager per attempt (adr/0026): a failed attempt fallen back
+    from, a whole answer and a stream each leave nothing counted in flight, and only answers are counted."""
+    settings = GatewayConfig(cloud=[cloud_entry(cloud_mock.url)], fallbacks={"smol": ["cloud-small"]},
+                             retry_backoff_s=0.01, routing_strategy="least-busy")  # fmt: skip
+    failing = local("local-a", engine_mock.url, "smol", upstream="status-500")
+    with run_gateway(settings, default_model="smol", deployments=[failing]) as gw:
+        client(gw.url).chat.completions.create(model="smol", messages=MSG)
+        list(client(gw.url).chat.completions.create(model="smol", messages=MSG, stream=True))
+        state = gw.app.state.gateway
+        assert state.dispatcher.in_flight == 0
+        assert set(state.routing.replicas.outstanding.values()) == {0}, state.routing.replicas.outstanding
+        metrics = httpx.get(f"{gw.url}/metrics").text
+        assert 'vstack_gateway_requests_total{deployment="local-a"' not in metrics  # it never answered
+        assert 'deployment="cloud-cloud-small-1",model="smol",status="200"} 2.0' in metrics

@@ -103,7 +103,9 @@ class GatewayConfig(_Strict):
     routing_strategy: Literal[
         "simple-shuffle", "least-busy", "latency-based-routing", "usage-based-routing-v2"
     ] = Field(
-        "simple-shuffle", description="LiteLLM Router's strategy among deployments of one model group and order"
+        "simple-shuffle", description="among deployments of one model group and order: at random (weighted by a "
+        "cloud entry's litellm_params weight), the fewest requests in flight, the lowest recent latency, or the "
+        "fewest tokens this minute",
     )
     replica_routing: Literal["least_outstanding", "prefix_affinity", "round_robin"] = Field(
         "least_outstanding", description="among a model's replicas (manager.runtime: ray): the one with the fewest "

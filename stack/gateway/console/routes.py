@@ -31,6 +31,7 @@ from stack.gateway.console.sessions import COOKIE, Session, Sessions
 from stack.gateway.console.sources import ConsoleSources, with_bus_floor
 from stack.gateway.http.admin_routes import Action, models_view, run_model_action
 from stack.gateway.http.auth import is_loopback
+from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
 from stack.gateway.routing.activity import to_csv
@@ -395,7 +396,7 @@ async def api_chat(req: ChatCompletionRequest, request: Request) -> Response:
     limit = state.settings.max_tokens_limit
     if req.max_tokens is not None and req.max_tokens > limit:
         raise InvalidRequest(f"'max_tokens' is too large: {req.max_tokens} (at most {limit})", param="max_tokens")
-    return await state.dispatcher.handle("chat", await request.json())
+    return respond(await state.dispatcher.handle("chat", await request.json()))
 
 
 @router.get("/api/events")

@@ -186,7 +186,7 @@ def register_deployment(state: Any, spec: NewDeployment) -> Deployment:
         raise InvalidRequest(f"deployment {dep.id!r} exists; DELETE it first", param="id")
     try:
         state.registry.add(dep)
-    except Exception as exc:  # LiteLLM's Router refused it: take it out again, nothing stays half-registered
+    except Exception as exc:  # a listener refused it: take it out again, nothing stays half-registered
         with contextlib.suppress(Exception):
             state.registry.remove(dep.id)
         raise InvalidRequest(f"deployment {dep.id!r} could not be registered ({type(exc).__name__})",

@@ -19,6 +19,7 @@ from starlette.routing import Match
 
 from stack.gateway import request_fields
 from stack.gateway.http.openai_routes import client_key
+from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import get_state
 from stack.gateway.openai_errors import GatewayError, InvalidRequest
 
@@ -65,7 +66,7 @@ async def _forward(request: Request, endpoint: str) -> Response:
         if isinstance(asked, int) and asked > limit:
             raise InvalidRequest(f"'max_tokens' is too large: {asked} (this gateway allows at most {limit})",
                                  param="max_tokens")  # fmt: skip
-    return await state.dispatcher.handle(endpoint, body)
+    return respond(await state.dispatcher.handle(endpoint, body))
 
 
 @router.post("/v1/responses")

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from starlette.responses import Response
 
 from stack.gateway.http.auth import require_client_key
+from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import InvalidRequest, ModelNotFound
 from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -34,7 +35,7 @@ async def _forward(request: Request, endpoint: str) -> Response:
     # FastAPI parsed the JSON once (and cached it); forward that dict, not the validated model, so
     # fields pass through exactly as the client sent them.
     body = await request.json()
-    return await get_state(request).dispatcher.handle(endpoint, body)
+    return respond(await get_state(request).dispatcher.handle(endpoint, body))
 
 
 @router.post("/chat/completions")

@@ -3,16 +3,19 @@
 Starlette's StreamingResponse (under uvicorn's ASGI 2.3) runs the body and a disconnect listener in an anyio
 task group per response: a cancel scope and a second task for every stream. Here the body runs in the
 request's own task and one watcher task cancels it when the client disconnects; the body's generator sees
-the cancellation as before (stack.gateway.routing.dispatcher._closing counts it as the client's abort, 499), so the
-upstream request is closed and the engine aborts it. Same bytes, same headers, less work per stream.
+the cancellation as before (stack.gateway.routing.dispatcher._closing: the attempt counts the client's abort,
+499), so the upstream request is closed and the engine aborts it. Same bytes, same headers, less work per
+stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
+
+from stack.gateway.routing.answer import Answer
 
 
 class RelayResponse(StreamingResponse):
@@ -37,3 +40,10 @@ class RelayResponse(StreamingResponse):
             watcher.cancel()
         if self.background is not None:
             await self.background()
+
+
+def respond(answer: Answer) -> Response:
+    """Routing's answer as the HTTP response: the body as the upstream gave it, or its stream relayed."""
+    if answer.stream is not None:
+        return RelayResponse(answer.stream, media_type=answer.media_type, headers=answer.headers)
+    return Response(answer.body, answer.status, headers=answer.headers, media_type=answer.media_type)

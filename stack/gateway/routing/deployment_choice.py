@@ -1,32 +1,26 @@
-"""Routing decisions: aliases, the fallback plan, and LiteLLM's Router choosing a deployment.
+"""Which deployment serves a request: names to model groups, the fallback plan, and the choice among ready
+deployments. The gateway's one routing brain (adr/0026): LiteLLM is its cloud client, not its router.
 
-LiteLLM's Router holds the ready deployments (its `model_list`) and decides, per model group, which one
-serves: `order` puts local engines (1) before cloud models (2), cooldowns take failing deployments out
-for `cooldown_s`, and the configured strategy (simple-shuffle, least-busy, latency-based) picks among
-the rest. The gateway does the HTTP itself (see adr/0006): it asks the Router for a deployment, reports
-failures back so cooldowns work, and walks the fallback plan.
+A request names a model group (or an alias of one). Its plan is that group, then `gateway.fallbacks[group]`
+in order (`gateway.context_window_fallbacks[group]` when the prompt is too long for it). Within a group the
+choice is among its ready deployments that are neither excluded by this request (failed it already) nor
+cooling down (stack.gateway.routing.cooldowns): the lowest `order` first (local engines 1, cloud 2), then
+`gateway.routing_strategy` among those (stack.gateway.routing.strategies). A model's replicas (manager.runtime:
+ray) are chosen by `gateway.replica_routing` instead (stack.gateway.routing.replicas).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import time
+import random
 from dataclasses import dataclass
 from typing import Any
 
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.openai_errors import ModelNotFound
 from stack.gateway.registry import Deployment, DeploymentRegistry
+from stack.gateway.routing.cooldowns import Cooldowns
 from stack.gateway.routing.replicas import ReplicaChooser, is_replica
-
-log = logging.getLogger("stack.gateway.routing")
-
-
-def _quiet_litellm() -> None:
-    # Offline: LiteLLM must not fetch its cost map at import; and its INFO logs are per request.
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    os.environ.setdefault("LITELLM_LOG", "ERROR")
+from stack.gateway.routing.strategies import STRATEGIES, DeploymentLoad, Strategy
 
 
 @dataclass(frozen=True)
@@ -36,56 +30,23 @@ class Step:
 
 
 class Routing:
-    def __init__(self, settings: GatewayConfig, registry: DeploymentRegistry, default_group: str) -> None:
-        _quiet_litellm()
+    def __init__(self, settings: GatewayConfig, registry: DeploymentRegistry, default_group: str,
+                 rng: random.Random | None = None) -> None:  # fmt: skip
         self.settings = settings
         self.registry = registry
         self.default_group = default_group
         self.aliases = {"default": default_group, **settings.aliases}
-        self._router: Any = None  # LiteLLM's Router: built on first use (`router`)
         self.replicas = ReplicaChooser(settings.replica_routing, settings.affinity_prefix_chars)
-        registry.subscribe(self._sync)
+        self.load = DeploymentLoad(in_flight=self.replicas.outstanding)
+        self.cooldowns = Cooldowns(settings.allowed_fails, settings.cooldown_s)
+        self.strategy = STRATEGIES[Strategy(settings.routing_strategy)]
+        self.rng = rng or random.Random()
+        registry.subscribe(self._on_change)
 
-    @property
-    def router(self) -> Any:
-        """LiteLLM's Router, built on first use with every routable deployment. Importing LiteLLM takes ~3 s:
-        the gateway does it on a thread once it serves (`preload`), so neither its start nor a request waits
-        for it; a gateway with one deployment per model never needs the Router until a failure is reported."""
-        if self._router is None:
-            from litellm import Router
-
-            # Fallbacks are walked by the gateway, so the Router itself must not retry or fall back.
-            self._router = Router(
-                model_list=[],
-                routing_strategy=self.settings.routing_strategy,
-                num_retries=0,
-                allowed_fails=self.settings.allowed_fails,
-                cooldown_time=self.settings.cooldown_s,
-                enable_pre_call_checks=False,
-            )
-            for dep in self.registry.all():
-                self._sync(dep.id, None, dep)
-        return self._router
-
-    @staticmethod
-    def preload() -> None:
-        """Import what the Router and the cloud calls need (run on a thread: ~3 s of LiteLLM's imports)."""
-        _quiet_litellm()
-        import litellm  # noqa: F401
-        from litellm import Router  # noqa: F401
-        from litellm.router_utils.cooldown_handlers import get_cooldown_deployments  # noqa: F401
-        from litellm.types.router import Deployment  # noqa: F401
-
-    # -- registry -> Router -------------------------------------------------------------------------
-    def _sync(self, dep_id: str, before: Deployment | None, after: Deployment | None) -> None:
-        if self._router is None:
-            return  # the Router reads the whole registry when it is built
-        from litellm.types.router import Deployment as RouterDeployment
-
-        if before is not None and before.state == "ready" and before.routable:
-            self._router.delete_deployment(id=dep_id)
-        if after is not None and after.state == "ready" and after.routable:
-            self._router.add_deployment(RouterDeployment(**after.router_entry()))
+    def _on_change(self, dep_id: str, before: Deployment | None, after: Deployment | None) -> None:
+        if after is None:  # removed: what we knew of it goes with it
+            self.cooldowns.forget(dep_id)
+            self.load.forget(dep_id)
 
     # -- names ---------------------------------------------------------------------------------------
     def known_groups(self) -> set[str]:
@@ -123,62 +84,39 @@ class Routing:
             for t in self.settings.context_window_fallbacks.get(group, [])
         ]
 
-    # -- Router ----------------------------------------------------------------------------------
-    async def pick(self, group: str, exclude: set[str], body: dict | None = None) -> Deployment | None:
-        """A ready deployment of `group` that is not cooling down, chosen by the Router; None if none.
-        A model's replicas (manager.runtime: ray) are chosen by `gateway.replica_routing` instead."""
+    # -- the choice ------------------------------------------------------------------------------------
+    def pick(self, group: str, exclude: set[str], body: dict[str, Any] | None = None) -> Deployment | None:
+        """A ready deployment of `group` not in `exclude` and not cooling down; None if none."""
         candidates = [d for d in self.registry.ready(group) if d.id not in exclude]
         if not candidates:
             return None
-        if any(is_replica(d) for d in candidates):
-            cooling = self.cooling_down() if len(candidates) > 1 else set()
-            rest = [d for d in candidates if is_replica(d) and d.id not in cooling]
-            if rest:
-                return self.replicas.choose(rest, body)
+        cooling = self.cooling_down()
+        replicas = [d for d in candidates if is_replica(d)]
+        if replicas:
+            usable = replicas if len(candidates) == 1 else [d for d in replicas if d.id not in cooling]
+            if usable:
+                return self.replicas.choose(usable, body)
             candidates = [d for d in candidates if not is_replica(d)] or candidates
-        if len(candidates) == 1 and len(self.registry.ready(group)) == 1:
-            # One deployment: the Router's only decision is whether it is cooling down; ask just that
-            # (the full selection costs ~0.3 ms per request and would pick the same one).
-            if candidates[0].id in self.cooling_down():
-                return None
-            return candidates[0]
-        try:
-            chosen = await self.router.async_get_available_deployment(model=group, request_kwargs={})
-        except Exception as exc:  # the Router raises when every deployment cools down
-            log.debug("router: no deployment for %s: %s", group, type(exc).__name__)
-            return None
-        dep = self.registry.get(((chosen or {}).get("model_info") or {}).get("id", ""))
-        if dep is None or dep.id in exclude:
-            rest = [d for d in candidates if d.id not in self.cooling_down()]
-            return min(rest, key=lambda d: d.order) if rest else None
-        return dep
+        candidates = [d for d in candidates if d.id not in cooling]
+        if len(candidates) <= 1:
+            return candidates[0] if candidates else None
+        lowest = min(d.order for d in candidates)
+        return self.strategy([d for d in candidates if d.order == lowest], self.load, self.rng)
 
     def cooling_down(self) -> set[str]:
-        if self._router is None:
-            return set()  # no failure reported yet, so nothing cools down (and LiteLLM need not be loaded)
-        now = time.time()
-        if now - self._cooldown_checked_at < 0.05:
-            return self._cooldown_ids
-        from litellm.router_utils.cooldown_handlers import get_cooldown_deployments
+        """The ready deployments left out now (stack.gateway.routing.cooldowns)."""
+        cooling = self.cooldowns.cooling()
+        if not cooling:
+            return cooling
+        return {i for i in cooling if (d := self.registry.get(i)) is not None and d.state == "ready" and d.routable}
 
-        self._cooldown_ids = set(get_cooldown_deployments(self.router, parent_otel_span=None))
-        self._cooldown_checked_at = now
-        return self._cooldown_ids
+    def report_failure(self, dep: Deployment, status: int) -> None:
+        """A failed attempt: past `allowed_fails` a minute (or on a 429) the deployment cools down, unless it
+        is the only one its group has ready."""
+        alone = len(self.registry.ready(dep.model_group)) <= 1
+        self.cooldowns.failed(dep.id, status, alone)
 
-    _cooldown_checked_at = 0.0
-    _cooldown_ids: set[str] = set()  # noqa: RUF012 - replaced, never mutated
-
-    def report_failure(self, dep: Deployment, exc: Exception, status: int) -> None:
-        """Count a failure in the Router's books; past `allowed_fails` a minute the deployment cools down."""
-        import litellm
-
-        err = litellm.ServiceUnavailableError(
-            message=f"{dep.id}: {type(exc).__name__}", llm_provider="vstack", model=dep.upstream_model
-        )
-        err.status_code = status
-        kwargs = {
-            "exception": err,
-            "litellm_params": {"model_info": {"id": dep.id}, "metadata": {"model_group": dep.model_group}},
-        }
-        self.router.deployment_callback_on_failure(kwargs, None, time.time(), time.time())
-        self._cooldown_checked_at = 0.0
+    def answered(self, dep: Deployment, seconds: float, usage: dict | None) -> None:
+        """An attempt that answered: its latency and tokens, for the latency and usage strategies."""
+        tokens = usage.get("total_tokens") if isinstance(usage, dict) else None
+        self.load.answered(dep.id, seconds, tokens if isinstance(tokens, int) else 0)

@@ -1,52 +1,40 @@
-"""One request through the fallback plan: pick a deployment, try it, fall back, answer.
+"""One request through its fallback plan: admit it, pick a deployment, try it, fall back, answer.
 
-Fallback is possible only until the first byte goes to the client; after that an upstream failure ends
-the stream with an error event. Per deployment: a connection refused moves on at once (a dead engine
-will not come back within a retry), timeouts and 5xx are retried `num_retries` times with backoff.
+Fallback is possible only until the first byte goes to the client; after that an upstream failure ends the
+stream with an error event. Per deployment: a connection refused moves on at once (a dead engine will not
+come back within a retry), timeouts and 5xx are retried `num_retries` times with backoff. What a request
+holds (its place under `max_in_flight`, the manager's ticket, its winning attempt: stack.gateway.routing.attempt)
+is kept in one exit stack, given back when the answer is complete: at once for a whole body, when the
+stream ends for a stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 import aiohttp
 import orjson
-from starlette.responses import Response, StreamingResponse
 
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway.http.relay_response import RelayResponse
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.openai_errors import InvalidRequest, NoDeployment, RateLimited, UpstreamError
-from stack.gateway.registry import Deployment
 from stack.gateway.routing.activity import ActivityRing
-from stack.gateway.routing.adapters import Adapter, AdapterBook
+from stack.gateway.routing.adapters import AdapterBook
+from stack.gateway.routing.answer import SSE_HEADERS, Answer
+from stack.gateway.routing.attempt import Attempt, RoutedRequest
 from stack.gateway.routing.deployment_choice import Routing
 from stack.gateway.routing.liveness import UNRESPONSIVE, Liveness
 from stack.gateway.routing.model_tasks import PATHS, check_task
 from stack.gateway.routing.replicas import is_replica
-from stack.gateway.upstreams import cloud_client as cloud
-from stack.gateway.upstreams import fast_path as local
+from stack.gateway.upstreams import cloud_client, fast_path
 from stack.manager.errors import ModelUnavailable
 
 USAGE_OPTION = {"chat", "completions"}  # endpoints whose streams take stream_options.include_usage
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-@dataclass
-class Attempt:
-    dep: Deployment
-    group: str
-    fallback_reason: str | None
-    started: float
-    ticket: Ticket | None = None
-    adapter: Adapter | None = None
-    endpoint: str = ""
-    model: str = ""  # as the client named it (an alias, an adapter)
-    ttft_s: float | None = None
 
 
 class Ticket(Protocol):
@@ -67,8 +55,8 @@ class Dispatcher:
         settings: GatewayConfig,
         routing: Routing,
         metrics: GatewayMetrics,
-        local_upstream: local.LocalUpstream,
-        cloud_upstream: cloud.CloudUpstream,
+        local_upstream: fast_path.LocalUpstream,
+        cloud_upstream: cloud_client.CloudUpstream,
         admission: Admission | None = None,
     ) -> None:
         self.settings = settings
@@ -84,45 +72,52 @@ class Dispatcher:
                                  metrics.registry)  # fmt: skip
         self.activity = ActivityRing()  # the last requests, for the console (no bodies, no keys)
 
-    async def handle(self, endpoint: str, body: dict[str, Any]) -> Response:
+    async def handle(self, endpoint: str, body: dict[str, Any]) -> Answer:
         try:  # JSON may carry lone surrogates (\ud800) that no UTF-8 body can: refuse them here, once
             orjson.dumps(body)
         except orjson.JSONEncodeError as exc:
             raise InvalidRequest(f"The request body cannot be forwarded: {exc}. Send valid Unicode text.") from None
-        adapter = self.adapters.lookup(str(body["model"])) if self.adapters is not None else None
+        model = str(body["model"])
+        adapter = self.adapters.lookup(model) if self.adapters is not None else None
         group = adapter.base if adapter is not None else self.routing.resolve(body["model"])
-        check_task(self.routing.registry, group, endpoint, str(body["model"]))
+        check_task(self.routing.registry, group, endpoint, model)
         if self.in_flight >= self.settings.max_in_flight:
             raise RateLimited(
                 "the gateway is at its concurrent request limit; retry shortly", headers={"Retry-After": "1"}
             )
-        self.in_flight += 1
-        gauge = self.metrics.in_flight.labels(group)
-        gauge.inc()
-        handed_over = False
-        ticket: Ticket | None = None
         started = time.perf_counter()
-        try:
-            if self.admission is not None:
-                ticket = await self._admit(group)
-            response = await self._route(endpoint, group, body, ticket, spilled=self.admission is not None
-                                         and ticket is None, adapter=adapter)  # fmt: skip
-            handed_over = isinstance(response, StreamingResponse)
-            return response
-        except (UpstreamError, NoDeployment, RateLimited) as err:
-            self.metrics.requests.labels(group, "-", str(err.status)).inc()
-            self.activity.add(endpoint=endpoint, model=str(body["model"]), deployment="-", route="-",
-                              status=str(err.status), started=started)  # fmt: skip
-            raise
-        except asyncio.CancelledError:  # the client went away before its answer (stack.gateway.http.client_aborts)
-            self.metrics.requests.labels(group, "-", "499").inc()
-            raise
-        finally:
-            if not handed_over:  # a stream releases its slot when it ends
-                self.in_flight -= 1
-                gauge.dec()
+        async with contextlib.AsyncExitStack() as held:
+            held.enter_context(self._slot(group))
+            try:
+                ticket = await self._admit(group) if self.admission is not None else None
                 if ticket is not None:
-                    ticket.release()
+                    held.callback(ticket.release)
+                request = RoutedRequest(endpoint, body, model, group, adapter,
+                                        spilled=self.admission is not None and ticket is None)  # fmt: skip
+                answer = await self._route(request, held)
+            except (UpstreamError, NoDeployment, RateLimited) as err:
+                self.metrics.requests.labels(group, "-", str(err.status)).inc()
+                self.activity.add(endpoint=endpoint, model=model, deployment="-", route="-",
+                                  status=str(err.status), started=started)  # fmt: skip
+                raise
+            except asyncio.CancelledError:  # the client went away before its answer (stack.gateway.http.client_aborts)
+                self.metrics.requests.labels(group, "-", "499").inc()
+                raise
+            if answer.stream is not None:  # what the request holds is given back when the stream ends
+                answer.stream = _closing(answer.stream, held.pop_all())
+            return answer
+
+    @contextlib.contextmanager
+    def _slot(self, group: str) -> Iterator[None]:
+        """The request's place under `max_in_flight` (and in the in-flight gauge)."""
+        gauge = self.metrics.in_flight.labels(group)
+        self.in_flight += 1
+        gauge.inc()
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            gauge.dec()
 
     async def _admit(self, group: str) -> Ticket | None:
         try:
@@ -130,38 +125,36 @@ class Dispatcher:
         except ModelUnavailable as exc:  # the manager's refusal, rendered here once: 503 + Retry-After
             raise NoDeployment(exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
 
-    def _done(self, group: str, ticket: Ticket | None = None) -> None:
-        self.in_flight -= 1
-        self.metrics.in_flight.labels(group).dec()
-        if ticket is not None:
-            ticket.release()
-
-    async def _route(self, endpoint: str, group: str, body: dict[str, Any], ticket: Ticket | None = None,
-                     spilled: bool = False, adapter: Adapter | None = None) -> Response:
-        t0 = time.perf_counter()
+    async def _route(self, request: RoutedRequest, held: contextlib.AsyncExitStack) -> Answer:
+        group, request.started = request.group, time.perf_counter()
         steps = deque(self.routing.plan(group))
         # An adapter lives on its base model's engines only: no cloud model answers in its name.
-        excluded: set[str] = {d.id for d in self.routing.registry.all() if d.kind == "cloud"} if adapter else set()
+        excluded: set[str] = ({d.id for d in self.routing.registry.all() if d.kind == "cloud"}
+                              if request.adapter else set())  # fmt: skip
         fails: dict[str, int] = {}
         last: UpstreamError | None = None
         previous: str | None = None
         last_dep: str | None = None
         while steps:
             step = steps.popleft()
-            while (dep := await self.routing.pick(step.group, excluded, body)) is not None:
+            while (dep := self.routing.pick(step.group, excluded, request.body)) is not None:
                 # A retry of the deployment that just failed is not a fallback (it stays where it was).
                 retry = last_dep is not None and dep.id == last_dep and set(fails) == {dep.id}
                 reason = (
                     None if last is None or retry
                     else ("context_window" if step.reason == "context_window" else last.reason)
                 )
-                if reason is None and spilled and step.group != group:
+                if reason is None and request.spilled and step.group != group:
                     reason = "switching"  # the model is being switched in; its fallback serves meanwhile
                 if reason is not None and dep.id != last_dep:
                     self.metrics.fallbacks.labels(previous or group, step.group, reason).inc()
                 try:
-                    return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0, ticket, adapter,
-                                                                       endpoint, str(body["model"])))
+                    async with contextlib.AsyncExitStack() as attempt_held:
+                        attempt = await attempt_held.enter_async_context(Attempt(self, request, dep, reason))
+                        answer = await self._try(attempt)
+                        if answer.stream is not None:
+                            held.push_async_exit(attempt_held.pop_all())  # it ends with its stream
+                        return answer
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(dep.id, err.reason).inc()
                     last, previous, last_dep = err, step.group, dep.id
@@ -173,7 +166,7 @@ class Dispatcher:
                         break
                     if not err.retryable:
                         raise
-                    self.routing.report_failure(dep, err, err.status)
+                    self.routing.report_failure(dep, err.status)
                     fails[dep.id] = fails.get(dep.id, 0) + 1
                     # A replica that failed is not retried while its siblings can take the request.
                     lost_replica = is_replica(dep) and err.reason in ("connect", "error")
@@ -182,9 +175,12 @@ class Dispatcher:
                         excluded.add(dep.id)
                     else:
                         await asyncio.sleep(self.settings.retry_backoff_s * 2 ** (fails[dep.id] - 1))
+        raise self._nothing_serves(group, last)
+
+    def _nothing_serves(self, group: str, last: UpstreamError | None) -> RateLimited | NoDeployment:
         retry_after = {"Retry-After": str(self.settings.retry_after_s)}
         if last is not None and last.status == 429:
-            raise RateLimited(f"every deployment of `{group}` is rate limited", headers=retry_after)
+            return RateLimited(f"every deployment of `{group}` is rate limited", headers=retry_after)
         deps = self.routing.registry.groups().get(group, [])
         starting = [d.id for d in deps if d.state == "starting"]
         hung = [f"{d.id}: {d.detail}" for d in deps if d.state == UNRESPONSIVE]
@@ -193,68 +189,36 @@ class Dispatcher:
             why += f" (unresponsive engine {'; '.join(hung)})"
         elif last is not None and last.reason == "stalled":
             why += f" ({last.message})"
-        raise NoDeployment(f"{why}; retry later", headers=retry_after)
+        return NoDeployment(f"{why}; retry later", headers=retry_after)
 
     # -- one attempt ------------------------------------------------------------------------------
-    async def _attempt(self, endpoint: str, body: dict[str, Any], at: Attempt) -> Response:
-        headers = {"x-vstack-deployment": at.dep.id}
-        if at.fallback_reason:
-            headers["x-vstack-fallback"] = at.fallback_reason
+    async def _try(self, at: Attempt) -> Answer:
         if at.dep.kind == "cloud":
-            return await self._cloud(endpoint, body, at, headers)
-        stream = bool(body.get("stream"))
-        out = dict(body, model=at.adapter.name if at.adapter else at.dep.upstream_model)
-        if at.adapter is not None and self.adapters is not None:
-            await self.adapters.acquire(at.dep, at.adapter)
-        try:
-            return await self._local(endpoint, out, at, headers, stream)
-        except BaseException:
-            self._release_adapter(at)
-            raise
+            return await self._cloud(at)
+        return await self._local(at)
 
-    def _release_adapter(self, at: Attempt) -> None:
-        if at.adapter is not None and self.adapters is not None:
-            self.adapters.release(at.adapter)
-            at.adapter = None
-
-    async def _local(self, endpoint: str, out: dict[str, Any], at: Attempt, headers: dict[str, str],
-                     stream: bool) -> Response:
-        strip_usage = False
-        if stream and endpoint in USAGE_OPTION:
+    async def _local(self, at: Attempt) -> Answer:
+        req, dep_id, live = at.request, at.dep.id, self.liveness
+        out = dict(req.body, model=at.adapter.name if at.adapter else at.dep.upstream_model)
+        stream, strip_usage = bool(req.body.get("stream")), False
+        if stream and req.endpoint in USAGE_OPTION:
             opts = dict(out.get("stream_options") or {})
             if not opts.get("include_usage"):
                 opts["include_usage"], strip_usage = True, True  # counted by us, dropped before the client
             out["stream_options"] = opts
-        book, live, dep_id = self.routing.replicas, self.liveness, at.dep.id
-        live.begin(dep_id)
-        book.begin(dep_id)  # requests in flight per replica (least_outstanding); ended below or by the stream
-        try:
-            # Guarded until the answer starts: an engine found unresponsive meanwhile raises EngineStalled,
-            # which falls back like any failed attempt (nothing was sent to the client yet).
+        # Guarded until the answer starts: an engine found unresponsive meanwhile raises EngineStalled, which
+        # falls back like any failed attempt (nothing was sent to the client yet).
+        async with live.guard(dep_id):
+            resp = await self.local.open(at.dep, PATHS[req.endpoint], orjson.dumps(out))
+        if not stream or not resp.content_type.startswith("text/event-stream"):
             async with live.guard(dep_id):
-                resp = await self.local.open(at.dep, PATHS[endpoint], orjson.dumps(out))
-            if not stream or not resp.content_type.startswith("text/event-stream"):
-                async with live.guard(dep_id):
-                    raw = await self.local.read(resp, at.dep)
-                self._finish(at, "200", _usage(raw))
-                self._release_adapter(at)
-                book.end(dep_id)
-                return Response(raw, resp.status, headers=headers,
-                                media_type=resp.content_type or "application/json")  # fmt: skip
-            first = await self._first_chunk(resp, dep_id)
-        except BaseException:
-            book.end(dep_id)
-            raise
-        hooks = self._stream_hooks(at)
-        end = hooks["on_end"]
-        live.attach(dep_id, resp)
-        hooks["on_end"] = lambda cancelled: (live.detach(dep_id, resp), book.end(dep_id), end(cancelled))
-        gen = local.relay(resp, strip_usage=strip_usage, first=first, progress=lambda: live.progress(dep_id),
-                          stalled=lambda: live.why(dep_id),
-                          **{k: v for k, v in hooks.items() if k != "on_end"})  # fmt: skip
-        return RelayResponse(
-            _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
-        )
+                raw = await self.local.read(resp, at.dep)
+            at.answered(_usage(raw))
+            return Answer(at.headers, raw, resp.status, resp.content_type or "application/json")
+        first = await self._first_chunk(resp, dep_id)
+        at.relays(resp)
+        gen = fast_path.relay(resp, at, strip_usage=strip_usage, first=first)
+        return Answer({**at.headers, **SSE_HEADERS}, media_type="text/event-stream", stream=gen)
 
     async def _first_chunk(self, resp: Any, dep_id: str) -> bytes:
         """The stream's first bytes, read before the client gets its 200: until then a stalled or failed
@@ -269,82 +233,32 @@ class Dispatcher:
             resp.close()
             raise
 
-    async def _cloud(self, endpoint: str, body: dict[str, Any], at: Attempt, headers: dict[str, str]) -> Response:
-        result = await self.cloud.call(at.dep, endpoint, body)
-        if endpoint in cloud.EVENT_STREAMS and body.get("stream"):
-            return await self._cloud_events(endpoint, result, at, headers)
-        if not body.get("stream") or endpoint == "embeddings":
+    async def _cloud(self, at: Attempt) -> Answer:
+        req = at.request
+        result = await self.cloud.call(at.dep, req.endpoint, req.body)
+        events = req.endpoint in cloud_client.EVENT_STREAMS
+        if not req.body.get("stream") or (req.endpoint == "embeddings" and not events):
             usage = getattr(result, "usage", None)
-            self._finish(at, "200", usage.model_dump() if hasattr(usage, "model_dump") else None)
-            return Response(cloud.dump(result), 200, headers=headers, media_type="application/json")
+            at.answered(usage.model_dump() if hasattr(usage, "model_dump") else None)
+            return Answer(at.headers, cloud_client.dump(result))
         first = await self.cloud.first_chunk(at.dep, result)
-        hooks = self._stream_hooks(at)
-        gen = cloud.relay(first, result, **{k: v for k, v in hooks.items() if k != "on_end"})
-        return RelayResponse(
-            _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
-        )
-
-    async def _cloud_events(self, endpoint: str, result: Any, at: Attempt, headers: dict[str, str]) -> Response:
-        """Responses and Anthropic Messages streams from LiteLLM: typed events, relayed as `event:` SSE."""
-        first = await self.cloud.first_chunk(at.dep, result)
-        hooks = self._stream_hooks(at)
-        gen = cloud.relay_events(first, result, **{k: v for k, v in hooks.items() if k != "on_end"})
-        return RelayResponse(
-            _closing(gen, hooks["on_end"]), media_type="text/event-stream", headers={**headers, **SSE_HEADERS}
-        )
-
-    def _stream_hooks(self, at: Attempt) -> dict[str, Any]:
-        m, group, dep_id = self.metrics, at.group, at.dep.id
-        state = {"status": "200", "usage": None}
-
-        def on_first() -> None:
-            at.ttft_s = time.perf_counter() - at.started
-            m.ttft.labels(group, dep_id).observe(at.ttft_s)
-
-        def on_usage(usage: dict) -> None:
-            state["usage"] = usage
-
-        def on_error(kind: str) -> None:
-            state["status"] = "stream_error"
-            m.upstream_errors.labels(dep_id, "stream").inc()
-
-        def on_end(cancelled: bool) -> None:
-            self._finish(at, "499" if cancelled else state["status"], state["usage"])
-            self._release_adapter(at)
-            self._done(group, at.ticket)
-
-        return {"on_first": on_first, "on_usage": on_usage, "on_error": on_error, "on_end": on_end}
-
-    def _finish(self, at: Attempt, status: str, usage: dict | None) -> None:
-        m = self.metrics
-        m.requests.labels(at.group, at.dep.id, status).inc()
-        m.latency.labels(at.group, at.dep.id).observe(time.perf_counter() - at.started)
-        m.usage(at.group, at.dep.id, usage)
-        self.activity.add(endpoint=at.endpoint, model=at.model or at.group, deployment=at.dep.id, route=route_of(at),
-                          status=status, started=at.started, ttft_s=at.ttft_s, usage=usage)  # fmt: skip
+        at.relays()
+        gen = cloud_client.relay(first, result, at, events=events)
+        return Answer({**at.headers, **SSE_HEADERS}, media_type="text/event-stream", stream=gen)
 
 
-def route_of(at: Attempt) -> str:
-    """How the request was answered, as the Activity page shows it."""
-    if at.fallback_reason == "switching":
-        return "spilled"
-    if at.fallback_reason:
-        return f"fallback:{at.fallback_reason}"
-    if at.dep.kind == "cloud":
-        return "cloud"
-    return "replica" if is_replica(at.dep) else "local"
-
-
-async def _closing(gen: Any, on_end: Any) -> Any:
-    """Run on_end exactly once however the stream ends (done, failed, or client gone -> cancelled)."""
-    cancelled = True
+async def _closing(stream: AsyncIterator[bytes], held: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
+    """Relay the stream, then give back what its request held, exactly once however it ends (done, failed,
+    or the client gone: the attempt hears the exception and counts the client's abort, 499)."""
     try:
-        async for chunk in gen:
+        async for chunk in stream:
             yield chunk
-        cancelled = False
-    finally:
-        await gen.aclose()
-        on_end(cancelled)
+    except BaseException as exc:
+        await stream.aclose()  # type: ignore[attr-defined]
+        await held.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    await stream.aclose()  # type: ignore[attr-defined]
+    await held.aclose()
 
 
 def _usage(raw: bytes) -> dict | None:

@@ -1,15 +1,16 @@
 """Cloud deployments: LiteLLM translates the OpenAI request for the provider and back.
 
-The provider key is read from the environment at call time and handed to LiteLLM directly; it never
-enters the Router's model list, a log line or an error message (messages are scrubbed before they
-reach the client).
+LiteLLM is driven through its public API only: its call functions (`litellm.acompletion`, ...,
+`litellm.anthropic.messages.acreate`), its exception types and its message check. The provider key is read
+from the environment at call time and handed to LiteLLM directly; it never enters a log line or an error
+message (messages are scrubbed before they reach the client).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -17,6 +18,7 @@ import orjson
 from stack.gateway import request_fields
 from stack.gateway.openai_errors import UpstreamError, envelope
 from stack.gateway.registry import Deployment
+from stack.gateway.upstreams.listener import StreamListener
 
 _KEYISH = re.compile(r"(sk|pk|rk|key|token)[-_][A-Za-z0-9_\-*]{6,}", re.I)
 _CALLS = {"chat": "acompletion", "completions": "atext_completion", "embeddings": "aembedding",
@@ -59,9 +61,22 @@ def classify(dep: Deployment, exc: Exception, secret: str | None) -> UpstreamErr
     return UpstreamError(f"{dep.id} failed ({type(exc).__name__})", status=502, reason="error")
 
 
+def quiet_litellm() -> None:
+    # Offline: LiteLLM must not fetch its cost map at import; and its INFO logs are per request.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    os.environ.setdefault("LITELLM_LOG", "ERROR")
+
+
 class CloudUpstream:
     def __init__(self, request_timeout_s: float) -> None:
+        quiet_litellm()
         self.request_timeout_s = request_timeout_s
+
+    @staticmethod
+    def preload() -> None:
+        """Import LiteLLM (~3 s) on a thread once the gateway serves: neither its start nor a request waits."""
+        quiet_litellm()
+        import litellm  # noqa: F401
 
     def _kwargs(self, dep: Deployment, endpoint: str, body: dict[str, Any]) -> tuple[str, dict, str | None]:
         params = dict(dep.litellm_params)
@@ -88,12 +103,7 @@ class CloudUpstream:
         fn, kwargs, secret = self._kwargs(dep, endpoint, body)
         if endpoint == "chat":
             _check_messages(dep, kwargs.get("messages"))
-        if endpoint == "messages":
-            from litellm.anthropic_interface import messages
-
-            call = messages.acreate
-        else:
-            call = getattr(litellm, fn)
+        call = litellm.anthropic.messages.acreate if endpoint == "messages" else getattr(litellm, fn)
         try:
             return await call(**kwargs)
         except Exception as exc:  # LiteLLM maps every provider failure onto its exception types
@@ -128,29 +138,9 @@ def dump(obj: Any) -> bytes:
     return orjson.dumps(data, default=str)
 
 
-async def relay(
-    first: Any,
-    stream: Any,
-    *,
-    on_first: Callable[[], None],
-    on_usage: Callable[[dict], None],
-    on_error: Callable[[str], None],
-) -> AsyncIterator[bytes]:
-    """LiteLLM's stream chunks as OpenAI SSE events."""
-    try:
-        if first is not None:
-            on_first()
-            yield b"data: " + dump(first) + b"\n\n"
-        async for chunk in stream:
-            usage = getattr(chunk, "usage", None)
-            if usage is not None:
-                on_usage(usage.model_dump() if hasattr(usage, "model_dump") else dict(usage))
-            yield b"data: " + dump(chunk) + b"\n\n"
-        yield b"data: [DONE]\n\n"
-    except Exception as exc:  # mid-stream: the status is sent already; end with an error event
-        on_error(type(exc).__name__)
-        err = envelope("the provider failed while streaming", "server_error", None, "upstream_error")
-        yield b"data: " + orjson.dumps(err) + b"\n\n"
+def _chunk_bytes(chunk: Any) -> bytes:
+    """One chat or completion chunk as an OpenAI SSE event."""
+    return b"data: " + dump(chunk) + b"\n\n"
 
 
 def _event_bytes(event: Any) -> bytes:
@@ -164,22 +154,24 @@ def _event_bytes(event: Any) -> bytes:
     return b"event: " + str(kind).encode() + b"\ndata: " + orjson.dumps(data, default=str) + b"\n\n"
 
 
-async def relay_events(
-    first: Any,
-    stream: Any,
-    *,
-    on_first: Callable[[], None],
-    on_usage: Callable[[dict], None],
-    on_error: Callable[[str], None],
-) -> AsyncIterator[bytes]:
-    """LiteLLM's Responses / Anthropic Messages stream, relayed as the events those APIs define."""
+async def relay(first: Any, stream: Any, listener: StreamListener, *, events: bool) -> AsyncIterator[bytes]:
+    """LiteLLM's stream, relayed as the SSE its API defines: chat and completion chunks as `data:` events
+    ending in [DONE] (their usage heard), or (`events`) the typed events of the Responses and Anthropic
+    Messages APIs. A failure mid-stream ends it with an error event (the status went out already)."""
+    frame = _event_bytes if events else _chunk_bytes
     try:
         if first is not None:
-            on_first()
-            yield _event_bytes(first)
-        async for event in stream:
-            yield _event_bytes(event)
+            listener.first_token()
+            yield frame(first)
+        async for chunk in stream:
+            if not events:
+                usage = getattr(chunk, "usage", None)
+                if usage is not None:
+                    listener.usage(usage.model_dump() if hasattr(usage, "model_dump") else dict(usage))
+            yield frame(chunk)
+        if not events:
+            yield b"data: [DONE]\n\n"
     except Exception as exc:  # mid-stream: the status is sent already; end with an error event
-        on_error(type(exc).__name__)
+        listener.failed(type(exc).__name__)
         err = envelope("the provider failed while streaming", "server_error", None, "upstream_error")
-        yield b"event: error\ndata: " + orjson.dumps(err) + b"\n\n"
+        yield (b"event: error\ndata: " if events else b"data: ") + orjson.dumps(err) + b"\n\n"

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
 
 from stack.gateway.openai_errors import UpstreamError, envelope
 from stack.gateway.registry import Deployment
+from stack.gateway.upstreams.listener import StreamListener
 
 # vLLM 0.26-0.33: "This model's maximum context length is N tokens ...", "max_tokens=N cannot be greater
 # than max_model_len=M", "... is too long"
@@ -143,28 +144,20 @@ def _usage_of(event: bytes) -> tuple[dict | None, bool]:
 
 
 async def relay(
-    resp: aiohttp.ClientResponse,
-    *,
-    strip_usage: bool,
-    on_first: Callable[[], None],
-    on_usage: Callable[[dict], None],
-    on_error: Callable[[str], None],
-    first: bytes = b"",
-    progress: Callable[[], None] = lambda: None,
-    stalled: Callable[[], str] = lambda: "",
+    resp: aiohttp.ClientResponse, listener: StreamListener, *, strip_usage: bool, first: bytes = b""
 ) -> AsyncIterator[bytes]:
     """Forward SSE bytes (`first`: those read already); pick out usage; on a failure mid-stream, end with an
-    error event. `progress` hears every chunk (stack.gateway.routing.liveness); `stalled` says why the engine was
-    found unresponsive, when that is what closed the stream."""
+    error event. The listener hears every chunk (its liveness), the first, the usage and a failure, and says
+    why the engine was found unresponsive when that is what closed the stream."""
     pending = b""
     started = False
     try:
         while chunk := first or await resp.content.readany():
             first = b""
-            progress()
+            listener.progress()
             if not started:
                 started = True
-                on_first()
+                listener.first_token()
             # Fast path: whole events without usage go out untouched.
             if not pending and b'"usage"' not in chunk and chunk.endswith(b"\n\n"):
                 yield chunk
@@ -176,7 +169,7 @@ async def relay(
                 if b'"usage"' in event:
                     usage, usage_only = _usage_of(event)
                     if usage:
-                        on_usage(usage)
+                        listener.usage(usage)
                     if usage_only and strip_usage:
                         continue
                 out.append(event + b"\n\n")
@@ -184,13 +177,13 @@ async def relay(
                 yield b"".join(out)
         if pending:
             yield pending
-        why = stalled()
+        why = listener.stalled()
         if why:  # cut by the liveness watch (the closed connection read as an end)
             raise aiohttp.ClientConnectionError(why)
         resp.release()
     except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError) as exc:
-        on_error(type(exc).__name__)
-        why = stalled()
+        listener.failed(type(exc).__name__)
+        why = listener.stalled()
         message = (f"the engine stopped making progress ({why}); the stream was ended" if why
                    else "the model server failed while streaming")
         err = envelope(message, "server_error", None, "engine_stalled" if why else "upstream_error")

@@ -1,0 +1,18 @@
+"""What routing hands the http room: a whole body, or a stream of SSE bytes relayed as it arrives. The http
+room turns it into the HTTP response (stack.gateway.http.relay_response.respond); routing knows no framework."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class Answer:
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    status: int = 200
+    media_type: str = "application/json"
+    stream: AsyncIterator[bytes] | None = None  # an SSE stream: body and status unused

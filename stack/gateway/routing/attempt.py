@@ -1,0 +1,139 @@
+"""One try of one deployment, as an async context manager: what it takes is given back once, however it ends.
+
+Entering takes what the try needs: the LoRA adapter loaded in the engine (stack.gateway.routing.adapters), a
+place in the deployment's count of requests in flight (the replica and least-busy choices read it), and, for
+a local engine, its liveness watch. Leaving gives all of it back: after an answer read whole, after a failure
+the dispatcher falls back from, when a relayed stream ends, or when the client leaves. An attempt that
+answered is counted as it ends (vstack_gateway_requests, latency, tokens, the console's Activity ring), with
+the status the client saw: 200, `stream_error` (the upstream failed mid-stream), or 499 (the client left).
+It is also the relays' listener (stack.gateway.upstreams.listener).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+from stack.gateway.metrics import GatewayMetrics
+from stack.gateway.registry import Deployment
+from stack.gateway.routing.activity import ActivityRing
+from stack.gateway.routing.adapters import Adapter, AdapterBook
+from stack.gateway.routing.deployment_choice import Routing
+from stack.gateway.routing.liveness import Liveness
+from stack.gateway.routing.replicas import is_replica
+
+
+@dataclass
+class RoutedRequest:
+    endpoint: str
+    body: dict[str, Any]
+    model: str  # as the client named it (an alias, an adapter)
+    group: str
+    adapter: Adapter | None
+    spilled: bool  # the manager is switching the model in: its fallbacks serve meanwhile
+    started: float = 0.0  # when routing began (latency and time to first token count from here)
+
+
+class Books(Protocol):
+    """Where an attempt counts (the dispatcher's own)."""
+
+    metrics: GatewayMetrics
+    activity: ActivityRing
+    liveness: Liveness
+    routing: Routing
+    adapters: AdapterBook | None
+
+
+class Attempt:
+    def __init__(self, gateway: Books, request: RoutedRequest, dep: Deployment,
+                 fallback_reason: str | None) -> None:  # fmt: skip
+        self.gateway, self.request, self.dep, self.fallback_reason = gateway, request, dep, fallback_reason
+        self.adapter = request.adapter if dep.kind == "local" else None
+        self.status: str | None = None  # set once it answered
+        self.usage_seen: dict | None = None
+        self.ttft_s: float | None = None
+        self.streaming = False
+        self.stream_status = "200"
+        self._relayed: Any = None  # the local stream being relayed (liveness may cut it)
+
+    async def __aenter__(self) -> Attempt:
+        gw, dep_id = self.gateway, self.dep.id
+        if self.adapter is not None and gw.adapters is not None:
+            await gw.adapters.acquire(self.dep, self.adapter)
+        if self.dep.kind == "local":
+            gw.liveness.begin(dep_id)  # before counting it: an idle engine's silence until now is no stall
+        gw.routing.replicas.begin(dep_id)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:  # fmt: skip
+        gw, dep_id = self.gateway, self.dep.id
+        if self._relayed is not None:
+            gw.liveness.detach(dep_id, self._relayed)
+        gw.routing.replicas.end(dep_id)
+        if self.streaming:
+            self.status = "499" if exc_type is not None else self.stream_status
+        if self.status is not None:
+            self._count()
+        if self.adapter is not None and gw.adapters is not None:
+            gw.adapters.release(self.adapter)
+
+    # -- how it answered ------------------------------------------------------------------------------------
+    @property
+    def headers(self) -> dict[str, str]:
+        headers = {"x-vstack-deployment": self.dep.id}
+        if self.fallback_reason:
+            headers["x-vstack-fallback"] = self.fallback_reason
+        return headers
+
+    def answered(self, usage: dict | None) -> None:
+        """A whole answer was read: counted as it ends."""
+        self.status, self.usage_seen = "200", usage
+
+    def relays(self, resp: Any = None) -> None:
+        """Its answer is a stream, relayed from now on (`resp`: a local engine's, which liveness may cut)."""
+        self.streaming = True
+        if resp is not None:
+            self._relayed = resp
+            self.gateway.liveness.attach(self.dep.id, resp)
+
+    def _count(self) -> None:
+        gw, req, dep = self.gateway, self.request, self.dep
+        m, seconds = gw.metrics, time.perf_counter() - req.started
+        m.requests.labels(req.group, dep.id, self.status).inc()
+        m.latency.labels(req.group, dep.id).observe(seconds)
+        m.usage(req.group, dep.id, self.usage_seen)
+        gw.activity.add(endpoint=req.endpoint, model=req.model or req.group, deployment=dep.id, route=self.route,
+                        status=self.status, started=req.started, ttft_s=self.ttft_s, usage=self.usage_seen)
+        gw.routing.answered(dep, seconds, self.usage_seen)
+
+    @property
+    def route(self) -> str:
+        """How the request was answered, as the Activity page shows it."""
+        if self.fallback_reason == "switching":
+            return "spilled"
+        if self.fallback_reason:
+            return f"fallback:{self.fallback_reason}"
+        if self.dep.kind == "cloud":
+            return "cloud"
+        return "replica" if is_replica(self.dep) else "local"
+
+    # -- the relays' listener -------------------------------------------------------------------------------
+    def first_token(self) -> None:
+        self.ttft_s = time.perf_counter() - self.request.started
+        self.gateway.metrics.ttft.labels(self.request.group, self.dep.id).observe(self.ttft_s)
+
+    def usage(self, usage: dict) -> None:
+        self.usage_seen = usage
+
+    def failed(self, kind: str) -> None:
+        self.stream_status = "stream_error"
+        self.gateway.metrics.upstream_errors.labels(self.dep.id, "stream").inc()
+
+    def progress(self) -> None:
+        self.gateway.liveness.progress(self.dep.id)
+
+    def stalled(self) -> str:
+        return self.gateway.liveness.why(self.dep.id)
