@@ -150,7 +150,7 @@ class Bench:
         # patched engines' environment, as stack.assemble.handoff_broker does for `vstack up`.
         self.broker = None
         if handoff:
-            from stack.engine.memory_handoff import SOCKET_ENV, HandoffBroker
+            from stack.vllm.plugins.handoff import SOCKET_ENV, HandoffBroker
 
             self.broker = HandoffBroker().start()
             env = {**env, SOCKET_ENV: self.broker.path}

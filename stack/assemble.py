@@ -24,14 +24,14 @@ from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.kept import keep_requested, kept_pids, reattach, stop_leftovers, tree_pids
 from stack.engine.launch import EnginePlan, free_port, log_path_for, plan_engine
-from stack.engine.memory_handoff import SOCKET_ENV, HandoffBroker
 from stack.engine.records import engine_records
 from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
-from stack.engine.sleep_copy import KEEP_ENV
 from stack.errors import EngineError, StackError
 from stack.hardware import HardwareInfo, detect
 from stack.models import pull
 from stack.planner.cluster import Demand, Placement
+from stack.vllm.plugins.handoff import SOCKET_ENV, HandoffBroker
+from stack.vllm.plugins.host_copy import KEEP_ENV
 
 if TYPE_CHECKING:  # the gateway's modules (FastAPI, LiteLLM: seconds) load only once the engine has started
     import uvicorn

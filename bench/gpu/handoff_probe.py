@@ -6,8 +6,8 @@ weights copied in at 27-33 GB/s instead of 45-49 GB/s within one process). CUDA'
 the sleeping engine hand its physical memory to the waking one instead of releasing it: export each
 allocation as a POSIX file descriptor (`cuMemExportToShareableHandle`), pass the descriptors over a Unix
 socket (SCM_RIGHTS), import and map them there. Physical memory never returns to the driver, so nothing is
-cleared. This probe measures that with the driver API alone (stack.patches.runtime.cuda_vmm, ctypes on
-libcuda) and the stack's own broker (stack.engine.memory_handoff); no vLLM, no torch, no site parts needed:
+cleared. This probe measures that with the driver API alone (stack.vllm.plugins.runtime_patches.cuda_vmm, ctypes on
+libcuda) and the stack's own broker (stack.vllm.plugins.handoff); no vLLM, no torch, no site parts needed:
 
   fresh      a child process creates, maps and writes GIB in CHUNK pieces, then releases them and exits;
              this process then creates and maps as much (what a wake does today)
@@ -35,8 +35,8 @@ import subprocess
 import sys
 import time
 
-from stack.engine.memory_handoff import HandoffBroker, put_pieces, take_pieces
-from stack.patches.runtime.cuda_vmm import CudaError, Driver
+from stack.vllm.plugins.handoff import HandoffBroker, put_pieces, take_pieces
+from stack.vllm.plugins.runtime_patches.cuda_vmm import CudaError, Driver
 
 GIB = 1024**3
 

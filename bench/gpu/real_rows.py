@@ -101,7 +101,7 @@ def lora_row(client: Any, base: str, adapters: list[str]) -> dict[str, Any]:
 
 def greedy_answers(client: Any, served: str) -> list[dict[str, Any]]:
     """The tune's fixed prompts and the repeat prompt, greedy, with their tokens (completions: no template)."""
-    from stack.load.quality import MAX_TOKENS, PROMPTS
+    from stack.tune.quality_guard import MAX_TOKENS, PROMPTS
 
     out = []
     for prompt, max_tokens in [*((p, MAX_TOKENS) for p in PROMPTS), (REPEAT, 64)]:
@@ -130,7 +130,7 @@ def spec_counters(metrics_text: str) -> dict[str, float]:
 def spec_row(baseline: list[dict[str, Any]], speculative: list[dict[str, Any]], counters: dict[str, float]
              ) -> dict[str, Any]:
     """Speculative answers against the baseline's, token by token; acceptance = accepted / draft tokens."""
-    from stack.load.quality import first_divergence
+    from stack.tune.quality_guard import first_divergence
 
     changed = []
     for i, (a, b) in enumerate(zip(baseline, speculative, strict=True)):

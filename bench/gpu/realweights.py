@@ -121,7 +121,7 @@ def step_rows(work: Path, logs: Path) -> list[dict[str, Any]]:
 
 
 def step_spec(work: Path, logs: Path) -> list[dict[str, Any]]:
-    from stack.load.knobs import NGRAM
+    from stack.tune.knobs import NGRAM
 
     pull(work)  # converted already by `rows` on a warm machine; converts here otherwise
     with Served(write_overlay(work, "base", {"engine": {"dtype": "bfloat16"}}), logs, "spec-base") as s:
@@ -199,7 +199,7 @@ def manifest(result: dict[str, Any], command: str) -> dict[str, Any]:
             if q.get("exact_match") is not None:
                 figures.append({"name": f"tune {c['label']} exact match", "value": q["exact_match"],
                                 "unit": "ratio", "meaning": "fixed prompts' greedy answers identical to the "
-                                "baseline's (stack.load.quality)"})
+                                "baseline's (stack.tune.quality_guard)"})
     passed = sum(bool(r.get("ok")) for r in rows)
     return {"name": "realweights", "date": result["date"], "device": result["device"], "command": command,
             "commit": os.environ.get("VSTACK_COMMIT") or _commit(), "versions": {"vllm": result["vllm"],

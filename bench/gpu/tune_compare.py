@@ -62,7 +62,7 @@ def fmt(x: object, digits: int = 1) -> str:
 
 
 def rejudge(path: Path, keep_pace: float = 0.85) -> None:
-    """The probes a tune recorded, judged again with the keep-pace rule (stack.load.rate_search): the highest
+    """The probes a tune recorded, judged again with the keep-pace rule (stack.tune.rate_search): the highest
     offered rate at which every measurement met the SLO and the engine served >= keep_pace of the offer. For
     runs recorded before the rule: what they measured, not what a search under it would have probed."""
     data = json.loads(path.read_text())

@@ -6,8 +6,8 @@ Llama-3.1-8B-shaped weight allocations and a KV cache, each step timed on its ow
 Steps (GB/s = bytes moved / seconds, one synchronize at the end of each):
   bus            one pinned 4 GiB buffer -> cudaMalloc memory (torch): the reference
   upstream       CuMemAllocator.sleep/wake_up as vLLM ships them (sync cudaMemcpy per allocation)
-  patched        stack/patches/runtime/fast_sleep_wake (kept host copy, async copies) - wake weights, wake KV
-                 cache, and both in one call
+  patched        stack/vllm/plugins/runtime_patches/fast_sleep_wake (kept host copy, async copies) - wake
+                 weights, wake KV cache, and both in one call
   kept->malloc   the patched run's kept host buffers copied into plain cudaMalloc tensors: is it the source?
   arena->cumem   one pinned arena copied into the allocator's freshly mapped weights: is it the destination?
 Prints one `WAKE_PROBE {json}` line per step.
@@ -52,7 +52,7 @@ def main() -> None:
     import torch
     from vllm.device_allocator.cumem import CuMemAllocator
 
-    from stack.patches.runtime import fast_sleep_wake as fsw
+    from stack.vllm.plugins.runtime_patches import fast_sleep_wake as fsw
 
     upstream_sleep, upstream_wake = CuMemAllocator.sleep, CuMemAllocator.wake_up
     bus()

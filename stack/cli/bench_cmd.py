@@ -1,4 +1,4 @@
-"""`vstack bench load` and `vstack bench scenarios`: Typer commands, thin over stack.load.load."""
+"""`vstack bench load` and `vstack bench scenarios`: Typer commands, thin over stack.load.load_test."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def load(
     Needs the `loadtest` extra (./install.sh --loadtest, or --dev). The target models are shown before the
     first request; a model a cloud provider may serve (deployment or fallback) is refused without --allow-cloud.
     """
-    from stack.load.load import check_duration, find_target, run_load
+    from stack.load.load_test import check_duration, find_target, run_load
     from stack.load.scenario import find_scenario, load_scenario_file
     from stack.load.target import decide_target
     from stack.manager.client import given_url

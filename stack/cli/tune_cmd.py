@@ -75,11 +75,11 @@ def tune_command(
     """
     from stack.errors import ConfigError
     from stack.hardware import detect, match_profile
-    from stack.load.candidates import Candidate, build_candidates
     from stack.load.machine import machine_facts
-    from stack.load.tune import TuneEvent, TuneRequest, overlap_wanted, run_tune
-    from stack.load.tune_output import tuned_profile_name, write_outputs
     from stack.patches.plugin import would_run
+    from stack.tune.candidates import Candidate, build_candidates
+    from stack.tune.outputs import tuned_profile_name, write_outputs
+    from stack.tune.run import TuneEvent, TuneRequest, overlap_wanted, run_tune
 
     def body() -> int:
         if method not in ("vllm-bench", "locust"):

@@ -13,10 +13,9 @@ from pathlib import Path
 from stack.config.redact import MASK, env_is_safe, redact_env
 from stack.config.resolve import ResolvedProfile, resolve_profile
 from stack.config.schema import StackConfig
-from stack.engine.memory_handoff import SOCKET_ENV
 from stack.engine.model_serving import apply_model_serving
 from stack.engine.process import EngineSpec
-from stack.engine.sleep_copy import KEEP_ENV, keep_host_copy
+from stack.engine.sleep_copy import keep_host_copy
 from stack.engine_env import new_engine_key
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, match_profile
@@ -27,6 +26,8 @@ from stack.vllm.args import RenderedArgs, render_engine_args
 from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
 from stack.vllm.lora import AdapterInfo
 from stack.vllm.options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
+from stack.vllm.plugins.handoff import SOCKET_ENV
+from stack.vllm.plugins.host_copy import KEEP_ENV
 
 LAUNCHER = ["-m", launcher.__name__]
 

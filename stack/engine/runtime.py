@@ -14,8 +14,8 @@ import httpx
 
 from stack.engine.diagnose import log_tail
 from stack.engine.process import EngineProcess, EngineSpec
-from stack.engine.sleep_copy import STAGE_METHOD
 from stack.errors import EngineError
+from stack.vllm.plugins.host_copy import STAGE_METHOD
 
 
 class RuntimeSpec(Protocol):

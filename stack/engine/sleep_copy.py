@@ -10,10 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-KEEP_ENV = "VSTACK_SLEEP_KEEP_HOST_COPY"
-# The collective_rpc method (runtime patch) that allocates, and where kept fills, the host buffers of the first
-# sleep in the background once the engine serves: the first switch then costs what later ones do.
-STAGE_METHOD = "vstack_stage_host_copy"
+from stack.vllm.plugins.host_copy import KEEP_ENV
+
 # engine option -> why the weights' memory changes while the engine serves
 WRITES_WEIGHTS = {
     "enable_lora": "LoRA adapters are loaded into slots allocated with the weights",

@@ -1,6 +1,6 @@
 """The public endpoint: OpenAI-compatible API, routing, auth, admin API, metrics; LiteLLM for cloud providers.
 
-Three rooms, each importing only those below it (.importlinter, adr/0010 and adr/0026):
+Three rooms, each importing only those below it (.importlinter, adr/0010 and adr/0028):
 - `http/`: what clients and operators speak: routes, keys, the error handlers, the server;
 - `routing/`: which deployment answers (our one routing brain): fallback plan, choice, cooldowns, retries,
   replicas, liveness, admission, adapters, one attempt at a time;

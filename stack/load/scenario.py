@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stack.config.slo import parse_slo
 from stack.errors import ConfigError
-from stack.load.quality import MIN_EXACT_MATCH
 
 SCENARIO_ENV = "VSTACK_SCENARIO"  # the locustfile reads its scenario file from here
 MODELS_ENV = "VSTACK_LOAD_MODELS"  # the model mix `vstack bench load` decided (JSON), over the scenario's
@@ -128,8 +127,13 @@ class Target(_Strict):
     api_key_env: str | None = Field("VSTACK_API_KEY", description="env variable with the API key, if set")
 
 
+# The tune's quality guard (stack.tune.quality_guard): the least share of the fixed prompts' greedy answers a
+# candidate that changes numerics must keep identical to the baseline's.
+MIN_EXACT_MATCH = 0.5
+
+
 class TuneSettings(_Strict):
-    """How `vstack tune` measures a candidate with `vllm bench serve` (goodput: stack.load.rate_search)."""
+    """How `vstack tune` measures a candidate with `vllm bench serve` (goodput: stack.tune.rate_search)."""
 
     mode: Literal["goodput", "capacity"] = Field(
         "goodput", description="goodput: highest open-loop rate meeting the SLO; capacity: closed loop, users")
@@ -151,15 +155,6 @@ class TuneSettings(_Strict):
                                    "prompts' greedy answers identical to the baseline's is not chosen")
     keep_pace: float = Field(0.85, ge=0, le=1, description="goodput: a probe counts only if the engine served at "
                              "least this share of the offered rate (arrivals plus drain)")
-
-    def search(self):  # -> stack.load.rate_search.SearchSettings (imported late: no cycle)
-        from stack.load.rate_search import SearchSettings
-
-        return SearchSettings(
-            burstiness=self.burstiness, min_requests=self.min_requests, probe_s=self.probe_s,
-            max_requests=self.max_requests, warmups=8 if self.warmups is None else self.warmups,
-            tolerance=self.tolerance, max_probes=self.max_probes, repeats=self.repeats, rate_start=self.rate_start,
-            rate_min=self.rate_min, keep_pace=self.keep_pace, grow=self.grow)
 
 
 class Scenario(_Strict):

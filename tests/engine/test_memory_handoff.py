@@ -1,4 +1,4 @@
-"""The GPU memory handoff broker (stack.engine.memory_handoff) with real Unix sockets and real descriptors:
+"""The GPU memory handoff broker (stack.vllm.plugins.handoff) with real Unix sockets and real descriptors:
 memfd files stand in for exported CUDA allocations (the broker never looks inside a descriptor); the CUDA side
 runs only on the lent GPU (bench/gpu/handoff_probe.py, bench/gpu/switch_time.sh)."""
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from stack.engine import memory_handoff as mh
+from stack.vllm.plugins import handoff as mh
 
 MIB = 1024**2
 

@@ -1,4 +1,4 @@
-"""The gateway's own deployment choice (stack.gateway.routing, adr/0026): order, cooldowns and the strategies,
+"""The gateway's own deployment choice (stack.gateway.routing, adr/0028): order, cooldowns and the strategies,
 fed by what the gateway measures. Pure: a registry, a fake clock, a seeded random source; no server."""
 
 from __future__ import annotations

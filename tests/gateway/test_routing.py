@@ -142,7 +142,7 @@ def test_completions_and_embeddings_pass_through(engine_mock) -> None:
 
 
 def test_every_attempt_gives_back_what_it_held(engine_mock, cloud_mock) -> None:
-    """One exit stack per request, one context manager per attempt (adr/0026): a failed attempt fallen back
+    """One exit stack per request, one context manager per attempt (adr/0028): a failed attempt fallen back
     from, a whole answer and a stream each leave nothing counted in flight, and only answers are counted."""
     settings = GatewayConfig(cloud=[cloud_entry(cloud_mock.url)], fallbacks={"smol": ["cloud-small"]},
                              retry_backoff_s=0.01, routing_strategy="least-busy")  # fmt: skip

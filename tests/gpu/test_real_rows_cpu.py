@@ -13,7 +13,7 @@ import pytest
 
 from bench.gpu import real_rows
 from bench.harness.scrape import engine_metrics_text
-from stack.load.knobs import NGRAM
+from stack.tune.knobs import NGRAM
 from tests.models.conftest import API_KEY, ROOT, run_stack, smollm2_dir
 
 MODEL = "smollm2-135m-instruct"

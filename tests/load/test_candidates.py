@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stack.errors import ConfigError
-from stack.load.candidates import Candidate, build_candidates, parse_set, split_values
+from stack.tune.candidates import Candidate, build_candidates, parse_set, split_values
 
 
 def test_set_values_are_typed_and_brackets_kept() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stack.config.slo import parse_slo
-from stack.load.choose import Measured, choose
+from stack.tune.choose import Measured, choose
 
 
 def m(key: str, tok_s: float, ttft: float, error: str | None = None) -> Measured:
@@ -50,8 +50,8 @@ def test_a_capacity_run_that_lost_requests_never_meets_the_slo() -> None:
 def test_a_capacity_run_that_answered_nothing_ends_the_candidate() -> None:
     import pytest
 
-    from stack.load.rate_search import ProbeFailed
-    from stack.load.tune import answered
+    from stack.tune.rate_search import ProbeFailed
+    from stack.tune.run import answered
 
     figures = {"errors": 64, "ok": 0, "p95_ttft_ms": 0.0, "output_tokens_per_s": 0.0}  # what vllm bench reports
     with pytest.raises(ProbeFailed, match="every request of the capacity run failed \\(64\\)"):
@@ -83,7 +83,7 @@ def test_goodput_ranks_by_the_rate_that_held_not_by_throughput() -> None:
 def test_quality_guard_compares_answers_with_the_baseline() -> None:
     from types import SimpleNamespace
 
-    from stack.load.tune import quality_checks
+    from stack.tune.run import quality_checks
 
     base = g("base", 20, 1, 1, overrides={}, answers=["a", "b", "c", "d"])
     fp8 = g("fp8", 25, 1, 1, {"quantization": "fp8"}, ["a", "b", "x", "d"], "weights quantization fp8")
@@ -101,7 +101,7 @@ def test_quality_floor_keeps_a_faster_candidate_that_changed_its_answers_out() -
     chosen and the reason names what was kept out and why; at a floor of 0.25 fp8 wins again."""
     from types import SimpleNamespace
 
-    from stack.load.tune import quality_checks
+    from stack.tune.run import quality_checks
 
     base = g("base", 20, 1, 1, overrides={}, answers=["a b", "c d", "e f", "g h"])
     base.answer_tokens = [["a", " b"], ["c", " d"], ["e", " f"], ["g", " h"]]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from stack.config import load_config
 from stack.engine.launch import plan_engine
 from stack.hardware import GIB, GpuInfo, HardwareInfo
-from stack.load.candidates import Candidate
-from stack.load.knobs import NGRAM, Device, device_candidates, numerics_change
-from stack.load.tune import prefilter
+from stack.tune.candidates import Candidate
+from stack.tune.knobs import NGRAM, Device, device_candidates, numerics_change
+from stack.tune.run import prefilter
 from tests.conftest import load_catalog
 
 

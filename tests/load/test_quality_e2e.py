@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.load.quality import PROMPTS, first_divergence
+from stack.tune.quality_guard import PROMPTS, first_divergence
 from tests.load.conftest import Vstack, write_scenario
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from stack.config.slo import parse_slo
-from stack.load.rate_search import INF, BudgetExhausted, Point, ProbeFailed, SearchSettings, search_goodput
+from stack.tune.rate_search import INF, BudgetExhausted, Point, ProbeFailed, SearchSettings, search_goodput
 
 CAPACITY = 20.0  # req/s
 

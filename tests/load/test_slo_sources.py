@@ -6,7 +6,7 @@ import pytest
 
 from stack.config import load_config
 from stack.errors import ConfigError
-from stack.load.load import choose_slo
+from stack.load.load_test import choose_slo
 from stack.load.scenario import parse_scenario
 
 PROFILE = """

@@ -1,4 +1,4 @@
-"""The time budget's estimate of the next candidate (stack.load.tune_clock): held and cold starts apart.
+"""The time budget's estimate of the next candidate (stack.tune.time_budget): held and cold starts apart.
 
 Figures are the 8B tune's on the lent H200 (2026-11-24, tune.json): a plain average over both kinds made the
 first call stop after 2 candidates with room for a third held one.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from stack.load.tune_clock import FIRST_CANDIDATE_S, CandidateClock
+from stack.tune.time_budget import FIRST_CANDIDATE_S, CandidateClock
 
 
 def test_nothing_timed_yet_asks_for_the_first_candidate_allowance() -> None:

@@ -15,7 +15,7 @@ import pytest
 from stack.config import load_config
 from stack.config.resolve import resolve_profile
 from stack.config.slo import parse_slo
-from stack.load.choose import Measured, choose
+from stack.tune.choose import Measured, choose
 from tests.load.conftest import Vstack, serving_processes, write_scenario
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from stack.engine.memory_handoff import HandoffBroker, put_pieces, take_pieces
 from stack.manager.states import ModelState
+from stack.vllm.plugins.handoff import HandoffBroker, put_pieces, take_pieces
 
 from .conftest import GIB, FakeGpu, StandIn, run
 from .test_switch_order import gpu_manager, serve

@@ -1,4 +1,4 @@
-"""The sleep/wake runtime patch's bookkeeping (stack/patches/runtime/fast_sleep_wake.py) on this CPU.
+"""The sleep/wake runtime patch's bookkeeping (stack/vllm/plugins/runtime_patches/fast_sleep_wake.py) on this CPU.
 
 The GPU's part (cuMemCreate/cuMemMap through vLLM's C extension, cudaMemcpyAsync on a side stream) cannot run
 here: `HostDevice` stands in for GPU memory with host buffers that behave like the allocator's virtual
@@ -17,8 +17,9 @@ import pytest
 import torch
 from vllm.device_allocator import AllocationData
 
-from stack.engine.sleep_copy import KEEP_ENV, keep_host_copy, sleep_copy_env
-from stack.patches.runtime import fast_sleep_wake as fsw
+from stack.engine.sleep_copy import keep_host_copy, sleep_copy_env
+from stack.vllm.plugins.host_copy import KEEP_ENV
+from stack.vllm.plugins.runtime_patches import fast_sleep_wake as fsw
 
 MIB = 1024**2
 

@@ -121,10 +121,9 @@ def test_missing_patch_file_and_unimportable_plugin(tmp_path: Path) -> None:
     plugin = (
         GOOD_ENTRY.format(id="plug", file="x")
         .replace("kind: source", "kind: plugin")
-        .replace("file: x", "plugin: stack.patches.runtime.nothing:apply")
+        .replace("file: x", "plugin: stack.vllm.plugins.runtime_patches.nothing:apply")
     )
     with pytest.raises(LedgerError) as e:
         load_ledger(write_ledger(tmp_path, missing + plugin))
-    assert "nope.patch: cannot read" in str(e.value) and "cannot import stack.patches.runtime.nothing" in str(
-        e.value
-    )
+    assert "nope.patch: cannot read" in str(e.value)
+    assert "cannot import stack.vllm.plugins.runtime_patches.nothing" in str(e.value)

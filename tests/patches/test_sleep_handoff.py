@@ -1,8 +1,9 @@
-"""The sleep-mode memory handoff's bookkeeping (stack/patches/runtime/sleep_handoff.py) between two engines.
+"""The sleep-mode memory handoff's bookkeeping (stack/vllm/plugins/runtime_patches/sleep_handoff.py) between
+two engines.
 
 No GPU here: `FakeVmm` stands in for CUDA's virtual memory API over `HostDevice` buffers (the allocations'
 fixed addresses, from test_fast_sleep_wake): a handle is a block of "physical" bytes that survives unmapping,
-an exported handle is a real memfd descriptor that travels through the real broker (stack.engine.memory_handoff)
+an exported handle is a real memfd descriptor that travels through the real broker (stack.vllm.plugins.handoff)
 and imports as the same block. Fresh blocks are zeroed, as the driver's are. The GPU path: bench/gpu/handoff_probe.py
 and bash bench/gpu/switch_time.sh pair.
 """
@@ -16,10 +17,10 @@ from types import SimpleNamespace
 import pytest
 from vllm.device_allocator import AllocationData
 
-from stack.engine.memory_handoff import HandoffBroker
-from stack.patches.runtime import fast_sleep_wake as fsw
-from stack.patches.runtime.cuda_vmm import CudaError
-from stack.patches.runtime.sleep_handoff import HandoffOps
+from stack.vllm.plugins.handoff import HandoffBroker
+from stack.vllm.plugins.runtime_patches import fast_sleep_wake as fsw
+from stack.vllm.plugins.runtime_patches.cuda_vmm import CudaError
+from stack.vllm.plugins.runtime_patches.sleep_handoff import HandoffOps
 from tests.patches.test_fast_sleep_wake import HostDevice
 
 MIB = 1024**2

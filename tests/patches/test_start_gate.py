@@ -1,4 +1,5 @@
-"""The start gate (stack/patches/runtime/start_gate.py): what holds a pre-started tune engine before its device.
+"""The start gate (stack/vllm/plugins/runtime_patches/start_gate.py): what holds a pre-started tune engine before
+its device.
 
 Against the installed vLLM's WorkerWrapperBase; the whole path (a real engine held, then let go after the
 other candidate's engine stopped) is in tests/load/test_tune_e2e.py.
@@ -14,11 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from stack.engine.start_gate import GATE_ENV, TIMEOUT_ENV, waiting_marker
 from stack.hardware import HardwareInfo
-from stack.load.tune import TuneRequest, why_starts_not_overlapped
 from stack.patches.plugin import would_run
-from stack.patches.runtime import start_gate
+from stack.tune.run import TuneRequest, why_starts_not_overlapped
+from stack.vllm.plugins.runtime_patches import start_gate
+from stack.vllm.plugins.start_gate import GATE_ENV, TIMEOUT_ENV, waiting_marker
 
 
 def _open_later(gate: Path, after_s: float) -> threading.Thread:

@@ -59,7 +59,7 @@ GUARD_PROBE = """
 import types, torch
 import stack.vllm.cpu_dtype as cd
 cd.cpu_flags = lambda cpuinfo=None: frozenset({"avx512_bf16", "amx_bf16"})  # an Intel Xeon with AMX
-from stack.patches.runtime import cpu_bf16_guard
+from stack.vllm.plugins.runtime_patches import cpu_bf16_guard
 assert cpu_bf16_guard.apply() and not cpu_bf16_guard.apply()   # idempotent
 from vllm.platforms.cpu import CpuPlatform
 cfg = types.SimpleNamespace(model_config=types.SimpleNamespace(dtype=torch.bfloat16))

@@ -1,5 +1,5 @@
 """Which deployment serves a request: names to model groups, the fallback plan, and the choice among ready
-deployments. The gateway's one routing brain (adr/0026): LiteLLM is its cloud client, not its router.
+deployments. The gateway's one routing brain (adr/0028): LiteLLM is its cloud client, not its router.
 
 A request names a model group (or an alias of one). Its plan is that group, then `gateway.fallbacks[group]`
 in order (`gateway.context_window_fallbacks[group]` when the prompt is too long for it). Within a group the

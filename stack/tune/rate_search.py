@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from stack.config.slo import Clause, distance, evaluate
 from stack.errors import StackError
+from stack.load.scenario import TuneSettings
 
 Role = Literal["capacity", "probe", "repeat"]
 INF = math.inf
@@ -50,6 +51,15 @@ class SearchSettings:
     # step) was a wasted probe on all six H200 candidates (8B, 2026-11-24), and the longest: overloaded,
     # its drain the slowest.
     grow: float = 1.25
+
+    @classmethod
+    def of(cls, tune: TuneSettings) -> SearchSettings:
+        """The search a scenario's `tune:` section asks for."""
+        return cls(
+            burstiness=tune.burstiness, min_requests=tune.min_requests, probe_s=tune.probe_s,
+            max_requests=tune.max_requests, warmups=8 if tune.warmups is None else tune.warmups,
+            tolerance=tune.tolerance, max_probes=tune.max_probes, repeats=tune.repeats, rate_start=tune.rate_start,
+            rate_min=tune.rate_min, keep_pace=tune.keep_pace, grow=tune.grow)
 
     def requests_for(self, rate: float) -> int:
         if math.isinf(rate):

@@ -2,7 +2,7 @@
 
 vLLM's own C extension creates allocations that cannot be exported; these create exportable ones (POSIX file
 descriptors), export and import them, and map several of them back to back into one reserved range. Used by
-stack.patches.runtime.sleep_handoff inside a GPU engine and by bench/gpu/handoff_probe.py on its own.
+stack.vllm.plugins.runtime_patches.sleep_handoff inside a GPU engine and by bench/gpu/handoff_probe.py on its own.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The engine's side of the sleep-mode memory handoff (adr/0016; manager.sleep_handoff, on for one-GPU engines).
 
-With VSTACK_SLEEP_HANDOFF_SOCKET set (the manager's broker, stack.engine.memory_handoff), the runtime patch
+With VSTACK_SLEEP_HANDOFF_SOCKET set (the manager's broker, stack.vllm.plugins.handoff), the runtime patch
 `gpu-sleep-wake-at-bus-speed` maps each allocation on wake from exportable pieces (512/32/2 MiB, back to back
 in the allocation's reserved range) instead of vLLM's one non-exportable handle: pieces another engine handed
 over first, fresh ones for the rest. Its next sleep hands every piece to the broker before releasing it, so
@@ -22,14 +22,14 @@ import os
 from collections import Counter, defaultdict
 from typing import Any, Protocol
 
-from stack.engine.memory_handoff import cover, put_pieces, take_pieces
-from stack.patches.runtime.cuda_vmm import CudaError
+from stack.vllm.plugins.handoff import cover, put_pieces, take_pieces
+from stack.vllm.plugins.runtime_patches.cuda_vmm import CudaError
 
 log = logging.getLogger("vllm.vstack_patches.sleep")
 
 
 class Vmm(Protocol):
-    """stack.patches.runtime.cuda_vmm.Driver's calls used here (tests bring a host-memory stand-in)."""
+    """stack.vllm.plugins.runtime_patches.cuda_vmm.Driver's calls used here (tests bring a host-memory stand-in)."""
 
     def create(self, size: int) -> int: ...
     def map(self, ptr: int, size: int, handle: int) -> None: ...

@@ -4,7 +4,7 @@ Each candidate's engine options are laid over the profile as the top layer (like
 candidate is first fitted by the planner, before any engine starts: one that cannot fit is dropped with the
 planner's reason. The rest are checked by the installed vLLM's own parser (all in one child process), then
 started one at a time with the usual EngineProcess, measured, and stopped before the next one starts. Goodput
-mode (the default) searches the highest open-loop request rate meeting the SLO (stack.load.rate_search, its
+mode (the default) searches the highest open-loop request rate meeting the SLO (stack.tune.rate_search, its
 probes run by one `vllm bench serve` worker for the whole tune); capacity mode runs the scenario's
 closed-loop users once (vllm bench serve, or Locust). Results go to tune-state.json after every candidate
 and every probe, so a rerun of the same command skips what was measured already (resume; a time budget
@@ -29,16 +29,16 @@ from stack.engine.launch import EnginePlan, free_port, plan_engine
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo
-from stack.load.candidates import Candidate
-from stack.load.choose import Choice, Measured, choose
-from stack.load.knobs import Device, Skipped, device_candidates, model_quantization, numerics_change
-from stack.load.load import choose_slo
-from stack.load.prestart import GATE_PATCH, Prestart
-from stack.load.quality import MIN_EXACT_MATCH, answers_of, compare
-from stack.load.rate_search import BudgetExhausted, Point, answered_counts, search_goodput
-from stack.load.scenario import Scenario, find_scenario, load_scenario_file
-from stack.load.tune_clock import CandidateClock
+from stack.load.load_test import choose_slo
+from stack.load.scenario import MIN_EXACT_MATCH, Scenario, find_scenario, load_scenario_file
 from stack.load.vllm_bench import BenchWorker
+from stack.tune.candidates import Candidate
+from stack.tune.choose import Choice, Measured, choose
+from stack.tune.knobs import Device, Skipped, device_candidates, model_quantization, numerics_change
+from stack.tune.prestart import GATE_PATCH, Prestart
+from stack.tune.quality_guard import answers_of, compare
+from stack.tune.rate_search import BudgetExhausted, Point, SearchSettings, answered_counts, search_goodput
+from stack.tune.time_budget import CandidateClock
 from stack.vllm.options import VllmCatalog, check_many_with_vllm
 
 Method = Literal["vllm-bench", "locust"]
@@ -60,7 +60,7 @@ class TuneEvent:
 class TuneRequest:
     target: str | None  # profile or model, as `vstack up` takes it
     scenario: str
-    candidates: list[Candidate] | None  # None: the knobs for this device and model (stack.load.knobs)
+    candidates: list[Candidate] | None  # None: the knobs for this device and model (stack.tune.knobs)
     out_dir: Path
     slo: str | None = None
     method: Method = "vllm-bench"
@@ -72,13 +72,13 @@ class TuneRequest:
     max_candidates: int | None = None  # generated candidates only: the first N in order of promise
     baseline: bool = True  # generated candidates only: the profile as it is, first
     # Start the next candidate's engine while the current one is measured, held before its device
-    # (stack.load.prestart). None: on with a GPU; off on a CPU, where the engine's own work needs the cores.
+    # (stack.tune.prestart). None: on with a GPU; off on a CPU, where the engine's own work needs the cores.
     overlap_starts: bool | None = None
     # Why a runtime patch would not run in an engine: (patch id, vLLM distribution, version, env) -> reason or
     # None. The composition root passes stack.patches.plugin.would_run (this layer cannot read the ledger).
     gate_blocker: Callable[[str, str, str, dict[str, str]], str | None] | None = None
     # The quality guard's floor: a numerics candidate whose answers match the baseline's less is not chosen.
-    # None: the scenario's tune.min_exact_match (stack.load.quality says why its default is 0.5).
+    # None: the scenario's tune.min_exact_match (stack.tune.quality_guard says why its default is 0.5).
     min_match: float | None = None
 
 
@@ -484,7 +484,7 @@ def _search(req: TuneRequest, scenario: Scenario, plan: EnginePlan, spec: Engine
     """The rate search on a started engine; every probe is saved at once (a killed call loses none)."""
     from stack.load.vllm_bench import open_loop_probe
 
-    settings = scenario.tune.search()
+    settings = SearchSettings.of(scenario.tune)
     t0 = time.monotonic()
     probe = open_loop_probe(scenario, plan.python, spec.base_url, plan.resolved.served_name, plan.model_arg,
                             req.out_dir / "bench", spec.name, settings.burstiness, settings.warmups,

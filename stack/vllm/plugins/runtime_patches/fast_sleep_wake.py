@@ -33,8 +33,8 @@ import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from stack.engine.memory_handoff import SOCKET_ENV
-from stack.engine.sleep_copy import KEEP_ENV, STAGE_METHOD
+from stack.vllm.plugins.handoff import SOCKET_ENV
+from stack.vllm.plugins.host_copy import KEEP_ENV, STAGE_METHOD
 
 MARK = "_vstack_patch"
 SPOT_BYTES = 4096  # bytes compared at each end of an allocation before a kept copy is reused
@@ -287,9 +287,9 @@ def _ops(allocator: Any) -> Any:
         ops = CudaOps()
         path = os.environ.get(SOCKET_ENV)
         if path:  # the manager's broker: hand memory over between engines (manager.sleep_handoff, adr/0016)
-            from stack.engine.memory_handoff import allow_many_descriptors
-            from stack.patches.runtime.cuda_vmm import Driver
-            from stack.patches.runtime.sleep_handoff import HandoffOps
+            from stack.vllm.plugins.handoff import allow_many_descriptors
+            from stack.vllm.plugins.runtime_patches.cuda_vmm import Driver
+            from stack.vllm.plugins.runtime_patches.sleep_handoff import HandoffOps
 
             allow_many_descriptors()  # one descriptor per piece while they pass through this process
             device = ops.torch.cuda.current_device()

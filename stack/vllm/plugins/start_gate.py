@@ -1,5 +1,5 @@
-"""The start gate's protocol, shared by the tune (stack.load.prestart) and the patch inside vLLM
-(stack.patches.runtime.start_gate): an engine started with GATE_ENV=PATH waits before its device until
+"""The start gate's protocol, shared by the tune (stack.tune.prestart) and the patch inside vLLM
+(stack.vllm.plugins.runtime_patches.start_gate): an engine started with GATE_ENV=PATH waits before its device until
 PATH exists, shows PATH.waiting while it waits, and gives up after TIMEOUT_ENV seconds."""
 
 from __future__ import annotations

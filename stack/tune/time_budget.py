@@ -1,7 +1,7 @@
 """How long the tune's next candidate will take, from those it has timed: what a time budget is checked against.
 
 A candidate is its engine's start and then its measurement (and the engine's stop). A start held before its
-device while the candidate before it was measured (stack.load.prestart) has done its imports and config
+device while the candidate before it was measured (stack.tune.prestart) has done its imports and config
 already: on the lent H200 its rest took 49-78 s against 93-131 s for a cold start (8B, 2026-11-24). One
 average over both kinds kept the budget from taking a held candidate that fitted, so each kind has its own.
 """

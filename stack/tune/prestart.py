@@ -2,7 +2,7 @@
 
 A tune measures one candidate at a time: on a GPU two engines cannot both hold their memory. But ~30 s
 of each start (H200, 8B) is vLLM's imports and config in its API server and engine core, with no device
-memory taken. The ledger's `engine-start-gate` patch (stack/patches/runtime/start_gate.py) holds an engine
+memory taken. The ledger's `engine-start-gate` patch (stack/vllm/plugins/runtime_patches/start_gate.py) holds an engine
 started with VSTACK_START_GATE before its device; `open` lets it go once the current engine has stopped.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stack.engine.process import EngineProcess
-from stack.engine.start_gate import GATE_ENV, TIMEOUT_ENV, waiting_marker
+from stack.vllm.plugins.start_gate import GATE_ENV, TIMEOUT_ENV, waiting_marker
 
 GATE_PATCH = "engine-start-gate"
 

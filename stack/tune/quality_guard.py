@@ -5,11 +5,11 @@ and answer differently. Greedy answers to the same prompts are deterministic per
 share of answers identical to the baseline's is a cheap, model-agnostic signal (not a benchmark score), and
 the first token where an answer parts from the baseline's says how early the numbers moved.
 
-The floor (MIN_EXACT_MATCH) is there to catch broken numerics (a wrong fp8 scale, a kernel bug: most answers
-change from their first tokens), not to rank healthy quantization: one flipped token changes the rest of a
-24-token greedy answer, so a sound fp8 candidate can still lose a few of the 8 answers, and a floor near 1
-would throw away the knob worth 1.5x goodput on the 8B case. Half of the answers token-identical is the
-default; a scenario's `tune.min_exact_match` or `vstack tune --min-match` sets another.
+The floor (stack.load.scenario.MIN_EXACT_MATCH) is there to catch broken numerics (a wrong fp8 scale, a kernel
+bug: most answers change from their first tokens), not to rank healthy quantization: one flipped token changes
+the rest of a 24-token greedy answer, so a sound fp8 candidate can still lose a few of the 8 answers, and a
+floor near 1 would throw away the knob worth 1.5x goodput on the 8B case. Half of the answers token-identical
+is the default; a scenario's `tune.min_exact_match` or `vstack tune --min-match` sets another.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ PROMPTS = (
     "A haiku about the sea:\n",
 )
 MAX_TOKENS = 24
-MIN_EXACT_MATCH = 0.5
 
 
 @dataclass(frozen=True)

@@ -1,2 +1,0 @@
-"""Runtime patches, run inside vLLM processes by stack.patches.plugin. Each `apply()` is idempotent
-and returns True when it changed something, False when there was nothing to do."""

@@ -1,0 +1,11 @@
+"""The host-copy protocol between the stack and the runtime patch `gpu-sleep-wake-at-bus-speed`
+(stack/vllm/plugins/runtime_patches/fast_sleep_wake.py): the variable that lets a GPU engine keep its
+weights' host copy between sleeps, and the collective_rpc method that stages the first sleep's host buffers.
+Whether an engine may keep the copy is planned by the stack (stack.engine.sleep_copy)."""
+
+from __future__ import annotations
+
+KEEP_ENV = "VSTACK_SLEEP_KEEP_HOST_COPY"
+# The collective_rpc method (runtime patch) that allocates, and where kept fills, the host buffers of the first
+# sleep in the background once the engine serves: the first switch then costs what later ones do.
+STAGE_METHOD = "vstack_stage_host_copy"
