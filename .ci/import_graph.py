@@ -1,6 +1,7 @@
 """The stack's import graph between its layers (top-level packages and modules of `stack`), from grimp (the
 graph import-linter checks), written as Graphviz DOT and as a Mermaid diagram for adr/0010; around it the
-benchmarks (`bench`, over `harness`) and `tests`, which use the stack as a whole (adr/0024).
+benchmarks (`bench`, over `harness`) and `tests`, which use the stack as a whole (adr/0024); and the
+gateway's rooms (adr/0028) as a second Mermaid diagram in adr/0010.
 
     .venv/bin/python .ci/import_graph.py            # writes adr/0010-import-graph.dot and .mmd, and the
                                                     # mermaid block of adr/0010-layers-and-composition-root.md
@@ -14,8 +15,8 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["errors", "engine_env", "config", "hardware", "models", "vllm", "planner", "engine", "manager", "gateway",
-         "assemble", "load", "patches", "tune", "cli", "entrypoints"]
+ORDER = ["errors", "engine_env", "model_convert", "config", "hardware", "models", "vllm", "planner", "engine",
+         "manager", "gateway", "assemble", "load", "patches", "tune", "cli", "entrypoints"]
 
 
 OUTER = ["harness", "bench", "tests"]  # drawn around the stack; their imports of it go to the box "stack"
@@ -31,8 +32,29 @@ def group(module: str) -> str | None:
     return "tests" if parts[0] == "tests" else None
 
 
-def edges() -> set[tuple[str, str]]:
-    graph = grimp.build_graph("stack", "bench", "tests")
+# The gateway's rooms (adr/0028), bottom up; the floor's modules drawn as one box.
+ROOMS = ["floor", "request_fields", "upstreams", "routing", "http", "console", "engines", "app"]
+FLOOR = {"registry", "openai_errors", "metrics", "schemas", "log_health"}
+
+
+def room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] != ["stack", "gateway"] or len(parts) < 3:
+        return None
+    return "floor" if parts[2] in FLOOR else parts[2] if parts[2] in ROOMS else None
+
+
+def room_edges(graph: grimp.ImportGraph) -> list[tuple[str, str]]:
+    out = set()
+    for module in graph.modules:
+        for imported in graph.find_modules_directly_imported_by(module):
+            a, b = room(module), room(imported)
+            if a and b and a != b:
+                out.add((a, b))
+    return sorted(out, key=lambda e: (ROOMS.index(e[0]), ROOMS.index(e[1])))
+
+
+def edges(graph: grimp.ImportGraph) -> set[tuple[str, str]]:
     out = set()
     for module in graph.modules:
         for imported in graph.find_modules_directly_imported_by(module):
@@ -48,11 +70,12 @@ FENCE = "```mermaid\n"
 
 def render() -> tuple[dict[Path, str], list[tuple[str, str]], int]:
     """{file: the text it should hold}, the edges against the order, and the number of edges."""
-    every = edges()
+    graph = grimp.build_graph("stack", "bench", "tests")
+    every = edges(graph)
     found = sorted((e for e in every if e[0] in ORDER), key=lambda e: (ORDER.index(e[0]), ORDER.index(e[1])))
     outer = sorted((e for e in every if e[0] in OUTER), key=lambda e: (OUTER.index(e[0]), e[1]))
     rank = {name: i for i, name in enumerate(ORDER + OUTER)} | {"stack": -1}
-    siblings = [{"errors", "engine_env"}, {"hardware", "models", "vllm"}, {"load", "patches"}]
+    siblings = [{"errors", "engine_env", "model_convert"}, {"hardware", "models", "vllm"}, {"load", "patches"}]
     # tests -> bench is the one allowed upward edge (tests/gpu test the GPU suite's code: .importlinter)
     against = [(a, b) for a, b in found + outer if rank[a] < rank[b] and (a, b) != ("tests", "bench")
                and not any({a, b} <= g for g in siblings)]
@@ -66,12 +89,18 @@ def render() -> tuple[dict[Path, str], list[tuple[str, str]], int]:
     mmd = "\n".join(["graph BT", "  subgraph stack"] + [f"    {a} --> {b}" for a, b in found] + ["  end"]
                     + [f"  {a} -.-> {b}" if (a, b) == ("tests", "bench") else f"  {a} --> {b}" for a, b in outer])
     mmd += "\n"
-    adr = ADR.read_text()
-    start = adr.index(FENCE) + len(FENCE)
-    adr = adr[:start] + mmd + adr[adr.index("```", start):]
+    rooms = room_edges(graph)
+    against += [(a, b) for a, b in rooms if ROOMS.index(a) < ROOMS.index(b)]
+    rooms_mmd = "\n".join(["graph BT", "  subgraph gateway", *(f"    {a} --> {b}" for a, b in rooms), "  end"]) + "\n"
+    adr, end = ADR.read_text(), 0
+    for block in (mmd, rooms_mmd):  # the ADR's first mermaid block is the layers', the second the rooms'
+        start = adr.index(FENCE, end) + len(FENCE)
+        end = adr.index("```", start)
+        adr = adr[:start] + block + adr[end:]
+        end = start + len(block) + 3
     files = {ROOT / "adr" / "0010-import-graph.dot": "\n".join(dot) + "\n",
              ROOT / "adr" / "0010-import-graph.mmd": mmd, ADR: adr}
-    return files, against, len(found) + len(outer)
+    return files, against, len(found) + len(outer) + len(rooms)
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WRAPPER = """#!/bin/bash
-if [ "$1" = "-m" ] && [ "$2" = "stack.vllm.launcher" ]; then
+if [ "$1" = "-m" ] && { [ "$2" = "stack.vllm.launcher" ] || [ "$3" = "stack.vllm.launcher" ]; }; then
   port=""; prev=""
   for a in "$@"; do [ "$prev" = "--port" ] && port=$a; prev=$a; done
   sleep 2

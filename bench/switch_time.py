@@ -243,7 +243,7 @@ def main() -> None:
                     "shapes, sleep mode, ours vs raw vLLM vs the bus")  # fmt: skip
     ap.add_argument("--scenario", choices=["pair", "round"], default="pair", help="--gpu: 8B<->3B, or 4 models")
     ap.add_argument("--utilization", type=float, default=0.7, help="--gpu: each engine's gpu_memory_utilization")
-    ap.add_argument("--launcher", default=None, help="how to run vLLM (default: stack.vllm.launcher on CPU, "
+    ap.add_argument("--launcher", default=None, help="how to run vLLM (default: the stack's launcher on CPU, "
                     "python3 -m vllm.entrypoints.cli.main on GPU)")  # fmt: skip
     ap.add_argument("--engine-args", default="--enforce-eager --max-model-len 512 --max-num-seqs 8 --dtype float32")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for the engines")
@@ -263,7 +263,7 @@ def main() -> None:
         return
     if not (args.model_a and args.model_b):
         ap.error("--model-a and --model-b are needed (or --gpu)")
-    args.launcher = args.launcher or f"{sys.executable} -m stack.vllm.launcher"
+    args.launcher = args.launcher or f"{sys.executable} -m stack.entrypoints.run stack.vllm.launcher"
     through = args.through
     if through == "auto":
         try:

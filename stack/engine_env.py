@@ -16,6 +16,7 @@ import re
 import secrets
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import ModuleType
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 ENGINE_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable for --api-key (envs.py); the gateway holds the value
@@ -24,6 +25,20 @@ GATEWAY_SECRETS = ("VSTACK_API_KEY", "VSTACK_ADMIN_KEY", "VSTACK_METRICS_KEY")
 _SECRET_NAME = re.compile(r"API_?KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|AUTH", re.I)
 # What an engine may need although it looks like a secret: the Hub token to fetch gated models.
 ENGINE_MAY_READ = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+# The one `__main__` of the stack's child processes (stack/entrypoints/run.py): named here, below every layer
+# that starts a child, which may not import the entry points above them; tests/test_children.py checks it.
+RUN_ENTRY = "stack.entrypoints.run"
+
+
+def child_args(module: ModuleType) -> list[str]:
+    """What follows the Python of a child process that runs `module`'s main(): `-m stack.entrypoints.run
+    MODULE`. Children are named by module object, so a module that moves takes its command along."""
+    return ["-m", RUN_ENTRY, module.__name__]
+
+
+def child_argv(python: str, module: ModuleType, *args: str) -> list[str]:
+    """The whole command of a child process running `module`'s main() with `args` in `python`."""
+    return [python, *child_args(module), *args]
 
 
 def new_engine_key() -> str:

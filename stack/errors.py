@@ -1,5 +1,5 @@
 """One error hierarchy, and the one table of exit codes. The library raises these; only the CLI (and the
-process entry points) print them and exit with their code (stack.cli.shell.run).
+process entry points) print them and exit with their code (stack.cli.every_command.run).
 
 docs/reference/exit-codes.md is generated from EXIT_CODES (docs/gen_reference.py); tests/test_exit_codes.py checks it.
 """

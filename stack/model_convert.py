@@ -1,6 +1,6 @@
 """Convert a GGUF model to a safetensors folder vLLM can serve (run as a subprocess: it imports torch).
 
-    python -m stack.model_convert MODEL.gguf OUT_DIR
+    python -m stack.entrypoints.run stack.model_convert MODEL.gguf OUT_DIR
 
 transformers dequantizes the GGUF (here Q4_1) on load; we write bf16 weights with safetensors directly,
 since `save_pretrained` refuses a model that still carries its GGUF quantizer.
@@ -43,5 +43,9 @@ def convert(gguf: Path, out: Path) -> None:
         model.generation_config.save_pretrained(str(out))
 
 
-if __name__ == "__main__":
+def main() -> int:
+    if len(sys.argv) != 3:
+        print(__doc__, file=sys.stderr)
+        return 2
     convert(Path(sys.argv[1]), Path(sys.argv[2]))
+    return 0

@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from stack import model_convert
 from stack.config.schema import ModelEntry, StackConfig
-from stack.engine_env import engine_python_env
+from stack.engine_env import child_argv, engine_python_env
 from stack.errors import ModelSourceError
 
 # Files vLLM needs; skips the duplicates many repos carry (original/*.pth, *.bin next to *.safetensors, GGUF).
@@ -172,7 +173,7 @@ def _convert_offline_package(entry: ModelEntry, cfg: StackConfig) -> ModelFiles:
     with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{entry.name}-") as tmp:
         work = Path(tmp) / "model"
         python = cfg.engine_python or sys.executable
-        proc = subprocess.run([python, "-m", "stack.model_convert", str(gguf), str(work)],
+        proc = subprocess.run(child_argv(python, model_convert, str(gguf), str(work)),
                               capture_output=True, text=True, check=False, env=engine_python_env())
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-10:])

@@ -31,8 +31,8 @@ def engine_argv(target: str, folder: Path, options: dict[str, Any]) -> list[str]
     """`vllm serve` (GPU) or the stack's CPU launcher, dummy weights, a free port, `options` as flags."""
     if target == "gpu":
         base = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(folder)]
-    elif (ROOT / "stack" / "vllm" / "launcher.py").is_file():
-        base = [sys.executable, "-m", "stack.vllm.launcher", "serve", str(folder)]
+    elif (ROOT / "stack" / "entrypoints" / "run.py").is_file():
+        base = [sys.executable, "-m", "stack.entrypoints.run", "stack.vllm.launcher", "serve", str(folder)]
     else:
         base = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
     argv = [*base, "--load-format", "dummy", "--host", "127.0.0.1", "--port", str(free_port())]

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stack.cli import complete
-from stack.cli.shell import ConfigOpt, cli_config, run
+from stack.cli.every_command import ConfigOpt, cli_config, run
 from stack.errors import ExitCode, StackError
 
 app = typer.Typer(help="Load tests with SLO reports (Locust), and the scenarios they run.", no_args_is_help=True)

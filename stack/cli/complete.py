@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from stack.cli.every_command import cli_config
 from stack.cli.log_files import engine_logs as found
-from stack.cli.shell import cli_config
 
 
 def _safe(names: Callable[[], Iterable[str]], incomplete: str) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from stack.cli.shell import ConfigOpt, cli_config, config_path, err, out, run
+from stack.cli.every_command import ConfigOpt, cli_config, config_path, err, out, run
 from stack.config import load_config
 from stack.config.loader import display_path, read_yaml
 from stack.config.state_dir import check_state_dir

@@ -20,8 +20,8 @@ from rich.text import Text
 
 from stack.cli.complete import profiles_and_models
 from stack.cli.console_sources import console_sources
+from stack.cli.every_command import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
 from stack.cli.progress import StartProgress
-from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
 from stack.config.schema import StackConfig
 from stack.config.state_dir import check_state_dir
 from stack.engine.diagnose import log_size, log_tail

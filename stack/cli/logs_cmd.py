@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 
 from stack.cli import complete
+from stack.cli.every_command import ConfigOpt, cli_config, run
 from stack.cli.log_files import GATEWAY_LOG, engine_logs
-from stack.cli.shell import ConfigOpt, cli_config, run
 from stack.config.origins import suggest
 from stack.engine.diagnose import log_tail
 from stack.errors import ExitCode, ModelSourceError, StackError

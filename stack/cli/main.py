@@ -13,12 +13,12 @@ from rich.table import Table
 from stack import __version__
 from stack.cli.bench_cmd import app as bench_app
 from stack.cli.config_cmd import config_app
+from stack.cli.every_command import ConfigOpt, UrlOpt, cli_config, out, run
 from stack.cli.lifecycle import down, reload, status, up
 from stack.cli.logs_cmd import logs
 from stack.cli.models_cmd import load, models_app, switch, unload
 from stack.cli.patches_cmd import app as patches_app
 from stack.cli.plan_cmd import plan_command
-from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, out, run
 from stack.cli.tune_cmd import tune_command
 from stack.hardware import GIB, detect, match_profile
 
@@ -36,7 +36,7 @@ app.command("tune")(tune_command)
 
 @app.callback()
 def _main(config: ConfigOpt = None, url: UrlOpt = None) -> None:
-    """--config and --url here apply to every command (stack.cli.shell.config_path, cli_url)."""
+    """--config and --url here apply to every command (stack.cli.every_command.config_path, cli_url)."""
 
 
 @app.command()

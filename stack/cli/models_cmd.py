@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stack.cli import complete
-from stack.cli.shell import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
+from stack.cli.every_command import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
 from stack.errors import ConfigError, ExitCode, ModelSourceError, StackError
 from stack.hardware import GIB
 from stack.manager.client import AdminError

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from stack.cli.shell import command
+from stack.cli.every_command import command
 from stack.errors import ExitCode
 from stack.patches.apply import Patcher, Row, State
 from stack.patches.install import find_installation, site_of_python

@@ -1,6 +1,7 @@
 """`vstack plan MODEL`: will it fit, with which settings, and why. Thin: parse, call the library, print.
 
-Mounted by stack/cli/main.py as `app.command("plan")(plan_command)`; also runs alone: `python -m stack.cli.plan_cmd`.
+Mounted by stack/cli/main.py as `app.command("plan")(plan_command)`; also runs alone:
+`python -m stack.entrypoints.run stack.cli.plan_cmd`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from stack.cli import complete
-from stack.cli.shell import ConfigOpt, cli_config, report, run
+from stack.cli.every_command import ConfigOpt, cli_config, report, run
 from stack.errors import ExitCode, StackError
 from stack.planner.memory import GIB
 from stack.planner.plan import Plan, Request
@@ -170,6 +171,3 @@ def print_plan(plan: Plan, console: Console) -> None:
 def main() -> None:
     typer.run(plan_command)
 
-
-if __name__ == "__main__":
-    main()

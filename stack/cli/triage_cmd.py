@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from stack.cli.shell import command
+from stack.cli.every_command import command
 from stack.patches.ledger import load_ledger
 from stack.patches.triage import options as opts
 from stack.patches.triage.report import (

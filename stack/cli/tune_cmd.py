@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stack.cli.complete import profiles_and_models
-from stack.cli.shell import ConfigOpt, cli_config, run, sigterm_as_interrupt
+from stack.cli.every_command import ConfigOpt, cli_config, run, sigterm_as_interrupt
 from stack.errors import ExitCode
 
 out = Console()

@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 LABEL = "org.vllm-stack.engine"  # every engine container carries it: stale ones can be found and removed
 CACHE_MOUNT = "/cache"  # the model cache volume: converted models, Hub downloads, vLLM's compile cache
 CONFIG_MOUNT = "/etc/vstack/configs"
+# What an engine container runs (the engine images' CMD names it too). A name, not a module object: the
+# container's program is a composition root (stack/entrypoints/engine_container.py), above this layer;
+# tests/test_children.py checks that it resolves.
+CONTAINER_ENTRY = "stack.entrypoints.engine_container"
 # The engine image's Python answers the healthcheck: no curl or wget in a slim image.
 _HEALTH_CMD = ("import sys,urllib.request as u; "
                "sys.exit(u.urlopen('http://127.0.0.1:%d/health', timeout=3).status != 200)")
@@ -77,7 +81,7 @@ class ContainerSpec:
         return f"http://{self.address or self.name}:{self.port}"
 
     def command(self) -> list[str]:
-        return ["python3", "-m", "stack.entrypoints.engine_container", "serve", self.serve, "--port", str(self.port)]
+        return ["python3", "-m", CONTAINER_ENTRY, "serve", self.serve, "--port", str(self.port)]
 
     def run_kwargs(self) -> dict[str, Any]:
         """Arguments for `client.containers.run` (docker SDK)."""

@@ -16,7 +16,7 @@ from stack.config.schema import StackConfig
 from stack.engine.model_serving import apply_model_serving
 from stack.engine.process import EngineSpec
 from stack.engine.sleep_copy import keep_host_copy
-from stack.engine_env import new_engine_key
+from stack.engine_env import child_args, new_engine_key
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
@@ -29,7 +29,7 @@ from stack.vllm.options import VllmCatalog, check_with_vllm, engine_python, inst
 from stack.vllm.plugins.handoff import SOCKET_ENV
 from stack.vllm.plugins.host_copy import KEEP_ENV
 
-LAUNCHER = ["-m", launcher.__name__]
+LAUNCHER = child_args(launcher)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from stack.cli.shell import run
+from stack.cli.every_command import run
 
 
 def serve(target: str | None, port: int) -> None:

@@ -17,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from stack.cli.shell import run
+from stack.cli.every_command import run
 from stack.errors import StackError
 
 CTRL_C = " (Press CTRL+C to quit)"

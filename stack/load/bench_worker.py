@@ -7,7 +7,7 @@ tune. This process imports vLLM once and runs each request through the subcomman
 It runs in the engine's Python (like `stack.vllm.launcher`), so it needs nothing of the stack but this file
 and the launcher's distribution alias.
 
-    python -m stack.load.bench_worker
+    python -m stack.entrypoints.run stack.load.bench_worker
     stdin:  one JSON object per line: {"argv": [...what follows `vllm bench serve`...], "log": PATH}
     stdout: {"ready": true, "vllm": VERSION} once imported, then one {"ok": bool, "error": str} per run
 """
@@ -99,6 +99,3 @@ def main() -> int:
         reply(result)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -22,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from stack.config.slo import LATENCIES, PERCENTILES
-from stack.engine_env import engine_python_env
+from stack.engine_env import child_argv, engine_python_env
 from stack.errors import ExitCode, StackError
+from stack.load import bench_worker
 from stack.load.scenario import Scenario
 from stack.vllm import launcher
 
@@ -51,7 +52,7 @@ def bench_command(scenario: Scenario, python: str, base_url: str, model: str, to
 
 
 def _bench_serve(python: str) -> list[str]:
-    return [python, "-m", launcher.__name__, "bench", "serve"]
+    return child_argv(python, launcher, "bench", "serve")
 
 
 def bench_args(scenario: Scenario, base_url: str, model: str, tokenizer: str, result_dir: Path, result_file: str,
@@ -129,7 +130,7 @@ class BenchWorker:
     def start(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([self.python, "-m", "stack.load.bench_worker"], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen(child_argv(self.python, bench_worker), stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=log, start_new_session=True,
                                          env=engine_python_env(keep_secrets=True, PYTHONUNBUFFERED="1"))
         self.ready, self._buffer = None, b""

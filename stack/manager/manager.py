@@ -25,7 +25,6 @@ from collections.abc import Callable
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.runtime import logs_of
 from stack.errors import EngineError
-from stack.manager.errors import ModelUnavailable
 from stack.manager.memory import MemoryProbe, NoProbe
 from stack.manager.metrics import ManagerMetrics
 from stack.manager.policy import (
@@ -42,6 +41,7 @@ from stack.manager.policy import (
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
 from stack.manager.tiers import Order, Tier, TierModel, assign_tiers, switch_order
+from stack.manager.unavailable import ModelUnavailable
 from stack.vllm.plugins.handoff import HandoffBroker
 
 log = logging.getLogger("stack.manager")

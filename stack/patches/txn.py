@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from stack.patches.errors import PatchError
+from stack.patches.tool_errors import PatchError
 
 STATE_DIR = ".vstack-patches"
 

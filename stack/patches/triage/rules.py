@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from stack.patches.errors import LedgerError
+from stack.patches.tool_errors import LedgerError
 
 RULES_FILE = Path(__file__).resolve().parents[3] / "patches" / "triage-rules.yaml"
 LEADING_TAG = re.compile(r"\[([^\]]+)\]\s*")

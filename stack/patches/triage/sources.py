@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from stack.patches.errors import TriageError
+from stack.patches.tool_errors import TriageError
 from stack.patches.triage.rules import Change
 
 # Files are read from the target version to judge each tracked patch against it.
