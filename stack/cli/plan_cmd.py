@@ -19,7 +19,7 @@ from stack.cli import complete
 from stack.cli.shell import ConfigOpt, cli_config, report, run
 from stack.errors import ExitCode, StackError
 from stack.planner.memory import GIB
-from stack.planner.plan import Plan, Request
+from stack.planner.fit import Fit, Request
 
 GPU_HELP = "hardware profile: rtx4090, a100-40gb, a100-80gb, h100-80gb, h200, l4, cpu, ... (default: detected)"
 
@@ -52,7 +52,7 @@ def plan_command(
     config: ConfigOpt = None,
 ) -> None:
     """Plan how MODEL fits: the memory budget, and each engine setting decided with its reason."""
-    from stack.planner.api import plan_model
+    from stack.planner.fit_model import fit_model
 
     console = Console()
     if (model is None) == (models is None):
@@ -77,7 +77,7 @@ def plan_command(
             profile, _why = match_profile(info, cfg)
             gpu = profile.name
         request = Request(context=context, concurrency=concurrency, gpus=gpus)
-        plan = plan_model(cfg, model, gpu, request, engine=_parse_sets(set_ or []),
+        plan = fit_model(cfg, model, gpu, request, engine=_parse_sets(set_ or []),
                           hardware_info=info if gpus is None else None)
         if as_json:
             print(json.dumps(plan.to_dict(), indent=2))
@@ -99,13 +99,13 @@ def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: floa
     import psutil
 
     from stack.manager.switch_plan import HostRam, switch_plan
-    from stack.planner.api import plan_model
+    from stack.planner.fit_model import fit_model
 
     if gpu is None or cfg.hardware.get(gpu) is None or cfg.hardware[gpu].accelerator != "gpu":
         gpus = ", ".join(sorted(n for n, h in cfg.hardware.items() if h.accelerator == "gpu"))
         raise typer.BadParameter(f"{gpu!r}: --models needs a GPU profile (sleep mode is GPU only): one of {gpus}",
                                  param_hint="--gpu")  # fmt: skip
-    plans = [plan_model(cfg, name, gpu, Request(), engine=engine) for name in names]
+    plans = [fit_model(cfg, name, gpu, Request(), engine=engine) for name in names]
     if host_ram_gib:
         host = HostRam(int(host_ram_gib * GIB), int(host_ram_gib * GIB), "--host-ram-gib")
     else:
@@ -137,7 +137,7 @@ def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: floa
                       highlight=False)
 
 
-def print_plan(plan: Plan, console: Console) -> None:
+def print_plan(plan: Fit, console: Console) -> None:
     s = plan.shape
     console.print(f"[bold]{plan.model}[/] on [bold]{plan.hardware}[/]: {s.architecture}, {s.num_layers} layers, "
                   f"{s.attention_kind}" + (f", {s.num_experts} experts" if s.is_moe else "")

@@ -21,7 +21,7 @@ from stack.engine_env import new_engine_key
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
-from stack.planner.plan import Plan
+from stack.planner.fit import Fit
 from stack.vllm import cpu, launcher
 from stack.vllm.args import RenderedArgs, render_engine_args
 from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
@@ -44,7 +44,7 @@ class EnginePlan:
     rendered: RenderedArgs
     env: dict[str, str]
     notes: list[str] = field(default_factory=list)  # decisions made for the user (hardware, KV cache, ...)
-    fit: Plan | None = None  # the fit planner's result (None: not planned); the manager's memory need
+    fit: Fit | None = None  # the fit planner's result (None: not planned); the manager's memory need
     model_files: ModelFiles | None = None  # the model's local files, when it has them
     adapters: list[AdapterInfo] = field(default_factory=list)  # LoRA adapters served on this engine
     drop_env: tuple[str, ...] = ()  # the config's key variables: never in the engine's environment
@@ -219,16 +219,16 @@ def choose_cpu_dtype(resolved: ResolvedProfile, catalog: VllmCatalog, notes: lis
 
 def apply_fit_plan(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInfo | None,
                    files: ModelFiles | None, notes: list[str], refuse: bool,
-                   derived: set[str] | None = None) -> Plan | None:  # fmt: skip
+                   derived: set[str] | None = None) -> Fit | None:  # fmt: skip
     """Let the fit planner decide what the profile left unset (tensor parallel size, context, KV dtype, ...).
 
     A model that cannot fit is refused before anything starts (fit_check: refuse), unless asked to only warn.
     """
-    from stack.planner import FitError, plan_profile
+    from stack.planner import FitError, fit_profile
 
     token = cfg.hf_token.get_secret_value() if cfg.hf_token else None
     try:
-        fit = plan_profile(resolved, hardware, cfg=cfg, model_dir=files.path if files else None, token=token)
+        fit = fit_profile(resolved, hardware, cfg=cfg, model_dir=files.path if files else None, token=token)
     except ConfigError:
         raise  # a value the model cannot take (tensor parallel vs its heads): refused like any config error
     except FitError as exc:

@@ -176,12 +176,12 @@ def test_a_config_adapter_with_missing_files_stops_the_plan(tmp_path: Path) -> N
 
 
 def test_planner_accounts_lora_slots_against_the_kv_cache() -> None:
-    from stack.planner.api import plan_model
+    from stack.planner.fit_model import fit_model
 
     cfg = load_config()
-    plain = plan_model(cfg, "llama-3.1-8b-instruct", "h100-80gb")
+    plain = fit_model(cfg, "llama-3.1-8b-instruct", "h100-80gb")
     lora = {"enable_lora": True, "max_loras": 4, "max_lora_rank": 16}
-    with_lora = plan_model(cfg, "llama-3.1-8b-instruct", "h100-80gb", engine=lora)
+    with_lora = fit_model(cfg, "llama-3.1-8b-instruct", "h100-80gb", engine=lora)
     # Llama 3.1 8B: 16 x (10240 + 8192 + 51200) x 32 layers x 2 bytes per slot, 4 slots = 272 MiB
     assert with_lora.budget.weights - plain.budget.weights == 4 * 16 * 69632 * 32 * 2
     assert with_lora.budget.kv < plain.budget.kv
