@@ -13,6 +13,7 @@ from typing import Any
 from stack.config.schema import HardwareProfile
 from stack.planner.allocator import rounding_bytes
 from stack.planner.errors import FitError
+from stack.planner.fit import Decision, Fit, Request
 from stack.planner.kv_layout import cache_dtype_bytes, in_flight_tokens
 from stack.planner.lora import describe as describe_lora
 from stack.planner.lora import lora_gpu_bytes
@@ -25,7 +26,6 @@ from stack.planner.memory import (
     gpu_budget,
 )
 from stack.planner.model_meta import ModelShape
-from stack.planner.fit import Decision, Fit, Request
 from stack.planner.weight_tensors import weight_tensor_sizes
 from stack.planner.weights import Weights, machete_zero_point_bytes
 from stack.vllm import cpu

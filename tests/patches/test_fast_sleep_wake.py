@@ -17,8 +17,9 @@ import pytest
 import torch
 from vllm.device_allocator import AllocationData
 
-from stack.engine.sleep_copy import KEEP_ENV, keep_host_copy, sleep_copy_env
+from stack.engine.sleep_copy import KEEP_ENV, sleep_copy_env
 from stack.patches.runtime import fast_sleep_wake as fsw
+from stack.planner.host_copy import keep_host_copy
 
 MIB = 1024**2
 
