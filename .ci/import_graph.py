@@ -14,7 +14,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["errors", "engine_env", "config", "hardware", "models", "vllm", "planner", "engine", "manager", "gateway",
+ORDER = ["errors", "engine_env", "counts", "config", "hardware", "models", "vllm", "planner", "engine", "manager", "gateway",
          "assemble", "load", "patches", "cli", "entrypoints"]
 
 
