@@ -159,10 +159,8 @@ def docker_site(cfg: StackConfig) -> ContainerSite | None:
     from stack.config.loader import builtin_config_dir
     from stack.engine.docker_site import connect, discover
 
-    site = discover(cfg.manager.docker, connect(), builtin_config_dir(), cfg.cache_dir)
-    for warning in site.warnings:
-        logging.getLogger("stack.gateway").warning("%s", warning)
-    return describe_site(site)
+    # Its warnings stay with it: the gateway logs them when it serves the plan (build_gateway).
+    return describe_site(discover(cfg.manager.docker, connect(), builtin_config_dir(), cfg.cache_dir))
 
 
 def managed(launch: Launch, plan: ModelPlan, preload: bool,
@@ -350,8 +348,11 @@ def build_gateway(launch: Launch, on_startup: list | None = None,
 
     sup = supervisor(launch)
     warn_if_open(launch.cfg)
-    for note in launch.plan.notes:
-        logging.getLogger("stack.gateway").info("%s", note)
+    log = logging.getLogger("stack.gateway")
+    for note in launch.plan.notes:  # decided where the plan was made (`vstack up`'s process): said here too
+        log.info("%s", note)
+    for warning in launch.plan.site.warnings if launch.plan.site else []:
+        log.warning("%s", warning)
     app = create_app(launch.cfg.gateway, default_model=launch.plan.default.served_name,
                      on_startup=[sup.start, *(on_startup or [])],
                      on_shutdown=[sup.stop, *([sup.manager.handoff.stop] if sup.manager.handoff else [])],

@@ -1,8 +1,8 @@
 """One `vstack up` loads the configuration once, detects the hardware once and plans each model once.
 
-`vstack up -f` runs everything in one process (the background `vstack up` runs the same composition root,
-stack.assemble, in the gateway process it starts). Only the serving loop is left out (uvicorn's
-Server.run returns at once): engines would start there, after every count this test makes."""
+`vstack up -f` runs everything in one process; the background `vstack up`, whose gateway is another process,
+is counted across its processes by tests/cli/test_up_plans_once_e2e.py. Only the serving loop is left out
+here (uvicorn's Server.run returns at once): engines would start there, after every count this test makes."""
 
 from __future__ import annotations
 
