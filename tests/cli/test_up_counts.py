@@ -67,3 +67,26 @@ def test_one_up_loads_config_once_detects_once_and_plans_each_model_once(
     assert result.exit_code == 0, result.output
     assert "console:" in result.output and "/ui/" in result.output  # `vstack up` says where the console is
     assert calls == Counter({"load_config": 1, "detect": 1, "plan:smollm2-135m-instruct": 1, "plan:tiny": 1})
+
+
+def test_force_is_an_override_recorded_in_the_plan_not_a_variable_for_other_processes(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # fmt: skip
+    import os
+
+    import stack.assemble
+
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    (tiny / "config.json").write_text(json.dumps(TINY))
+    config = tmp_path / "one.yaml"
+    config.write_text(f"models:\n  tiny:\n    source: {{path: {tiny}}}\n")
+    state = tmp_path / "state"
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    monkeypatch.setattr(stack.assemble, "start_early", lambda launch: None)
+    result = CliRunner().invoke(app, ["--config", str(config), "up", "tiny", "-f", "--force", "--port", "0"],
+                                env={"VSTACK_STATE_DIR": str(state), "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "VSTACK_FIT_CHECK" not in os.environ  # nothing left for a process started later to read
+    plan = json.loads((state / "plan.json").read_text())
+    assert plan["overrides"] == {"fit_check": "warn"} and plan["config"]["fit_check"] == "warn"
+    assert plan["target"] == "tiny" and [m["served_name"] for m in plan["models"]] == ["tiny"]
