@@ -60,7 +60,7 @@ def test_one_up_plans_once_in_one_process_and_the_gateway_serves_that_plan(tmp_p
     vstack = Vstack(state, {**env, "VSTACK_COUNT_FILE": str(counts)}, config)
     up = vstack("up", timeout=900)
     assert up.returncode == 0, up.stdout + up.stderr
-    rows = vstack.status()
+    rows = Vstack(state, env, config).status()  # not counted: `vstack status` is a command of its own
     gateway = rows[0]["pid"]
     procs = family(gateway)
     try:
@@ -74,6 +74,7 @@ def test_one_up_plans_once_in_one_process_and_the_gateway_serves_that_plan(tmp_p
         with httpx.Client(base_url=rows[0]["url"].removesuffix("/v1"), timeout=30) as console:
             assert console.get("/ui/plan").status_code == 200  # no keys set: the page gives this client a session
             served = console.get("/ui/api/plan").json()
+        assert counted(counts) == seen  # serving its console's plan page loaded or planned nothing either
         assert [e["plan"] for e in served["engines"]] == printed["models"]
         assert served["config"] == printed["config"]
 
@@ -86,6 +87,6 @@ def test_one_up_plans_once_in_one_process_and_the_gateway_serves_that_plan(tmp_p
         assert {k: v for k, v in handed["hardware"].items() if k not in free} == \
             {k: v for k, v in printed["hardware"].items() if k not in free}
     finally:
-        down = vstack("down", timeout=180)
+        down = Vstack(state, env, config)("down", timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
     assert alive(procs) == []
