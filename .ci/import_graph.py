@@ -15,7 +15,8 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
-ORDER = ["errors", "engine_env", "model_convert", "config", "hardware", "models", "vllm", "planner", "engine",
+ORDER = ["errors", "engine_env", "model_convert", "counts",
+         "config", "hardware", "models", "vllm", "planner", "engine",
          "manager", "gateway", "assemble", "load", "patches", "tune", "cli", "entrypoints"]
 
 
@@ -75,7 +76,8 @@ def render() -> tuple[dict[Path, str], list[tuple[str, str]], int]:
     found = sorted((e for e in every if e[0] in ORDER), key=lambda e: (ORDER.index(e[0]), ORDER.index(e[1])))
     outer = sorted((e for e in every if e[0] in OUTER), key=lambda e: (OUTER.index(e[0]), e[1]))
     rank = {name: i for i, name in enumerate(ORDER + OUTER)} | {"stack": -1}
-    siblings = [{"errors", "engine_env", "model_convert"}, {"hardware", "models", "vllm"}, {"load", "patches"}]
+    siblings = [{"errors", "engine_env", "model_convert", "counts"}, {"hardware", "models", "vllm"},
+                {"load", "patches"}]
     # tests -> bench is the one allowed upward edge (tests/gpu test the GPU suite's code: .importlinter)
     against = [(a, b) for a, b in found + outer if rank[a] < rank[b] and (a, b) != ("tests", "bench")
                and not any({a, b} <= g for g in siblings)]

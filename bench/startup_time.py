@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.harness.waiting import first_token as _first_token  # noqa: E402
-from stack.assemble import plan_one  # noqa: E402
+from stack.assemble import plan_up  # noqa: E402
 from stack.config import load_config  # noqa: E402
 from stack.engine.launch import free_port  # noqa: E402
 from stack.engine.phases import phase_starts  # noqa: E402
@@ -136,23 +136,24 @@ def phases_after(logs: list[Path], began: float, gateway_log: Path | None = None
                           gateway_log.read_text(errors="replace"), re.M)  # fmt: skip
         if found:
             at = time.mktime(time.strptime(found[1], "%Y-%m-%d %H:%M:%S")) + int(found[2]) / 1000
-            out = {"engine spawned": round(at - began, 2), "gateway planned in": float(found[3]), **out}
+            out = {"engine spawned": round(at - began, 2), "gateway process to engine spawn": float(found[3]), **out}
     return out
 
 
 def time_plain(profile: str | None, overrides: dict, timeout: float, env: dict[str, str] | None = None,
                log_path: Path | None = None, config: Path | None = None) -> tuple[float, str]:  # fmt: skip
     cfg = load_config(config, overrides=overrides)
-    plan = plan_one(cfg, profile, detect(), on_status=lambda _s: None)
+    plan = plan_up(cfg, profile, on_status=lambda _s: None, hardware=detect()).default  # as `vstack up` plans it
+    port = plan.port or free_port(plan.host)
     if log_path is None:
         log_path = Path(tempfile.mkdtemp(prefix="plain-vllm-")) / "engine.log"
     log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the engine
     started = time.monotonic()
-    proc = subprocess.Popen(plan.argv(), env={**(env or os.environ), **plan.env}, stdout=log,
+    proc = subprocess.Popen(plan.argv(port), env={**(env or os.environ), **plan.env}, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
-        return first_token(f"http://{plan.host}:{plan.port}", plan.resolved.served_name,
-                           started + timeout) - started, plan.display()
+        return first_token(f"http://{plan.host}:{port}", plan.served_name,
+                           started + timeout) - started, plan.display(port)
     finally:
         stop_process_tree(proc.pid, 20)
 

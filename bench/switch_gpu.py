@@ -132,13 +132,13 @@ class Bench:
         from stack.manager.memory import NvmlProbe, host_budget_bytes
         from stack.manager.policy import Capacity
         from stack.manager.slot import Slot
-        from stack.planner.api import plan_model
+        from stack.planner.fitting import fit_model
 
         cfg, info = load_config(), detect()
         hw, _why = match_profile(info, cfg)
         self.total = sum(g.memory_total for g in info.gpus)
         engine = {"gpu_memory_utilization": utilization, "enforce_eager": True, "max_model_len": max_len}
-        self.plans = {n: plan_model(cfg, str(p), hw.name, engine=engine) for n, p in models.items()}
+        self.plans = {n: fit_model(cfg, str(p), hw.name, engine=engine) for n, p in models.items()}
         self.settings = ManagerConfig(min_residency_s=0, quiet_s=0, idle_ttl_s=0, queue_timeout_s=900,
                                       restart_max=0)  # fmt: skip
         # Ours: the ledger's runtime patches on and the host copy kept, as `vstack up` starts a GPU engine

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from stack.config.schema import HardwareProfile, StackConfig
+from stack.counts import count
 
 GIB = 1024**3
 
@@ -88,6 +89,7 @@ def detect(kept: frozenset[int] = frozenset()) -> HardwareInfo:
     """Set VSTACK_FORCE_CPU=1 to ignore GPUs (CPU engine on a GPU machine). `kept`: the processes of engines
     to be re-attached: the memory they hold counts as free, as it would be for the engine planned in their
     place (stack.engine.kept)."""
+    count("detect")
     if os.environ.get("VSTACK_FORCE_CPU") == "1":
         gpus, driver, error = [], None, "VSTACK_FORCE_CPU=1"
     else:

@@ -2,7 +2,7 @@
 
 Each row starts vLLM directly (dummy weights of the real shape, eager: the KV cache is sized before CUDA
 graphs would be captured), waits for `KV cache size: N tokens`, stops it, and asks the planner the same
-question with the same options on the same GPU (`plan_model`, the path `vstack plan` takes). Shapes marked
+question with the same options on the same GPU (`fit_model`, the path `vstack plan` takes). Shapes marked
 `new` were not among those the planner's figures were first checked on (bench/planner_check_h200_*.json).
 bench/planner_check.py runs small versions of the same layouts on the CPU build.
 """
@@ -77,14 +77,14 @@ def predict(layout: Layout, folder: Path, gpu_info: Any) -> dict[str, Any]:
     """The planner's figures for this shape and these options on the GPUs `gpu_info` describes."""
     from stack.config import load_config
     from stack.hardware import match_profile
-    from stack.planner.api import plan_model
+    from stack.planner.fitting import fit_model
 
     cfg = load_config()
     hw, _ = match_profile(gpu_info, cfg)
     if hw.accelerator != "gpu" or hw.gpu_count > layout.gpus:  # an 8-GPU profile: plan on the 1-GPU one
         hw = next(h for h in cfg.hardware.values() if h.accelerator == "gpu" and h.gpu_count == 1
                   and any(m.lower() in gpu_info.gpus[0].name.lower() for m in h.match))
-    plan = plan_model(cfg, str(folder), hw.name, engine=options_for(layout), hardware_info=gpu_info)
+    plan = fit_model(cfg, str(folder), hw.name, engine=options_for(layout), hardware_info=gpu_info)
     return {"kv_tokens": plan.kv_tokens, "max_concurrency": round(plan.max_concurrency, 2),
             "kv_gib": round(plan.budget.kv / GIB, 3), "weights_gib": round(plan.budget.weights / GIB, 3),
             "activation_gib": round(plan.budget.activation / GIB, 3),

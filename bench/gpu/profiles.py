@@ -169,14 +169,14 @@ def planner_prediction(run: ProfileRun, profile: str | None = None) -> dict[str,
     from stack.config import load_config
     from stack.config.resolve import resolve_profile
     from stack.hardware import detect, match_profile
-    from stack.planner import plan_profile
+    from stack.planner import fit_profile
 
     cfg = load_config(run.overlay)
     info = detect()
     hw_profile, _ = match_profile(info, cfg)
     resolved = resolve_profile(cfg, profile or run.profile, hw_profile.name)
     folder = Path(cfg.models[resolved.model.name].source.path or "")
-    plan = plan_profile(resolved, info, cfg=cfg, model_dir=folder)
+    plan = fit_profile(resolved, info, cfg=cfg, model_dir=folder)
     return {"kv_tokens": plan.kv_tokens, "max_model_len": plan.max_model_len,
             "max_concurrency": round(plan.max_concurrency, 2), "budget_gib": plan.budget.as_gib(),
             "weights_gib": round(plan.budget.weights / GIB, 2), "kv_gib": round(plan.budget.kv / GIB, 2),

@@ -56,14 +56,14 @@ def stack_config(tmp: Path, model_dir: Path, address: str, replicas: int, routin
 
 @contextlib.contextmanager
 def ray_gateway_for(cfg, default: str) -> Iterator[tuple[Gateway, object]]:
-    """plan_engines + build_gateway (the composition root), served in a thread; (gateway, planned stack).
+    """plan_up + build_gateway (the composition root), served in a thread; (gateway, the StackPlan).
     On exit the gateway stops its engines; any engine process that outlived its actor is stopped too and
     named in an AssertionError (there should be none)."""
-    from stack.assemble import build_gateway, plan_engines
+    from stack.assemble import Launch, build_gateway, plan_up
     from stack.engine.process import stop_process_tree
 
-    planned = plan_engines(cfg, default, on_status=lambda _m: None)
-    app, sup = build_gateway(planned)
+    planned = plan_up(cfg, default, on_status=lambda _m: None)
+    app, sup = build_gateway(Launch(planned))
     pids: set[tuple[int, str]] = set()  # (pid, port) of every replica seen
     try:
         with app_in_thread(app, graceful_s=5, start_s=60, join_s=60) as (url, loop):

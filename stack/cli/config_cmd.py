@@ -12,10 +12,12 @@ from stack.cli.every_command import ConfigOpt, cli_config, config_path, err, out
 from stack.config import load_config
 from stack.config.loader import display_path, read_yaml
 from stack.config.state_dir import check_state_dir
-from stack.engine.launch import plan_engine
-from stack.errors import StackError
+from stack.engine.launch import free_port
+from stack.errors import ConfigError, StackError
 from stack.hardware import detect
-from stack.vllm.options import VllmCatalog
+from stack.planner.model_planning import plan_model
+from stack.planner.stack_plan import ModelPlan
+from stack.vllm.options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
 
 config_app = typer.Typer(help="Check and show configuration.", no_args_is_help=True)
 
@@ -25,8 +27,18 @@ def _is_file(value: str) -> bool:
     return value.endswith((".yaml", ".yml")) and Path(value).is_file()
 
 
-def _dump_catalog(path: Path | None) -> VllmCatalog | None:
-    return VllmCatalog.load(path) if path else None
+def _catalog(path: Path | None, cfg) -> VllmCatalog:
+    """The options of the vLLM dump given, else of the vLLM installed in the engine's Python."""
+    return VllmCatalog.load(path) if path else installed_catalog(engine_python(cfg.engine_python), cfg.cache_dir)
+
+
+def check_rendered(cfg, plan: ModelPlan, catalog: VllmCatalog) -> None:
+    """The rendered command parsed by the installed vLLM's own parser (a child process; accepted commands are
+    remembered per vLLM version): ConfigError with vLLM's own words when it refuses."""
+    error = check_with_vllm(plan.python, plan.vllm_args(), catalog, cfg.cache_dir)
+    if error:
+        raise ConfigError(f"vLLM {catalog.version} rejects the rendered command: {error}",
+                          hint="`vstack config render` shows the command; fix the option it names")
 
 
 @config_app.command("validate")
@@ -50,17 +62,16 @@ def config_validate(
             entry = read_yaml(files[0], label=display_path(files[0]))
             name_or_file = str(entry.get("name") or files[0].stem) if isinstance(entry, dict) else files[0].stem
         info = detect()
-        catalog = _dump_catalog(options_dump)
+        catalog = _catalog(options_dump, cfg)
         names = [name_or_file] if name_or_file else [*sorted(cfg.profiles), "auto"]
         failed = 0
         for name in names:
             # The installed vLLM's own parser checks the one named profile; all profiles get the catalog check.
-            check = profile is not None and catalog is None
+            check = profile is not None and options_dump is None
             try:
-                plan = plan_engine(cfg, name, info, catalog=catalog, check=check, port=cfg.port or 8000,
-                                   for_launch=False)
-                if catalog is None:
-                    catalog = plan.catalog
+                plan = plan_model(cfg, name, info, catalog, port=cfg.port or 8000, for_launch=False)
+                if check and not any(n.startswith("not servable here") for n in plan.notes):
+                    check_rendered(cfg, plan, catalog)
             except StackError as exc:
                 failed += 1
                 results.append({"name": name, "valid": False, "error": exc.message, "fix": exc.hint})
@@ -69,19 +80,19 @@ def config_validate(
                     out.print(Text("    " + str(exc).replace("\n", "\n    ")))
                 continue
             warnings = [n for n in plan.notes if n.startswith("fit: ") and "not planned" not in n]
-            results.append({"name": name, "valid": True, "hardware": plan.resolved.hardware.name,
-                            "model": plan.resolved.model.name, "vllm": f"{plan.catalog.distribution} "
-                            f"{plan.catalog.version}", "warnings": warnings + list(plan.rendered.warnings)})
+            results.append({"name": name, "valid": True, "hardware": plan.hardware.name,
+                            "model": plan.model.name, "vllm": f"{plan.vllm.distribution} "
+                            f"{plan.vllm.version}", "warnings": warnings + list(plan.warnings)})
             if as_json:
                 continue
-            out.print(f"[green]✓[/] {name} [dim]({plan.resolved.hardware.name} + {plan.resolved.model.name}, "
-                      f"{plan.catalog.distribution} {plan.catalog.version})[/]")
+            out.print(f"[green]✓[/] {name} [dim]({plan.hardware.name} + {plan.model.name}, "
+                      f"{plan.vllm.distribution} {plan.vllm.version})[/]")
             for note in plan.notes:
                 if note.startswith("not servable here"):
                     out.print(f"    [dim]{note}[/]", highlight=False)
                 elif note.startswith("fit: ") and "not planned" not in note:
                     out.print(f"    [yellow]warning:[/] {note}", highlight=False)
-            for warning in plan.rendered.warnings:
+            for warning in plan.warnings:
                 out.print(f"    [yellow]warning:[/] {warning}", highlight=False)
         if as_json:
             out.print_json(data={"valid": not failed, "checked": len(names), "profiles": results})
@@ -102,21 +113,22 @@ def config_render(
     options_dump: Annotated[Path | None, typer.Option(help="render for this vLLM options dump")] = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Show the exact `vllm serve` command a profile becomes (secrets redacted)."""
+    """Show the exact `vllm serve` command a profile becomes (secrets redacted): the argv of its ModelPlan, the
+    object `vstack up` hands its processes (`vstack plan --json` prints all of it)."""
 
     def body() -> None:
         cfg = cli_config()
-        plan = plan_engine(cfg, profile, detect(), catalog=_dump_catalog(options_dump), check=False,
-                           for_launch=False)
+        plan = plan_model(cfg, profile, detect(), _catalog(options_dump, cfg), port=cfg.port or free_port(),
+                          for_launch=False)
         if as_json:
             out.print_json(data={
-                "profile": plan.resolved.name, "vllm": f"{plan.catalog.distribution} {plan.catalog.version}",
+                "profile": plan.profile, "vllm": f"{plan.vllm.distribution} {plan.vllm.version}",
                 "argv": ["vllm", "serve", *plan.redacted_args()],
                 "env": plan.redacted_env(),
-                "warnings": plan.rendered.warnings, "notes": plan.notes,
+                "warnings": list(plan.warnings), "notes": list(plan.notes),
             })
             return
-        for warning in plan.rendered.warnings:
+        for warning in plan.warnings:
             err.print(f"[yellow]warning:[/] {warning}", highlight=False)
         for note in plan.notes:  # what the model's family and adapters decided (stack.engine.model_serving)
             if note.startswith(("family:", "tools:", "adapter:")):

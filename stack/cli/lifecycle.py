@@ -18,6 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from stack.cli import gateway_process
 from stack.cli.complete import profiles_and_models
 from stack.cli.console_sources import console_sources
 from stack.cli.every_command import ConfigOpt, UrlOpt, cli_config, cli_url, config_path, err, out, run
@@ -28,7 +29,9 @@ from stack.engine.diagnose import log_size, log_tail
 from stack.engine.kept import KEEP_FLAG, leftovers, stop_leftovers, tree_pids
 from stack.engine.process import stop_process_tree
 from stack.engine.records import EngineRecord, RecordStore, engine_records
+from stack.engine_env import child_argv
 from stack.errors import AlreadyRunningError, EngineError, ExitCode, PortInUseError, ReportedError
+from stack.planner.stack_planning import unconfigured_line
 
 
 def key_variable(cfg: StackConfig) -> str | None:
@@ -62,11 +65,12 @@ def _admin_headers() -> dict[str, str]:
 
 
 def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path, start: int = 0,
-                  state_dir: Path | None = None) -> float:  # fmt: skip
+                  state_dir: Path | None = None, progress: StartProgress | None = None) -> float:  # fmt: skip
     """Seconds until /ready answers 200 (the default model's engine is up), or -1 if the process ended.
-    Shows the start's phases (stack.cli.progress) as it goes."""
+    Shows the start's phases (stack.cli.progress) as it goes, after the planning `progress` showed."""
     started = time.monotonic()
-    progress = StartProgress(err, log, start, state_dir or log.parent.parent, proc.pid)
+    progress = progress or StartProgress(err, log, start, state_dir or log.parent.parent, proc.pid)
+    progress.owner = proc.pid
     with Live(progress.spinner, console=err, transient=True, refresh_per_second=8) as live, \
             httpx.Client(timeout=2) as http:
         while proc.poll() is None:
@@ -87,9 +91,11 @@ def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path, s
 POLL_S = 0.1  # readiness polls: a start is seen ready within this (0.5 s before: a quarter of a second lost)
 
 
-def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -> int:
-    """The gateway on the public port, owning the engine (on a free loopback port)."""
-    from stack.assemble import plan_engines, serve
+def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool,
+           overrides: dict | None = None) -> int:  # fmt: skip
+    """The gateway on the public port, owning the engine (on a free loopback port). Planned here, once: the
+    gateway process this starts (background) is handed the plan, and plans nothing itself."""
+    from stack.assemble import Launch, plan_up, serve
     from stack.engine.launch import free_port, port_is_free
 
     check_state_dir(cfg)  # before anything is written there: a clear error, not a traceback
@@ -107,32 +113,49 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     url = f"http://{_local_host(host)}:{port}"
     logs = cfg.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    plan_file = cfg.state_dir / PLAN_FILE
     if foreground:
-        planned = plan_engines(cfg, profile, on_status=lambda s: err.print(f"[dim]{s}[/]"))
-        store.save(EngineRecord(GATEWAY, planned.default.resolved.name, os.getpid(), _local_host(host), port, ""))
+        plan = plan_up(cfg, profile, on_status=lambda s: err.print(f"[dim]{s}[/]"), overrides=overrides)
+        plan.save(plan_file)
+        store.save(EngineRecord(GATEWAY, plan.default.profile, os.getpid(), _local_host(host), port, ""))
         out.print(f"  OpenAI base URL: [bold]{url}/v1[/] (engine starting; /ready says when)")
         if cfg.gateway.console:
             out.print(f"  console:         [bold]{url}/ui/[/]")
         out.print("  [dim]running in the foreground; Ctrl-C stops it[/]")
         try:
-            return serve(planned, port, reload_from=(profile, str(config_path()) if config_path() else None),
+            return serve(Launch(plan), port, reload_from=(profile, str(config_path()) if config_path() else None),
                          console=console_sources(cfg))
         finally:
             store.remove(GATEWAY)
     failure = cfg.state_dir / "gateway-failure.json"
     failure.unlink(missing_ok=True)
     log = logs / "gateway.log"
-    argv = [sys.executable, "-m", "stack.entrypoints.up", *([profile] if profile else []), "--port", str(port),
-            "--failure-file", str(failure)]
-    if config_path():
-        argv += ["--config", str(config_path())]
     start = log_size(log)  # the log is appended to: only this run's lines are ever shown
+    progress = StartProgress(err, log, start, cfg.state_dir, 0)
+    with Live(progress.spinner, console=err, transient=True, refresh_per_second=8) as live:
+        began = time.monotonic()
+
+        def planning(line: str) -> None:
+            live.update(progress.said(line, time.monotonic() - began))
+
+        plan = plan_up(cfg, profile, on_status=planning, overrides=overrides)
+        progress.planned_s = time.monotonic() - began
+    plan.save(plan_file)
+    argv = child_argv(sys.executable, gateway_process, "--plan", str(plan_file), "--secrets-stdin",
+                      *([profile] if profile else []), "--port", str(port), "--failure-file", str(failure))
+    if config_path():  # not read at start: `vstack reload` reads it again
+        argv += ["--config", str(config_path())]
     with open(log, "ab") as log_file:
-        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
                                 start_new_session=True)
+    try:  # the plan's secrets (key digests, the Hub token): on its stdin, never in a file or its environment
+        proc.stdin.write(json.dumps(plan.secrets()).encode())  # type: ignore[union-attr]
+        proc.stdin.close()  # type: ignore[union-attr]
+    except BrokenPipeError:  # it ended already: its failure file or log says why (below)
+        pass
     store.save(EngineRecord(GATEWAY, profile or cfg.serve, proc.pid, _local_host(host), port, str(log), argv))
     try:
-        seconds = _wait_gateway(proc, url, cfg.startup_timeout_s + 60, log, start, cfg.state_dir)
+        seconds = _wait_gateway(proc, url, cfg.startup_timeout_s + 60, log, start, cfg.state_dir, progress)
     except BaseException:
         stop_process_tree(proc.pid, cfg.stop_grace_s)
         store.remove(GATEWAY)
@@ -140,13 +163,14 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     if seconds < 0:
         store.remove(GATEWAY)
         raise _failure(failure, proc.returncode, log, start)
+    seconds += progress.planned_s
     model = httpx.get(f"{url}/ready", timeout=5).json().get("model", "")
     out.print(f"[green]✓[/] [bold]{model}[/] ready in {seconds:.0f} s behind the gateway")
     out.print(f"  OpenAI base URL: [bold]{url}/v1[/]")
     if cfg.gateway.console:
         out.print(f"  console:         [bold]{url}/ui/[/]" + _console_login(cfg))
     out.print(f"  gateway log:     {log}")
-    for line in _unconfigured_lines(log, start):
+    for line in (unconfigured_line(m) for m in plan.models if m.ad_hoc):
         out.print(Text(f"  {line}"), soft_wrap=True)
     out.print("  try:")
     out.print(Text("    " + _sample_request(url, model, key_variable(cfg))), soft_wrap=True)
@@ -154,11 +178,7 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool) -
     return 0
 
 
-def _unconfigured_lines(log: Path, start: int) -> list[str]:
-    """What the gateway inferred for a model served by its Hub id or folder (stack.assemble.say_unconfigured)."""
-    from stack.assemble import UNCONFIGURED
-
-    return [line for line in log_tail(log, 400, start).splitlines() if line.startswith(UNCONFIGURED)]
+PLAN_FILE = "plan.json"  # what the last `vstack up` decided (stack.planner.stack_plan), mode 0600
 
 
 def _console_login(cfg: StackConfig) -> str:
@@ -200,13 +220,12 @@ def up(
     """Start the gateway (one OpenAI endpoint) and the engine it owns; wait until the default model is ready."""
 
     def body() -> int:
-        if force:
-            os.environ["VSTACK_FIT_CHECK"] = "warn"  # the gateway process it starts reads it too
+        # Over the configuration, as the command line always is; recorded in the plan (a reload applies them).
+        overrides: dict = {"fit_check": "warn"} if force else {}
         if ray:
-            os.environ["VSTACK_MANAGER__RUNTIME"] = "ray"
-            os.environ["VSTACK_MANAGER__RAY__ADDRESS"] = ray
-        cfg = cli_config()
-        return _start(cfg, profile, cfg.gateway.port if port is None else port, foreground)
+            overrides["manager"] = {"runtime": "ray", "ray": {"address": ray}}
+        cfg = cli_config(overrides or None)
+        return _start(cfg, profile, cfg.gateway.port if port is None else port, foreground, overrides)
 
     run(body)
 

@@ -1,4 +1,6 @@
-"""`vstack plan MODEL`: will it fit, with which settings, and why. Thin: parse, call the library, print.
+"""`vstack plan MODEL`: will it fit, with which settings, and why; `vstack plan` (or `--up`): the whole plan
+`vstack up` would run (stack.planner.stack_plan), the object it hands its processes. Thin: parse, call the
+library, print.
 
 Mounted by stack/cli/main.py as `app.command("plan")(plan_command)`; also runs alone:
 `python -m stack.entrypoints.run stack.cli.plan_cmd`.
@@ -15,12 +17,13 @@ import yaml
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from stack.cli import complete
 from stack.cli.every_command import ConfigOpt, cli_config, report, run
 from stack.errors import ExitCode, StackError
+from stack.planner.fit import Fit, Request
 from stack.planner.memory import GIB
-from stack.planner.plan import Plan, Request
 
 GPU_HELP = "hardware profile: rtx4090, a100-40gb, a100-80gb, h100-80gb, h200, l4, cpu, ... (default: detected)"
 
@@ -49,14 +52,24 @@ def plan_command(
     concurrency: Annotated[int, typer.Option("--concurrency", min=1,
                                              help="requests of that length that must fit at once")] = 1,
     set_: Annotated[list[str] | None, typer.Option("--set", help="engine option KEY=VALUE (repeatable)")] = None,
+    up: Annotated[bool, typer.Option("--up", help="the whole plan `vstack up [MODEL]` would run on this machine "
+                                     "(the default without MODEL): every model's fit, `vllm serve` line and "
+                                     "placement; models not here yet are planned from the Hub's metadata")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Plan how MODEL fits: the memory budget, and each engine setting decided with its reason."""
-    from stack.planner.api import plan_model
+    """Plan how MODEL fits: the memory budget, and each engine setting decided with its reason. Without MODEL
+    (or with --up): what `vstack up` would run, as the plan it hands the gateway."""
+    from stack.planner.fitting import fit_model
 
     console = Console()
-    if (model is None) == (models is None):
+    if model is None and models is None:
+        up = True
+    if up and (models or gpu or gpus or context or concurrency != 1 or set_ or host_ram_gib):
+        raise typer.BadParameter("--up plans what `vstack up` runs on this machine, as configured: drop --models, "
+                                 "--gpu, --gpus, --context, --concurrency, --set, --host-ram-gib",
+                                 param_hint="--up")  # fmt: skip
+    if not up and (model is None) == (models is None):
         raise typer.BadParameter("give one MODEL, or several with --models A,B,C", param_hint="MODEL / --models")
     names = [m.strip() for m in (models or "").split(",") if m.strip()]
     if models is not None and len(names) < 2:
@@ -66,6 +79,8 @@ def plan_command(
     def body() -> None:
         nonlocal gpu
         cfg = cli_config()
+        if up:
+            return plan_up_command(cfg, model, as_json, console)
         if names:
             return plan_several(cfg, names, gpu, host_ram_gib, _parse_sets(set_ or []), as_json, console)
         info = None
@@ -78,7 +93,7 @@ def plan_command(
             profile, _why = match_profile(info, cfg)
             gpu = profile.name
         request = Request(context=context, concurrency=concurrency, gpus=gpus)
-        plan = plan_model(cfg, model, gpu, request, engine=_parse_sets(set_ or []),
+        plan = fit_model(cfg, model, gpu, request, engine=_parse_sets(set_ or []),
                           hardware_info=info if gpus is None else None)
         if as_json:
             print(json.dumps(plan.to_dict(), indent=2))
@@ -94,19 +109,45 @@ def plan_command(
     run(body, on_error)
 
 
+def plan_up_command(cfg: Any, target: str | None, as_json: bool, console: Console) -> None:
+    """The StackPlan `vstack up [target]` would run here, nothing fetched: its JSON (secrets masked) is what the
+    gateway process receives."""
+    from stack.assemble import plan_up
+
+    plan = plan_up(cfg, target, on_status=lambda s: None if as_json else console.print(f"[dim]{s}[/]"),
+                   fetch=False)
+    if as_json:
+        print(json.dumps(plan.public(), indent=2, sort_keys=True))
+        return
+    for note in plan.notes:
+        console.print(f"note: {note}", highlight=False)
+    for m in plan.models:
+        role = "default" if m is plan.default else "switchable"
+        console.print(f"[bold]{m.served_name}[/] ({role}; profile {m.profile}; {m.runs_on.kind}: {m.runs_on.detail})",
+                      highlight=False)  # fmt: skip
+        if m.fit is not None:
+            fit = m.fit
+            console.print(f"  fit: {fit.max_concurrency:.1f} requests of {fit.max_model_len:,} tokens at once, "
+                          f"{fit.kv_tokens:,} KV tokens; {fit.budget.device} {fit.budget.requested / GIB:.2f} GiB",
+                          highlight=False)  # fmt: skip
+        console.print(Text("  " + m.display()), soft_wrap=True)
+        for note in m.notes:
+            console.print(Text(f"  note: {note}"), soft_wrap=True)
+
+
 def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: float | None, engine: dict[str, Any],
                  as_json: bool, console: Console) -> None:  # fmt: skip
     """`--models`: each planned on the GPU, then the tiers and switch times (stack.manager.switch_plan)."""
     import psutil
 
     from stack.manager.switch_plan import HostRam, switch_plan
-    from stack.planner.api import plan_model
+    from stack.planner.fitting import fit_model
 
     if gpu is None or cfg.hardware.get(gpu) is None or cfg.hardware[gpu].accelerator != "gpu":
         gpus = ", ".join(sorted(n for n, h in cfg.hardware.items() if h.accelerator == "gpu"))
         raise typer.BadParameter(f"{gpu!r}: --models needs a GPU profile (sleep mode is GPU only): one of {gpus}",
                                  param_hint="--gpu")  # fmt: skip
-    plans = [plan_model(cfg, name, gpu, Request(), engine=engine) for name in names]
+    plans = [fit_model(cfg, name, gpu, Request(), engine=engine) for name in names]
     if host_ram_gib:
         host = HostRam(int(host_ram_gib * GIB), int(host_ram_gib * GIB), "--host-ram-gib")
     else:
@@ -138,7 +179,7 @@ def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: floa
                       highlight=False)
 
 
-def print_plan(plan: Plan, console: Console) -> None:
+def print_plan(plan: Fit, console: Console) -> None:
     s = plan.shape
     console.print(f"[bold]{plan.model}[/] on [bold]{plan.hardware}[/]: {s.architecture}, {s.num_layers} layers, "
                   f"{s.attention_kind}" + (f", {s.num_experts} experts" if s.is_moe else "")

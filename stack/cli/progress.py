@@ -1,6 +1,7 @@
-"""The phases of a start as `vstack up` waits for it: planning, fetching or converting the model, then the
-engine's own (loading weights, compiling, capturing graphs, API server), each printed with its seconds once
-it is over, the current one on a spinner (stack.engine.phases reads the log lines)."""
+"""The phases of a start as `vstack up` waits for it: planning, fetching or converting the model (said by
+the planning in `vstack up`'s own process), the gateway starting, then the engine's own (loading weights,
+compiling, capturing graphs, API server), each printed with its seconds once it is over, the current one on
+a spinner (stack.engine.phases reads the lines)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from rich.text import Text
 
 from stack.engine.phases import ENGINE_PHASES, GATEWAY_PHASES, phase_of
 from stack.engine.records import engine_records
+
+PLANNING = ("planning", "fetching the model", "converting the model")  # in `vstack up`'s own process
 
 
 class Follower:
@@ -51,6 +54,13 @@ class StartProgress:
         self.spinner = Spinner("dots", text="planning")
         self.done: list[tuple[str, float]] = []
         self.began = time.time()
+        self.planned_s = 0.0  # seconds the planning took in this process, before the gateway was started
+
+    def said(self, line: str, elapsed: float) -> Spinner:
+        """A status line of the planning (fetching, converting): its phase, shown on the spinner."""
+        self.enter(phase_of([line], GATEWAY_PHASES, self.phase))
+        self.gateway.last = line.strip() or self.gateway.last
+        return self._show(elapsed)
 
     def _engine_log(self) -> Follower | None:
         for record in engine_records(self.state_dir).all():
@@ -64,12 +74,18 @@ class StartProgress:
         return None
 
     def poll(self, elapsed: float) -> Spinner:
+        if self.phase in PLANNING:  # the plan is made: the gateway process starts, with its own lines
+            self.enter("gateway starting")
         phase = phase_of(self.gateway.lines(), GATEWAY_PHASES, self.phase)
         if self.engine is None:
             self.engine = self._engine_log()
         if self.engine is not None:
-            phase = phase_of(self.engine.lines(), ENGINE_PHASES, phase if phase != "planning" else "engine starting")
+            phase = phase_of(self.engine.lines(), ENGINE_PHASES,
+                             phase if phase != "gateway starting" else "engine starting")
         self.enter(phase)
+        return self._show(elapsed + self.planned_s)
+
+    def _show(self, elapsed: float) -> Spinner:
         last = (self.engine.last if self.engine else "") or self.gateway.last
         self.spinner.update(text=Text.assemble((f"{self.phase} ", "bold"), (f"{elapsed:5.0f} s  ", "cyan"),
                                                (last[-100:], "dim")))  # fmt: skip

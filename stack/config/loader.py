@@ -21,6 +21,7 @@ from stack.config.engine_values import check_engine_values
 from stack.config.origins import Origins, format_validation_error, suggest
 from stack.config.resolve import unconfigured_model
 from stack.config.schema import StackConfig
+from stack.counts import COUNT_ENV, count
 from stack.errors import ConfigError
 
 SECTIONS = ("hardware", "models", "profiles")
@@ -29,7 +30,7 @@ ENV_CONFIG_FILE = "VSTACK_CONFIG"
 ENV_CONFIG_DIR = "VSTACK_CONFIG_DIR"
 # VSTACK_* variables that are not settings fields (read elsewhere on purpose).
 ENV_NOT_SETTINGS = {ENV_CONFIG_FILE, ENV_CONFIG_DIR, "VSTACK_FORCE_CPU", "VSTACK_RUNTIME_PATCHES",
-                    "VSTACK_DISABLE_PATCHES", "VSTACK_VENV"}
+                    "VSTACK_DISABLE_PATCHES", "VSTACK_VENV", COUNT_ENV, "VSTACK_PLAN_SECRETS"}
 
 
 def builtin_config_dir() -> Path:
@@ -256,6 +257,7 @@ def load_config(
     from the command line, highest precedence; profile_files: single profile files (as in
     configs/profiles/, named by `name:` or the file name) added on top (`vstack config validate FILE`).
     """
+    count("load_config")
     layer = ConfigLayer()
     layer.add_dir(builtin_dir or builtin_config_dir())
     user = config or os.environ.get(ENV_CONFIG_FILE)

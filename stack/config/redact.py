@@ -9,6 +9,7 @@ and engine options when vLLM's option holds a credential.
 
 from __future__ import annotations
 
+import functools
 import types
 import typing
 from typing import Any
@@ -54,7 +55,8 @@ def _marked_secret(field: Any) -> bool:
     return bool(extra.get("secret")) or annotation is SecretStr or SecretStr in args
 
 
-def secret_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+@functools.cache  # a schema's secret paths never change; a plan's JSON asks for them for every key
+def secret_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> frozenset[tuple[str, ...]]:
     """Key paths the schema marks secret (nested models followed; mappings of models by any name: '*')."""
     found: set[tuple[str, ...]] = set()
     for name, field in model.model_fields.items():
@@ -69,7 +71,7 @@ def secret_paths(model: type[BaseModel], prefix: tuple[str, ...] = ()) -> set[tu
                 inner = typing.get_args(arg)[1]
                 if isinstance(inner, type) and issubclass(inner, BaseModel):
                     found |= secret_paths(inner, (*path, "*"))
-    return found
+    return frozenset(found)
 
 
 def is_secret_key(model: type[BaseModel], path: tuple[str, ...]) -> bool:

@@ -74,6 +74,7 @@ class ContainerSpec:
     reach: str = "name"  # how this process reaches the engine: "name" (on the network) or "ip" (from the host)
     address: str | None = None  # with reach="ip": the container's address, known once it started
     api_key: str | None = field(default=None, repr=False)  # the engine's credential (VLLM_API_KEY); the gateway's
+    plan: str | None = field(default=None, repr=False)  # its ModelPlan's public JSON: run, not planned again
 
     @property
     def base_url(self) -> str:
@@ -81,7 +82,8 @@ class ContainerSpec:
         return f"http://{self.address or self.name}:{self.port}"
 
     def command(self) -> list[str]:
-        return ["python3", "-m", CONTAINER_ENTRY, "serve", self.serve, "--port", str(self.port)]
+        plan = ["--plan-json", self.plan] if self.plan else []
+        return ["python3", "-m", CONTAINER_ENTRY, "serve", self.serve, *plan, "--port", str(self.port)]
 
     def run_kwargs(self) -> dict[str, Any]:
         """Arguments for `client.containers.run` (docker SDK)."""

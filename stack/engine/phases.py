@@ -28,7 +28,7 @@ ENGINE_PHASES: list[tuple[str, re.Pattern[str]]] = [
     ("API server starting", re.compile(r"init engine \(profile|Starting vLLM (API )?server on|Supported tasks")),
     ("API server starting", re.compile(r"Application startup complete")),
 ]
-ORDER = ["planning", "fetching the model", "converting the model", "re-attached", "engine starting",
+ORDER = ["planning", "fetching the model", "converting the model", "gateway starting", "re-attached", "engine starting",
          "loading weights", "compiling", "KV cache", "capturing graphs", "API server starting", "ready"]
 
 

@@ -1,33 +1,15 @@
-"""Whether a GPU engine may keep its weights' host copy between sleeps (runtime patch
-`gpu-sleep-wake-at-bus-speed`, stack/patches/runtime/fast_sleep_wake.py).
-
-Kept, a sleep after the first only unmaps: no copy over the bus. That is exact only while the weights cannot
-change on the GPU between two sleeps, so it is refused for the engine options under which vLLM writes to
-memory allocated as weights at run time.
+"""What a GPU engine's runtime needs of the weights' host copy kept between sleeps (runtime patch
+`gpu-sleep-wake-at-bus-speed`, stack/vllm/plugins/runtime_patches/fast_sleep_wake.py). Whether it is kept is
+decided when the model is planned (stack.planner.host_copy); this is the variable that says so to the engine
+(the protocol's names: stack.vllm.plugins.host_copy).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from stack.planner.host_copy import keep_host_copy
 from stack.vllm.plugins.host_copy import KEEP_ENV
-
-# engine option -> why the weights' memory changes while the engine serves
-WRITES_WEIGHTS = {
-    "enable_lora": "LoRA adapters are loaded into slots allocated with the weights",
-    "calculate_kv_scales": "KV cache scales are computed from the first requests",
-    "enable_eplb": "expert load balancing moves experts between GPUs",
-}
-
-
-def keep_host_copy(engine: dict[str, Any]) -> tuple[bool, str]:
-    """(keep, why) for an engine's resolved options."""
-    if not engine.get("enable_sleep_mode"):
-        return False, "sleep mode off"
-    for option, why in WRITES_WEIGHTS.items():
-        if engine.get(option):
-            return False, f"weights' host copy not kept between sleeps: {why} ({option})"
-    return True, "weights' host copy kept between sleeps: a sleep after the first only unmaps (weights never change)"
 
 
 def sleep_copy_env(engine: dict[str, Any]) -> dict[str, str]:

@@ -13,7 +13,7 @@ from typing import Protocol
 import psutil
 
 from stack.config.sections.manager import ManagerConfig
-from stack.planner.plan import Plan
+from stack.planner.fit import Fit
 
 log = logging.getLogger("stack.manager")
 GIB = 1024**3
@@ -60,7 +60,7 @@ def capacity_bytes(settings: ManagerConfig, hardware: object) -> int:
     return int(available * settings.memory_headroom)
 
 
-def engine_need(fit: Plan | None) -> tuple[int | None, str]:
+def engine_need(fit: Fit | None) -> tuple[int | None, str]:
     """(bytes, how we know) for a planned engine, from the fit planner's result kept with its plan
     (stack.engine.launch.EnginePlan.fit); None when the planner could not tell (the manager then treats
     the model as needing the whole machine: never co-resident)."""
@@ -69,7 +69,7 @@ def engine_need(fit: Plan | None) -> tuple[int | None, str]:
     return fit.budget.requested, f"planner: {fit.budget.device} {fit.budget.requested / GIB:.1f} GiB"
 
 
-def engine_weights(fit: Plan | None) -> tuple[int | None, int | None]:
+def engine_weights(fit: Fit | None) -> tuple[int | None, int | None]:
     """(bytes per GPU, bytes of all ranks) of an engine's weights, from the fit planner; None: unknown."""
     if fit is None:
         return None, None

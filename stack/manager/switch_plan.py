@@ -22,7 +22,7 @@ from stack.manager.tiers import (
     wake_kv_s,
     wake_weights_s,
 )
-from stack.planner.plan import Plan
+from stack.planner.fit import Fit
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class HostRam:
     source: str  # "--host-ram-gib" or "this machine"
 
 
-def switch_plan(plans: list[Plan], gpu: str, host: HostRam, *, fraction: float = 0.7, per_engine_gib: float = 3.0,
+def switch_plan(plans: list[Fit], gpu: str, host: HostRam, *, fraction: float = 0.7, per_engine_gib: float = 3.0,
                 budget_gib: float | None = None, sleep_level: str = "auto", overlap: bool = True,
                 measured: dict[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
     """Tiers and expected switch seconds for models planned on one GPU profile (all sleep-capable)."""

@@ -63,14 +63,15 @@ def in_flight_tokens(batched_tokens: int, engine: dict, accelerator: str) -> int
     return batches * batched_tokens
 
 
+# Bytes per element of each --kv-cache-dtype ("auto": the model's dtype, see cache_dtype_bytes).
+KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+                  "fp8_inc": 1, "fp8_ds_mla": 1}
 ENGINE_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2}
 
 
 def cache_dtype_bytes(kv_cache_dtype: str, engine_dtype: str | None, model_dtype_bytes: int) -> int:
     """Bytes per cached element: the KV cache dtype when set (fp8: 1), else the dtype the model runs in -
     the engine's `dtype` when given (the CPU profile runs float32: 4), else the checkpoint's."""
-    from stack.planner.memory import KV_DTYPE_BYTES
-
     explicit = KV_DTYPE_BYTES.get(kv_cache_dtype)
     if explicit:
         return explicit

@@ -22,8 +22,6 @@ from stack.planner.kv_layout import full_attention_blocks, group_layers, sliding
 from stack.planner.model_meta import ModelShape
 
 GIB = 1024**3
-KV_DTYPE_BYTES = {"auto": None, "bfloat16": 2, "float16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
-                  "fp8_inc": 1, "fp8_ds_mla": 1}
 # The figures below are calibrated against vLLM's own profile (bench/planner_check.py, H200, vLLM 0.26.0,
 # 2026-11-21: torch peak 0.88-1.13 GiB for dense 8-9B shapes at 8192 batched tokens, 1.04 GiB for a 7B at 2048
 # compiled, 2.68 GiB for a 128-expert MoE).

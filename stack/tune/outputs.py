@@ -31,12 +31,12 @@ def _num(value: Any, digits: int = 1) -> str:
 
 
 def tuned_profile_name(outcome: TuneOutcome) -> str:
-    return f"{outcome.base.resolved.name.replace('/', '-')}-tuned"
+    return f"{outcome.base.profile.replace('/', '-')}-tuned"
 
 
 def profile_override(outcome: TuneOutcome, machine: dict[str, Any], command: str) -> str:
     """A config file for `vstack -c FILE up NAME-tuned`: extends the tuned profile when there is one."""
-    winner, resolved = outcome.choice.winner, outcome.base.resolved
+    winner, base = outcome.choice.winner, outcome.base
     assert winner is not None
     x = winner.metrics or {}
     verdict = "meets the SLO" if outcome.choice.meets_slo else "does NOT meet the SLO (closest candidate)"
@@ -47,14 +47,14 @@ def profile_override(outcome: TuneOutcome, machine: dict[str, Any], command: str
                 f"ITL p95 {_num(x.get('p95_itl_ms'))} ms, E2E p95 {_num(x.get('p95_e2e_ms'), 0)} ms")
     slo_text = ", ".join(str(c) for c in outcome.clauses) or "none"
     entry: dict[str, Any] = {
-        "description": f"{resolved.name} tuned by vstack tune on {machine.get('date')} ({verdict}: {slo_text}); "
+        "description": f"{base.profile} tuned by vstack tune on {machine.get('date')} ({verdict}: {slo_text}); "
                        f"{measured}",
     }
-    if resolved.name in _profile_names(outcome):
-        entry["extends"] = resolved.name
+    if base.profile in _profile_names(outcome):
+        entry["extends"] = base.profile
     else:
-        entry["hardware"] = resolved.hardware.name
-        entry["model"] = resolved.model.name
+        entry["hardware"] = base.hardware.name
+        entry["model"] = base.model.name
     entry["engine"] = dict(winner.overrides)
     if outcome.clauses:
         entry["slo"] = [str(c) for c in outcome.clauses]
@@ -76,7 +76,7 @@ def profile_override(outcome: TuneOutcome, machine: dict[str, Any], command: str
 
 def _profile_names(outcome: TuneOutcome) -> set[str]:
     # The base profile is a configured one unless resolve_profile made up `hardware/model`.
-    return set() if "/" in outcome.base.resolved.name else {outcome.base.resolved.name}
+    return set() if "/" in outcome.base.profile else {outcome.base.profile}
 
 
 def tune_markdown(outcome: TuneOutcome, machine: dict[str, Any], command: str, plot: str | None = None) -> str:
@@ -87,7 +87,7 @@ def tune_markdown(outcome: TuneOutcome, machine: dict[str, Any], command: str, p
            "burstiness) at which the SLO held, bisected and the winning rate repeated"
            if goodput else "capacity: the scenario's closed-loop users, one run each")
     lines = [
-        f"# vstack tune: {outcome.base.resolved.name}, scenario {outcome.scenario.name}",
+        f"# vstack tune: {outcome.base.profile}, scenario {outcome.scenario.name}",
         "",
         f"- command: `{command}`",
         f"- machine: {describe(machine)} ({machine.get('host')})",
@@ -171,10 +171,10 @@ def write_outputs(outcome: TuneOutcome, out_dir: Path, machine: dict[str, Any], 
         from stack.load.plots import goodput_plot
 
         files["plot"] = goodput_plot(curves, outcome.clauses, out_dir / "goodput_curves.png",
-                                     f"{outcome.base.resolved.name}: offered rate -> latency ({machine.get('date')})")
+                                     f"{outcome.base.profile}: offered rate -> latency ({machine.get('date')})")
     data = {
         "command": command, "machine": machine, "scenario": outcome.scenario.name,
-        "profile": outcome.base.resolved.name, "method": outcome.fingerprint.get("method"),
+        "profile": outcome.base.profile, "method": outcome.fingerprint.get("method"),
         "mode": outcome.mode, "complete": outcome.complete, "remaining": outcome.remaining,
         "spent_s": round(outcome.spent_s, 1),
         "slo": {"source": outcome.slo_source, "clauses": [str(c) for c in outcome.clauses]},

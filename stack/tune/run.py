@@ -22,16 +22,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from stack.assemble import plan_one
+from stack.config.resolve import resolve_profile
 from stack.config.schema import StackConfig
 from stack.config.slo import Clause
-from stack.engine.launch import EnginePlan, free_port, plan_engine
+from stack.engine.launch import engine_spec, free_port
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import ConfigError, StackError
-from stack.hardware import HardwareInfo
+from stack.hardware import HardwareInfo, match_profile
 from stack.load.load_test import choose_slo
 from stack.load.scenario import MIN_EXACT_MATCH, Scenario, find_scenario, load_scenario_file
 from stack.load.vllm_bench import BenchWorker
+from stack.models import pull
+from stack.planner.model_planning import plan_model
+from stack.planner.stack_plan import ModelPlan
+from stack.planner.stack_planning import plan_fetched
 from stack.tune.candidates import Candidate
 from stack.tune.choose import Choice, Measured, choose
 from stack.tune.knobs import Device, Skipped, device_candidates, model_quantization, numerics_change
@@ -39,7 +43,7 @@ from stack.tune.prestart import GATE_PATCH, Prestart
 from stack.tune.quality_guard import answers_of, compare
 from stack.tune.rate_search import BudgetExhausted, Point, SearchSettings, answered_counts, search_goodput
 from stack.tune.time_budget import CandidateClock
-from stack.vllm.options import VllmCatalog, check_many_with_vllm
+from stack.vllm.options import VllmCatalog, check_many_with_vllm, engine_python, installed_catalog
 
 Method = Literal["vllm-bench", "locust"]
 Mode = Literal["goodput", "capacity"]
@@ -89,7 +93,7 @@ class TuneOutcome:
     slo_source: str
     measured: list[Measured]
     choice: Choice
-    base: EnginePlan
+    base: ModelPlan
     reused: int
     fingerprint: dict[str, Any] = field(default_factory=dict)
     mode: Mode = "goodput"
@@ -104,22 +108,21 @@ class TuneOutcome:
         return self.remaining == 0
 
 
-def configured_env(cfg: StackConfig, plan: EnginePlan) -> dict[str, str]:
+def configured_env(cfg: StackConfig, plan: ModelPlan) -> dict[str, str]:
     """The env the user configured (hardware < model < profile < stack), without what the stack derives at each
     start (the CPU KV cache size from free RAM varies run to run; each candidate's command records it)."""
-    r = plan.resolved
-    profile = cfg.profiles.get(r.name)
-    return {**r.hardware.env, **r.model.env, **(profile.env if profile else {}), **cfg.env}
+    profile = cfg.profiles.get(plan.profile)
+    return {**plan.hardware.env, **plan.model.env, **(profile.env if profile else {}), **cfg.env}
 
 
-def fingerprint(cfg: StackConfig, plan: EnginePlan, scenario: Scenario, method: str, hardware: HardwareInfo,
+def fingerprint(cfg: StackConfig, plan: ModelPlan, scenario: Scenario, method: str, hardware: HardwareInfo,
                 mode: str = "capacity") -> dict[str, Any]:
     """What a measurement depends on besides the candidate; the SLO is not in it (it only decides)."""
     return {
-        "profile": plan.resolved.name,
-        "engine": plan.resolved.engine,
+        "profile": plan.profile,
+        "engine": plan.engine,
         "env": configured_env(cfg, plan),
-        "vllm": f"{plan.catalog.distribution} {plan.catalog.version}",
+        "vllm": f"{plan.vllm.distribution} {plan.vllm.version}",
         "hardware": [g.name for g in hardware.gpus] or [f"cpu x{hardware.cpu_count}"],
         # The quality floor only decides, as the SLO does: a rerun with another one re-picks.
         "scenario": scenario.model_dump(include={"load", "requests", "tune"}, exclude={"tune": {"min_exact_match"}},
@@ -183,20 +186,23 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
     if mode == "goodput" and req.method != "vllm-bench":
         raise ConfigError(f"--method {req.method}: goodput mode measures with vllm bench serve (open-loop arrivals)",
                           hint="use --method vllm-bench, or --mode capacity for a closed-loop Locust run")
-    base = plan_engine(cfg, req.target, hardware, port=0, check=False)  # vLLM's parser: with the candidates
-    clauses, slo_source = choose_slo(req.slo, scenario, cfg, base.resolved.name)
+    catalog = installed_catalog(engine_python(cfg.engine_python), cfg.cache_dir)
+    profile = resolve_profile(cfg, req.target, match_profile(hardware, cfg)[0].name).name
+    clauses, slo_source = choose_slo(req.slo, scenario, cfg, profile)
     if mode == "goodput" and not any(c.upper_bound and c.metric.endswith("_ms") for c in clauses):
         raise ConfigError(f"goodput mode needs a latency limit to search against (SLO from {slo_source}: "
                           f"{', '.join(map(str, clauses)) or 'none'})",
                           hint="e.g. --slo 'p95_ttft_ms<800', or --mode capacity")
-    # As `vstack up` plans it: fetched, then fitted from the real files (candidates reuse those files).
-    base = plan_one(cfg, req.target, hardware, on_status=lambda _s: None, port=base.port)
-    candidates, skipped = _candidates(req, base, scenario, hardware)
+    # As `vstack up` plans its default model (its ModelPlan; candidates reuse its files). vLLM's parser checks
+    # it with the candidates, below.
+    base = plan_fetched(cfg, req.target, hardware, catalog, lambda entry: pull(entry, cfg))
+    candidates, skipped = _candidates(req, base, scenario, hardware, catalog)
     fp = fingerprint(cfg, base, scenario, req.method, hardware, mode)
     state = TuneState(req.out_dir, fp, req.restart)
     spent_before = state.spent_s
-    plans, dropped = prefilter(cfg, req.target, hardware, base, [c for c in candidates if not state.get(c.key)])
-    dropped.update(check_candidates(candidates, plans, base, cfg.cache_dir))
+    plans, dropped = prefilter(cfg, req.target, hardware, base, [c for c in candidates if not state.get(c.key)],
+                               catalog)  # fmt: skip
+    dropped.update(check_candidates(candidates, plans, base, cfg.cache_dir, catalog))
     measured: list[Measured] = []
     reused = 0
     remaining = 0
@@ -304,7 +310,7 @@ def overlap_wanted(req: TuneRequest, hardware: HardwareInfo) -> bool:
     return bool(hardware.gpus) if req.overlap_starts is None else req.overlap_starts
 
 
-def why_starts_not_overlapped(req: TuneRequest, hardware: HardwareInfo, base: EnginePlan) -> str | None:
+def why_starts_not_overlapped(req: TuneRequest, hardware: HardwareInfo, base: ModelPlan) -> str | None:
     """Why the next candidate's engine is not started while the current one is measured; None: it is. Only
     where the start gate holds it: an engine the gate does not hold would take the device at once."""
     if not overlap_wanted(req, hardware):
@@ -313,17 +319,16 @@ def why_starts_not_overlapped(req: TuneRequest, hardware: HardwareInfo, base: En
         return "off by default on a CPU (its cores are the measurement; --overlap-starts to force)"
     if req.gate_blocker is None:
         return f"the {GATE_PATCH} runtime patch was not checked for this vLLM (no gate_blocker given)"
-    why = req.gate_blocker(GATE_PATCH, base.catalog.distribution, base.catalog.version, {**os.environ, **base.env})
+    why = req.gate_blocker(GATE_PATCH, base.vllm.distribution, base.vllm.version, {**os.environ, **base.env})
     return f"the {GATE_PATCH} runtime patch would not hold the engine: {why}" if why else None
 
 
-def _candidates(req: TuneRequest, base: EnginePlan, scenario: Scenario, hardware: HardwareInfo
-                ) -> tuple[list[Candidate], list[Skipped]]:
+def _candidates(req: TuneRequest, base: ModelPlan, scenario: Scenario, hardware: HardwareInfo,
+                catalog: VllmCatalog) -> tuple[list[Candidate], list[Skipped]]:  # fmt: skip
     if req.candidates is not None:
         return req.candidates, []
-    r = base.resolved
     files = base.model_files.path if base.model_files else None
-    device = Device(r.hardware.accelerator, bool(r.hardware.fp8), base.catalog, dict(r.engine),
+    device = Device(base.hardware.accelerator, bool(base.hardware.fp8), catalog, dict(base.engine),
                     model_quantization(files), scenario.requests.shared_prefix_tokens > 0)
     found, skipped = device_candidates(device)
     if req.max_candidates is not None:
@@ -333,21 +338,20 @@ def _candidates(req: TuneRequest, base: EnginePlan, scenario: Scenario, hardware
     return ([Candidate({})] if req.baseline else []) + found, skipped
 
 
-def prefilter(cfg: StackConfig, target: str | None, hardware: HardwareInfo, base: EnginePlan,
-              candidates: list[Candidate], catalog: VllmCatalog | None = None
-              ) -> tuple[dict[str, EnginePlan], dict[str, Measured]]:
+def prefilter(cfg: StackConfig, target: str | None, hardware: HardwareInfo, base: ModelPlan,
+              candidates: list[Candidate], catalog: VllmCatalog
+              ) -> tuple[dict[str, ModelPlan], dict[str, Measured]]:
     """Every candidate fitted by the planner before any engine starts: (plans by key, dropped by key).
 
     The planner sees what the candidate changes (weights quantization, KV dtype, token budget, sequences);
     one that cannot fit is dropped with the planner's own reason, and nothing is started for it. vLLM's
     parser checks the survivors next (check_candidates)."""
-    plans: dict[str, EnginePlan] = {}
+    plans: dict[str, ModelPlan] = {}
     dropped: dict[str, Measured] = {}
     for cand in candidates:
         try:
-            plans[cand.key] = plan_engine(candidate_config(cfg, cand), target, hardware, port=0,
-                                          model_files=base.model_files, check=False,
-                                          catalog=catalog or base.catalog)
+            plans[cand.key] = plan_model(candidate_config(cfg, cand), target, hardware, catalog,
+                                         files=base.model_files, fetched=base.model_files is not None, port=0)
         except StackError as exc:
             m = Measured(cand.key, cand.label, cand.overrides, numerics=numerics_change(cand.overrides))
             m.error = f"dropped before start: {exc.message.splitlines()[0][:300]}"
@@ -355,32 +359,32 @@ def prefilter(cfg: StackConfig, target: str | None, hardware: HardwareInfo, base
     return plans, dropped
 
 
-def check_candidates(candidates: list[Candidate], plans: dict[str, EnginePlan], base: EnginePlan,
-                     cache_dir: Path | None) -> dict[str, Measured]:
+def check_candidates(candidates: list[Candidate], plans: dict[str, ModelPlan], base: ModelPlan,
+                     cache_dir: Path | None, catalog: VllmCatalog) -> dict[str, Measured]:
     """vLLM's own parser on the profile's and every candidate's command, in one child process before any
     engine starts (a child each cost 10-20 s per candidate on the lent GPUs). A refused profile is an error,
     as `vstack up` says it; a refused candidate is a result, not a crash, and its plan is removed."""
     todo = [c for c in candidates if c.key in plans]
     argvs = [base.vllm_args()] + [plans[c.key].vllm_args() for c in todo]
-    base_error, *errors = check_many_with_vllm(base.python, argvs, base.catalog, cache_dir)
+    base_error, *errors = check_many_with_vllm(base.python, argvs, catalog, cache_dir)
     if base_error:  # the profile itself, as `vstack up` would refuse it
-        raise ConfigError(f"vLLM {base.catalog.version} rejects the rendered command: {base_error}",
+        raise ConfigError(f"vLLM {catalog.version} rejects the rendered command: {base_error}",
                           hint="`vstack config render` shows the command; fix the option it names")
     refused: dict[str, Measured] = {}
     for cand, error in zip(todo, errors, strict=True):
         if error:
             plan = plans.pop(cand.key)
             m = Measured(cand.key, cand.label, cand.overrides, numerics=numerics_change(cand.overrides))
-            m.error = f"rejected: vLLM {plan.catalog.version} rejects the rendered command: {error}"
+            m.error = f"rejected: vLLM {plan.vllm.version} rejects the rendered command: {error}"
             refused[cand.key] = m
     return refused
 
 
-def quality_checks(measured: list[Measured], base: EnginePlan, min_match: float = MIN_EXACT_MATCH
+def quality_checks(measured: list[Measured], base: ModelPlan, min_match: float = MIN_EXACT_MATCH
                    ) -> dict[str, dict[str, Any]]:
     """For each candidate that changes numerics: its answers vs the baseline's (exact match at temperature 0,
     the first diverging token of each changed answer), and whether it is below the floor `min_match`."""
-    dummy = str(base.resolved.engine.get("load_format") or "") == "dummy"
+    dummy = str(base.engine.get("load_format") or "") == "dummy"
     baseline = next((m for m in measured if not m.overrides and m.answers), None)
     out: dict[str, dict[str, Any]] = {}
     for m in measured:
@@ -412,8 +416,8 @@ def candidate_config(cfg: StackConfig, cand: Candidate) -> StackConfig:
     return copy
 
 
-def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_path: Path, base: EnginePlan,
-             plan: EnginePlan, cand: Candidate, clauses: list[Clause], mode: Mode, earlier: list[Point],
+def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_path: Path, base: ModelPlan,
+             plan: ModelPlan, cand: Candidate, clauses: list[Clause], mode: Mode, earlier: list[Point],
              deadline: float | None, tick: Callable[..., None], save: Callable[[Measured], None],
              worker: BenchWorker | None = None, pre: Prestart | None = None,
              on_ready: Callable[[float], None] = lambda _s: None) -> Measured:
@@ -442,8 +446,8 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
         else:
             metrics = answered(_run_measurement(req, scenario, scenario_path, plan, spec,
                                                 lambda t: tick("measuring", t)))
-        if str(plan.resolved.engine.get("load_format") or "") != "dummy":
-            got = answers_of(spec.base_url, plan.resolved.served_name)
+        if str(plan.engine.get("load_format") or "") != "dummy":
+            got = answers_of(spec.base_url, plan.served_name)
             result.answers, result.answer_tokens = (got.texts, got.tokens) if got else (None, None)
         result.metrics = {**metrics, **common, "measured_s": round(time.monotonic() - started - startup, 1)}
     except BudgetExhausted as exc:
@@ -459,14 +463,13 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
     return result
 
 
-def candidate_engine(req: TuneRequest, plan: EnginePlan, cand: Candidate) -> EngineProcess:
+def candidate_engine(req: TuneRequest, plan: ModelPlan, cand: Candidate) -> EngineProcess:
     """The candidate's engine, not started; its port picked now (the planning was minutes ago)."""
-    plan.port = free_port(plan.host)
     log = req.out_dir / "logs" / f"{cand.key}.engine.log"
     log.unlink(missing_ok=True)
     # No key: the benchmark clients (vllm bench, Locust, the metrics reader) talk to this short-lived loopback
     # engine directly; it serves no one else and holds no secret of ours (stack.engine_env strips them).
-    spec = plan.engine_spec(log, name=f"tune-{cand.key}")
+    spec = engine_spec(plan, log, name=f"tune-{cand.key}", port=free_port(plan.host))
     spec.api_key = None
     return EngineProcess(spec)
 
@@ -477,7 +480,7 @@ def answered(metrics: dict[str, Any]) -> dict[str, Any]:
     return metrics
 
 
-def _search(req: TuneRequest, scenario: Scenario, plan: EnginePlan, spec: EngineSpec, cand: Candidate,
+def _search(req: TuneRequest, scenario: Scenario, plan: ModelPlan, spec: EngineSpec, cand: Candidate,
             clauses: list[Clause], earlier: list[Point], deadline: float | None, tick: Callable[..., None],
             result: Measured, save: Callable[[Measured], None], common: dict[str, Any],
             worker: BenchWorker | None = None) -> dict[str, Any]:
@@ -486,7 +489,7 @@ def _search(req: TuneRequest, scenario: Scenario, plan: EnginePlan, spec: Engine
 
     settings = SearchSettings.of(scenario.tune)
     t0 = time.monotonic()
-    probe = open_loop_probe(scenario, plan.python, spec.base_url, plan.resolved.served_name, plan.model_arg,
+    probe = open_loop_probe(scenario, plan.python, spec.base_url, plan.served_name, plan.model_arg,
                             req.out_dir / "bench", spec.name, settings.burstiness, settings.warmups,
                             lambda t, what: tick("measuring", t, what), worker=worker)
 
@@ -507,19 +510,19 @@ def _search(req: TuneRequest, scenario: Scenario, plan: EnginePlan, spec: Engine
             "goodput_output_tokens_per_s": shown.metrics.get("output_tokens_per_s") if found.best else 0.0}
 
 
-def _run_measurement(req: TuneRequest, scenario: Scenario, scenario_path: Path, plan: EnginePlan, spec: EngineSpec,
+def _run_measurement(req: TuneRequest, scenario: Scenario, scenario_path: Path, plan: ModelPlan, spec: EngineSpec,
                      tick: Callable[[float], None]) -> dict[str, Any]:
     if req.method == "locust":
         from stack.load.locust_run import run_locust
         from stack.load.records import read_records
         from stack.load.summary import summarize
 
-        scenario = scenario.model_copy(update={"models": {plan.resolved.served_name: 1.0}})
+        scenario = scenario.model_copy(update={"models": {plan.served_name: 1.0}})
         run = run_locust(scenario, scenario_path, spec.base_url, req.out_dir / "locust" / spec.name,
                          on_tick=lambda t, _done, _err: tick(t))
         return summarize(list(read_records(run.records)))
     from stack.load.vllm_bench import run_bench
 
-    metrics, _path = run_bench(scenario, plan.python, spec.base_url, plan.resolved.served_name, plan.model_arg,
+    metrics, _path = run_bench(scenario, plan.python, spec.base_url, plan.served_name, plan.model_arg,
                                req.out_dir / "bench", spec.name, tick)
     return metrics

@@ -11,8 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from stack.cli.gateway_process import NoCtrlCHint
 from stack.cli.logs_cmd import follow
-from stack.entrypoints.up import NoCtrlCHint
 
 
 def vstack(state: Path, *args: str) -> subprocess.CompletedProcess[str]:

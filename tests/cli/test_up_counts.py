@@ -1,8 +1,8 @@
 """One `vstack up` loads the configuration once, detects the hardware once and plans each model once.
 
-`vstack up -f` runs everything in one process (the background `vstack up` runs the same composition root,
-stack.assemble, in the gateway process it starts). Only the serving loop is left out (uvicorn's
-Server.run returns at once): engines would start there, after every count this test makes."""
+`vstack up -f` runs everything in one process; the background `vstack up`, whose gateway is another process,
+is counted across its processes by tests/cli/test_up_plans_once_e2e.py. Only the serving loop is left out
+here (uvicorn's Server.run returns at once): engines would start there, after every count this test makes."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_one_up_loads_config_once_detects_once_and_plans_each_model_once(
     calls: Counter = Counter()
     count_calls(monkeypatch, calls, "load_config", stack.config.loader.load_config)
     count_calls(monkeypatch, calls, "detect", stack.hardware.detect)
-    count_calls(monkeypatch, calls, "plan", stack.planner.api.plan_profile,
+    count_calls(monkeypatch, calls, "plan", stack.planner.fitting.fit_profile,
                 lambda resolved, *a, **k: resolved.model.name)
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)  # no serving loop, no engines
     monkeypatch.setattr(stack.assemble, "start_early", lambda planned: None)  # the default's engine neither
@@ -67,3 +67,26 @@ def test_one_up_loads_config_once_detects_once_and_plans_each_model_once(
     assert result.exit_code == 0, result.output
     assert "console:" in result.output and "/ui/" in result.output  # `vstack up` says where the console is
     assert calls == Counter({"load_config": 1, "detect": 1, "plan:smollm2-135m-instruct": 1, "plan:tiny": 1})
+
+
+def test_force_is_an_override_recorded_in_the_plan_not_a_variable_for_other_processes(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # fmt: skip
+    import os
+
+    import stack.assemble
+
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    (tiny / "config.json").write_text(json.dumps(TINY))
+    config = tmp_path / "one.yaml"
+    config.write_text(f"models:\n  tiny:\n    source: {{path: {tiny}}}\n")
+    state = tmp_path / "state"
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
+    monkeypatch.setattr(stack.assemble, "start_early", lambda launch: None)
+    result = CliRunner().invoke(app, ["--config", str(config), "up", "tiny", "-f", "--force", "--port", "0"],
+                                env={"VSTACK_STATE_DIR": str(state), "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "VSTACK_FIT_CHECK" not in os.environ  # nothing left for a process started later to read
+    plan = json.loads((state / "plan.json").read_text())
+    assert plan["overrides"] == {"fit_check": "warn"} and plan["config"]["fit_check"] == "warn"
+    assert plan["target"] == "tiny" and [m["served_name"] for m in plan["models"]] == ["tiny"]

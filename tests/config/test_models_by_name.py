@@ -54,18 +54,18 @@ def test_serve_may_name_a_hub_id() -> None:
 
 def test_plan_of_a_profile_plans_its_model_without_asking_the_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     import stack.planner.sources as sources
-    from stack.planner.api import plan_model
+    from stack.planner.fitting import fit_model
 
     asked: list[str] = []
     real = sources._hub_config
     monkeypatch.setattr(sources, "_hub_config", lambda hub, *a, **k: asked.append(hub) or real(hub, *a, **k))
     cfg = load_config()
-    plan = plan_model(cfg, "cpu-smollm2", "cpu")
+    plan = fit_model(cfg, "cpu-smollm2", "cpu")
     decided = {d.key: d for d in plan.decisions}
     assert decided["max_model_len"].value == 4096  # the profile's own setting, not the model's 8192
     assert decided["max_model_len"].origin == "profiles.cpu-smollm2.engine.max_model_len"
     with pytest.raises(ConfigError) as exc:
-        plan_model(cfg, "cpu-smollm3", "cpu")
+        fit_model(cfg, "cpu-smollm3", "cpu")
     assert "did you mean 'cpu-smollm2'" in exc.value.message
     assert "cpu-smollm2" not in asked and "cpu-smollm3" not in asked  # names are never Hub ids
 

@@ -48,3 +48,20 @@ def test_secret_by_what_it_is_not_by_its_name() -> None:
     assert is_secret_key(StackConfig, ("models", "m", "env", "DB_URL"))
     assert not is_secret_key(StackConfig, ("models", "m", "env", "HF_HUB_OFFLINE"))
     assert not is_secret_key(StackConfig, ("engine", "max_num_seqs"))
+
+
+def test_the_plan_vstack_up_hands_its_gateway_hides_them_too(tmp_path: Path) -> None:
+    """`vstack plan --json` prints the StackPlan as the gateway process gets it (state_dir/plan.json): the same
+    values masked (issue 28); they travel beside it, on the gateway's stdin."""
+    (tmp_path / "cfg.yaml").write_text(CONFIG)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VSTACK_")}
+    env.update(PYTHONPATH=str(ROOT), VSTACK_CONFIG=str(tmp_path / "cfg.yaml"), HF_HUB_OFFLINE="1",
+               VSTACK_STATE_DIR=str(tmp_path / "state"))
+    done = subprocess.run([sys.executable, "-m", "stack.entrypoints.cli", "plan", "--json"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for value in (*SECRETS.values(), "sk-engine-key-123"):
+        assert value not in done.stdout
+    model = json.loads(done.stdout)["models"][0]
+    assert all(model["env"][name] == MASK for name in SECRETS) and model["env"]["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert model["args"][model["args"].index("--api-key") + 1] == MASK

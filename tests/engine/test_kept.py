@@ -17,10 +17,10 @@ import pytest
 
 from stack.config import load_config
 from stack.engine.kept import kept_pids, leftovers, reattach, stop_leftovers
-from stack.engine.launch import plan_engine
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.engine.records import engine_records
 from stack.hardware import detect
+from stack.planner.model_planning import fingerprint, plan_model
 from tests.conftest import load_catalog
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
@@ -138,29 +138,30 @@ def test_an_engine_of_a_live_gateway_is_not_a_leftover(tmp_path: Path) -> None:
 
 def plan(**engine: object):
     cfg = load_config(overrides={"engine": {"enforce_eager": True, **engine}} if engine else {})
-    return plan_engine(cfg, "smollm2-135m-instruct", detect(), catalog=load_catalog("0.32"), check=False,
-                       for_launch=False)  # fmt: skip
+    return plan_model(cfg, "smollm2-135m-instruct", detect(), load_catalog("0.32"), for_launch=False)
+
+
+def fp(plan, **update: object) -> str:
+    """The fingerprint of `plan` with `update` applied (a ModelPlan is immutable: changed copies)."""
+    return fingerprint(plan.model_copy(update=update), load_catalog("0.32"))
 
 
 def test_the_fingerprint_follows_the_command_not_the_port_or_the_free_memory() -> None:
-    a, b = plan(), plan()
-    b.port = a.port + 1
-    assert a.fingerprint() == b.fingerprint()
+    a = plan()
+    assert a.fingerprint == fp(a) == plan().fingerprint
+    assert fp(a, port=a.port + 1) == a.fingerprint
     if "env:VLLM_CPU_KVCACHE_SPACE" in a.derived:  # derived from free RAM: a kept engine holds some of it
-        b.env["VLLM_CPU_KVCACHE_SPACE"] = str(int(a.env["VLLM_CPU_KVCACHE_SPACE"]) + 3)
-        assert a.fingerprint() == b.fingerprint()
-    assert plan(max_num_seqs=3).fingerprint() != a.fingerprint()
-    c = plan()
-    c.env["VLLM_LOGGING_LEVEL"] = "DEBUG"
-    assert c.fingerprint() != a.fingerprint()
+        more = str(int(a.env["VLLM_CPU_KVCACHE_SPACE"]) + 3)
+        assert fp(a, env={**a.env, "VLLM_CPU_KVCACHE_SPACE": more}) == a.fingerprint
+    assert plan(max_num_seqs=3).fingerprint != a.fingerprint
+    assert fp(a, env={**a.env, "VLLM_LOGGING_LEVEL": "DEBUG"}) != a.fingerprint
+    assert fp(a, handoff=True) != a.fingerprint  # a sleep handoff socket is in its environment
 
 
 def test_the_fingerprint_holds_no_secret() -> None:
     a = plan()
-    a.env["HF_TOKEN"] = "hf_secret_value_1"
-    b = plan()
-    b.env["HF_TOKEN"] = "hf_secret_value_2"
-    assert a.fingerprint() == b.fingerprint(), "a secret's value is masked before hashing"
+    one = fp(a, env={**a.env, "HF_TOKEN": "hf_secret_value_1"})
+    assert one == fp(a, env={**a.env, "HF_TOKEN": "hf_secret_value_2"}), "a secret's value is masked before hashing"
 
 
 def test_leftovers_about_to_be_reattached_are_spared(tmp_path: Path) -> None:

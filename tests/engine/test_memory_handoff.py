@@ -97,36 +97,52 @@ def test_the_socket_is_ours_alone(broker) -> None:
     assert not os.path.exists(broker.path)
 
 
-def test_the_composition_root_wires_the_broker_only_where_it_is_asked_for_and_can_work() -> None:
-    from types import SimpleNamespace
-
-    from stack.assemble import handoff_broker
+def test_the_plan_decides_the_handoff_and_the_gateway_opens_it_only_there(tmp_path) -> None:
+    from stack.assemble import Launch, handoff_broker
     from stack.config import load_config
+    from stack.engine.launch import engine_spec
+    from stack.hardware import detect
+    from stack.planner.model_planning import plan_model
+    from stack.planner.stack_plan import StackPlan, VllmBuild
+    from stack.planner.stack_planning import decide_handoff
+    from tests.conftest import load_catalog
 
-    def plan(accelerator: str = "gpu", sleep: bool = True, tp: int = 1) -> SimpleNamespace:
-        hardware = SimpleNamespace(accelerator=accelerator)
-        engine = {"enable_sleep_mode": sleep, "tensor_parallel_size": tp}
-        return SimpleNamespace(resolved=SimpleNamespace(name=f"m-tp{tp}", engine=engine, hardware=hardware), env={})
+    catalog = load_catalog("0.32")
+    base = plan_model(load_config(), "smollm2-135m-instruct", detect(), catalog, for_launch=False)
 
-    def stack(tp: int = 1) -> SimpleNamespace:
-        return SimpleNamespace(default=plan(), others=[plan(tp=tp), plan("gpu", sleep=False)])
+    def plan(sleep: bool = True, tp: int = 1):
+        return base.model_copy(update={"profile": f"m-tp{tp}-{sleep}", "served_name": f"m-tp{tp}-{sleep}",
+                                       "can_sleep": sleep, "engine": {**base.engine, "tensor_parallel_size": tp}})
 
-    off = load_config(text='{"manager": {"sleep_handoff": false}}')
-    assert handoff_broker(off, stack()) is None
+    def three(tp: int = 1) -> list:
+        return [plan(), plan(tp=tp), plan(sleep=False)]
+
+    def handed(cfg, plans) -> list[bool]:
+        return [p.handoff for p in decide_handoff(cfg, plans, catalog)[0]]
+
+    assert handed(load_config(text='{"manager": {"sleep_handoff": false}}'), three()) == [False] * 3
     docker = load_config(text='{"manager": {"sleep_handoff": true, "runtime": "docker"}}')
-    assert handoff_broker(docker, stack()) is None  # a container cannot reach this process's socket
+    assert handed(docker, three()) == [False] * 3  # a container cannot reach the gateway's socket
     auto = load_config()
     assert auto.manager.sleep_handoff == "auto"  # on by default where it was measured
-    assert handoff_broker(auto, stack(tp=2)) is None  # an engine on two GPUs: not measured, off under auto
-    for cfg, planned in ((auto, stack()), (load_config(text='{"manager": {"sleep_handoff": true}}'), stack(tp=2))):
-        broker = handoff_broker(cfg, planned)
+    plans, note = decide_handoff(auto, three(tp=2), catalog)  # an engine on two GPUs: not measured, off under auto
+    assert [p.handoff for p in plans] == [False] * 3 and note and note.startswith("sleep handoff off")
+    for cfg, given in ((auto, three()), (load_config(text='{"manager": {"sleep_handoff": true}}'), three(tp=2))):
+        plans, note = decide_handoff(cfg, given, catalog)
+        assert [p.handoff for p in plans] == [True, True, False] and note and "between 2 engines" in note
+        assert plans[0].fingerprint != given[0].fingerprint  # the socket changes the engine's environment
+        stack = StackPlan(config=cfg, hardware=detect(), vllm=VllmBuild(distribution="vllm", version="0.32.0"),
+                          models=tuple(plans))  # fmt: skip
+        broker = handoff_broker(Launch(stack))
         try:
             assert broker is not None
-            sleepers = [planned.default, *planned.others[:1]]
-            assert all(p.env[mh.SOCKET_ENV] == broker.path for p in sleepers)
-            assert mh.SOCKET_ENV not in planned.others[1].env  # an engine that never sleeps gets nothing
+            envs = [engine_spec(p, tmp_path / "e.log", handoff_socket=broker.path).env for p in plans]
+            assert [e.get(mh.SOCKET_ENV) for e in envs] == [broker.path, broker.path, None]  # a non-sleeper: none
         finally:
             broker.stop()
+    unhanded = StackPlan(config=auto, hardware=detect(), vllm=VllmBuild(distribution="vllm", version="0.32.0"),
+                         models=tuple(three()))  # fmt: skip
+    assert handoff_broker(Launch(unhanded)) is None
 
 
 def test_the_broker_may_hold_an_engines_worth_of_descriptors() -> None:

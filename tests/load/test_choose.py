@@ -88,11 +88,11 @@ def test_quality_guard_compares_answers_with_the_baseline() -> None:
     base = g("base", 20, 1, 1, overrides={}, answers=["a", "b", "c", "d"])
     fp8 = g("fp8", 25, 1, 1, {"quantization": "fp8"}, ["a", "b", "x", "d"], "weights quantization fp8")
     plain = g("seqs", 21, 1, 1, {"max_num_seqs": 8}, ["a", "b", "c", "d"])
-    real = SimpleNamespace(resolved=SimpleNamespace(engine={}))
+    real = SimpleNamespace(engine={})
     checks = quality_checks([base, fp8, plain], real)  # type: ignore[arg-type]
     assert set(checks) == {"fp8"} and checks["fp8"]["exact_match"] == 0.75
     assert "3 of 4 answers identical" in checks["fp8"]["note"]
-    dummy = SimpleNamespace(resolved=SimpleNamespace(engine={"load_format": "dummy"}))
+    dummy = SimpleNamespace(engine={"load_format": "dummy"})
     assert "not possible: dummy weights" in quality_checks([base, fp8], dummy)["fp8"]["note"]  # type: ignore[arg-type]
 
 
@@ -109,7 +109,7 @@ def test_quality_floor_keeps_a_faster_candidate_that_changed_its_answers_out() -
     fp8.answer_tokens = [["a", " b"], ["c", " x"], ["y"], ["g", " z"]]
     kv = g("kv", 25, 1, 1, {"kv_cache_dtype": "fp8"}, ["a b", "c d", "e f", "g z"], "KV cache fp8")
     kv.answer_tokens = [["a", " b"], ["c", " d"], ["e", " f"], ["g", " z"]]
-    real = SimpleNamespace(resolved=SimpleNamespace(engine={}))
+    real = SimpleNamespace(engine={})
     slo = parse_slo("p95_ttft_ms<800")
 
     checks = quality_checks([base, fp8, kv], real, 0.5)  # type: ignore[arg-type]

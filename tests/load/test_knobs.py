@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from stack.config import load_config
-from stack.engine.launch import plan_engine
 from stack.hardware import GIB, GpuInfo, HardwareInfo
+from stack.planner.model_planning import plan_model
 from stack.tune.candidates import Candidate
 from stack.tune.knobs import NGRAM, Device, device_candidates, numerics_change
 from stack.tune.run import prefilter
@@ -67,11 +67,11 @@ def test_prefilter_drops_what_cannot_fit_before_anything_starts() -> None:
     rtx4090 = HardwareInfo(gpus=[GpuInfo(0, "NVIDIA GeForce RTX 4090", int(23.6 * GIB), int(23 * GIB), "8.9")],
                            cpu_count=16, ram_total=64 * GIB, ram_available=60 * GIB)
     catalog = load_catalog("0.26")
-    base = plan_engine(cfg, "llama-3.1-8b-instruct", rtx4090, port=0, check=False, catalog=catalog)
+    base = plan_model(cfg, "llama-3.1-8b-instruct", rtx4090, catalog, port=0)
     long_context = Candidate({"max_model_len": 131072})
     cands = [Candidate({}), Candidate({"quantization": "fp8"}), long_context, Candidate({"max_num_seqs": 64})]
     plans, dropped = prefilter(cfg, "llama-3.1-8b-instruct", rtx4090, base, cands, catalog=catalog)
     assert set(plans) == {c.key for c in cands if c is not long_context}
     reason = dropped[long_context.key].error or ""
     assert reason.startswith("dropped before start:") and "KV cache" in reason and "RTX 4090" in reason
-    assert plans[Candidate({"quantization": "fp8"}).key].resolved.engine["quantization"] == "fp8"
+    assert plans[Candidate({"quantization": "fp8"}).key].engine["quantization"] == "fp8"

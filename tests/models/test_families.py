@@ -12,9 +12,9 @@ import pytest
 
 from stack.config import load_config
 from stack.config.schema import ModelEntry
-from stack.engine.launch import plan_engine
 from stack.errors import ConfigError
 from stack.hardware import detect
+from stack.planner.model_planning import plan_model
 from stack.vllm.families import FAMILIES, infer_family, registered_parsers, serving_options
 from stack.vllm.lora import AdapterError, check_fits, engine_options, inspect
 from tests.conftest import load_catalog
@@ -78,7 +78,7 @@ def test_unknown_parser_is_refused_naming_the_known_ones(tmp_path: Path) -> None
         pytest.skip("no vLLM installed here")
     cfg = load_config(text="models:\n  qwen2.5-7b-instruct:\n    serving: {tool_call_parser: hermez}\n")
     with pytest.raises(ConfigError, match=r"'hermez' .* not a parser the installed vLLM registers; did you mean"):
-        plan_engine(cfg, "qwen2.5-7b-instruct", detect(), catalog=load_catalog("0.32"), check=False, for_launch=False)
+        plan_model(cfg, "qwen2.5-7b-instruct", detect(), load_catalog("0.32"), for_launch=False)
 
 
 def test_shipped_model_configs_render_their_family_facts() -> None:
@@ -87,7 +87,7 @@ def test_shipped_model_configs_render_their_family_facts() -> None:
                 "qwen3-8b": ("hermes", "qwen3"), "mistral-7b-instruct-v0.3": ("mistral", None),
                 "gpt-oss-20b": ("openai", "openai_gptoss"), "smollm2-135m-instruct": ("hermes", None)}  # fmt: skip
     for name, (tool, reasoning) in expected.items():
-        plan = plan_engine(cfg, name, detect(), catalog=load_catalog("0.32"), check=False, for_launch=False)
+        plan = plan_model(cfg, name, detect(), load_catalog("0.32"), for_launch=False)
         args = plan.vllm_args()
         assert (f"--tool-call-parser={tool}" in " ".join(args).replace("--tool-call-parser ", "--tool-call-parser=")
                 ) == bool(tool), (name, args)
@@ -105,7 +105,7 @@ def test_config_render_shows_the_family_and_parsers() -> None:
 
 def test_embed_task_runs_the_pooling_runner() -> None:
     cfg = load_config()
-    plan = plan_engine(cfg, "all-minilm-l6-v2", detect(), catalog=load_catalog("0.32"), check=False, for_launch=False)
+    plan = plan_model(cfg, "all-minilm-l6-v2", detect(), load_catalog("0.32"), for_launch=False)
     assert "--runner" in plan.vllm_args() and "pooling" in plan.vllm_args()
     assert "--tool-call-parser" not in plan.vllm_args()
 
@@ -171,17 +171,16 @@ def test_a_config_adapter_with_missing_files_stops_the_plan(tmp_path: Path) -> N
     text = f"models:\n  smollm2-135m-instruct:\n    adapters: [{{name: gone, path: {tmp_path}/gone}}]\n"
     cfg = load_config(text=text)
     with pytest.raises(ConfigError, match=r"adapters: adapter 'gone': folder .* does not exist"):
-        plan_engine(cfg, "smollm2-135m-instruct", detect(), catalog=load_catalog("0.32"), check=False,
-                    for_launch=False, model_files=None)
+        plan_model(cfg, "smollm2-135m-instruct", detect(), load_catalog("0.32"), for_launch=False)
 
 
 def test_planner_accounts_lora_slots_against_the_kv_cache() -> None:
-    from stack.planner.api import plan_model
+    from stack.planner.fitting import fit_model
 
     cfg = load_config()
-    plain = plan_model(cfg, "llama-3.1-8b-instruct", "h100-80gb")
+    plain = fit_model(cfg, "llama-3.1-8b-instruct", "h100-80gb")
     lora = {"enable_lora": True, "max_loras": 4, "max_lora_rank": 16}
-    with_lora = plan_model(cfg, "llama-3.1-8b-instruct", "h100-80gb", engine=lora)
+    with_lora = fit_model(cfg, "llama-3.1-8b-instruct", "h100-80gb", engine=lora)
     # Llama 3.1 8B: 16 x (10240 + 8192 + 51200) x 32 layers x 2 bytes per slot, 4 slots = 272 MiB
     assert with_lora.budget.weights - plain.budget.weights == 4 * 16 * 69632 * 32 * 2
     assert with_lora.budget.kv < plain.budget.kv
@@ -190,7 +189,6 @@ def test_planner_accounts_lora_slots_against_the_kv_cache() -> None:
 
 @pytest.mark.parametrize(("version", "pinned"), [("0.32", True), ("0.33", True), ("0.26", False)])
 def test_smollm2_pins_tool_arguments_where_vllm_can(version: str, pinned: bool) -> None:
-    plan = plan_engine(load_config(), "smollm2-135m-instruct", detect(), catalog=load_catalog(version), check=False,
-                       for_launch=False)  # fmt: skip
+    plan = plan_model(load_config(), "smollm2-135m-instruct", detect(), load_catalog(version), for_launch=False)
     assert ("--tool-strict-level" in plan.vllm_args()) == pinned
     assert pinned or any("no --tool-strict-level" in n for n in plan.notes)

@@ -87,8 +87,8 @@ def test_the_gate_runs_only_where_the_ledger_covers_the_vllm_and_no_switch_turns
     assert "has no patch" in (would_run("no-such-patch", "vllm", "0.26.0", {}) or "")
 
 
-def _base(version: str) -> SimpleNamespace:  # the two fields of an EnginePlan the decision reads
-    return SimpleNamespace(catalog=SimpleNamespace(distribution="vllm", version=version),
+def _base(version: str) -> SimpleNamespace:  # the two fields of a ModelPlan the decision reads
+    return SimpleNamespace(vllm=SimpleNamespace(distribution="vllm", version=version),
                            env={"VLLM_PLUGINS": "vstack_patches"})
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from stack.config.resolve import ResolvedProfile
 from stack.config.schema import ModelEntry, ModelSource, StackConfig
-from stack.planner.api import plan_profile
+from stack.planner.fitting import fit_profile
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 KV_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -82,7 +82,7 @@ def test_predicted_kv_capacity_within_10_percent_of_vllm(cfg: StackConfig, tmp_p
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     resolved = ResolvedProfile("cpu/tiny", "", cfg.hardware["cpu"],
                                ModelEntry(name="tiny", source=ModelSource(path=str(folder))), engine, {}, env)
-    plan = plan_profile(resolved)
+    plan = fit_profile(resolved)
     assert "safetensors headers" in plan.weights.source
     actual = _vllm_kv_tokens(folder, {**engine, **plan.engine_updates}, {**env, **plan.env_updates},
                              tmp_path / "vllm.log")

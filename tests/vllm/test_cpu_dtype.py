@@ -39,20 +39,23 @@ def test_flags_are_read_from_cpuinfo(tmp_path: Path) -> None:
 
 def test_the_plan_renders_the_decision_and_refuses_bf16_by_hand(monkeypatch) -> None:
     from stack.config import load_config
-    from stack.engine.launch import plan_engine
     from stack.errors import ConfigError
     from stack.hardware import HardwareInfo
+    from stack.planner.model_planning import plan_model
 
     info = HardwareInfo(cpu_count=2, ram_total=8 << 30, ram_available=4 << 30)
-    plan = plan_engine(load_config(), "cpu-smollm2", info, check=False, for_launch=False)
-    assert plan.resolved.engine["dtype"] == "float32"
+    from stack.vllm.options import installed_catalog
+
+    catalog = installed_catalog(sys.executable, load_config().cache_dir)
+    plan = plan_model(load_config(), "cpu-smollm2", info, catalog, for_launch=False)
+    assert plan.engine["dtype"] == "float32"
     assert any(n.startswith("dtype: ") for n in plan.notes)
-    monkeypatch.setattr("stack.engine.launch.cpu_flags", lambda: XEON_AMX)
+    monkeypatch.setattr("stack.planner.model_planning.cpu_flags", lambda: XEON_AMX)
     cfg = load_config(text="engine: {dtype: bfloat16}")
     with pytest.raises(ConfigError, match="bfloat16 is not known good"):
-        plan_engine(cfg, "cpu-smollm2", info, check=False, for_launch=False)
+        plan_model(cfg, "cpu-smollm2", info, catalog, for_launch=False)
     monkeypatch.setenv("VSTACK_ALLOW_CPU_BF16", "1")
-    assert plan_engine(cfg, "cpu-smollm2", info, check=False, for_launch=False).resolved.engine["dtype"] == "bfloat16"
+    assert plan_model(cfg, "cpu-smollm2", info, catalog, for_launch=False).engine["dtype"] == "bfloat16"
 
 
 GUARD_PROBE = """

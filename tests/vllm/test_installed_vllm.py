@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from stack.config import load_config
-from stack.engine.launch import plan_engine
 from stack.hardware import detect
+from stack.planner.model_planning import plan_model
 from stack.vllm.args import render_engine_args
 from stack.vllm.options import check_many_with_vllm, check_with_vllm, installed_catalog, installed_version
 from tests.conftest import VERSIONS, load_catalog
@@ -99,7 +99,7 @@ def test_every_shipped_profile_renders_for_every_known_vllm() -> None:
     for version in VERSIONS:
         cat = load_catalog(version)
         for name in [*cfg.profiles, *cfg.models, "auto"]:
-            plan = plan_engine(cfg, name, info, catalog=cat, check=False, for_launch=False)
+            plan = plan_model(cfg, name, info, cat, for_launch=False)
             assert plan.vllm_args()[1:3] == ["--host", "127.0.0.1"]
 
 
@@ -110,7 +110,7 @@ def test_gpu_profile_on_a_cpu_machine_is_refused_for_launch() -> None:
     if info.gpus:
         pytest.skip("this machine has a GPU")
     with pytest.raises(ConfigError, match="no NVIDIA GPU was found"):
-        plan_engine(load_config(), "rtx4090-qwen2.5-7b", info, catalog=load_catalog("0.32"), check=False)
+        plan_model(load_config(), "rtx4090-qwen2.5-7b", info, load_catalog("0.32"))
 
 
 def _vstack(*args: str) -> subprocess.CompletedProcess[str]:

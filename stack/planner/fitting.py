@@ -1,9 +1,10 @@
-"""The planner's two entry points: `plan_profile` for `vstack up` (a resolved profile on the detected
-machine) and `plan_model` for `vstack plan` (any model on any hardware profile)."""
+"""The fit planner's two entry points: `fit_profile` for `vstack up` (a resolved profile on the detected
+machine) and `fit_model` for `vstack plan MODEL` (any model on any hardware profile)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +13,10 @@ from stack.config.origins import suggest
 from stack.config.resolve import ResolvedProfile, unconfigured_model
 from stack.config.schema import HardwareProfile, StackConfig
 from stack.errors import ConfigError
-from stack.planner.decide import FitInput, decide
+from stack.planner.fit import Fit, Request
+from stack.planner.fit_decisions import FitInput, decide
 from stack.planner.machine import Machine
 from stack.planner.parallel import check_tensor_parallel
-from stack.planner.plan import Plan, Request
 from stack.planner.sources import ModelFacts, load_facts
 
 QUANTIZED_MARKERS = re.compile(r"(awq|gptq|fp8|int4|int8|w4a16|w8a8|bnb|4bit|8bit)", re.IGNORECASE)
@@ -33,8 +34,8 @@ def quantized_variants(cfg: StackConfig | None, hub_id: str | None) -> list[str]
     )
 
 
-def plan_profile(resolved: ResolvedProfile, hardware_info: Any | None = None, *, cfg: StackConfig | None = None,
-                 model_dir: Path | None = None, request: Request | None = None, token: str | None = None) -> Plan:
+def fit_profile(resolved: ResolvedProfile, hardware_info: Any | None = None, *, cfg: StackConfig | None = None,
+                 model_dir: Path | None = None, request: Request | None = None, token: str | None = None) -> Fit:
     """Plan a resolved profile: decide what it leaves unset, or raise FitError with the numbers.
 
     hardware_info: stack.hardware.HardwareInfo as detected (None: the hardware profile's own facts).
@@ -50,9 +51,9 @@ def plan_profile(resolved: ResolvedProfile, hardware_info: Any | None = None, *,
                  request or Request(), resolved.model.name, quantized_variants(cfg, resolved.model.source.hub))
 
 
-def plan_model(cfg: StackConfig, model: str, hardware: str, request: Request | None = None,
+def fit_model(cfg: StackConfig, model: str, hardware: str, request: Request | None = None,
                engine: dict[str, Any] | None = None, token: str | None = None,
-               hardware_info: Any | None = None) -> Plan:
+               hardware_info: Any | None = None) -> Fit:
     """Plan `model` (a configured model name, a Hub repository id or a local folder) on a hardware profile.
 
     Engine options come from the hardware profile, the model entry (when configured) and `engine`, in that
@@ -104,10 +105,9 @@ def plan_model(cfg: StackConfig, model: str, hardware: str, request: Request | N
 
 def _plan(facts: ModelFacts, hw: HardwareProfile, machine: Machine, engine: dict[str, Any],
           origins: dict[str, str], env: dict[str, str], request: Request, label: str,
-          alternatives: list[str]) -> Plan:
+          alternatives: list[str]) -> Fit:
     gpus = machine.gpu_count if machine.accelerator == "gpu" else None
     check_tensor_parallel(facts.shape, engine, origins, gpus, label)
-    plan = decide(FitInput(facts.shape, facts.weights, hw, machine, dict(engine), dict(origins), dict(env),
-                           request, label, alternatives))
-    plan.notes.insert(0, f"config: {facts.config_source}; weights: {facts.weights.source}")
-    return plan
+    fit = decide(FitInput(facts.shape, facts.weights, hw, machine, dict(engine), dict(origins), dict(env),
+                          request, label, alternatives))
+    return replace(fit, notes=[f"config: {facts.config_source}; weights: {facts.weights.source}", *fit.notes])

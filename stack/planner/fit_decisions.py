@@ -13,6 +13,7 @@ from typing import Any
 from stack.config.schema import HardwareProfile
 from stack.planner.allocator import rounding_bytes
 from stack.planner.errors import FitError
+from stack.planner.fit import Decision, Fit, Request
 from stack.planner.kv_layout import cache_dtype_bytes, in_flight_tokens
 from stack.planner.lora import describe as describe_lora
 from stack.planner.lora import lora_gpu_bytes
@@ -25,7 +26,6 @@ from stack.planner.memory import (
     gpu_budget,
 )
 from stack.planner.model_meta import ModelShape
-from stack.planner.plan import Decision, Plan, Request
 from stack.planner.weight_tensors import weight_tensor_sizes
 from stack.planner.weights import Weights, machete_zero_point_bytes
 from stack.vllm import cpu
@@ -233,7 +233,7 @@ def _refuse_ram(inp: FitInput, fit: _Fit) -> FitError | None:
     return None
 
 
-def decide(inp: FitInput) -> Plan:
+def decide(inp: FitInput) -> Fit:
     fit = _choose(inp)
     if inp.machine.accelerator == "cpu" and (error := _refuse_ram(inp, fit)):
         raise error
@@ -247,7 +247,7 @@ def decide(inp: FitInput) -> Plan:
     decisions += _decide_memory(inp, fit)
     tokens, concurrency = fit.kv.capacity(fit.kv_bytes, length, fit.in_flight)
     notes = _notes(inp, fit)
-    return Plan(inp.model_label, inp.hardware.name, inp.shape, inp.weights, fit.budget, fit.kv, length,
+    return Fit(inp.model_label, inp.hardware.name, inp.shape, inp.weights, fit.budget, fit.kv, length,
                 tokens, concurrency, [d for d in decisions if d is not None], notes)
 
 

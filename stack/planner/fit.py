@@ -1,4 +1,6 @@
-"""What the planner hands back: the decisions with their reasons, the budget, and the updates to apply."""
+"""What the fit planner hands back (a `Fit`): the decisions with their reasons, the budget, and the updates to
+apply. Not to be confused with `stack.planner.stack_plan` (what `vstack up` decided for every model): a Fit is
+one of its inputs, kept in each ModelPlan."""
 
 from __future__ import annotations
 
@@ -30,8 +32,10 @@ class Decision:
     origin: str = ""
 
 
-@dataclass
-class Plan:
+@dataclass(frozen=True)
+class Fit:
+    """One model fitted on one machine: its memory budget, KV cache geometry and each decided setting."""
+
     model: str
     hardware: str
     shape: ModelShape

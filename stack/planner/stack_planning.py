@@ -1,0 +1,179 @@
+"""Every model of one `vstack up` planned once: the StackPlan.
+
+    plan = plan_stack(cfg, target, hardware, catalog, fetch=..., site=..., nodes=...)
+
+The inputs are handed in by the composition root (stack.assemble.plan_up): the configuration (loaded once),
+the hardware (detected once), the installed vLLM's option catalogue, where engine containers go (a
+ContainerSite, manager.runtime: docker) and the Ray cluster's live nodes (manager.runtime: ray). `fetch`
+makes a model's files local (stack.models.pull); without it, models are planned from the files at hand or
+the Hub's metadata, as `vstack plan` and engines that fetch for themselves do.
+
+Each model is planned once: from its files when they are on this machine already (fetching them would change
+nothing); otherwise first from the Hub's metadata (a model that cannot fit is refused before any download),
+then again from the files the download brought (exact weight bytes), which its notes say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from stack.config.schema import ModelEntry, StackConfig
+from stack.errors import StackError
+from stack.hardware import HardwareInfo
+from stack.models import ModelFiles
+from stack.planner.cluster import Demand, NodeRes, Placement, check, place
+from stack.planner.model_planning import plan_model, with_fingerprint
+from stack.planner.stack_plan import ContainerSite, ModelPlan, RunsOn, StackPlan, VllmBuild
+from stack.vllm.options import VllmCatalog
+
+Status = Callable[[str], None]
+Fetch = Callable[[ModelEntry], ModelFiles]
+UNCONFIGURED = "not in configs/models:"  # the line `vstack up` repeats after ready (stack.cli.lifecycle)
+REPLANNED = "planned again from the files fetched just now (first from the Hub's metadata, before the download)"
+
+
+def plan_stack(cfg: StackConfig, target: str | None, hardware: HardwareInfo, catalog: VllmCatalog, *,
+               fetch: Fetch | None = None, site: ContainerSite | None = None, nodes: list[NodeRes] | None = None,
+               overrides: dict | None = None, on_status: Status = lambda _s: None) -> StackPlan:  # fmt: skip
+    """The default model (`target`, else `serve:`) and the manager's other models, each planned once; where
+    each engine runs; the sleep handoff between them. Raises what the default model's planning raises.
+    overrides: what the command line set over the configuration, recorded (a reload applies them again)."""
+    cfg, notes = with_sleep(cfg, hardware)
+    default = plan_fetched(cfg, target, hardware, catalog, fetch, on_status)
+    others = plan_others(cfg, default, hardware, catalog, fetch, on_status) if cfg.manager.models else []
+    models, handoff_note = decide_handoff(cfg, [default, *others], catalog)
+    notes += [handoff_note] if handoff_note else []
+    cluster = None
+    if cfg.manager.runtime == "ray":
+        cluster = place_on_cluster(cfg, models, nodes or [], on_status)
+    models = [m.model_copy(update={"runs_on": runs_on(cfg, m, site, cluster)}) for m in models]
+    for m in models:
+        if m.ad_hoc:
+            on_status(unconfigured_line(m))
+    return StackPlan(target=target, overrides=overrides or {}, config=cfg, hardware=hardware,
+                     vllm=VllmBuild(distribution=catalog.distribution, version=catalog.version),
+                     models=tuple(models), site=site, cluster=cluster, notes=tuple(notes))  # fmt: skip
+
+
+def plan_fetched(cfg: StackConfig, target: str | None, hardware: HardwareInfo, catalog: VllmCatalog,
+                 fetch: Fetch | None, on_status: Status = lambda _s: None) -> ModelPlan:  # fmt: skip
+    """One model, its files fetched (with `fetch`) and planned again only when the download changed what it
+    was planned from."""
+    first = plan_model(cfg, target, hardware, catalog)
+    if first.model_files is not None:  # its files are here: fetching them would change nothing
+        return _noted(first, f"model: {first.model_files.path} ({first.model_files.origin})")
+    if fetch is None:
+        return _noted(first, "model: not on this machine yet; planned from the Hub's metadata")
+    files = fetch(first.model)
+    plan = plan_model(cfg, target, hardware, catalog, files=files, fetched=True)
+    return _noted(plan, f"model: {files.path} ({files.origin}); {REPLANNED}")
+
+
+def _noted(plan: ModelPlan, note: str) -> ModelPlan:
+    return plan.model_copy(update={"notes": (*plan.notes, note)})
+
+
+def plan_others(cfg: StackConfig, default: ModelPlan, hardware: HardwareInfo, catalog: VllmCatalog,
+                fetch: Fetch | None, on_status: Status = lambda _s: None) -> list[ModelPlan]:  # fmt: skip
+    """The other models the manager may switch to. A model whose files cannot be fetched is still planned
+    (from what is at hand): its engine then fails to start, and /admin/models shows why, without stopping
+    `up`."""
+    plans = []
+    for name in cfg.manager.models:
+        if name in (default.profile, default.served_name, default.model.name):
+            continue  # the default model, planned already
+        try:
+            plan = plan_fetched(cfg, name, hardware, catalog, fetch, on_status)
+        except StackError as exc:
+            plan = plan_model(cfg, name, hardware, catalog)  # a fit or config error: raised here again
+            on_status(f"model {name} cannot be prepared: {exc.message}")
+            plan = _noted(plan, f"model: not fetched ({exc.message})")
+        if plan.served_name != default.served_name:
+            plans.append(plan)
+    return plans
+
+
+def with_sleep(cfg: StackConfig, hardware: HardwareInfo) -> tuple[StackConfig, list[str]]:
+    """Sleep mode on for every engine when the gateway may switch GPU models. VLLM_SERVER_DEV_MODE opens
+    debug endpoints too: safe only because engines bind to loopback (StackConfig.host checks it)."""
+    if cfg.manager.sleep != "auto" or len(cfg.manager.models) < 2 or not hardware.gpus:
+        return cfg, []
+    served = cfg.model_copy(update={"engine": {**cfg.engine, "enable_sleep_mode": True},
+                                    "env": {**cfg.env, "VLLM_SERVER_DEV_MODE": "1"}})  # fmt: skip
+    return served, ["sleep mode on for every engine: the gateway switches GPU models (manager.sleep: auto)"]
+
+
+def model_gpus(engine: dict) -> int:
+    """GPUs one copy of the model spans: tensor x pipeline parallel."""
+    return int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1)
+
+
+def gpus_per_engine(plan: ModelPlan) -> int:
+    """GPUs one engine process group holds: its model's, times its data-parallel copies."""
+    return model_gpus(plan.engine) * int(plan.engine.get("data_parallel_size") or 1)
+
+
+def decide_handoff(cfg: StackConfig, plans: list[ModelPlan], catalog: VllmCatalog
+                   ) -> tuple[list[ModelPlan], str | None]:  # fmt: skip
+    """manager.sleep_handoff: whether a sleeping engine's GPU memory goes to the engine waking in its place
+    (the broker is the gateway's, stack.vllm.plugins.handoff). Local GPU engines only: a container or a Ray
+    node cannot reach the gateway's socket. `auto` keeps to what was measured (engines of one GPU each,
+    adr/0016); an engine on several GPUs needs `true`."""
+    mode = cfg.manager.sleep_handoff
+    sleepers = [p for p in plans if p.can_sleep]
+    if mode is False or cfg.manager.runtime != "local" or len(sleepers) < 2:
+        return plans, None
+    if mode == "auto" and (wide := [p.profile for p in sleepers if gpus_per_engine(p) > 1]):
+        return plans, (f"sleep handoff off: {', '.join(wide)} run on several GPUs each (measured on one-GPU engines "
+                       "only; manager.sleep_handoff: true turns it on)")  # fmt: skip
+    handed = [with_fingerprint(p, catalog, handoff=True) if p.can_sleep else p for p in plans]
+    return handed, f"sleep handoff: GPU memory handed between {len(sleepers)} engines"
+
+
+def replicas_of(cfg: StackConfig, plan: ModelPlan) -> int:
+    """manager.ray.replicas names a model by its profile, model or served name; unnamed: 1."""
+    wanted = cfg.manager.ray.replicas
+    names = (plan.profile, plan.model.name, plan.served_name)
+    return next((wanted[n] for n in names if n in wanted), 1)
+
+
+def ray_demand(cfg: StackConfig, plan: ModelPlan) -> Demand:
+    """What one model asks of the cluster: GPUs (tensor x pipeline parallel) or, on the CPU build, the
+    host RAM the fit planner gave the engine (weights + KV space + overhead) and its Ray CPUs."""
+    gpu = plan.accelerator == "gpu"
+    pp = int(plan.engine.get("pipeline_parallel_size") or 1)
+    devices = model_gpus(plan.engine) if gpu else 0
+    need = plan.fit.budget.requested if plan.fit is not None else 0
+    return Demand(plan.served_name, replicas_of(cfg, plan), devices, cfg.manager.ray.cpus_per_engine,
+                  0 if gpu else int(need or 0), pp)  # fmt: skip
+
+
+def place_on_cluster(cfg: StackConfig, plans: list[ModelPlan], nodes: list[NodeRes],
+                     on_status: Status = lambda _s: None) -> Placement:  # fmt: skip
+    """Every replica of every model on the Ray cluster's live nodes, or ClusterFitError naming what does
+    not fit, before anything starts (stack.planner.cluster says the rule)."""
+    placement = check(place([ray_demand(cfg, p) for p in plans], nodes), nodes)
+    for p in placement.places:
+        on_status(f"ray: {p.model} replica {p.index} -> {p.reason}")
+    return placement
+
+
+def runs_on(cfg: StackConfig, plan: ModelPlan, site: ContainerSite | None, cluster: Placement | None) -> RunsOn:
+    if cluster is not None:
+        places = cluster.of(plan.served_name)
+        return RunsOn(kind="ray", detail="; ".join(f"replica {p.index}: {p.reason}" for p in places),
+                      nodes=tuple(n[:8] for p in places for n in p.nodes))  # fmt: skip
+    if site is not None:
+        return RunsOn(kind="container", detail=f"an engine container of {site.image} on network {site.network} "
+                      f"({'sharing' if site.shares_cache else 'with its own model cache, not'} the gateway's /cache)")
+    return RunsOn(kind="local", detail="a child process of the gateway on a loopback port")
+
+
+def unconfigured_line(plan: ModelPlan) -> str:
+    """A model served by its Hub id or folder: what was inferred and planned, since no YAML says it."""
+    model = plan.model
+    decided = ", ".join(f"{d.key}={d.value}" for d in (plan.fit.decisions if plan.fit else []) if d.source == "planner")
+    family = next((n.removeprefix("family: ") for n in plan.notes if n.startswith("family: ")), "unknown")
+    return (f"{UNCONFIGURED} {model.api_name} served as {model.api_name!r}; family {family}; planned for this "
+            f"machine: {decided or 'the defaults'}; make it switchable: `vstack models add "
+            f"{model.source.hub or model.source.path}`")
