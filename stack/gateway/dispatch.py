@@ -125,7 +125,11 @@ class Dispatcher:
 
     async def _admit(self, group: str) -> Ticket | None:
         try:
-            return await self.admission.admit(group, can_spill=len(self.routing.plan(group)) > 1)  # type: ignore[union-attr]
+            # A bridge (a deployment of the group itself added at runtime, `vstack upgrade apply`) serves while
+            # the group's own engine restarts, as a fallback would.
+            bridge = any(d.labels.get("added") == "admin" for d in self.routing.registry.ready(group))
+            can_spill = len(self.routing.plan(group)) > 1 or bridge
+            return await self.admission.admit(group, can_spill=can_spill)  # type: ignore[union-attr]
         except ModelUnavailable as exc:  # the manager's refusal, rendered here once: 503 + Retry-After
             raise NoDeployment(exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
 
