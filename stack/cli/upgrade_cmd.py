@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from stack.cli.shell import ConfigOpt, cli_config, run, sigterm_as_interrupt
@@ -89,7 +90,7 @@ def check(
                            _env_pairs(candidate_env), candidate_ledger, ledger, command)
         with sigterm_as_interrupt():
             try:
-                result = run_check(cfg, req, detect(), lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+                result = run_check(cfg, req, detect(), lambda m: err.print(f"[dim]{escape(m)}[/]", highlight=False))
             except KeyboardInterrupt:
                 err.print("[yellow]interrupted:[/] the check's engines were stopped")
                 return ExitCode.INTERRUPTED
@@ -192,9 +193,9 @@ def apply_command(
         if not force and pins.last_passing_check(pins.PinFiles.default(ledger, pyproject), d, v) is None:
             raise pins.PinError(f"{d} {v} has no passing `vstack upgrade check` in the ledger",
                                 hint=f"run `vstack upgrade check {v}` first, or --force")
-        cand = candidate_env(cfg.cache_dir, d, v, pinned, lambda m: err.print(f"[dim]{m}[/]"))
+        cand = candidate_env(cfg.cache_dir, d, v, pinned, lambda m: err.print(f"[dim]{escape(m)}[/]"))
         ro = apply(cfg, detect(), model, cand.python, prompts, cfg.state_dir / "logs", cli_url(), min_match,
-                   on_status=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+                   on_status=lambda m: err.print(f"[dim]{escape(m)}[/]", highlight=False))
         for s in ro.steps:
             out.print(f"{s['at_s']:7.1f} s  {s['step']}  " + ", ".join(f"{k}={v}" for k, v in s.items()
                                                                  if k not in ("step", "at_s")), highlight=False)
