@@ -15,7 +15,7 @@ import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["errors", "engine_env", "config", "hardware", "models", "vllm", "planner", "engine", "manager", "gateway",
-         "assemble", "load", "patches", "cli", "entrypoints"]
+         "assemble", "load", "patches", "upgrade", "cli", "entrypoints"]
 
 
 OUTER = ["harness", "bench", "tests"]  # drawn around the stack; their imports of it go to the box "stack"
