@@ -55,6 +55,10 @@ def files_args(f: pins.PinFiles) -> list[str]:
 def vstack(tmp_path: Path) -> Iterator[Vstack]:
     v = Vstack(tmp_path)
     v.env["PYTHONPATH"] = str(ROOT)  # the bad candidate's runtime patch lives in tests/
+    # Small engines on a shared machine: a 1 GiB KV cache each (two run side by side during a rollout).
+    config = tmp_path / "small.yaml"
+    config.write_text("env: {VLLM_CPU_KVCACHE_SPACE: '1', VLLM_CPU_OMP_THREADS_BIND: nobind}\n")
+    v.env["VSTACK_CONFIG"] = str(config)
     yield v
 
 
