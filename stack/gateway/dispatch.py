@@ -125,13 +125,15 @@ class Dispatcher:
 
     async def _admit(self, group: str) -> Ticket | None:
         try:
-            # A bridge (a deployment of the group itself added at runtime, `vstack upgrade apply`) serves while
-            # the group's own engine restarts, as a fallback would.
-            bridge = any(d.labels.get("added") == "admin" for d in self.routing.registry.ready(group))
-            can_spill = len(self.routing.plan(group)) > 1 or bridge
+            can_spill = len(self.routing.plan(group)) > 1 or self._bridged(group)
             return await self.admission.admit(group, can_spill=can_spill)  # type: ignore[union-attr]
         except ModelUnavailable as exc:  # the manager's refusal, rendered here once: 503 + Retry-After
             raise NoDeployment(exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
+
+    def _bridged(self, group: str) -> bool:
+        """A bridge (a ready deployment of the group itself added at runtime: `vstack upgrade apply`) serves the
+        group while its own engine drains and restarts, as a fallback would."""
+        return any(d.labels.get("added") == "admin" for d in self.routing.registry.ready(group))
 
     def _done(self, group: str, ticket: Ticket | None = None) -> None:
         self.in_flight -= 1
@@ -145,6 +147,9 @@ class Dispatcher:
         steps = deque(self.routing.plan(group))
         # An adapter lives on its base model's engines only: no cloud model answers in its name.
         excluded: set[str] = {d.id for d in self.routing.registry.all() if d.kind == "cloud"} if adapter else set()
+        if spilled and self._bridged(group):  # its own engine is draining or restarting: no ticket would hold it
+            excluded |= {d.id for d in self.routing.registry.all()
+                         if d.model_group == group and d.labels.get("managed") == "1"}
         fails: dict[str, int] = {}
         last: UpstreamError | None = None
         previous: str | None = None

@@ -154,7 +154,10 @@ def apply(cfg: StackConfig, hardware: HardwareInfo, model: str | None, candidate
         registered = True
         ro.step("bridge registered", t0)
         on_status(f"reloading `{name}` onto {candidate_python}; the bridge serves meanwhile")
-        _call(gw, "POST", "/admin/reload", {"engine_python": candidate_python}, timeout=120)
+        reloaded = _call(gw, "POST", "/admin/reload", {"engine_python": candidate_python}, timeout=120)
+        if name not in reloaded.get("restarted", []):
+            raise RolloutRefused(f"the reload did not restart `{name}` ({reloaded}): it already runs that Python, or "
+                                 "the gateway could not apply it", hint="`vstack status` shows what each engine runs")
         try:
             before = (entry.get("manager") or {}).get("engine")
             left = [False]  # the restart drains first (still `ready`), stops, starts: seen once it left `ready`
