@@ -101,7 +101,9 @@ def test_a_candidate_that_slows_decoding_is_refused_naming_goodput(vstack: Vstac
                                                                   tmp_path: Path) -> None:
     """A patch change: the same vLLM with a test-only runtime patch that sleeps in every model step."""
     out = tmp_path / "bad"
-    r = vstack("upgrade", "check", "0.32.0", *SHORT, "--candidate-ledger", str(ROOT / "tests/upgrade/slow-ledger.yaml"),
+    # One probe after the capacity burst: the slow candidate misses the SLO at both, the pinned meets it.
+    short = [*SHORT[:2], "--max-probes", "1", *SHORT[4:]]
+    r = vstack("upgrade", "check", "0.32.0", *short, "--candidate-ledger", str(ROOT / "tests/upgrade/slow-ledger.yaml"),
                "--candidate-env", f"PYTHONPATH={ROOT}", "--candidate-env", "VSTACK_TEST_STEP_DELAY_S=0.3",
                *files_args(pin_files), "--out", str(out), timeout=900)
     print(r.stdout[-3000:], r.stderr[-3000:])
@@ -151,11 +153,11 @@ def test_rollout_under_locust_drops_no_request(vstack: Vstack, old_python: str, 
         assert down.returncode == 0, down.stdout + down.stderr
 
 
-LOAD_S = 240
+LOAD_S = 180
 TINY_LOAD = """\
 name: rollout
 description: tests only - two users through the rollout
-load: {users: 2, ramp_s: 0, duration_s: 240}
+load: {users: 2, ramp_s: 0, duration_s: 180}
 requests:
   stream: 0.5
   prompt_tokens: {dist: uniform, min: 24, max: 48}
