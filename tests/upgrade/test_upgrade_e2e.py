@@ -151,8 +151,8 @@ def test_rollout_under_locust_drops_no_request(vstack: Vstack, old_python: str, 
             "the load must cover the whole rollout"
         assert m["errors"] == 0 and m["ok"] == m["requests"], (m, stdout[-1500:], stderr[-1500:])
         log = (tmp_path / "state" / "logs" / "smollm2-135m-instruct.log").read_text()
-        versions = [line for line in log.splitlines() if "vLLM API server version" in line]
-        assert "0.31.0" in versions[0] and "0.32.0" in versions[-1], versions
+        versions = [line for line in log.splitlines() if "Initializing a V1 LLM engine (v" in line]
+        assert "(v0.31.0)" in versions[0] and "(v0.32.0)" in versions[-1], versions  # the manager's own engine
     finally:
         down = vstack("down", timeout=240)
         assert down.returncode == 0, down.stdout + down.stderr
