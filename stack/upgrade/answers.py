@@ -9,8 +9,7 @@ the tool-call rendering). Each answer is kept as text (a tool call as its name a
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
@@ -121,14 +120,6 @@ def compare_answers(pinned: list[Answer], candidate: list[Answer]) -> dict[str, 
                                                      for k in dict.fromkeys(r["kind"] for r in rows)}}
 
 
-def as_json(answers: list[Answer]) -> list[dict[str, Any]]:
-    return [asdict(a) for a in answers]
-
-
 def chosen(n: int | None) -> tuple[Prompt, ...]:
     """The first n prompts (every kind from 3 on); None: all of them."""
     return PROMPTS if n is None else PROMPTS[:max(1, n)]
-
-
-def dumps(answer: Answer) -> str:
-    return json.dumps(asdict(answer))
