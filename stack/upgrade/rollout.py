@@ -169,6 +169,12 @@ def apply(cfg: StackConfig, hardware: HardwareInfo, model: str | None, candidate
 
             wait_model(gw, name, restarted, cfg.manager.drain_timeout_s + cfg.startup_timeout_s + 60, poll_s=0.5)
             ro.step("engine restarted on the candidate", t0)
+            # The bridge goes only once the group's own deployment takes requests (ready in the routing table,
+            # not cooling down from failures of the engine it replaced), else the group is left with none.
+            wait_model(gw, name, lambda e: any(d["id"] != bridge_id and d["state"] == "ready" and not
+                                               d.get("cooling_down") for d in e.get("deployments", [])), 120, 0.5)
+            time.sleep(2)
+            ro.step("own deployment routable", t0)
         except StackError as exc:
             on_status(f"the restarted engine failed ({exc.message}); reloading back to {pinned}")
             _call(gw, "POST", "/admin/reload", {"engine_python": pinned}, timeout=120)
