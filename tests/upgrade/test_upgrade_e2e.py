@@ -158,11 +158,11 @@ def test_rollout_under_locust_drops_no_request(vstack: Vstack, old_python: str, 
         assert down.returncode == 0, down.stdout + down.stderr
 
 
-LOAD_S = 300
+LOAD_S = 360
 TINY_LOAD = """\
 name: rollout
 description: tests only - two users through the rollout
-load: {users: 2, ramp_s: 0, duration_s: 300}
+load: {users: 2, ramp_s: 0, duration_s: 360}
 requests:
   stream: 0.5
   prompt_tokens: {dist: uniform, min: 24, max: 48}
