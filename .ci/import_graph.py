@@ -17,7 +17,7 @@ import grimp
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["errors", "engine_env", "model_convert", "counts",
          "config", "hardware", "models", "vllm", "planner", "engine",
-         "manager", "gateway", "assemble", "load", "patches", "tune", "cli", "entrypoints"]
+         "manager", "gateway", "assemble", "load", "patches", "tune", "upgrade", "cli", "entrypoints"]
 
 
 OUTER = ["harness", "bench", "tests"]  # drawn around the stack; their imports of it go to the box "stack"

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields, replace
@@ -270,12 +272,16 @@ class Reloader:
                  config: str | None) -> None:  # fmt: skip
         self.launch, self.sup, self.profile, self.config = launch, sup, profile, config
         self._lock = asyncio.Lock()
+        # `engine_python` given to POST /admin/reload (`vstack upgrade apply`): kept for later reloads.
+        self.overrides: dict[str, str] = {}
 
-    async def __call__(self) -> dict:
+    async def __call__(self, engine_python: str | None = None) -> dict:
         from stack.gateway.openai_errors import InvalidRequest
 
         async with self._lock:
             try:
+                if engine_python is not None:
+                    self.overrides["engine_python"] = allowed_engine_python(engine_python, self.launch.cfg)
                 new = await asyncio.to_thread(self._plan)
             except StackError as exc:  # nothing was changed: the running engines keep serving
                 raise InvalidRequest(f"reload: {exc.message}" + (f" ({exc.hint})" if exc.hint else ""),
@@ -286,7 +292,8 @@ class Reloader:
         from stack.config import load_config
         from stack.errors import ConfigError
 
-        overrides = self.launch.plan.overrides  # the command line's (--force) apply again
+        # the command line's overrides (--force) apply again, and an engine Python `vstack upgrade apply` gave
+        overrides = {**(self.launch.plan.overrides or {}), **self.overrides} or None
         cfg = load_config(self.config, overrides=overrides)  # a reload reads the configuration again: its purpose
         if cfg.manager.runtime != "local":
             raise ConfigError(f"manager.runtime: {cfg.manager.runtime}: reload restarts local engine processes only",
@@ -336,6 +343,23 @@ class Reloader:
         await manager.unload(name)  # drains its in-flight requests, then stops it
         if was_up:
             manager.request_switch(name, force=True)
+
+
+def allowed_engine_python(python: str, cfg: StackConfig) -> str:
+    """A reload may move engines only to a Python the stack knows: the configured one, or a candidate venv that
+    `vstack upgrade check` built under cache_dir/upgrade/venvs (the admin API never runs an arbitrary program)."""
+    from stack.errors import ConfigError
+
+    def absolute(p: str | Path) -> Path:  # not resolved: a venv's python is a link to the base interpreter
+        return Path(os.path.abspath(Path(p).expanduser()))
+
+    path, venvs = absolute(python), absolute(Path(cfg.cache_dir) / "upgrade" / "venvs")
+    known = {absolute(p) for p in (cfg.engine_python, sys.executable) if p}
+    inside = venvs in path.parents and path.parent.name == "bin" and path.name.startswith("python")
+    if (path in known or inside) and path.is_file():
+        return python
+    raise ConfigError(f"engine_python {python!r}: not the configured engine Python nor a candidate venv under {venvs}",
+                      hint="build one with `vstack upgrade check VERSION`")
 
 
 def build_gateway(launch: Launch, on_startup: list | None = None,

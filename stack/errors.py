@@ -40,7 +40,8 @@ EXIT_CODES: dict[ExitCode, str] = {
     ExitCode.TRIAGE: "upstream releases or a git range could not be read for triage",
     ExitCode.LOAD_TEST: "a load test could not run (Locust failed or sent nothing)",
     ExitCode.BENCH: "a benchmark run (vllm bench serve) failed",
-    ExitCode.SLO_NOT_MET: "the load test or tune ran, and the SLO was not met",
+    ExitCode.SLO_NOT_MET: "the load test or tune ran, and the SLO was not met; or `vstack upgrade check` failed its "
+                          "SLO, goodput, answer or gate check",
     ExitCode.ALREADY_RUNNING: "vstack is already running here (`vstack status`, `vstack down`)",
     ExitCode.PORT_IN_USE: "the port asked for is in use by another process",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM) after stopping what the command had started",

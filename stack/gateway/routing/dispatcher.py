@@ -121,9 +121,15 @@ class Dispatcher:
 
     async def _admit(self, group: str) -> Ticket | None:
         try:
-            return await self.admission.admit(group, can_spill=len(self.routing.plan(group)) > 1)  # type: ignore[union-attr]
+            can_spill = len(self.routing.plan(group)) > 1 or self._bridged(group)
+            return await self.admission.admit(group, can_spill=can_spill)  # type: ignore[union-attr]
         except ModelUnavailable as exc:  # the manager's refusal, rendered here once: 503 + Retry-After
             raise NoDeployment(exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
+
+    def _bridged(self, group: str) -> bool:
+        """A bridge (a ready deployment of the group itself added at runtime: `vstack upgrade apply`) serves the
+        group while its own engine drains and restarts, as a fallback would."""
+        return any(d.labels.get("added") == "admin" for d in self.routing.registry.ready(group))
 
     async def _route(self, request: RoutedRequest, held: contextlib.AsyncExitStack) -> Answer:
         group, request.started = request.group, time.perf_counter()
@@ -131,6 +137,9 @@ class Dispatcher:
         # An adapter lives on its base model's engines only: no cloud model answers in its name.
         excluded: set[str] = ({d.id for d in self.routing.registry.all() if d.kind == "cloud"}
                               if request.adapter else set())  # fmt: skip
+        if request.spilled and self._bridged(group):  # its own engine is draining or restarting: no ticket holds it
+            excluded |= {d.id for d in self.routing.registry.all()
+                         if d.model_group == group and d.labels.get("managed") == "1"}
         fails: dict[str, int] = {}
         last: UpstreamError | None = None
         previous: str | None = None
