@@ -59,12 +59,15 @@ def plan_up(cfg: StackConfig, target: str | None, *, on_status: Status = print, 
     Docker site, the Ray cluster's nodes) and every model planned once (stack.planner.stack_planning).
     fetch=False plans from the files at hand (`vstack plan`): nothing is downloaded. overrides: what the
     command line set (`cfg` has them already; the plan records them)."""
+    from stack.vllm.families import registered_parsers
     from stack.vllm.options import engine_python, installed_catalog
 
     site = docker_site(cfg)  # checked before any model is fetched
     # The memory of engines an earlier gateway left running counts as free: they may be re-attached.
     hardware = hardware or detect(kept_pids(cfg.state_dir) if site is None else frozenset())
-    catalog = catalog or installed_catalog(engine_python(cfg.engine_python), cfg.cache_dir)
+    python = engine_python(cfg.engine_python)
+    catalog = catalog or installed_catalog(python, cfg.cache_dir)
+    parsers = registered_parsers(python)  # the installed vLLM's parser tables, read once for every model
     nodes = None
     if cfg.manager.runtime == "ray":
         from stack.engine import ray_cluster
@@ -72,7 +75,7 @@ def plan_up(cfg: StackConfig, target: str | None, *, on_status: Status = print, 
         ray_cluster.connect(cfg.manager.ray)
         nodes = ray_cluster.nodes()
     fetches = fetch and fetches_models(site)
-    return plan_stack(cfg, target, hardware, catalog, site=site, nodes=nodes, on_status=on_status,
+    return plan_stack(cfg, target, hardware, catalog, site=site, nodes=nodes, on_status=on_status, parsers=parsers,
                       overrides=overrides, fetch=(lambda entry: pull(entry, cfg, on_status)) if fetches else None)
 
 

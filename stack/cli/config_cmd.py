@@ -130,7 +130,7 @@ def config_render(
             return
         for warning in plan.warnings:
             err.print(f"[yellow]warning:[/] {warning}", highlight=False)
-        for note in plan.notes:  # what the model's family and adapters decided (stack.engine.model_serving)
+        for note in plan.notes:  # what the model's family and adapters decided (stack.planner.serving)
             if note.startswith(("family:", "tools:", "adapter:")):
                 err.print(f"[dim]# {note}[/]", highlight=False)
         out.print(Text(plan.display()), soft_wrap=True)

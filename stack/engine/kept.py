@@ -1,6 +1,6 @@
 """Engines an earlier gateway of this state folder started and left running (killed with SIGKILL, crashed,
 or replaced by `vstack reload`'s plan): found by their records (stack.engine.records), re-attached when their
-rendered command matches the plan (EnginePlan.fingerprint), stopped when it does not, forgotten when their
+rendered command matches the plan (ModelPlan.fingerprint), stopped when it does not, forgotten when their
 process has exited (adr/0023).
 """
 

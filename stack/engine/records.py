@@ -28,7 +28,7 @@ class EngineRecord:
     log_path: str
     argv: list[str] = field(default_factory=list)  # redacted
     started_at: float = field(default_factory=time.time)
-    fingerprint: str = ""  # an engine's rendered command, hashed (EnginePlan.fingerprint): "" for the gateway
+    fingerprint: str = ""  # an engine's rendered command, hashed (ModelPlan.fingerprint): "" for the gateway
     owner: int = 0  # the gateway pid that started (or re-attached) the engine
     attached_at: float = field(default_factory=time.time)  # when `owner` took it (a recycled pid is younger)
     # The credential the engine answers (adr/0020): the gateway that re-attaches it must send the same. The

@@ -62,7 +62,7 @@ def capacity_bytes(settings: ManagerConfig, hardware: object) -> int:
 
 def engine_need(fit: Fit | None) -> tuple[int | None, str]:
     """(bytes, how we know) for a planned engine, from the fit planner's result kept with its plan
-    (stack.engine.launch.EnginePlan.fit); None when the planner could not tell (the manager then treats
+    (stack.planner.stack_plan.ModelPlan.fit); None when the planner could not tell (the manager then treats
     the model as needing the whole machine: never co-resident)."""
     if fit is None:
         return None, "unknown (not planned)"

@@ -22,23 +22,26 @@ from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
 from stack.planner.fit import Fit
 from stack.planner.host_copy import KEEP_ENV, keep_host_copy
-from stack.planner.serving import apply_model_serving
+from stack.planner.serving import LOOK_UP, apply_model_serving
 from stack.planner.stack_plan import ModelPlan, VllmBuild
 from stack.vllm import cpu
 from stack.vllm.args import render_engine_args
 from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
+from stack.vllm.families import Registered
 from stack.vllm.options import VllmCatalog, engine_python
 
 
 def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, catalog: VllmCatalog, *,
                files: ModelFiles | None = None, fetched: bool = False, port: int | None = None,
-               for_launch: bool = True, python: str | None = None) -> ModelPlan:  # fmt: skip
+               for_launch: bool = True, python: str | None = None,
+               parsers: Registered | str | None = LOOK_UP) -> ModelPlan:  # fmt: skip
     """Plan `target` (a profile, a model, a Hub id or a folder; None: `serve:`) on `hardware` for `catalog`.
 
     files: the model's local files (None: those already on this machine, if any); fetched: they were fetched
     for this plan (adapters from the Hub are inspected too). port: None takes the configuration's (0: a free
     one at each start). for_launch=False plans a profile for other hardware too (config validate/render):
-    mismatches become notes instead of errors.
+    mismatches become notes instead of errors. parsers: the vLLM's registered tool/reasoning parsers, read
+    once by the caller (stack.vllm.families.registered_parsers); not given, they are read here.
     """
     hw_profile, why = match_profile(hardware, cfg)
     resolved = resolve_profile(cfg, target, hw_profile.name)
@@ -66,7 +69,7 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
         choose_cpu_dtype(resolved, catalog, notes)
     files = files or find_local(resolved.model, cfg)
     adapters = apply_model_serving(cfg, resolved, files.path if files else None, python, notes,
-                                   fetch_adapters=fetched, catalog=catalog)
+                                   fetch_adapters=fetched, catalog=catalog, parsers=parsers)
     fit = apply_fit(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch,
                     derived=derived)
     can_sleep = bool(resolved.engine.get("enable_sleep_mode")) and resolved.hardware.accelerator == "gpu"

@@ -9,7 +9,7 @@ from pathlib import Path
 from stack.config.resolve import ResolvedProfile
 from stack.config.schema import StackConfig
 from stack.errors import ConfigError
-from stack.vllm.families import check_parsers, registered_parsers, serving_options
+from stack.vllm.families import Registered, check_parsers, registered_parsers, serving_options
 from stack.vllm.lora import (
     RUNTIME_ENV,
     AdapterError,
@@ -22,12 +22,15 @@ from stack.vllm.lora import (
 )
 from stack.vllm.options import VllmCatalog
 
+LOOK_UP = "look up"  # parsers not handed in: read from `python`'s vLLM (registered_parsers)
+
 
 def apply_model_serving(cfg: StackConfig, resolved: ResolvedProfile, model_dir: Path | None, python: str,
-                        notes: list[str], fetch_adapters: bool = False,
-                        catalog: VllmCatalog | None = None) -> list[AdapterInfo]:
+                        notes: list[str], fetch_adapters: bool = False, catalog: VllmCatalog | None = None,
+                        parsers: Registered | str | None = LOOK_UP) -> list[AdapterInfo]:  # fmt: skip
     """Fill the resolved engine options; returns the adapters found (those not on this machine yet are
-    left out at plan time unless fetch_adapters)."""
+    left out at plan time unless fetch_adapters). parsers: the installed vLLM's registered tool and
+    reasoning parsers, as the caller read them once (None: no vLLM to ask)."""
     model, engine, origins = resolved.model, resolved.engine, resolved.engine_origins
     where = cfg.where("models", model.name)
     if model.task == "embed" and "runner" not in engine:
@@ -37,7 +40,7 @@ def apply_model_serving(cfg: StackConfig, resolved: ResolvedProfile, model_dir: 
     engine.update(options)
     origins.update(option_origins)
     notes.extend(family_notes)
-    check_parsers(model, engine, registered_parsers(python), where)
+    check_parsers(model, engine, registered_parsers(python) if parsers == LOOK_UP else parsers, where)  # type: ignore[arg-type]
     infos = adapters_of(cfg, resolved, model_dir, fetch_adapters, notes)
     lora, lora_origins = engine_options(model, infos or _declared(resolved), engine,
                                         resolved.hardware.accelerator)

@@ -23,7 +23,9 @@ from stack.hardware import HardwareInfo
 from stack.models import ModelFiles
 from stack.planner.cluster import Demand, NodeRes, Placement, check, place
 from stack.planner.model_planning import plan_model, with_fingerprint
+from stack.planner.serving import LOOK_UP
 from stack.planner.stack_plan import ContainerSite, ModelPlan, RunsOn, StackPlan, VllmBuild
+from stack.vllm.families import Registered
 from stack.vllm.options import VllmCatalog
 
 Status = Callable[[str], None]
@@ -34,13 +36,15 @@ REPLANNED = "planned again from the files fetched just now (first from the Hub's
 
 def plan_stack(cfg: StackConfig, target: str | None, hardware: HardwareInfo, catalog: VllmCatalog, *,
                fetch: Fetch | None = None, site: ContainerSite | None = None, nodes: list[NodeRes] | None = None,
-               overrides: dict | None = None, on_status: Status = lambda _s: None) -> StackPlan:  # fmt: skip
+               parsers: Registered | str | None = LOOK_UP, overrides: dict | None = None,
+               on_status: Status = lambda _s: None) -> StackPlan:  # fmt: skip
     """The default model (`target`, else `serve:`) and the manager's other models, each planned once; where
     each engine runs; the sleep handoff between them. Raises what the default model's planning raises.
-    overrides: what the command line set over the configuration, recorded (a reload applies them again)."""
+    overrides: what the command line set over the configuration, recorded (a reload applies them again).
+    parsers: the vLLM's registered parsers (stack.vllm.families.registered_parsers), read once by the caller."""
     cfg, notes = with_sleep(cfg, hardware)
-    default = plan_fetched(cfg, target, hardware, catalog, fetch, on_status)
-    others = plan_others(cfg, default, hardware, catalog, fetch, on_status) if cfg.manager.models else []
+    default = plan_fetched(cfg, target, hardware, catalog, fetch, on_status, parsers)
+    others = plan_others(cfg, default, hardware, catalog, fetch, on_status, parsers) if cfg.manager.models else []
     models, handoff_note = decide_handoff(cfg, [default, *others], catalog)
     notes += [handoff_note] if handoff_note else []
     cluster = None
@@ -56,16 +60,17 @@ def plan_stack(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
 
 
 def plan_fetched(cfg: StackConfig, target: str | None, hardware: HardwareInfo, catalog: VllmCatalog,
-                 fetch: Fetch | None, on_status: Status = lambda _s: None) -> ModelPlan:  # fmt: skip
+                 fetch: Fetch | None, on_status: Status = lambda _s: None,
+                 parsers: Registered | str | None = LOOK_UP) -> ModelPlan:  # fmt: skip
     """One model, its files fetched (with `fetch`) and planned again only when the download changed what it
     was planned from."""
-    first = plan_model(cfg, target, hardware, catalog)
+    first = plan_model(cfg, target, hardware, catalog, parsers=parsers)
     if first.model_files is not None:  # its files are here: fetching them would change nothing
         return _noted(first, f"model: {first.model_files.path} ({first.model_files.origin})")
     if fetch is None:
         return _noted(first, "model: not on this machine yet; planned from the Hub's metadata")
     files = fetch(first.model)
-    plan = plan_model(cfg, target, hardware, catalog, files=files, fetched=True)
+    plan = plan_model(cfg, target, hardware, catalog, files=files, fetched=True, parsers=parsers)
     return _noted(plan, f"model: {files.path} ({files.origin}); {REPLANNED}")
 
 
@@ -74,7 +79,8 @@ def _noted(plan: ModelPlan, note: str) -> ModelPlan:
 
 
 def plan_others(cfg: StackConfig, default: ModelPlan, hardware: HardwareInfo, catalog: VllmCatalog,
-                fetch: Fetch | None, on_status: Status = lambda _s: None) -> list[ModelPlan]:  # fmt: skip
+                fetch: Fetch | None, on_status: Status = lambda _s: None,
+                parsers: Registered | str | None = LOOK_UP) -> list[ModelPlan]:  # fmt: skip
     """The other models the manager may switch to. A model whose files cannot be fetched is still planned
     (from what is at hand): its engine then fails to start, and /admin/models shows why, without stopping
     `up`."""
@@ -83,9 +89,9 @@ def plan_others(cfg: StackConfig, default: ModelPlan, hardware: HardwareInfo, ca
         if name in (default.profile, default.served_name, default.model.name):
             continue  # the default model, planned already
         try:
-            plan = plan_fetched(cfg, name, hardware, catalog, fetch, on_status)
+            plan = plan_fetched(cfg, name, hardware, catalog, fetch, on_status, parsers)
         except StackError as exc:
-            plan = plan_model(cfg, name, hardware, catalog)  # a fit or config error: raised here again
+            plan = plan_model(cfg, name, hardware, catalog, parsers=parsers)  # a fit or config error: raised again
             on_status(f"model {name} cannot be prepared: {exc.message}")
             plan = _noted(plan, f"model: not fetched ({exc.message})")
         if plan.served_name != default.served_name:

@@ -34,6 +34,7 @@ from stack.load.scenario import MIN_EXACT_MATCH, Scenario, find_scenario, load_s
 from stack.load.vllm_bench import BenchWorker
 from stack.models import pull
 from stack.planner.model_planning import plan_model
+from stack.planner.serving import LOOK_UP
 from stack.planner.stack_plan import ModelPlan
 from stack.planner.stack_planning import plan_fetched
 from stack.tune.candidates import Candidate
@@ -43,6 +44,7 @@ from stack.tune.prestart import GATE_PATCH, Prestart
 from stack.tune.quality_guard import answers_of, compare
 from stack.tune.rate_search import BudgetExhausted, Point, SearchSettings, answered_counts, search_goodput
 from stack.tune.time_budget import CandidateClock
+from stack.vllm.families import Registered, registered_parsers
 from stack.vllm.options import VllmCatalog, check_many_with_vllm, engine_python, installed_catalog
 
 Method = Literal["vllm-bench", "locust"]
@@ -187,6 +189,7 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
         raise ConfigError(f"--method {req.method}: goodput mode measures with vllm bench serve (open-loop arrivals)",
                           hint="use --method vllm-bench, or --mode capacity for a closed-loop Locust run")
     catalog = installed_catalog(engine_python(cfg.engine_python), cfg.cache_dir)
+    parsers = registered_parsers(engine_python(cfg.engine_python))  # read once, for the base and every candidate
     profile = resolve_profile(cfg, req.target, match_profile(hardware, cfg)[0].name).name
     clauses, slo_source = choose_slo(req.slo, scenario, cfg, profile)
     if mode == "goodput" and not any(c.upper_bound and c.metric.endswith("_ms") for c in clauses):
@@ -195,13 +198,13 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
                           hint="e.g. --slo 'p95_ttft_ms<800', or --mode capacity")
     # As `vstack up` plans its default model (its ModelPlan; candidates reuse its files). vLLM's parser checks
     # it with the candidates, below.
-    base = plan_fetched(cfg, req.target, hardware, catalog, lambda entry: pull(entry, cfg))
+    base = plan_fetched(cfg, req.target, hardware, catalog, lambda entry: pull(entry, cfg), parsers=parsers)
     candidates, skipped = _candidates(req, base, scenario, hardware, catalog)
     fp = fingerprint(cfg, base, scenario, req.method, hardware, mode)
     state = TuneState(req.out_dir, fp, req.restart)
     spent_before = state.spent_s
     plans, dropped = prefilter(cfg, req.target, hardware, base, [c for c in candidates if not state.get(c.key)],
-                               catalog)  # fmt: skip
+                               catalog, parsers)  # fmt: skip
     dropped.update(check_candidates(candidates, plans, base, cfg.cache_dir, catalog))
     measured: list[Measured] = []
     reused = 0
@@ -339,7 +342,7 @@ def _candidates(req: TuneRequest, base: ModelPlan, scenario: Scenario, hardware:
 
 
 def prefilter(cfg: StackConfig, target: str | None, hardware: HardwareInfo, base: ModelPlan,
-              candidates: list[Candidate], catalog: VllmCatalog
+              candidates: list[Candidate], catalog: VllmCatalog, parsers: Registered | str | None = LOOK_UP
               ) -> tuple[dict[str, ModelPlan], dict[str, Measured]]:
     """Every candidate fitted by the planner before any engine starts: (plans by key, dropped by key).
 
@@ -351,7 +354,8 @@ def prefilter(cfg: StackConfig, target: str | None, hardware: HardwareInfo, base
     for cand in candidates:
         try:
             plans[cand.key] = plan_model(candidate_config(cfg, cand), target, hardware, catalog,
-                                         files=base.model_files, fetched=base.model_files is not None, port=0)
+                                         files=base.model_files, fetched=base.model_files is not None, port=0,
+                                         parsers=parsers)
         except StackError as exc:
             m = Measured(cand.key, cand.label, cand.overrides, numerics=numerics_change(cand.overrides))
             m.error = f"dropped before start: {exc.message.splitlines()[0][:300]}"
