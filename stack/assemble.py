@@ -214,7 +214,7 @@ def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None
     return ManagedEngine(engine, served, served, factory=factory, need=need, need_source=source,
                          can_sleep=sleep_mode(cfg, plan), weights_gpu=weights_gpu, weights_host=weights_host,
                          preload=preload, task=plan.resolved.model.task, lora=lora, adapters=adapters,
-                         keeps_host_copy=plan.env.get(KEEP_ENV) == "1")  # fmt: skip
+                         keeps_host_copy=plan.env.get(KEEP_ENV) == "1", slo=plan.resolved.slo)  # fmt: skip
 
 
 def lora_of(plan: EnginePlan) -> tuple[Base | None, list[Adapter]]:

@@ -27,8 +27,10 @@ from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.registry import Deployment
 from stack.gateway.replicas import is_replica
 from stack.gateway.routing import Routing
+from stack.gateway.slo_spill import SpillGuard
 from stack.gateway.sse import RelayResponse
 from stack.gateway.tasks import PATHS, check_task
+from stack.gateway.ttft_estimate import Verdict
 from stack.manager.errors import ModelUnavailable
 
 USAGE_OPTION = {"chat", "completions"}  # endpoints whose streams take stream_options.include_usage
@@ -46,6 +48,8 @@ class Attempt:
     endpoint: str = ""
     model: str = ""  # as the client named it (an alias, an adapter)
     ttft_s: float | None = None
+    usage: dict | None = None  # a stream's usage, once its last chunk said it
+    why: str = ""  # the SLO verdict's reason for going here (stack.gateway.slo_spill), for the Activity log
 
 
 class Ticket(Protocol):
@@ -58,6 +62,9 @@ class Admission(Protocol):
     group's fallbacks while the switch runs."""
 
     async def admit(self, group: str, can_spill: bool = False) -> Ticket | None: ...
+
+    def expected_switch_s(self, group: str) -> float | None:
+        """Seconds until `group`'s model is awake (0: it is; None: unknown)."""
 
 
 class Dispatcher:
@@ -82,6 +89,8 @@ class Dispatcher:
         self.liveness = Liveness(settings.liveness, routing.registry, routing.replicas.outstanding,
                                  metrics.registry)  # fmt: skip
         self.activity = ActivityRing()  # the last requests, for the console (no bodies, no keys)
+        self.spill = SpillGuard(settings.spill, metrics.registry)  # TTFT estimates against each model's SLO
+        routing.registry.subscribe(self.spill.on_change)
 
     async def handle(self, endpoint: str, body: dict[str, Any]) -> Response:
         try:  # JSON may carry lone surrogates (\ud800) that no UTF-8 body can: refuse them here, once
@@ -102,10 +111,22 @@ class Dispatcher:
         ticket: Ticket | None = None
         started = time.perf_counter()
         try:
-            if self.admission is not None:
-                ticket = await self._admit(group)
-            response = await self._route(endpoint, group, body, ticket, spilled=self.admission is not None
-                                         and ticket is None, adapter=adapter)  # fmt: skip
+            verdict = self._judge(group, body) if adapter is None else None
+            slo_spill = verdict is not None and verdict.spill
+            if self.admission is not None and not (slo_spill and self.routing.registry.ready(group)):
+                ticket = await self._admit(group, verdict)
+                slo_spill = slo_spill and ticket is None  # a ticket: the model got ready meanwhile, served here
+            try:
+                response = await self._route(endpoint, group, body, ticket, spilled=self.admission is not None
+                                             and ticket is None, adapter=adapter, verdict=verdict,
+                                             slo_spill=slo_spill)  # fmt: skip
+            except (UpstreamError, NoDeployment, RateLimited):
+                if not slo_spill:
+                    raise
+                # Its fallbacks failed: the local engines answer after all, late rather than not at all.
+                if self.admission is not None:
+                    ticket = await self._admit(group)
+                response = await self._route(endpoint, group, body, ticket, verdict=verdict, local_only=True)
             handed_over = isinstance(response, StreamingResponse)
             return response
         except (UpstreamError, NoDeployment, RateLimited) as err:
@@ -123,9 +144,23 @@ class Dispatcher:
                 if ticket is not None:
                     ticket.release()
 
-    async def _admit(self, group: str) -> Ticket | None:
+    def _judge(self, group: str, body: dict[str, Any]) -> Verdict | None:
+        """The SLO verdict for a group with a TTFT objective: its local engines, each with what its switch
+        still takes (0 awake; the manager's expectation for one asleep or stopped)."""
+        if not self.spill.watches(group):
+            return None
+        deps = [d for d in self.routing.registry.groups().get(group, []) if d.kind == "local" and d.routable]
+        ready = {d.id for d in self.routing.registry.ready(group)}
+        switch = (lambda: self.admission.expected_switch_s(group)) if self.admission is not None else (lambda: None)
+        engines = [(d, 0.0 if d.id in ready else switch()) for d in deps]
+        return self.spill.judge(group, engines, body, has_fallback=len(self.routing.plan(group)) > 1)
+
+    async def _admit(self, group: str, verdict: Verdict | None = None) -> Ticket | None:
+        can_spill = len(self.routing.plan(group)) > 1
+        if verdict is not None and verdict.reason in ("within_slo", "over_slo"):
+            can_spill = verdict.spill  # the switch ends in time: wait for it; or it does not: spill meanwhile
         try:
-            return await self.admission.admit(group, can_spill=len(self.routing.plan(group)) > 1)  # type: ignore[union-attr]
+            return await self.admission.admit(group, can_spill=can_spill)  # type: ignore[union-attr]
         except ModelUnavailable as exc:  # the manager's refusal, rendered here once: 503 + Retry-After
             raise NoDeployment(exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
 
@@ -136,9 +171,12 @@ class Dispatcher:
             ticket.release()
 
     async def _route(self, endpoint: str, group: str, body: dict[str, Any], ticket: Ticket | None = None,
-                     spilled: bool = False, adapter: Adapter | None = None) -> Response:
+                     spilled: bool = False, adapter: Adapter | None = None, verdict: Verdict | None = None,
+                     slo_spill: bool = False, local_only: bool = False) -> Response:  # fmt: skip
         t0 = time.perf_counter()
-        steps = deque(self.routing.plan(group))
+        # Spilled before the SLO breaks: straight to the fallbacks, the local engines left to their queue.
+        steps = deque(s for s in self.routing.plan(group) if not (slo_spill and s.group == group)
+                      and not (local_only and s.group != group))  # fmt: skip
         # An adapter lives on its base model's engines only: no cloud model answers in its name.
         excluded: set[str] = {d.id for d in self.routing.registry.all() if d.kind == "cloud"} if adapter else set()
         fails: dict[str, int] = {}
@@ -154,13 +192,16 @@ class Dispatcher:
                     None if last is None or retry
                     else ("context_window" if step.reason == "context_window" else last.reason)
                 )
-                if reason is None and spilled and step.group != group:
+                if reason is None and slo_spill:
+                    reason = "slo"  # its estimated TTFT locally would break the model's objective
+                elif reason is None and spilled and step.group != group:
                     reason = "switching"  # the model is being switched in; its fallback serves meanwhile
                 if reason is not None and dep.id != last_dep:
                     self.metrics.fallbacks.labels(previous or group, step.group, reason).inc()
                 try:
                     return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0, ticket, adapter,
-                                                                       endpoint, str(body["model"])))
+                                                                       endpoint, str(body["model"]),
+                                                                       why=verdict.why if verdict else ""))
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(dep.id, err.reason).inc()
                     last, previous, last_dep = err, step.group, dep.id
@@ -227,6 +268,9 @@ class Dispatcher:
         book, live, dep_id = self.routing.replicas, self.liveness, at.dep.id
         live.begin(dep_id)
         book.begin(dep_id)  # requests in flight per replica (least_outstanding); ended below or by the stream
+        # What is on this engine's plate, for the TTFT estimates of later requests (stack.gateway.engine_load).
+        load = self.spill.book
+        entry = load.begin(dep_id, out, stream) if self.spill.watches(at.group) else None
         try:
             # Guarded until the answer starts: an engine found unresponsive meanwhile raises EngineStalled,
             # which falls back like any failed attempt (nothing was sent to the client yet).
@@ -235,19 +279,28 @@ class Dispatcher:
             if not stream or not resp.content_type.startswith("text/event-stream"):
                 async with live.guard(dep_id):
                     raw = await self.local.read(resp, at.dep)
-                self._finish(at, "200", _usage(raw))
+                usage = _usage(raw)
+                self._finish(at, "200", usage)
                 self._release_adapter(at)
                 book.end(dep_id)
+                if entry is not None:
+                    load.end(entry, usage)
                 return Response(raw, resp.status, headers=headers,
                                 media_type=resp.content_type or "application/json")  # fmt: skip
             first = await self._first_chunk(resp, dep_id)
         except BaseException:
             book.end(dep_id)
+            if entry is not None:
+                load.end(entry, None)
             raise
         hooks = self._stream_hooks(at)
         end = hooks["on_end"]
         live.attach(dep_id, resp)
         hooks["on_end"] = lambda cancelled: (live.detach(dep_id, resp), book.end(dep_id), end(cancelled))
+        if entry is not None:
+            first_hook, end_hook = hooks["on_first"], hooks["on_end"]
+            hooks["on_first"] = lambda: (load.first(entry), first_hook())
+            hooks["on_end"] = lambda cancelled: (end_hook(cancelled), load.end(entry, at.usage))
         gen = local.relay(resp, strip_usage=strip_usage, first=first, progress=lambda: live.progress(dep_id),
                           stalled=lambda: live.why(dep_id),
                           **{k: v for k, v in hooks.items() if k != "on_end"})  # fmt: skip
@@ -301,7 +354,7 @@ class Dispatcher:
             m.ttft.labels(group, dep_id).observe(at.ttft_s)
 
         def on_usage(usage: dict) -> None:
-            state["usage"] = usage
+            state["usage"] = at.usage = usage
 
         def on_error(kind: str) -> None:
             state["status"] = "stream_error"
@@ -320,13 +373,15 @@ class Dispatcher:
         m.latency.labels(at.group, at.dep.id).observe(time.perf_counter() - at.started)
         m.usage(at.group, at.dep.id, usage)
         self.activity.add(endpoint=at.endpoint, model=at.model or at.group, deployment=at.dep.id, route=route_of(at),
-                          status=status, started=at.started, ttft_s=at.ttft_s, usage=usage)  # fmt: skip
+                          status=status, started=at.started, ttft_s=at.ttft_s, usage=usage, why=at.why)  # fmt: skip
 
 
 def route_of(at: Attempt) -> str:
     """How the request was answered, as the Activity page shows it."""
     if at.fallback_reason == "switching":
         return "spilled"
+    if at.fallback_reason == "slo":
+        return "spilled:slo"
     if at.fallback_reason:
         return f"fallback:{at.fallback_reason}"
     if at.dep.kind == "cloud":

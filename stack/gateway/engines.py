@@ -46,6 +46,7 @@ class ManagedEngine:
     lora: Base | None = None  # the engine runs with LoRA: its limits
     adapters: list[Adapter] = field(default_factory=list)  # served on this engine, loaded on first request
     keeps_host_copy: bool = False  # a later sleep only releases memory (stack.engine.sleep_copy)
+    slo: list[str] = field(default_factory=list)  # its objectives (models.*.slo or its profile's): the spill's
 
 
 # Without manager settings the supervisor behaves as it always did: every engine starts at once, shares
@@ -87,6 +88,8 @@ class EngineSupervisor:
                 api_base=spec.base_url, engine_key=engine_key(m.engine), state="stopped",
                 labels={"engine": spec.name, "managed": "1", "runtime": m.engine.runtime_kind, "task": m.task, **role},
             ))  # fmt: skip
+            if m.slo:  # its TTFT objective: requests spill to its fallbacks before it breaks (gateway.spill)
+                state.dispatcher.spill.set_slo(m.model_group, m.slo)
             if m.lora is not None and state.adapters is not None:
                 state.adapters.add_base(m.lora)
                 for adapter in m.adapters:

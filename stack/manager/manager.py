@@ -42,6 +42,7 @@ from stack.manager.policy import (
 )
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
+from stack.manager.switch_cost import expected_switch_s, residency_left
 from stack.manager.tiers import Order, Tier, TierModel, assign_tiers, switch_order
 
 log = logging.getLogger("stack.manager")
@@ -167,6 +168,20 @@ class ModelManager:
             self.metrics.queue_length.labels(group).set(slot.waiting)
             self.metrics.queue_wait.labels(group).observe(self.clock() - t0)
 
+    def expected_switch_s(self, group: str) -> float | None:
+        """Seconds until `group` is awake: 0 when it is, else from this manager's own switches of it
+        (stack.manager.switch_cost); None when unknown. The gateway's TTFT estimate adds it."""
+        slot = self.slots.get(group)
+        if slot is None:
+            return None
+        now, wait = self.clock(), 0.0
+        if slot.state in (S.SLEEPING, S.STOPPED):
+            others = [s.view() for s in self.slots.values() if s is not slot]
+            plan = plan_switch(slot.view(), others, self.capacity, EvictionOrder(self.settings.eviction))
+            wait = residency_left(others, [e.name for e in plan.evict], now, self.settings.min_residency_s,
+                                  self.settings.quiet_s)  # fmt: skip
+        return expected_switch_s(slot.state, slot.detail, slot.since, now, slot.sleeps, self.history, group, wait)
+
     def _admit_now(self, slot: Slot, kind: SwitchKind) -> Ticket:
         slot.in_flight += 1
         slot.last_used = self.clock()
@@ -220,6 +235,7 @@ class ModelManager:
             order = Order(False, "")
             try:
                 plan = await self._make_room(slot)
+                phases["wait_room_s"] = round(self.clock() - t0, 3)  # waited for the models it evicts
                 kind = plan.kind
                 order = self.order_for(slot, plan)
                 if order.overlap:

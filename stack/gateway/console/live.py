@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 @dataclass
 class Scrape:
     t: float
-    counters: dict[str, float] = field(default_factory=dict)  # summed over labels
+    counters: dict[str, float] = field(default_factory=dict)  # summed over labels; histograms' _sum, _count too
     gauges: dict[str, float] = field(default_factory=dict)
     buckets: dict[str, dict[float, float]] = field(default_factory=dict)  # histogram -> le -> cumulative count
 
@@ -30,7 +30,8 @@ def parse(text: str, label: tuple[str, str] | None = None) -> Scrape:
             if label is not None and sample.labels.get(label[0]) != label[1]:
                 continue
             name, value = sample.name, sample.value
-            if fam.type == "counter" and name.endswith("_total"):
+            if (fam.type == "counter" and name.endswith("_total")) or (
+                    fam.type == "histogram" and name.endswith(("_sum", "_count"))):  # monotonic, as counters
                 s.counters[name] = s.counters.get(name, 0.0) + value
             elif fam.type == "gauge":
                 s.gauges[name] = s.gauges.get(name, 0.0) + value
