@@ -113,13 +113,18 @@ class LoadBook:
         if entry.ttft_s is not None:
             book.fit.observe(entry.ahead_tokens + prompt, entry.ttft_s)
 
-    def forget(self, dep_id: str) -> None:
-        """A new engine behind the deployment (restart, new port): what was learned of the old one may not hold,
-        except its characters per token (same model)."""
+    def restarted(self, dep_id: str) -> None:
+        """A new engine process behind the deployment (a cold start, a new port): the old one's requests and
+        counters are gone; its line and characters per token stay (the same model, settings and machine), so a
+        stopped model's next start is estimated from its last life."""
         book = self.engines.get(dep_id)
         if book is not None:
-            self.engines[dep_id] = EngineBook(TtftFit(self.settings.half_life, self.settings.min_samples),
-                                              book.chars_per_token)  # fmt: skip
+            book.pending.clear()
+            book.scrape = None
+
+    def forget(self, dep_id: str) -> None:
+        """The deployment is gone."""
+        self.engines.pop(dep_id, None)
 
     # -- the engine's own metrics -------------------------------------------------------------------------
     def take(self, dep_id: str, text: str) -> None:

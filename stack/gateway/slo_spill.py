@@ -49,9 +49,12 @@ class SpillGuard:
             self.limits.pop(group, None)
 
     def on_change(self, dep_id: str, before: Deployment | None, after: Deployment | None) -> None:
-        """A registry listener: a deployment gone, or a new engine behind it (a new address), starts afresh."""
-        if after is None or (before is not None and before.api_base != after.api_base):
+        """A registry listener: a deployment gone is forgotten; a new engine behind it (a new address) keeps
+        what was learned of the model's speed (stack.gateway.engine_load.LoadBook.restarted)."""
+        if after is None:
             self.book.forget(dep_id)
+        elif before is not None and before.api_base != after.api_base:
+            self.book.restarted(dep_id)
 
     def watched(self, deployments: Iterable[Deployment]) -> list[Deployment]:
         """The ready local deployments of groups with a TTFT objective: the engines whose metrics are read."""

@@ -34,15 +34,14 @@ from stack.manager.policy import (
     Evict,
     EvictionOrder,
     SwitchKind,
-    closes,
-    evictable,
     held,
     plan_switch,
     sleep_freed_enough,
 )
+from stack.manager.scheduling import SCHEDULERS, Rules, Scheduler, wait_limit_s
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
-from stack.manager.switch_cost import expected_switch_s, residency_left
+from stack.manager.switch_cost import expected_switch_s, room_wait_s, typical_switch_s
 from stack.manager.tiers import Order, Tier, TierModel, assign_tiers, switch_order
 
 log = logging.getLogger("stack.manager")
@@ -155,6 +154,7 @@ class ModelManager:
         slot.waiting += 1
         self.metrics.queue_length.labels(group).set(slot.waiting)
         t0 = self.clock()
+        slot.waiting_since.append(t0)
         try:
             return await asyncio.wait_for(self._wait_admission(slot, t0), self.settings.queue_timeout_s)
         except TimeoutError:
@@ -165,6 +165,7 @@ class ModelManager:
             ) from None
         finally:
             slot.waiting -= 1
+            slot.waiting_since.remove(t0)
             self.metrics.queue_length.labels(group).set(slot.waiting)
             self.metrics.queue_wait.labels(group).observe(self.clock() - t0)
 
@@ -178,8 +179,8 @@ class ModelManager:
         if slot.state in (S.SLEEPING, S.STOPPED):
             others = [s.view() for s in self.slots.values() if s is not slot]
             plan = plan_switch(slot.view(), others, self.capacity, EvictionOrder(self.settings.eviction))
-            wait = residency_left(others, [e.name for e in plan.evict], now, self.settings.min_residency_s,
-                                  self.settings.quiet_s)  # fmt: skip
+            wait = room_wait_s(others, [e.name for e in plan.evict], now, Scheduler(self.settings.scheduler),
+                               self.rules(), slot.waited_s(now))  # fmt: skip
         return expected_switch_s(slot.state, slot.detail, slot.since, now, slot.sleeps, self.history, group, wait)
 
     def _admit_now(self, slot: Slot, kind: SwitchKind) -> Ticket:
@@ -262,10 +263,18 @@ class ModelManager:
             self.metrics.switch_seconds.labels(str(kind)).observe(seconds)
             log.info("switched to %s (%s) in %.2f s: %s", name, kind, seconds, plan.reason)
 
+    def rules(self) -> Rules:
+        s = self.settings
+        return Rules(s.min_residency_s, s.quiet_s, s.max_wait_s)
+
     async def _make_room(self, slot: Slot):
-        """Plan, wait until the models to evict may go (drained, residency over), evict them."""
+        """Plan, wait until the models to evict may go (the scheduler's turn: stack.manager.scheduling), evict."""
         started = self.clock()
-        limit = self.settings.min_residency_s + self.settings.drain_timeout_s
+        scheduler, rules = Scheduler(self.settings.scheduler), self.rules()
+        limit = wait_limit_s(scheduler, rules, self.settings.drain_timeout_s)
+        turn_of = SCHEDULERS[scheduler]
+        kind = SwitchKind.SLEEPING if slot.state == S.SLEEPING and slot.sleeps else SwitchKind.COLD
+        switch_s = typical_switch_s(self.history, slot.name, kind) or 0.0
         while True:
             target = slot.view()
             if slot.state in (S.STARTING, S.FAILED):  # a pending (re)start holds nothing yet
@@ -273,13 +282,13 @@ class ModelManager:
             others = [s.view() for s in self.slots.values() if s is not slot]
             plan = plan_switch(target, others, self.capacity, EvictionOrder(self.settings.eviction))
             now = self.clock()
-            blocked = [self.slots[e.name] for e in plan.evict
-                       if not evictable(self.slots[e.name].view(), now, self.settings.min_residency_s,
-                                        self.settings.quiet_s)]  # fmt: skip
+            waited = slot.waited_s(now)
+            turns = {e.name: turn_of(self.slots[e.name].view(), now, rules, waited, switch_s) for e in plan.evict}
+            blocked = [self.slots[name] for name, turn in turns.items() if not turn.may_evict]
             if not blocked or now - started > limit:
                 break
             for victim in blocked:
-                if closes(victim.view(), now, self.settings.min_residency_s):
+                if turns[victim.name].close:
                     victim.closing = True  # its queued requests are served, new ones wait for its turn
             await self.changed(0.25)
         self._record(slot.name, plan.kind, plan.reason, plan.evict)

@@ -27,6 +27,7 @@ class Slot:
     last_used: float = 0.0
     in_flight: int = 0
     waiting: int = 0  # requests queued for this model (not yet admitted)
+    waiting_since: list[float] = field(default_factory=list)  # when each of them began to wait (manager's clock)
     closing: bool = False  # a switch waits to evict it: new requests queue instead of being admitted
     residue: int = 0
     restarts: list[float] = field(default_factory=list)  # monotonic times of recent restarts
@@ -39,6 +40,10 @@ class Slot:
     tier_reason: str = ""
     keeps_host_copy: bool = False  # its engine keeps the weights' host copy between sleeps (stack.engine.sleep_copy)
     host_copy_held: bool = False  # ... and holds one now (an earlier level-1 sleep of this engine process)
+
+    def waited_s(self, now: float) -> float:
+        """How long its oldest queued request has waited (0: none waits)."""
+        return now - min(self.waiting_since) if self.waiting_since else 0.0
 
     def move(self, state: ModelState, detail: str = "") -> None:
         check_move(self.name, self.state, state)

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from statistics import median
 
 from stack.manager.policy import ModelView, SwitchKind
+from stack.manager.scheduling import Rules, Scheduler, turn_wait_s
 from stack.manager.states import ModelState
 
 
@@ -24,20 +25,12 @@ def typical_switch_s(history: Iterable[Mapping], model: str, kind: SwitchKind, l
     return median(times[-last:]) if times else None
 
 
-def residency_left(others: Sequence[ModelView], evicted: Iterable[str], now: float, min_residency_s: float,
-                   quiet_s: float) -> float:  # fmt: skip
-    """Seconds until every model the switch must evict may go (stack.manager.policy.evictable): a busy one
-    stays its minimum residency; an idle one goes once quiet. Requests in flight are not waited for here
-    (their end is not known); the drain shows in the model's next switches' times."""
+def room_wait_s(others: Sequence[ModelView], evicted: Iterable[str], now: float, scheduler: Scheduler, rules: Rules,
+                waited_s: float) -> float:  # fmt: skip
+    """Seconds until every model the switch must evict gives way (stack.manager.scheduling.turn_wait_s). Requests
+    in flight are not waited for here (their end is not known)."""
     names = set(evicted)
-    wait = 0.0
-    for m in others:
-        if m.name not in names or m.state != ModelState.READY:
-            continue
-        residency = max(0.0, min_residency_s - (now - m.ready_since))
-        quiet = max(0.0, quiet_s - (now - m.last_used))
-        wait = max(wait, min(residency, quiet) if not m.busy else residency)
-    return wait
+    return max((turn_wait_s(scheduler, m, now, rules, waited_s) for m in others if m.name in names), default=0.0)
 
 
 def expected_switch_s(state: ModelState, detail: str, since: float, now: float, sleeps: bool,

@@ -101,7 +101,7 @@ def test_before_its_own_line_the_engines_histograms_give_the_per_token_cost_and_
     assert load.mean_prompt_tokens == pytest.approx(5000 / 4)
 
 
-def test_a_new_engine_behind_the_deployment_starts_afresh_but_keeps_its_tokenizer_figure() -> None:
+def test_a_new_engine_behind_the_deployment_keeps_the_models_line_but_not_the_old_requests() -> None:
     clock = Clock()
     book = LoadBook(SpillSettings(min_samples=1), clock)
     entry = book.begin("e", chat(800), stream=True)
@@ -109,5 +109,9 @@ def test_a_new_engine_behind_the_deployment_starts_afresh_but_keeps_its_tokenize
     book.first(entry)
     book.end(entry, {"prompt_tokens": 100})
     assert book.line("e") is not None
+    book.begin("e", chat(800), stream=True)  # on the engine that is about to die
+    book.restarted("e")
+    assert book.line("e") is not None and book.load("e").requests_ahead == 0
+    assert book.engines["e"].chars_per_token == pytest.approx(8.0)
     book.forget("e")
-    assert book.line("e") is None and book.engines["e"].chars_per_token == pytest.approx(8.0)
+    assert book.line("e") is None

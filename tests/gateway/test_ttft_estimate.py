@@ -99,7 +99,7 @@ def test_requests_waiting_in_the_engine_that_the_gateway_did_not_send_count_too(
 ])  # fmt: skip
 def test_spill_only_past_headroom_and_only_with_a_fallback(seconds, fallback, spill, reason) -> None:
     line = Line(0.0, 1e-3, "test")
-    est = estimate(EngineLoad(0, 0), int(round(seconds * 1000)), line)
+    est = estimate(EngineLoad(0, 0), round(seconds * 1000), line)
     verdict = decide(est, LIMIT, headroom=0.9, has_fallback=fallback)
     assert (verdict.spill, verdict.reason) == (spill, reason)
     assert "p95_ttft_ms<800" in verdict.why
@@ -117,9 +117,9 @@ def test_the_spill_keeps_the_tightest_ttft_bound_of_the_slo() -> None:
 
 
 def test_prompt_characters_of_every_api_shape() -> None:
+    image = {"type": "image_url", "image_url": {"url": "x" * 999}}
     chat = {"messages": [{"role": "system", "content": "be brief"},
-                         {"role": "user", "content": [{"type": "text", "text": "hello"},
-                                                      {"type": "image_url", "image_url": {"url": "x" * 999}}]}]}  # fmt: skip
+                         {"role": "user", "content": [{"type": "text", "text": "hello"}, image]}]}  # fmt: skip
     assert prompt_chars(chat) == len("be brief") + len("hello")
     assert prompt_chars({"prompt": "abc"}) == 3 and prompt_chars({"prompt": ["ab", "cd"]}) == 4
     assert prompt_chars({"input": "four", "instructions": "xx"}) == 6  # Responses

@@ -6,7 +6,8 @@ import pytest
 
 from stack.manager.policy import ModelView, SwitchKind
 from stack.manager.states import ModelState as S
-from stack.manager.switch_cost import expected_switch_s, residency_left, typical_switch_s
+from stack.manager.scheduling import Rules, Scheduler
+from stack.manager.switch_cost import expected_switch_s, room_wait_s, typical_switch_s
 
 HISTORY = [
     {"model": "a", "kind": "sleeping", "seconds": 0.6, "phases": {"wait_room_s": 0.1}},
@@ -37,9 +38,15 @@ def test_expected_by_state() -> None:
     assert expected_switch_s(S.SLEEPING, "", 0, 0, True, [], "a") is None  # never switched: unknown
 
 
-def test_residency_left_of_the_models_it_evicts() -> None:
+def test_the_wait_for_the_models_it_evicts_follows_the_scheduler() -> None:
     busy = ModelView("b", S.READY, 1, last_used=99.0, ready_since=90.0, busy=1)
     idle = ModelView("c", S.READY, 1, last_used=95.0, ready_since=95.0, busy=0)
-    assert residency_left([busy, idle], ["b"], now=100.0, min_residency_s=20, quiet_s=2) == pytest.approx(10.0)
-    assert residency_left([busy, idle], ["c"], now=100.0, min_residency_s=20, quiet_s=2) == 0.0  # quiet 5 s
-    assert residency_left([busy, idle], [], now=100.0, min_residency_s=20, quiet_s=2) == 0.0
+    rules = Rules(min_residency_s=20, quiet_s=2, max_wait_s=4)
+
+    def wait(evicted, scheduler, waited=0.0):
+        return room_wait_s([busy, idle], evicted, 100.0, scheduler, rules, waited)
+
+    assert wait(["b"], Scheduler.RESIDENCY) == pytest.approx(10.0)  # b's residency
+    assert wait(["b"], Scheduler.GROUPED, waited=1.0) == pytest.approx(3.0)  # the oldest request's max wait
+    assert wait(["c"], Scheduler.RESIDENCY) == 0.0 and wait(["c"], Scheduler.GROUPED) == 0.0  # idle for 5 s
+    assert wait([], Scheduler.RESIDENCY) == 0.0

@@ -104,6 +104,14 @@ class ManagerConfig(BaseModel):
     quiet_s: float = Field(
         2, ge=0, description="a model without a request for this long may be evicted before min_residency_s"
     )
+    scheduler: Literal["residency", "grouped"] = Field(
+        "residency", description="when a model waiting for its turn takes the machine from a busy one: residency "
+        "(after min_residency_s) or grouped (once its oldest request has waited max_wait_s; adr/0027)",
+    )
+    max_wait_s: float = Field(
+        10, ge=0, description="scheduler grouped: the longest a request waits for its model's turn (plus the "
+        "drain of the requests in flight and the switch)",
+    )
     queue_max: int = Field(64, ge=0, description="requests per model waiting for a switch; more get 503")
     queue_timeout_s: float = Field(120, gt=0, description="how long a request waits for its model, then 503")
     drain_timeout_s: float = Field(

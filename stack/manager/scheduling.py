@@ -1,0 +1,83 @@
+"""When a model waiting for its turn may take the machine from the one serving: the switch schedulers.
+
+Two strategies behind one table (manager.scheduler), each a pure function of the models' views:
+
+- residency: a busy model keeps the machine `min_residency_s` after it became ready (then stops admitting
+  and drains); an idle one gives way once quiet for `quiet_s`. An A-B-A-B pattern swaps at most once per
+  residency period, whatever the waiting requests' age.
+- grouped: the serving model keeps admitting its own requests until the oldest request waiting for the other
+  model is due, that is has waited `max_wait_s` less the switch it still needs; then it stops admitting and
+  drains. An idle model gives way once quiet. Requests of one model are served together (fewer switches
+  than first-come-first-served), and no request waits for its model's turn longer than `max_wait_s` plus
+  the drain of the requests in flight (the bound tests/manager/test_scheduling.py checks).
+
+adr/0027 records which one is the default and the measurement behind it (bench/switch_scheduler.py).
+Nothing here reads a clock or does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from stack.manager.policy import ModelView, closes, evictable
+from stack.manager.states import ModelState
+
+
+class Scheduler(StrEnum):
+    RESIDENCY = "residency"
+    GROUPED = "grouped"
+
+
+@dataclass(frozen=True)
+class Rules:
+    min_residency_s: float
+    quiet_s: float
+    max_wait_s: float
+
+
+@dataclass(frozen=True)
+class Turn:
+    may_evict: bool  # the model in the way may go now (no request in flight, and its time is up or it is idle)
+    close: bool  # it stops admitting new requests (they queue for its next turn) so that it drains
+
+
+def residency_turn(victim: ModelView, now: float, rules: Rules, waited_s: float, switch_s: float) -> Turn:
+    return Turn(evictable(victim, now, rules.min_residency_s, rules.quiet_s),
+                closes(victim, now, rules.min_residency_s))  # fmt: skip
+
+
+def grouped_turn(victim: ModelView, now: float, rules: Rules, waited_s: float, switch_s: float) -> Turn:
+    """`waited_s`: how long the target's oldest waiting request has waited (0: none waits, an admin's switch);
+    `switch_s`: what the switch itself takes, so that the oldest request is served by `max_wait_s`."""
+    if victim.state != ModelState.READY:
+        return Turn(True, False)
+    due = waited_s > 0 and waited_s >= max(0.0, rules.max_wait_s - switch_s)
+    quiet = now - victim.last_used >= rules.quiet_s
+    return Turn(not victim.busy and (due or quiet), due)
+
+
+SCHEDULERS: dict[Scheduler, Callable[[ModelView, float, Rules, float, float], Turn]] = {
+    Scheduler.RESIDENCY: residency_turn,
+    Scheduler.GROUPED: grouped_turn,
+}
+
+
+def wait_limit_s(scheduler: Scheduler, rules: Rules, drain_timeout_s: float) -> float:
+    """How long a switch waits for the models in its way before it evicts them anyway."""
+    held = rules.min_residency_s if scheduler == Scheduler.RESIDENCY else rules.max_wait_s
+    return held + drain_timeout_s
+
+
+def turn_wait_s(scheduler: Scheduler, victim: ModelView, now: float, rules: Rules, waited_s: float) -> float:
+    """Seconds until `victim` gives way to a model whose oldest request has waited `waited_s` (its in-flight
+    requests' drain not counted: their end is not known). For the gateway's TTFT estimate."""
+    if victim.state != ModelState.READY:
+        return 0.0
+    quiet = max(0.0, rules.quiet_s - (now - victim.last_used))
+    if scheduler == Scheduler.RESIDENCY:
+        residency = max(0.0, rules.min_residency_s - (now - victim.ready_since))
+        return residency if victim.busy else min(residency, quiet)
+    due = max(0.0, rules.max_wait_s - waited_s)
+    return due if victim.busy else min(due, quiet)
