@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stack.manager.policy import ModelView, SwitchKind
-from stack.manager.states import ModelState as S
 from stack.manager.scheduling import Rules, Scheduler
+from stack.manager.states import ModelState as S
 from stack.manager.switch_cost import expected_switch_s, room_wait_s, typical_switch_s
 
 HISTORY = [
