@@ -61,7 +61,7 @@ def manager_settings(policy: dict) -> ManagerConfig:
 
 def run_standins(args: argparse.Namespace) -> dict:
     out: dict = {"mode": "stand-in", "params": {k: getattr(args, k) for k in (
-        "rate", "duration_s", "switch_s", "service_s", "prefill_s", "slo_ttft_s", "max_wait_s", "seed")},
+        "rate", "duration_s", "switch_s", "service_s", "prefill_s", "slots", "slo_ttft_s", "max_wait_s", "seed")},
         "runs": {}}  # fmt: skip
     for mix_name, mix in MIXES.items():
         trace = poisson_trace(args.rate, args.duration_s, mix, args.seed)
@@ -69,7 +69,7 @@ def run_standins(args: argparse.Namespace) -> dict:
             if args.policy and name not in args.policy:
                 continue
             manager = standin_manager(list(mix), manager_settings(policy), args.switch_s)
-            served = asyncio.run(replay_on_manager(manager, trace, args.service_s, args.prefill_s))
+            served = asyncio.run(replay_on_manager(manager, trace, args.service_s, args.prefill_s, args.slots))
             result = summary(served, args.slo_ttft_s, args.duration_s)
             result["switches"] = len(manager.history)
             out["runs"][f"{mix_name}/{name}"] = result
@@ -116,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--switch-s", type=float, default=1.0, help="stand-in: seconds one switch takes")
     ap.add_argument("--service-s", type=float, default=3.0, help="stand-in: seconds from admission to the answer")
     ap.add_argument("--prefill-s", type=float, default=0.15, help="stand-in: seconds from admission to first token")
+    ap.add_argument("--slots", type=int, default=8, help="stand-in: requests an engine runs at once (0: no limit)")
     ap.add_argument("--slo-ttft-s", type=float, default=8.0, help="the TTFT objective goodput counts against")
     ap.add_argument("--max-wait-s", type=float, default=4.0, help="grouped: the bound on a request's wait")
     ap.add_argument("--policy", action="append", choices=["fifo", "residency", "grouped"],

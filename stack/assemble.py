@@ -32,6 +32,7 @@ from stack.errors import EngineError, StackError
 from stack.hardware import HardwareInfo, detect
 from stack.models import pull
 from stack.planner.cluster import Demand, Placement
+from stack.vllm import kv_offload
 
 if TYPE_CHECKING:  # the gateway's modules (FastAPI, LiteLLM: seconds) load only once the engine has started
     import uvicorn
@@ -214,7 +215,8 @@ def managed(cfg: StackConfig, plan: EnginePlan, preload: bool, site: Site | None
     return ManagedEngine(engine, served, served, factory=factory, need=need, need_source=source,
                          can_sleep=sleep_mode(cfg, plan), weights_gpu=weights_gpu, weights_host=weights_host,
                          preload=preload, task=plan.resolved.model.task, lora=lora, adapters=adapters,
-                         keeps_host_copy=plan.env.get(KEEP_ENV) == "1", slo=plan.resolved.slo)  # fmt: skip
+                         keeps_host_copy=plan.env.get(KEEP_ENV) == "1", slo=plan.resolved.slo,
+                         prefix_cache_bytes=kv_offload.host_bytes(plan.resolved.engine))  # fmt: skip
 
 
 def lora_of(plan: EnginePlan) -> tuple[Base | None, list[Adapter]]:

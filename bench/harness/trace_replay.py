@@ -10,6 +10,7 @@ gateway (a GPU with real engines), and summarised as goodput within a TTFT objec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
@@ -61,11 +62,13 @@ def standin_manager(models: list[str], settings: ManagerConfig, switch_s: float)
     return ModelManager(slots, settings, Capacity(total=GIB, sleep_supported=False))
 
 
-async def replay_on_manager(manager: ModelManager, trace: list[Arrival], service_s: float,
-                            prefill_s: float) -> list[Served]:  # fmt: skip
+async def replay_on_manager(manager: ModelManager, trace: list[Arrival], service_s: float, prefill_s: float,
+                            slots: int = 0) -> list[Served]:  # fmt: skip
     """Each arrival asks the manager for its model at its time; once admitted, its first token comes after
-    `prefill_s` and its answer after `service_s`, then the ticket is released (a stand-in engine's batch)."""
+    `prefill_s` and its answer after `service_s`, then the ticket is released. `slots`: requests an engine
+    runs at once (vLLM's max_num_seqs; more wait in it for a slot), 0: no limit (a batch that never fills)."""
     start = time.perf_counter()
+    room = {m: asyncio.Semaphore(slots) for m in manager.slots} if slots else {}
 
     async def one(arrival: Arrival) -> Served:
         await asyncio.sleep(max(0.0, arrival.at - (time.perf_counter() - start)))
@@ -75,9 +78,10 @@ async def replay_on_manager(manager: ModelManager, trace: list[Arrival], service
         except ModelUnavailable as exc:
             return Served(arrival.model, arrival.at, None, error=exc.message)
         try:
-            await asyncio.sleep(prefill_s)
-            ttft = time.perf_counter() - sent
-            await asyncio.sleep(max(0.0, service_s - prefill_s))
+            async with room.get(arrival.model) or contextlib.nullcontext():
+                await asyncio.sleep(prefill_s)
+                ttft = time.perf_counter() - sent
+                await asyncio.sleep(max(0.0, service_s - prefill_s))
             return Served(arrival.model, arrival.at, ttft, time.perf_counter() - sent)
         finally:
             if ticket is not None:

@@ -113,7 +113,8 @@ def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: floa
         host = HostRam(vm.total, vm.available, "this machine (--host-ram-gib for another)")
     m = cfg.manager
     out = switch_plan(plans, gpu, host, fraction=m.host_memory_fraction, per_engine_gib=m.host_per_engine_gib,
-                      budget_gib=m.host_memory_budget_gib, sleep_level=str(m.sleep_level), overlap=m.overlap_wake)
+                      budget_gib=m.host_memory_budget_gib, sleep_level=str(m.sleep_level), overlap=m.overlap_wake,
+                      keep_prefix=m.keep_prefix_cache, prefix_gib=m.prefix_cache_gib)
     if as_json:
         print(json.dumps(out, indent=2))
         return
@@ -124,17 +125,18 @@ def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: floa
     # Numbers in a narrow table (no column wraps at 80), each model's reasons below it as wrapped text.
     table = Table(show_edge=False, box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("model", no_wrap=True)
-    for col in ("weights", "need", "tier", "wake", "switch", "overlap"):
+    for col in ("weights", "need", "prefix", "tier", "wake", "switch", "overlap"):
         table.add_column(col, no_wrap=True, justify="right" if col != "tier" else "left")
     secs = lambda v: "-" if v is None else f"{v:.2f}s"  # noqa: E731
     for r in out["models"]:
-        table.add_row(r["model"], f"{r['weights_gib']:.1f}G", f"{r['need_gib']:.1f}G", r["tier"],
-                      secs(r["wake_s"]), secs(r["switch_sequential_s"]), secs(r["switch_overlapped_s"]))  # fmt: skip
+        table.add_row(r["model"], f"{r['weights_gib']:.1f}G", f"{r['need_gib']:.1f}G", f"{r['prefix_cache_gib']:.1f}G",
+                      r["tier"], secs(r["wake_s"]), secs(r["switch_sequential_s"]),
+                      secs(r["switch_overlapped_s"]))  # fmt: skip
     console.print(table)
     for r in out["models"]:
         came = f" (switch from {r['from']})" if r["from"] else ""
-        console.print(f"[bold]{r['model']}[/]{came}: {r['why']}" + (f"; {r['order']}" if r["order"] else ""),
-                      highlight=False)
+        console.print(f"[bold]{r['model']}[/]{came}: {r['why']}" + (f"; {r['order']}" if r["order"] else "")
+                      + f"; prefix cache: {r['prefix_cache']}", highlight=False)
 
 
 def print_plan(plan: Plan, console: Console) -> None:

@@ -22,7 +22,7 @@ from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
 from stack.planner.plan import Plan
-from stack.vllm import cpu, launcher
+from stack.vllm import cpu, kv_offload, launcher
 from stack.vllm.args import RenderedArgs, render_engine_args
 from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
 from stack.vllm.lora import AdapterInfo
@@ -171,6 +171,7 @@ def plan_engine(
         if keep:
             resolved.env.setdefault(KEEP_ENV, "1")
         notes.append(f"sleep: {why}")
+    apply_prefix_keep(cfg, resolved, catalog, fit, notes)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
     if cfg.hf_token:
@@ -188,6 +189,23 @@ def plan_engine(
             raise ConfigError(f"vLLM {catalog.version} rejects the rendered command: {error}",
                               hint="`vstack config render` shows the command; fix the option it names")
     return plan
+
+
+def apply_prefix_keep(cfg: StackConfig, resolved: ResolvedProfile, catalog: VllmCatalog, fit: Plan | None,
+                      notes: list[str]) -> None:  # fmt: skip
+    """manager.keep_prefix_cache: the CPU tier's options and the runtime patch's switch (stack.vllm.kv_offload)."""
+    tp = int(resolved.engine.get("tensor_parallel_size") or 1)
+    gpu_kv = fit.budget.kv * tp if fit else None
+    keep = kv_offload.decide(cfg.manager.keep_prefix_cache, resolved.engine, accelerator=resolved.hardware.accelerator,
+                             has_option=kv_offload.SIZE_KEY in catalog, gpu_kv_bytes=gpu_kv,
+                             configured_gib=cfg.manager.prefix_cache_gib)  # fmt: skip
+    for key, value in kv_offload.engine_options(keep).items():
+        if key not in resolved.engine:
+            resolved.engine[key] = value
+            resolved.engine_origins[key] = f"manager.keep_prefix_cache: {keep.reason}"
+    resolved.env.update(kv_offload.engine_env(keep))
+    if resolved.engine.get("enable_sleep_mode"):
+        notes.append(f"prefix cache across sleep: {keep.reason if keep.enabled else 'no: ' + keep.reason}")
 
 
 def secret_env_names(cfg: StackConfig) -> tuple[str, ...]:

@@ -96,7 +96,7 @@ class ModelManager:
 
     def assign_tiers(self) -> None:
         """Each model's sleeping tier (level 1, level 2, cold) from the host RAM budget: stack.manager.tiers."""
-        models = [TierModel(s.name, s.weights_host, s.can_sleep and self.capacity.sleep_supported)
+        models = [TierModel(s.name, s.weights_host, s.can_sleep and self.capacity.sleep_supported, s.prefix_cache_bytes)
                   for s in self.slots.values()]  # fmt: skip
         for name, choice in assign_tiers(models, self.capacity.host_budget, str(self.settings.sleep_level)).items():
             self.slots[name].tier, self.slots[name].tier_reason = choice.tier, choice.reason

@@ -137,6 +137,15 @@ class ManagerConfig(BaseModel):
     host_per_engine_gib: float = Field(
         3.0, ge=0, description="host RAM an engine process takes besides its weights (Python, CUDA, tokenizer)"
     )
+    keep_prefix_cache: Literal["auto"] | bool = Field(
+        "auto", description="GPU engines that sleep keep their prefix cache in pinned host RAM across a switch "
+        "(vLLM's KV offloading, CPU tier, and the runtime patch keep-prefix-cache-across-sleep; adr/0026). auto: where "
+        "the installed vLLM can; true: as auto, and an error where it cannot; false: off",
+    )
+    prefix_cache_gib: float | None = Field(
+        None, gt=0, description="host RAM per model for it (default: 4 GiB, or the model's whole GPU KV cache if "
+        "smaller); held for the engine's life, counted in the host RAM budget before the level-1 weights",
+    )
     overlap_wake: bool = Field(
         True, description="wake the target's weights while the evicted model sleeps when they fit beside it"
     )

@@ -22,7 +22,8 @@ import logging
 import os
 from typing import Any
 
-ENV = "VSTACK_KEEP_PREFIX_ON_SLEEP"
+from stack.vllm.kv_offload import KEEP_ENV as ENV
+
 MARK = "_vstack_patch"
 FLAG = "_vstack_sleep_keeps_connector"
 log = logging.getLogger("vllm.vstack_patches")
