@@ -283,7 +283,8 @@ class ModelManager:
             plan = plan_switch(target, others, self.capacity, EvictionOrder(self.settings.eviction))
             now = self.clock()
             waited = slot.waited_s(now)
-            turns = {e.name: turn_of(self.slots[e.name].view(), now, rules, waited, switch_s) for e in plan.evict}
+            turns = {e.name: turn_of(self.slots[e.name].view(), now, rules, waited, switch_s, slot.waiting)
+                     for e in plan.evict}  # fmt: skip
             blocked = [self.slots[name] for name, turn in turns.items() if not turn.may_evict]
             if not blocked or now - started > limit:
                 break

@@ -5,11 +5,13 @@ Two strategies behind one table (manager.scheduler), each a pure function of the
 - residency: a busy model keeps the machine `min_residency_s` after it became ready (then stops admitting
   and drains); an idle one gives way once quiet for `quiet_s`. An A-B-A-B pattern swaps at most once per
   residency period, whatever the waiting requests' age.
-- grouped: the serving model keeps admitting its own requests until the oldest request waiting for the other
-  model is due, that is has waited `max_wait_s` less the switch it still needs; then it stops admitting and
-  drains. An idle model gives way once quiet. Requests of one model are served together (fewer switches
-  than first-come-first-served), and no request waits for its model's turn longer than `max_wait_s` plus
-  the drain of the requests in flight (the bound tests/manager/test_scheduling.py checks).
+- grouped: the bigger group goes first, the smaller one waits a bounded time. The serving model stops
+  admitting (and drains) as soon as at least as many requests wait for the other model as it has in flight;
+  otherwise it keeps admitting its own until the oldest request waiting for the other is due, that is has
+  waited `max_wait_s` less the switch it still needs. An idle model gives way once quiet. Requests of one
+  model are served together, a minority model's requests do not each cost the majority a switch, and no
+  request waits for its model's turn longer than `max_wait_s` plus the drain of the requests in flight (the
+  bound tests/manager/test_scheduling.py checks).
 
 adr/0027 records which one is the default and the measurement behind it (bench/switch_scheduler.py).
 Nothing here reads a clock or does I/O.
@@ -43,22 +45,26 @@ class Turn:
     close: bool  # it stops admitting new requests (they queue for its next turn) so that it drains
 
 
-def residency_turn(victim: ModelView, now: float, rules: Rules, waited_s: float, switch_s: float) -> Turn:
+def residency_turn(victim: ModelView, now: float, rules: Rules, waited_s: float, switch_s: float,
+                   waiting: int = 0) -> Turn:  # fmt: skip
     return Turn(evictable(victim, now, rules.min_residency_s, rules.quiet_s),
                 closes(victim, now, rules.min_residency_s))  # fmt: skip
 
 
-def grouped_turn(victim: ModelView, now: float, rules: Rules, waited_s: float, switch_s: float) -> Turn:
+def grouped_turn(victim: ModelView, now: float, rules: Rules, waited_s: float, switch_s: float,
+                 waiting: int = 0) -> Turn:  # fmt: skip
     """`waited_s`: how long the target's oldest waiting request has waited (0: none waits, an admin's switch);
-    `switch_s`: what the switch itself takes, so that the oldest request is served by `max_wait_s`."""
+    `switch_s`: what the switch itself takes, so that the oldest request is served by `max_wait_s`;
+    `waiting`: how many requests wait for the target."""
     if victim.state != ModelState.READY:
         return Turn(True, False)
-    due = waited_s > 0 and waited_s >= max(0.0, rules.max_wait_s - switch_s)
+    bigger = waiting > 0 and waiting >= victim.busy  # the waiting group is at least the serving one's
+    due = bigger or (waited_s > 0 and waited_s >= max(0.0, rules.max_wait_s - switch_s))
     quiet = now - victim.last_used >= rules.quiet_s
     return Turn(not victim.busy and (due or quiet), due)
 
 
-SCHEDULERS: dict[Scheduler, Callable[[ModelView, float, Rules, float, float], Turn]] = {
+SCHEDULERS: dict[Scheduler, Callable[[ModelView, float, Rules, float, float, int], Turn]] = {
     Scheduler.RESIDENCY: residency_turn,
     Scheduler.GROUPED: grouped_turn,
 }

@@ -99,17 +99,19 @@ class ManagerConfig(BaseModel):
         None, description="started when the gateway starts (default: the served model only)"
     )
     min_residency_s: float = Field(
-        20, ge=0, description="a model that is in use stays loaded at least this long before another evicts it"
+        20, ge=0, description="scheduler residency: a model that is in use stays loaded at least this long before "
+        "another evicts it"
     )
     quiet_s: float = Field(
         2, ge=0, description="a model without a request for this long may be evicted before min_residency_s"
     )
     scheduler: Literal["residency", "grouped"] = Field(
-        "residency", description="when a model waiting for its turn takes the machine from a busy one: residency "
-        "(after min_residency_s) or grouped (once its oldest request has waited max_wait_s; adr/0027)",
+        "grouped", description="when a model waiting for its turn takes the machine from a busy one: grouped (as "
+        "soon as as many requests wait for it as the busy one has in flight, else once its oldest request has "
+        "waited max_wait_s) or residency (after min_residency_s); adr/0027",
     )
     max_wait_s: float = Field(
-        10, ge=0, description="scheduler grouped: the longest a request waits for its model's turn (plus the "
+        4, ge=0, description="scheduler grouped: the longest a request waits for its model's turn (plus the "
         "drain of the requests in flight and the switch)",
     )
     queue_max: int = Field(64, ge=0, description="requests per model waiting for a switch; more get 503")
