@@ -5,13 +5,14 @@ Two strategies behind one table (manager.scheduler), each a pure function of the
 - residency: a busy model keeps the machine `min_residency_s` after it became ready (then stops admitting
   and drains); an idle one gives way once quiet for `quiet_s`. An A-B-A-B pattern swaps at most once per
   residency period, whatever the waiting requests' age.
-- grouped: the bigger group goes first, the smaller one waits a bounded time. The serving model stops
-  admitting (and drains) as soon as at least as many requests wait for the other model as it has in flight;
-  otherwise it keeps admitting its own until the oldest request waiting for the other is due, that is has
-  waited `max_wait_s` less the switch it still needs. An idle model gives way once quiet. Requests of one
-  model are served together, a minority model's requests do not each cost the majority a switch, and no
-  request waits for its model's turn longer than `max_wait_s` plus the drain of the requests in flight (the
-  bound tests/manager/test_scheduling.py checks).
+- grouped: a waiting group's turn comes once its oldest request has waited what the switch costs (as in
+  ski rental: waiting longer than a switch costs is the worse deal) if it is at least as big as the group
+  being served (requests in flight), else once it has waited `max_wait_s` (or the switch's cost, if longer).
+  Then the serving model stops admitting (its new requests wait for its next turn) and drains. An idle model
+  gives way once quiet. Requests of one model are served together, a minority model's requests do not each
+  cost the majority a switch, slow switches (cold starts) are not thrashed, and no request waits for its
+  model's turn longer than max(`max_wait_s`, switch) plus the drain of the requests in flight plus the switch
+  (the bound tests/manager/test_scheduling.py checks).
 
 adr/0027 records which one is the default and the measurement behind it (bench/switch_scheduler.py).
 Nothing here reads a clock or does I/O.
@@ -59,7 +60,7 @@ def grouped_turn(victim: ModelView, now: float, rules: Rules, waited_s: float, s
     if victim.state != ModelState.READY:
         return Turn(True, False)
     bigger = waiting > 0 and waiting >= victim.busy  # the waiting group is at least the serving one's
-    due = bigger or (waited_s > 0 and waited_s >= max(0.0, rules.max_wait_s - switch_s))
+    due = waited_s > 0 and waited_s >= (switch_s if bigger else max(rules.max_wait_s, switch_s))
     quiet = now - victim.last_used >= rules.quiet_s
     return Turn(not victim.busy and (due or quiet), due)
 
@@ -85,5 +86,5 @@ def turn_wait_s(scheduler: Scheduler, victim: ModelView, now: float, rules: Rule
     if scheduler == Scheduler.RESIDENCY:
         residency = max(0.0, rules.min_residency_s - (now - victim.ready_since))
         return residency if victim.busy else min(residency, quiet)
-    due = max(0.0, rules.max_wait_s - waited_s)
+    due = max(0.0, rules.max_wait_s - waited_s)  # the smaller group's bound (the switch itself not counted)
     return due if victim.busy else min(due, quiet)
