@@ -125,13 +125,14 @@ def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: floa
     # Numbers in a narrow table (no column wraps at 80), each model's reasons below it as wrapped text.
     table = Table(show_edge=False, box=box.SIMPLE_HEAD, pad_edge=False)
     table.add_column("model", no_wrap=True)
-    for col in ("weights", "need", "prefix", "tier", "wake", "switch", "overlap"):
+    for col in ("weights", "need", "tier", "wake", "switch", "overlap"):
         table.add_column(col, no_wrap=True, justify="right" if col != "tier" else "left")
     secs = lambda v: "-" if v is None else f"{v:.2f}s"  # noqa: E731
     for r in out["models"]:
-        table.add_row(r["model"], f"{r['weights_gib']:.1f}G", f"{r['need_gib']:.1f}G", f"{r['prefix_cache_gib']:.1f}G",
-                      r["tier"], secs(r["wake_s"]), secs(r["switch_sequential_s"]),
-                      secs(r["switch_overlapped_s"]))  # fmt: skip
+        # The prefix cache kept across sleep (host RAM) shows with the tier, as in `vstack models`: level1+4G.
+        tier = r["tier"] + (f"+{r['prefix_cache_gib']:g}G" if r["prefix_cache_gib"] else "")
+        table.add_row(r["model"], f"{r['weights_gib']:.1f}G", f"{r['need_gib']:.1f}G", tier, secs(r["wake_s"]),
+                      secs(r["switch_sequential_s"]), secs(r["switch_overlapped_s"]))  # fmt: skip
     console.print(table)
     for r in out["models"]:
         came = f" (switch from {r['from']})" if r["from"] else ""
