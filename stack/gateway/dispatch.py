@@ -30,7 +30,7 @@ from stack.gateway.routing import Routing
 from stack.gateway.slo_spill import SpillGuard
 from stack.gateway.sse import RelayResponse
 from stack.gateway.tasks import PATHS, check_task
-from stack.gateway.ttft_estimate import Verdict
+from stack.gateway.ttft_estimate import Estimate, Verdict
 from stack.manager.errors import ModelUnavailable
 
 USAGE_OPTION = {"chat", "completions"}  # endpoints whose streams take stream_options.include_usage
@@ -50,6 +50,7 @@ class Attempt:
     ttft_s: float | None = None
     usage: dict | None = None  # a stream's usage, once its last chunk said it
     why: str = ""  # the SLO verdict's reason for going here (stack.gateway.slo_spill), for the Activity log
+    estimate: Estimate | None = None  # ... and its TTFT estimate (a non-streamed answer's first token is assumed then)
 
 
 class Ticket(Protocol):
@@ -201,7 +202,8 @@ class Dispatcher:
                 try:
                     return await self._attempt(endpoint, body, Attempt(dep, group, reason, t0, ticket, adapter,
                                                                        endpoint, str(body["model"]),
-                                                                       why=verdict.why if verdict else ""))
+                                                                       why=verdict.why if verdict else "",
+                                                                       estimate=verdict.estimate if verdict else None))
                 except UpstreamError as err:
                     self.metrics.upstream_errors.labels(dep.id, err.reason).inc()
                     last, previous, last_dep = err, step.group, dep.id
@@ -270,7 +272,7 @@ class Dispatcher:
         book.begin(dep_id)  # requests in flight per replica (least_outstanding); ended below or by the stream
         # What is on this engine's plate, for the TTFT estimates of later requests (stack.gateway.engine_load).
         load = self.spill.book
-        entry = load.begin(dep_id, out, stream) if self.spill.watches(at.group) else None
+        entry = load.begin(dep_id, out, stream, at.estimate) if self.spill.watches(at.group) else None
         try:
             # Guarded until the answer starts: an engine found unresponsive meanwhile raises EngineStalled,
             # which falls back like any failed attempt (nothing was sent to the client yet).
