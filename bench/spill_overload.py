@@ -110,7 +110,7 @@ def calibrate(url: str, rates: list[float], slo_ms: float, prompt: int, output: 
     """The highest rate (of `rates`, ascending) whose p95 TTFT on the engine alone stays within the objective."""
     found, probes = None, []
     for rate in rates:
-        spec = scenario(rate, max(4, math.ceil(rate * 30)), 20, 20, prompt, output)
+        spec = scenario(rate, max(4, math.ceil(rate * 10)), 20, 20, prompt, output)
         spec["load"] = {"rate": rate, "users": spec["load"]["stages"][0]["users"], "ramp_s": 0, "duration_s": 20}
         result = attainment(run_locust(url, spec, tmp / f"calibrate-{rate:g}", 20), slo_ms)
         probes.append({"rate": rate, **result})
@@ -158,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 capacity = args.capacity_rps
         result["capacity_rps"] = capacity
-        # Enough clients that the offered rate holds while answers take up to ~15 s (a Locust user sends one at a time).
-        users = max(8, math.ceil(capacity * 30))
+        # Enough clients that the offered rate holds while answers take up to ~20 s (a Locust user sends one at a
+        # time, every users/rate seconds; each starts at a random phase of that, so arrivals spread out).
+        users = max(8, math.ceil(capacity * 20))
         spec = scenario(capacity, users, args.base_s, args.step_s, args.prompt_tokens, args.output_tokens)
         for mode in ("local", "spill"):
             with app_in_thread(gateway_app(mode, engine_url, cloud_url, slo)) as (url, _loop):
