@@ -5,6 +5,7 @@ parser, then its own config: the OffloadingConnector and its byte budget), and i
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -17,7 +18,6 @@ from stack.hardware import detect
 from stack.manager.tiers import Tier, TierModel, assign_tiers
 from stack.vllm import kv_offload
 from stack.vllm.args import render_engine_args
-from stack.vllm.options import VllmCatalog, check_with_vllm
 from tests.conftest import load_catalog
 
 GIB = 1024**3
@@ -75,29 +75,34 @@ def test_rendered_for_every_known_vllm(version: str) -> None:
     assert args == ["--kv-offloading-size", "4.0", "--kv-offloading-backend", "native"]
 
 
-def test_the_installed_vllm_parses_it_and_makes_it_an_offloading_connector_with_its_budget(tmp_path) -> None:
+def test_the_installed_vllm_parses_it_and_makes_it_an_offloading_connector_with_its_budget() -> None:
     pytest.importorskip("vllm")
-    from stack.vllm.options import installed_catalog
+    from stack.patches.plugin import installed_vllm
 
-    catalog: VllmCatalog = installed_catalog(sys.executable, tmp_path)
+    _dist, version = installed_vllm()  # the dump of the installed version: its options, without a child process
+    catalog = load_catalog(f"{version.major}.{version.minor}")
     args = render_engine_args(kv_offload.engine_options(decide()), catalog).args
-    assert check_with_vllm(sys.executable, ["some/model", *args]) is None
-    # vLLM's own config object: what the engine will run with (its CacheConfig -> KVTransferConfig translation).
+    # One child process (one import of vLLM): its own serve parser, then its own config translation (CacheConfig
+    # -> KVTransferConfig), which is what the engine runs with.
     probe = """
 import json, sys
-from vllm.config import CacheConfig, KVTransferConfig, VllmConfig
+from stack.vllm.introspect import check
+parsed = check(["some/model", *sys.argv[1:]])
+from vllm.config import CacheConfig, VllmConfig
 vc = VllmConfig.__new__(VllmConfig)
-vc.cache_config = CacheConfig(kv_offloading_size=float(sys.argv[1]), kv_offloading_backend="native")
+vc.cache_config = CacheConfig(kv_offloading_size=float(sys.argv[2]), kv_offloading_backend=sys.argv[4])
 vc.kv_transfer_config = None
 vc._post_init_kv_transfer_config()
 kt = vc.kv_transfer_config
-print(json.dumps({"connector": kt.kv_connector, "role": kt.kv_role, "extra": kt.kv_connector_extra_config}))
+print(json.dumps({"parsed": parsed, "connector": kt.kv_connector, "role": kt.kv_role,
+                  "extra": kt.kv_connector_extra_config}))
 """
-    out = subprocess.run([sys.executable, "-c", probe, args[1]], capture_output=True, text=True, timeout=300,
-                         env={"VLLM_USE_SIMPLE_KV_OFFLOAD": "0", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    env = {**os.environ, "VLLM_USE_SIMPLE_KV_OFFLOAD": "0"}
+    out = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     made = json.loads(out.stdout.strip().splitlines()[-1])
-    assert made == {"connector": "OffloadingConnector", "role": "kv_both", "extra": {"cpu_bytes_to_use": 4 * GIB}}
+    assert made == {"parsed": {"ok": True}, "connector": "OffloadingConnector", "role": "kv_both",
+                    "extra": {"cpu_bytes_to_use": 4 * GIB}}  # fmt: skip
 
 
 def test_a_gpu_profile_that_sleeps_gets_the_tier_and_the_patch_switch() -> None:
