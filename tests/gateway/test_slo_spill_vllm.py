@@ -5,6 +5,7 @@ No engine start of its own: it shares tests/gateway's session engine."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -19,10 +20,13 @@ from .conftest import SERVED, cloud_entry, local, run_gateway
 
 pytestmark = pytest.mark.e2e
 WORDS = "the quick brown fox jumps over the lazy dog and keeps running far away "
+SEQ = itertools.count()
 
 
 def ask(words: int) -> list[dict]:
-    return [{"role": "user", "content": (WORDS * (words // 14 + 1))[: words * 5]}]
+    """A prompt of about `words` words that no earlier one shares a prefix with (its number first): the
+    engine's prefix cache would make later prompts cheaper than the estimate's line, which counts tokens."""
+    return [{"role": "user", "content": f"{next(SEQ)}: " + (WORDS * (words // 14 + 1))[: words * 5]}]
 
 
 def first_token_s(client: openai.OpenAI, words: int) -> tuple[float, dict]:
@@ -35,11 +39,14 @@ def first_token_s(client: openai.OpenAI, words: int) -> tuple[float, dict]:
     return ttft, dict(raw.headers)
 
 
+@pytest.fixture(autouse=True)
+def cloud_key(monkeypatch):
+    # Per test: tests/conftest.py's autouse fixture clears every VSTACK_* variable before each test.
+    monkeypatch.setenv("VSTACK_TEST_CLOUD_KEY", "sk-test-cloud-key-123456")
+
+
 @pytest.fixture(scope="module")
 def gateway(vllm_engine, cloud_mock):
-    import os
-
-    os.environ["VSTACK_TEST_CLOUD_KEY"] = "sk-test-cloud-key-123456"
     settings = GatewayConfig(cloud=[cloud_entry(cloud_mock.url)], fallbacks={SERVED: ["cloud-small"]},
                              spill={"slo": {SERVED: "p95_ttft_ms<60000"}, "min_samples": 6,
                                     "scrape_interval_s": 0.5})  # fmt: skip
