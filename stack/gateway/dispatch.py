@@ -8,6 +8,7 @@ will not come back within a retry), timeouts and 5xx are retried `num_retries` t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -127,7 +128,8 @@ class Dispatcher:
                 # Its fallbacks failed: the local engines answer after all, late rather than not at all.
                 if self.admission is not None:
                     ticket = await self._admit(group)
-                response = await self._route(endpoint, group, body, ticket, verdict=verdict, local_only=True)
+                late = dataclasses.replace(verdict, why=f"{verdict.why}; the fallbacks failed: answered here")  # type: ignore[arg-type]
+                response = await self._route(endpoint, group, body, ticket, verdict=late, local_only=True)
             handed_over = isinstance(response, StreamingResponse)
             return response
         except (UpstreamError, NoDeployment, RateLimited) as err:

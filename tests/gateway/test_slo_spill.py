@@ -110,6 +110,7 @@ def test_the_fallbacks_failing_after_a_spill_the_local_engine_answers(tmp_path, 
         r = httpx.post(f"{gw.url}/v1/chat/completions", json=chat("a"), timeout=30)
         assert decisions(gw.url)[("a", "spill", "over_slo")] == 1
         assert r.status_code == 200 and r.headers["x-vstack-deployment"] == "engine-a"  # late rather than never
+        assert "the fallbacks failed: answered here" in gw.state.dispatcher.activity.last(limit=1)[0]["why"]
         gw.call(sup.stop(gw.state))
 
 
