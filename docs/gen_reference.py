@@ -286,12 +286,15 @@ def _collectors(registry: Any) -> list[Any]:
 
 
 def metrics_page() -> str:
+    from stack.config.sections.gateway import SpillSettings
     from stack.gateway.metrics import GatewayMetrics
     from stack.gateway.routing.adapters import AdapterMetrics
+    from stack.gateway.routing.slo_spill import SpillGuard
     from stack.manager.metrics import ManagerMetrics
 
     gateway = GatewayMetrics()
     AdapterMetrics(gateway.registry)
+    SpillGuard(SpillSettings(), gateway.registry)
     rows = ["| metric | type | labels | what it counts | from |", "| --- | --- | --- | --- | --- |"]
     entries = []
     for source, registry in (("gateway", gateway.registry), ("model manager", ManagerMetrics().registry)):

@@ -186,7 +186,8 @@ def managed(launch: Launch, plan: ModelPlan, preload: bool,
     return ManagedEngine(engine, served, served, factory=factory, need=need, need_source=source,
                          can_sleep=plan.can_sleep, weights_gpu=weights_gpu, weights_host=weights_host,
                          preload=preload, task=plan.model.task, lora=lora, adapters=adapters,
-                         keeps_host_copy=plan.keeps_host_copy)  # fmt: skip
+                         keeps_host_copy=plan.keeps_host_copy, slo=list(plan.slo),
+                         prefix_cache_bytes=plan.prefix_cache_bytes)  # fmt: skip
 
 
 def lora_of(plan: ModelPlan) -> tuple[Base | None, list[Adapter]]:

@@ -3,6 +3,7 @@
 - `children`: child processes (engines, gateways, stand-ins) in their own sessions, stopped as a tree.
 - `waiting`: free ports, waiting for an HTTP endpoint or a condition.
 - `gateway_thread`: the gateway app served in a thread of this process (its state reachable).
+- `stack_engine`: an engine's argv and env rendered by the stack, as `vstack up` renders them.
 - `scrape`: the engines' Prometheus text through the gateway's /metrics/targets, with its key.
 - `mock_upstream`: the local OpenAI-compatible stand-in for a cloud provider.
 - `ray_cluster`: a real local Ray cluster of several nodes with the stack on it.

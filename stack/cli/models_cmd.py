@@ -56,7 +56,9 @@ def models_table(rows: list[dict[str, Any]]) -> Table:
     table.add_column("detail", overflow="fold", ratio=1)
     for r in rows:
         busy = f"{r['in_flight']}+{r['queued']}q" if r["queued"] else str(r["in_flight"])
-        table.add_row(r["model"], f"[{COLOUR.get(r['state'], 'white')}]{r['state']}[/]", r["tier"] or "-",
+        # A prefix cache kept across sleep shows with the tier: level1+2G (its CPU tier's host RAM).
+        tier = (r["tier"] or "-") + (f"+{r['prefix_cache_gib']:g}G" if r.get("prefix_cache_gib") else "")
+        table.add_row(r["model"], f"[{COLOUR.get(r['state'], 'white')}]{r['state']}[/]", tier,
                       "-" if r["need_gib"] is None else f"{r['need_gib']}G", busy,
                       "-" if r["idle_s"] is None else f"{r['idle_s']:.0f}s", r["last_switch"] or "-",
                       Text(r["detail"] + (f" ({r['restarts']} restarts)" if r["restarts"] else "")))

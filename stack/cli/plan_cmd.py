@@ -155,7 +155,8 @@ def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: floa
         host = HostRam(vm.total, vm.available, "this machine (--host-ram-gib for another)")
     m = cfg.manager
     out = switch_plan(plans, gpu, host, fraction=m.host_memory_fraction, per_engine_gib=m.host_per_engine_gib,
-                      budget_gib=m.host_memory_budget_gib, sleep_level=str(m.sleep_level), overlap=m.overlap_wake)
+                      budget_gib=m.host_memory_budget_gib, sleep_level=str(m.sleep_level), overlap=m.overlap_wake,
+                      keep_prefix=m.keep_prefix_cache, prefix_gib=m.prefix_cache_gib)
     if as_json:
         print(json.dumps(out, indent=2))
         return
@@ -170,13 +171,15 @@ def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: floa
         table.add_column(col, no_wrap=True, justify="right" if col != "tier" else "left")
     secs = lambda v: "-" if v is None else f"{v:.2f}s"  # noqa: E731
     for r in out["models"]:
-        table.add_row(r["model"], f"{r['weights_gib']:.1f}G", f"{r['need_gib']:.1f}G", r["tier"],
-                      secs(r["wake_s"]), secs(r["switch_sequential_s"]), secs(r["switch_overlapped_s"]))  # fmt: skip
+        # The prefix cache kept across sleep (host RAM) shows with the tier, as in `vstack models`: level1+4G.
+        tier = r["tier"] + (f"+{r['prefix_cache_gib']:g}G" if r["prefix_cache_gib"] else "")
+        table.add_row(r["model"], f"{r['weights_gib']:.1f}G", f"{r['need_gib']:.1f}G", tier, secs(r["wake_s"]),
+                      secs(r["switch_sequential_s"]), secs(r["switch_overlapped_s"]))  # fmt: skip
     console.print(table)
     for r in out["models"]:
         came = f" (switch from {r['from']})" if r["from"] else ""
-        console.print(f"[bold]{r['model']}[/]{came}: {r['why']}" + (f"; {r['order']}" if r["order"] else ""),
-                      highlight=False)
+        console.print(f"[bold]{r['model']}[/]{came}: {r['why']}" + (f"; {r['order']}" if r["order"] else "")
+                      + f"; prefix cache: {r['prefix_cache']}", highlight=False)
 
 
 def print_plan(plan: Fit, console: Console) -> None:

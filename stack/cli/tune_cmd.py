@@ -1,4 +1,4 @@
-"""`vstack tune`: the Typer command, with a live table of candidates; thin over stack.load.tune."""
+"""`vstack tune`: the Typer command, with a live table of candidates; thin over stack.tune.run."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ class ResolvedProfile:
     engine: dict[str, Any]
     engine_origins: dict[str, str]
     env: dict[str, str] = field(default_factory=dict)
+    slo: list[str] = field(default_factory=list)  # the profile's objectives, else its model's
 
     @property
     def served_name(self) -> str:
@@ -71,14 +72,14 @@ def resolve_profile(cfg: StackConfig, name: str | None, detected_hardware: str) 
         prof = cfg.profiles[target]
         hw_name, model_name, description = prof.hardware, prof.model, prof.description
         profile_layer = [(("profiles", target, "engine"), prof.engine)]
-        profile_env = prof.env
+        profile_env, profile_slo = prof.env, prof.slo
     elif target == "auto" or target in cfg.models or unconfigured_model(target):
         model_name = cfg.default_model if target == "auto" else target
         # A profile written for exactly this hardware and model carries its tuned overrides: use it.
         matching = [n for n, p in cfg.profiles.items() if p.hardware == detected_hardware and p.model == model_name]
         if matching:
             return resolve_profile(cfg, sorted(matching)[0], detected_hardware)
-        hw_name, description, profile_layer, profile_env = detected_hardware, "", [], {}
+        hw_name, description, profile_layer, profile_env, profile_slo = detected_hardware, "", [], {}, []
         target = f"{hw_name}/{model_name}"
     else:
         known = [*cfg.profiles, *cfg.models, "auto"]
@@ -115,4 +116,4 @@ def resolve_profile(cfg: StackConfig, name: str | None, detected_hardware: str) 
             origins[key] = f"{cfg.where(*path, key)}: {'.'.join((*path, key))}"
     engine = {k: v for k, v in engine.items() if v is not None}
     env = {**hardware.env, **model.env, **profile_env, **cfg.env}
-    return ResolvedProfile(target, description, hardware, model, engine, origins, env)
+    return ResolvedProfile(target, description, hardware, model, engine, origins, env, list(profile_slo or model.slo))

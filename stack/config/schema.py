@@ -143,8 +143,18 @@ class ModelEntry(_Strict):
     lora: LoraLimits = Field(default_factory=LoraLimits)
     engine: EngineOptions = Field(default_factory=dict, description="vLLM options for this model (over the hardware's)")
     env: dict[str, str] = Field(default_factory=dict, description="environment variables for its engine")
+    slo: list[str] = Field(default_factory=list, description="its objectives, e.g. ['p95_ttft_ms<800']: the gateway "
+                           "spills requests to its fallbacks before the TTFT one breaks (gateway.spill); a profile's "
+                           "own `slo` takes its place")
 
     _keys = _engine_keys()
+
+    @field_validator("slo", mode="before")
+    @classmethod
+    def _slo_parses(cls, value: Any) -> Any:
+        value = [value] if isinstance(value, str) else value
+        parse_slo(value)
+        return value
 
     @property
     def api_name(self) -> str:

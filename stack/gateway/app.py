@@ -110,11 +110,16 @@ def create_app(
         await replay(state)  # the /admin changes of the last run, once the engines (and adapter bases) are known
         live = dispatcher.liveness
         watch = asyncio.create_task(live.run(), name="engine liveness") if settings.liveness.enabled else None
+        spill = dispatcher.spill
+        loads = (asyncio.create_task(spill.book.run(lambda: spill.watched(registry.all())), name="engine loads")
+                 if settings.spill.enabled else None)  # fmt: skip
         try:
             yield
         finally:
-            if watch is not None:
-                watch.cancel()
+            for task in (watch, loads):
+                if task is not None:
+                    task.cancel()
+            await spill.book.close()
             for hook in on_shutdown:
                 await hook(state)
             await live.close()

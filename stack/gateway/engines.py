@@ -46,6 +46,8 @@ class ManagedEngine:
     lora: Base | None = None  # the engine runs with LoRA: its limits
     adapters: list[Adapter] = field(default_factory=list)  # served on this engine, loaded on first request
     keeps_host_copy: bool = False  # a later sleep only releases memory (stack.engine.sleep_copy)
+    prefix_cache_bytes: int = 0  # its prefix cache's CPU tier across sleep (stack.vllm.kv_offload)
+    slo: list[str] = field(default_factory=list)  # its objectives (models.*.slo or its profile's): the spill's
 
 
 # Without manager settings the supervisor behaves as it always did: every engine starts at once, shares
@@ -66,7 +68,8 @@ class EngineSupervisor:
         for m in engines:
             m.deployment_id = m.deployment_id or f"engine-{m.model_group}"
         slots = [Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep,
-                      weights_gpu=m.weights_gpu, weights_host=m.weights_host, keeps_host_copy=m.keeps_host_copy)
+                      weights_gpu=m.weights_gpu, weights_host=m.weights_host, keeps_host_copy=m.keeps_host_copy,
+                      prefix_cache_bytes=m.prefix_cache_bytes)
                  for m in engines]  # fmt: skip
         self.manager = ModelManager(
             slots, self.settings, self.capacity, probe=probe, startup_timeout_s=startup_timeout_s,
@@ -87,6 +90,8 @@ class EngineSupervisor:
                 api_base=spec.base_url, engine_key=engine_key(m.engine), state="stopped",
                 labels={"engine": spec.name, "managed": "1", "runtime": m.engine.runtime_kind, "task": m.task, **role},
             ))  # fmt: skip
+            if m.slo:  # its TTFT objective: requests spill to its fallbacks before it breaks (gateway.spill)
+                state.dispatcher.spill.set_slo(m.model_group, m.slo)
             if m.lora is not None and state.adapters is not None:
                 state.adapters.add_base(m.lora)
                 for adapter in m.adapters:

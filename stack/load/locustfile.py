@@ -72,6 +72,8 @@ class ChatUser(HttpUser):
     def on_start(self) -> None:
         self.rng = random.Random()
         self.client.headers.update(_auth_headers())
+        if SCENARIO.load.rate:  # open loop: users start at random phases of their pace, not all at once
+            time.sleep(self.rng.uniform(0, SCENARIO.load.peak_users / SCENARIO.load.rate))
 
     @task
     def chat(self) -> None:

@@ -82,6 +82,7 @@ def model_rows(body: dict[str, Any]) -> list[dict[str, Any]]:
         last = mgr.get("last_switch") or {}
         rows.append({
             "model": m["model"], "state": mgr.get("state") or m["state"], "tier": mgr.get("tier", ""),
+            "prefix_cache_gib": mgr.get("prefix_cache_gib") or 0,
             "detail": mgr.get("detail", ""),
             "need_gib": mgr.get("need_gib"), "in_flight": mgr.get("in_flight", 0), "queued": mgr.get("queued", 0),
             "idle_s": mgr.get("idle_s"), "restarts": mgr.get("restarts", 0),

@@ -32,14 +32,14 @@ from stack.manager.policy import (
     Evict,
     EvictionOrder,
     SwitchKind,
-    closes,
-    evictable,
     held,
     plan_switch,
     sleep_freed_enough,
 )
+from stack.manager.scheduling import SCHEDULERS, Rules, Scheduler, wait_limit_s
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
+from stack.manager.switch_cost import expected_switch_s, room_wait_s, typical_switch_s
 from stack.manager.tiers import Order, Tier, TierModel, assign_tiers, switch_order
 from stack.manager.unavailable import ModelUnavailable
 from stack.vllm.plugins.handoff import HandoffBroker
@@ -96,7 +96,7 @@ class ModelManager:
 
     def assign_tiers(self) -> None:
         """Each model's sleeping tier (level 1, level 2, cold) from the host RAM budget: stack.manager.tiers."""
-        models = [TierModel(s.name, s.weights_host, s.can_sleep and self.capacity.sleep_supported)
+        models = [TierModel(s.name, s.weights_host, s.can_sleep and self.capacity.sleep_supported, s.prefix_cache_bytes)
                   for s in self.slots.values()]  # fmt: skip
         for name, choice in assign_tiers(models, self.capacity.host_budget, str(self.settings.sleep_level)).items():
             self.slots[name].tier, self.slots[name].tier_reason = choice.tier, choice.reason
@@ -154,6 +154,7 @@ class ModelManager:
         slot.waiting += 1
         self.metrics.queue_length.labels(group).set(slot.waiting)
         t0 = self.clock()
+        slot.waiting_since.append(t0)
         try:
             return await asyncio.wait_for(self._wait_admission(slot, t0), self.settings.queue_timeout_s)
         except TimeoutError:
@@ -164,8 +165,23 @@ class ModelManager:
             ) from None
         finally:
             slot.waiting -= 1
+            slot.waiting_since.remove(t0)
             self.metrics.queue_length.labels(group).set(slot.waiting)
             self.metrics.queue_wait.labels(group).observe(self.clock() - t0)
+
+    def expected_switch_s(self, group: str) -> float | None:
+        """Seconds until `group` is awake: 0 when it is, else from this manager's own switches of it
+        (stack.manager.switch_cost); None when unknown. The gateway's TTFT estimate adds it."""
+        slot = self.slots.get(group)
+        if slot is None:
+            return None
+        now, wait = self.clock(), 0.0
+        if slot.state in (S.SLEEPING, S.STOPPED):
+            others = [s.view() for s in self.slots.values() if s is not slot]
+            plan = plan_switch(slot.view(), others, self.capacity, EvictionOrder(self.settings.eviction))
+            wait = room_wait_s(others, [e.name for e in plan.evict], now, Scheduler(self.settings.scheduler),
+                               self.rules(), slot.waited_s(now))  # fmt: skip
+        return expected_switch_s(slot.state, slot.detail, slot.since, now, slot.sleeps, self.history, group, wait)
 
     def _admit_now(self, slot: Slot, kind: SwitchKind) -> Ticket:
         slot.in_flight += 1
@@ -220,6 +236,7 @@ class ModelManager:
             order = Order(False, "")
             try:
                 plan = await self._make_room(slot)
+                phases["wait_room_s"] = round(self.clock() - t0, 3)  # waited for the models it evicts
                 kind = plan.kind
                 order = self.order_for(slot, plan)
                 if order.overlap:
@@ -246,10 +263,18 @@ class ModelManager:
             self.metrics.switch_seconds.labels(str(kind)).observe(seconds)
             log.info("switched to %s (%s) in %.2f s: %s", name, kind, seconds, plan.reason)
 
+    def rules(self) -> Rules:
+        s = self.settings
+        return Rules(s.min_residency_s, s.quiet_s, s.max_wait_s)
+
     async def _make_room(self, slot: Slot):
-        """Plan, wait until the models to evict may go (drained, residency over), evict them."""
+        """Plan, wait until the models to evict may go (the scheduler's turn: stack.manager.scheduling), evict."""
         started = self.clock()
-        limit = self.settings.min_residency_s + self.settings.drain_timeout_s
+        scheduler, rules = Scheduler(self.settings.scheduler), self.rules()
+        limit = wait_limit_s(scheduler, rules, self.settings.drain_timeout_s)
+        turn_of = SCHEDULERS[scheduler]
+        kind = SwitchKind.SLEEPING if slot.state == S.SLEEPING and slot.sleeps else SwitchKind.COLD
+        switch_s = typical_switch_s(self.history, slot.name, kind) or 0.0
         while True:
             target = slot.view()
             if slot.state in (S.STARTING, S.FAILED):  # a pending (re)start holds nothing yet
@@ -257,13 +282,14 @@ class ModelManager:
             others = [s.view() for s in self.slots.values() if s is not slot]
             plan = plan_switch(target, others, self.capacity, EvictionOrder(self.settings.eviction))
             now = self.clock()
-            blocked = [self.slots[e.name] for e in plan.evict
-                       if not evictable(self.slots[e.name].view(), now, self.settings.min_residency_s,
-                                        self.settings.quiet_s)]  # fmt: skip
+            waited = slot.waited_s(now)
+            turns = {e.name: turn_of(self.slots[e.name].view(), now, rules, waited, switch_s, slot.waiting)
+                     for e in plan.evict}  # fmt: skip
+            blocked = [self.slots[name] for name, turn in turns.items() if not turn.may_evict]
             if not blocked or now - started > limit:
                 break
             for victim in blocked:
-                if closes(victim.view(), now, self.settings.min_residency_s):
+                if turns[victim.name].close:
                     victim.closing = True  # its queued requests are served, new ones wait for its turn
             await self.changed(0.25)
         self._record(slot.name, plan.kind, plan.reason, plan.evict)

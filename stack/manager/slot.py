@@ -27,6 +27,7 @@ class Slot:
     last_used: float = 0.0
     in_flight: int = 0
     waiting: int = 0  # requests queued for this model (not yet admitted)
+    waiting_since: list[float] = field(default_factory=list)  # when each of them began to wait (manager's clock)
     closing: bool = False  # a switch waits to evict it: new requests queue instead of being admitted
     residue: int = 0
     restarts: list[float] = field(default_factory=list)  # monotonic times of recent restarts
@@ -37,8 +38,13 @@ class Slot:
     weights_host: int | None = None  # weight bytes of all ranks: what a level-1 sleep keeps in host RAM
     tier: Tier = Tier.COLD  # where it waits asleep (stack.manager.tiers), set when the manager is built
     tier_reason: str = ""
+    prefix_cache_bytes: int = 0  # host RAM its prefix cache takes across sleep (stack.vllm.kv_offload)
     keeps_host_copy: bool = False  # its engine keeps the weights' host copy between sleeps (stack.engine.sleep_copy)
     host_copy_held: bool = False  # ... and holds one now (an earlier level-1 sleep of this engine process)
+
+    def waited_s(self, now: float) -> float:
+        """How long its oldest queued request has waited (0: none waits)."""
+        return now - min(self.waiting_since) if self.waiting_since else 0.0
 
     def move(self, state: ModelState, detail: str = "") -> None:
         check_move(self.name, self.state, state)
@@ -59,6 +65,7 @@ class Slot:
             "need_gib": None if self.need is None else round(self.need / 1024**3, 2), "need_source": self.need_source,
             "can_sleep": self.can_sleep, "tier": str(self.tier), "tier_reason": self.tier_reason,
             "weights_gib": None if self.weights_host is None else round(self.weights_host / 1024**3, 2),
+            "prefix_cache_gib": round(self.prefix_cache_bytes / 1024**3, 2),
             "in_flight": self.in_flight, "queued": self.waiting,
             "idle_s": round(now - self.last_used, 1) if self.last_used else None,
             "restarts": len(self.restarts), "last_switch": self.last_switch,

@@ -8,7 +8,7 @@ times from the bus figures of that GPU. The switches are those of a round: A -> 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from stack.manager.tiers import (
     GIB,
@@ -23,6 +23,7 @@ from stack.manager.tiers import (
     wake_weights_s,
 )
 from stack.planner.fit import Fit
+from stack.vllm import kv_offload
 
 
 @dataclass(frozen=True)
@@ -34,11 +35,17 @@ class HostRam:
 
 def switch_plan(plans: list[Fit], gpu: str, host: HostRam, *, fraction: float = 0.7, per_engine_gib: float = 3.0,
                 budget_gib: float | None = None, sleep_level: str = "auto", overlap: bool = True,
-                measured: dict[str, float] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Tiers and expected switch seconds for models planned on one GPU profile (all sleep-capable)."""
+                measured: dict[str, float] | None = None, keep_prefix: Literal["auto"] | bool = "auto",
+                prefix_gib: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """Tiers and expected switch seconds for models planned on one GPU profile (all sleep-capable); each model's
+    prefix cache across sleep (manager.keep_prefix_cache, stack.vllm.kv_offload) in the host RAM budget."""
     budget = host_budget(host.total, host.available, len(plans), fraction=fraction,
                          per_engine_bytes=int(per_engine_gib * GIB), configured_gib=budget_gib)  # fmt: skip
-    choices = assign_tiers([TierModel(p.model, p.weights.total_bytes, True) for p in plans], budget, sleep_level)
+    keeps = {p.model: kv_offload.decide(keep_prefix, {"enable_sleep_mode": True}, accelerator="gpu", has_option=True,
+                                        gpu_kv_bytes=p.budget.kv * p.kv.tp, configured_gib=prefix_gib)
+             for p in plans}  # fmt: skip
+    choices = assign_tiers([TierModel(p.model, p.weights.total_bytes, True, keeps[p.model].host_bytes)
+                            for p in plans], budget, sleep_level)  # fmt: skip
     bus = bus_for(gpu, measured)
     total = plans[0].budget.total if plans else 0
     models = [GpuModel(p.model, choices[p.model].tier, p.budget.requested, p.budget.weights,
@@ -50,6 +57,7 @@ def switch_plan(plans: list[Fit], gpu: str, host: HostRam, *, fraction: float = 
         rows.append({
             "model": m.name, "tier": str(m.tier), "why": choices[m.name].reason,
             "weights_gib": round(plans[i].weights.total_bytes / GIB, 2), "need_gib": round(m.need / GIB, 2),
+            "prefix_cache_gib": round(keeps[m.name].host_bytes / GIB, 2), "prefix_cache": keeps[m.name].reason,
             "wake_s": round(wake_weights_s(m, bus) + wake_kv_s(m, bus), 3) if m.tier != Tier.COLD else None,
             "from": None if est is None else est.frm,
             "switch_sequential_s": None if est is None else round(est.sequential_s, 3),

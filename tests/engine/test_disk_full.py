@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.harness.stack_engine import rendered_engine
 from bench.harness.waiting import free_port, wait_for
 from stack.config.sections.gateway import GatewayConfig
 from stack.engine.process import EngineProcess, EngineSpec
@@ -29,7 +30,6 @@ from stack.errors import EngineError
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.gateway.log_health import WatchedLogHandler
 from tests.gateway.conftest import local, run_gateway, smollm2_dir, stop
-from tests.support.stack_engine import rendered_engine
 
 pytestmark = pytest.mark.lifecycle
 

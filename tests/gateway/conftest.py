@@ -21,9 +21,9 @@ import pytest
 
 from bench.harness import models
 from bench.harness.gateway_thread import Gateway, app_in_thread
+from bench.harness.stack_engine import rendered_engine
 from bench.harness.waiting import free_port, wait_http
 from stack.engine.process import stop_process_tree
-from tests.support.stack_engine import rendered_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED = models.SMOLLM2

@@ -15,13 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.harness.stack_engine import rendered_engine
 from bench.harness.waiting import free_port, wait_http
 from stack.config.slo import parse_slo
 from stack.load.scenario import parse_scenario
 from stack.load.vllm_bench import BenchError, BenchWorker, open_loop_probe, run_bench
 from stack.tune.rate_search import SearchSettings, round_rate, search_goodput
 from tests.load.conftest import Vstack, serving_processes, write_scenario
-from tests.support.stack_engine import rendered_engine
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
 pytestmark = pytest.mark.e2e

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.gateway_thread import Gateway, app_in_thread
+from bench.harness.stack_engine import rendered_engine
 from bench.harness.waiting import free_port
 from stack.config.sections.manager import ManagerConfig
 from stack.errors import EngineError
@@ -28,7 +29,6 @@ from stack.manager.manager import ModelManager
 from stack.manager.metrics import ManagerMetrics
 from stack.manager.policy import Capacity
 from stack.manager.slot import Slot
-from tests.support.stack_engine import rendered_engine
 
 GIB = 1024**3
 SMOL = Path.home() / ".cache" / "vstack" / "models" / "smollm2-135m-instruct"
@@ -191,7 +191,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def engine_argv(model: Path | str, served: str, port: int) -> list[str]:
-    """Rendered by the stack as `vstack up` renders it (tests.support.stack_engine), not written by hand."""
+    """Rendered by the stack as `vstack up` renders it (bench.harness.stack_engine), not written by hand."""
     return rendered_engine(model, served, port, max_model_len=512, max_num_seqs=8)[0]
 
 

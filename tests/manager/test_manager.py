@@ -53,7 +53,7 @@ def test_alternating_requests_swap_at_most_once_per_residency() -> None:
     """8 concurrent clients alternate A, B, A, B (llama-swap's thrash pattern) on a machine that holds one
     model: with a 0.5 s residency and requests of 50 ms, swaps are bounded by time, not by requests."""
     a, b = StandIn("a", need=4 * GIB, start_s=0.1), StandIn("b", need=4 * GIB, start_s=0.1)
-    settings = ManagerConfig(min_residency_s=0.5, quiet_s=0.3, queue_timeout_s=30)
+    settings = ManagerConfig(scheduler="residency", min_residency_s=0.5, quiet_s=0.3, queue_timeout_s=30)
     mgr = build([a, b], settings, capacity_gib=5)
     loop_time = {}
 

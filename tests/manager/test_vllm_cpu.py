@@ -127,7 +127,7 @@ def test_kill_9_mid_stream_clean_error_then_the_engine_comes_back(pair) -> None:
 def test_one_model_at_a_time_concurrent_alternation_swaps_a_bounded_number_of_times(tiny_models, tmp_path) -> None:
     a, b = tiny_models
     engines = [local_engine(a, "tiny-a", tmp_path, 2), local_engine(b, "tiny-b", tmp_path, 2, preload=False)]
-    settings = ManagerConfig(min_residency_s=3, quiet_s=1, idle_ttl_s=0, queue_timeout_s=400)
+    settings = ManagerConfig(scheduler="residency", min_residency_s=3, quiet_s=1, idle_ttl_s=0, queue_timeout_s=400)
     sup = EngineSupervisor(engines, startup_timeout_s=400, stop_grace_s=10, settings=settings,
                            capacity=Capacity(3 * GIB, sleep_supported=False))  # fmt: skip
     with gateway_with(sup, "tiny-a") as gw:

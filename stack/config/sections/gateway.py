@@ -82,6 +82,43 @@ class EngineLiveness(_Strict):
     )
 
 
+class SpillSettings(_Strict):
+    """Spill before the SLO breaks (adr/0027): a request to a model with a TTFT objective (`models.*.slo`,
+    a profile's `slo`, or `slo` here) goes to the model's fallbacks (gateway.fallbacks) when the time to first
+    token estimated on its local engines (their queue, their prefill speed learned from recent requests, the
+    switch a sleeping model still needs) would exceed `headroom` x the objective's limit."""
+
+    enabled: bool = Field(True, description="estimate each request's time to first token and spill to the "
+                          "model's fallbacks when it would break the model's TTFT objective")
+    slo: dict[str, str] = Field(
+        default_factory=dict, description="model group -> objective, for groups no model config names (engines "
+        "attached with --upstream, deployments added through /admin), e.g. {qwen: 'p95_ttft_ms<800'}",
+    )
+    headroom: float = Field(
+        0.9, gt=0, le=2, description="spill when the estimate exceeds this fraction of the objective's TTFT limit",
+    )
+    min_samples: int = Field(
+        8, ge=1, description="streamed requests an engine must have answered before its own fitted line is used "
+        "(until then: the per-token prefill time from its vllm:* histograms)",
+    )
+    half_life: int = Field(200, ge=1, description="requests after which an observation weighs half in the fit")
+    chars_per_token: float = Field(4.0, gt=0, description="prompt characters per token until an engine's "
+                                   "answers say its own")
+    scrape_interval_s: float = Field(1.0, gt=0, description="how often the engines' /metrics are read for it")
+
+    @field_validator("slo")
+    @classmethod
+    def _slo_parses(cls, value: dict[str, str]) -> dict[str, str]:
+        from stack.config.slo import parse_slo
+
+        for group, spec in value.items():
+            try:
+                parse_slo(spec)
+            except ValueError as exc:
+                raise ValueError(f"slo.{group}: {exc}") from None
+        return value
+
+
 class GatewayConfig(_Strict):
     """The one public endpoint. Engines stay on loopback behind it."""
 
@@ -148,6 +185,8 @@ class GatewayConfig(_Strict):
     body_timeout_s: float = Field(60, gt=0, description="... and its body within this once the headers are in")
     keep_alive_s: float = Field(30, gt=0, description="an idle keep-alive connection is closed after this")
     liveness: EngineLiveness = Field(default_factory=EngineLiveness, description="hung-engine detection")
+    spill: SpillSettings = Field(default_factory=SpillSettings, description="spill to fallbacks before a "
+                                 "model's TTFT objective breaks")
     internal_networks: list[str] = Field(
         default_factory=list,
         description="where a local deployment added through /admin/deployments may point besides loopback and "

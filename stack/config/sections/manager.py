@@ -99,10 +99,20 @@ class ManagerConfig(BaseModel):
         None, description="started when the gateway starts (default: the served model only)"
     )
     min_residency_s: float = Field(
-        20, ge=0, description="a model that is in use stays loaded at least this long before another evicts it"
+        20, ge=0, description="scheduler residency: a model that is in use stays loaded at least this long before "
+        "another evicts it"
     )
     quiet_s: float = Field(
         2, ge=0, description="a model without a request for this long may be evicted before min_residency_s"
+    )
+    scheduler: Literal["residency", "grouped"] = Field(
+        "grouped", description="when a model waiting for its turn takes the machine from a busy one: grouped (as "
+        "soon as as many requests wait for it as the busy one has in flight, else once its oldest request has "
+        "waited max_wait_s) or residency (after min_residency_s); adr/0029",
+    )
+    max_wait_s: float = Field(
+        4, ge=0, description="scheduler grouped: the longest a request waits for its model's turn (plus the "
+        "drain of the requests in flight and the switch)",
     )
     queue_max: int = Field(64, ge=0, description="requests per model waiting for a switch; more get 503")
     queue_timeout_s: float = Field(120, gt=0, description="how long a request waits for its model, then 503")
@@ -128,6 +138,15 @@ class ManagerConfig(BaseModel):
     host_memory_fraction: float = Field(0.7, gt=0, le=1, description="see host_memory_budget_gib")
     host_per_engine_gib: float = Field(
         3.0, ge=0, description="host RAM an engine process takes besides its weights (Python, CUDA, tokenizer)"
+    )
+    keep_prefix_cache: Literal["auto"] | bool = Field(
+        "auto", description="GPU engines that sleep keep their prefix cache in pinned host RAM across a switch "
+        "(vLLM's KV offloading, CPU tier, and the runtime patch keep-prefix-cache-across-sleep; adr/0027). auto: where "
+        "the installed vLLM can; true: as auto, and an error where it cannot; false: off",
+    )
+    prefix_cache_gib: float | None = Field(
+        None, gt=0, description="host RAM per model for it (default: 4 GiB, or the model's whole GPU KV cache if "
+        "smaller); held for the engine's life, counted in the host RAM budget before the level-1 weights",
     )
     overlap_wake: bool = Field(
         True, description="wake the target's weights while the evicted model sleeps when they fit beside it"

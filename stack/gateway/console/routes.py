@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field
 from starlette.responses import FileResponse, Response
 
 from stack.gateway.console.hub import Hub, TooManyStreams, frame
-from stack.gateway.console.live import Series, engine_row, gateway_row, parse
+from stack.gateway.console.live import Series, engine_row, gateway_row
 from stack.gateway.console.logs import GatewayLog, follow, tail
 from stack.gateway.console.sessions import COOKIE, Session, Sessions
 from stack.gateway.console.sources import ConsoleSources, with_bus_floor
@@ -34,6 +34,7 @@ from stack.gateway.http.auth import is_loopback
 from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
+from stack.gateway.prom_text import parse
 from stack.gateway.routing.activity import to_csv
 from stack.gateway.schemas import ChatCompletionRequest
 

@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 FIELDS = ("id", "ts", "endpoint", "model", "deployment", "route", "status", "ttft_ms", "tokens_in", "tokens_out",
-          "duration_ms")  # fmt: skip
+          "duration_ms", "why")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,13 @@ class Activity:
     endpoint: str
     model: str
     deployment: str
-    route: str  # local, replica, cloud, fallback:<reason>, spilled, or - (no deployment answered)
+    route: str  # local, replica, cloud, fallback:<reason>, spilled (switching), spilled:slo, or - (none answered)
     status: str
     ttft_ms: float | None
     tokens_in: int | None
     tokens_out: int | None
     duration_ms: float
+    why: str = ""  # for a model with a TTFT objective: the estimate that sent it where it went
 
 
 class ActivityRing:
@@ -42,14 +43,14 @@ class ActivityRing:
         self.latest = 0
 
     def add(self, *, endpoint: str, model: str, deployment: str, route: str, status: str, started: float,
-            ttft_s: float | None = None, usage: dict | None = None) -> Activity:  # fmt: skip
+            ttft_s: float | None = None, usage: dict | None = None, why: str = "") -> Activity:  # fmt: skip
         usage = usage or {}
         tin = usage.get("prompt_tokens", usage.get("input_tokens"))
         tout = usage.get("completion_tokens", usage.get("output_tokens"))
         rec = Activity(next(self._ids), round(time.time(), 3), endpoint, model, deployment, route, status,
                        None if ttft_s is None else round(ttft_s * 1000, 1),
                        tin if isinstance(tin, int) else None, tout if isinstance(tout, int) else None,
-                       round((time.perf_counter() - started) * 1000, 1))  # fmt: skip
+                       round((time.perf_counter() - started) * 1000, 1), why)  # fmt: skip
         self._ring.append(rec)
         self.latest = rec.id
         return rec

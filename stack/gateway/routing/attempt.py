@@ -23,6 +23,8 @@ from stack.gateway.routing.adapters import Adapter, AdapterBook
 from stack.gateway.routing.deployment_choice import Routing
 from stack.gateway.routing.liveness import Liveness
 from stack.gateway.routing.replicas import is_replica
+from stack.gateway.routing.slo_spill import SpillGuard
+from stack.gateway.routing.ttft_estimate import Verdict
 
 
 @dataclass
@@ -34,6 +36,9 @@ class RoutedRequest:
     adapter: Adapter | None
     spilled: bool  # the manager is switching the model in: its fallbacks serve meanwhile
     started: float = 0.0  # when routing began (latency and time to first token count from here)
+    verdict: Verdict | None = None  # its TTFT estimate against the model's SLO (stack.gateway.routing.slo_spill)
+    slo_spill: bool = False  # ... which broke it: straight to the fallbacks
+    local_only: bool = False  # the fallbacks failed a spilled request: the local engines answer after all
 
 
 class Books(Protocol):
@@ -44,6 +49,7 @@ class Books(Protocol):
     liveness: Liveness
     routing: Routing
     adapters: AdapterBook | None
+    spill: SpillGuard
 
 
 class Attempt:
@@ -57,6 +63,7 @@ class Attempt:
         self.streaming = False
         self.stream_status = "200"
         self._relayed: Any = None  # the local stream being relayed (liveness may cut it)
+        self._load: Any = None  # its place in the engine's load, for later TTFT estimates (routing.engine_load)
 
     async def __aenter__(self) -> Attempt:
         gw, dep_id = self.gateway, self.dep.id
@@ -73,6 +80,8 @@ class Attempt:
         if self._relayed is not None:
             gw.liveness.detach(dep_id, self._relayed)
         gw.routing.replicas.end(dep_id)
+        if self._load is not None:
+            gw.spill.book.end(self._load, self.usage_seen)
         if self.streaming:
             self.status = "499" if exc_type is not None else self.stream_status
         if self.status is not None:
@@ -87,6 +96,13 @@ class Attempt:
         if self.fallback_reason:
             headers["x-vstack-fallback"] = self.fallback_reason
         return headers
+
+    def track_load(self, body: dict[str, Any], stream: bool) -> None:
+        """Count this local try on its engine's plate, where the model has a TTFT objective (what later
+        requests' estimates see ahead of them)."""
+        if self.gateway.spill.watches(self.request.group):
+            verdict = self.request.verdict
+            self._load = self.gateway.spill.book.begin(self.dep.id, body, stream, verdict.estimate if verdict else None)
 
     def answered(self, usage: dict | None) -> None:
         """A whole answer was read: counted as it ends."""
@@ -106,7 +122,8 @@ class Attempt:
         m.latency.labels(req.group, dep.id).observe(seconds)
         m.usage(req.group, dep.id, self.usage_seen)
         gw.activity.add(endpoint=req.endpoint, model=req.model or req.group, deployment=dep.id, route=self.route,
-                        status=self.status, started=req.started, ttft_s=self.ttft_s, usage=self.usage_seen)
+                        status=self.status, started=req.started, ttft_s=self.ttft_s, usage=self.usage_seen,
+                        why=req.verdict.why if req.verdict else "")
         gw.routing.answered(dep, seconds, self.usage_seen)
 
     @property
@@ -114,6 +131,8 @@ class Attempt:
         """How the request was answered, as the Activity page shows it."""
         if self.fallback_reason == "switching":
             return "spilled"
+        if self.fallback_reason == "slo":
+            return "spilled:slo"
         if self.fallback_reason:
             return f"fallback:{self.fallback_reason}"
         if self.dep.kind == "cloud":
@@ -123,6 +142,8 @@ class Attempt:
     # -- the relays' listener -------------------------------------------------------------------------------
     def first_token(self) -> None:
         self.ttft_s = time.perf_counter() - self.request.started
+        if self._load is not None:
+            self.gateway.spill.book.first(self._load)
         self.gateway.metrics.ttft.labels(self.request.group, self.dep.id).observe(self.ttft_s)
 
     def usage(self, usage: dict) -> None:

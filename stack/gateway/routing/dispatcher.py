@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
@@ -31,6 +32,8 @@ from stack.gateway.routing.deployment_choice import Routing
 from stack.gateway.routing.liveness import UNRESPONSIVE, Liveness
 from stack.gateway.routing.model_tasks import PATHS, check_task
 from stack.gateway.routing.replicas import is_replica
+from stack.gateway.routing.slo_spill import SpillGuard
+from stack.gateway.routing.ttft_estimate import Verdict
 from stack.gateway.upstreams import cloud_client, fast_path
 from stack.manager.unavailable import ModelUnavailable
 
@@ -47,6 +50,9 @@ class Admission(Protocol):
     group's fallbacks while the switch runs."""
 
     async def admit(self, group: str, can_spill: bool = False) -> Ticket | None: ...
+
+    def expected_switch_s(self, group: str) -> float | None:
+        """Seconds until `group`'s model is awake (0: it is; None: unknown)."""
 
 
 class Dispatcher:
@@ -71,6 +77,8 @@ class Dispatcher:
         self.liveness = Liveness(settings.liveness, routing.registry, routing.replicas.outstanding,
                                  metrics.registry)  # fmt: skip
         self.activity = ActivityRing()  # the last requests, for the console (no bodies, no keys)
+        self.spill = SpillGuard(settings.spill, metrics.registry)  # TTFT estimates against each model's SLO
+        routing.registry.subscribe(self.spill.on_change)
 
     async def handle(self, endpoint: str, body: dict[str, Any]) -> Answer:
         try:  # JSON may carry lone surrogates (\ud800) that no UTF-8 body can: refuse them here, once
@@ -89,12 +97,28 @@ class Dispatcher:
         async with contextlib.AsyncExitStack() as held:
             held.enter_context(self._slot(group))
             try:
-                ticket = await self._admit(group) if self.admission is not None else None
+                verdict = self._judge(group, body) if adapter is None else None
+                slo_spill, ticket = verdict is not None and verdict.spill, None
+                if self.admission is not None and not (slo_spill and self.routing.registry.ready(group)):
+                    ticket = await self._admit(group, verdict)
+                    slo_spill = slo_spill and ticket is None  # a ticket: the model got ready meanwhile, served here
                 if ticket is not None:
                     held.callback(ticket.release)
-                request = RoutedRequest(endpoint, body, model, group, adapter,
+                request = RoutedRequest(endpoint, body, model, group, adapter, verdict=verdict, slo_spill=slo_spill,
                                         spilled=self.admission is not None and ticket is None)  # fmt: skip
-                answer = await self._route(request, held)
+                try:
+                    answer = await self._route(request, held)
+                except (UpstreamError, NoDeployment, RateLimited):
+                    if not slo_spill:
+                        raise
+                    # Its fallbacks failed: the local engines answer after all, late rather than not at all.
+                    ticket = await self._admit(group) if self.admission is not None else None
+                    if ticket is not None:
+                        held.callback(ticket.release)
+                    late = dataclasses.replace(verdict, why=f"{verdict.why}; the fallbacks failed: answered here")  # type: ignore[arg-type]
+                    request = RoutedRequest(endpoint, body, model, group, adapter, spilled=False, verdict=late,
+                                            local_only=True)  # fmt: skip
+                    answer = await self._route(request, held)
             except (UpstreamError, NoDeployment, RateLimited) as err:
                 self.metrics.requests.labels(group, "-", str(err.status)).inc()
                 self.activity.add(endpoint=endpoint, model=model, deployment="-", route="-",
@@ -119,9 +143,22 @@ class Dispatcher:
             self.in_flight -= 1
             gauge.dec()
 
-    async def _admit(self, group: str) -> Ticket | None:
+    def _judge(self, group: str, body: dict[str, Any]) -> Verdict | None:
+        """The SLO verdict for a group with a TTFT objective: its local engines, each with what its switch
+        still takes (0 awake; the manager's expectation for one asleep or stopped)."""
+        if not self.spill.watches(group):
+            return None
+        deps = [d for d in self.routing.registry.groups().get(group, []) if d.kind == "local" and d.routable]
+        ready = {d.id for d in self.routing.registry.ready(group)}
+        switch = (lambda: self.admission.expected_switch_s(group)) if self.admission is not None else (lambda: None)
+        engines = [(d, 0.0 if d.id in ready else switch()) for d in deps]
+        return self.spill.judge(group, engines, body, has_fallback=len(self.routing.plan(group)) > 1)
+
+    async def _admit(self, group: str, verdict: Verdict | None = None) -> Ticket | None:
+        can_spill = len(self.routing.plan(group)) > 1 or self._bridged(group)
+        if verdict is not None and verdict.reason in ("within_slo", "over_slo"):
+            can_spill = verdict.spill  # the switch ends in time: wait for it; or it does not: spill meanwhile
         try:
-            can_spill = len(self.routing.plan(group)) > 1 or self._bridged(group)
             return await self.admission.admit(group, can_spill=can_spill)  # type: ignore[union-attr]
         except ModelUnavailable as exc:  # the manager's refusal, rendered here once: 503 + Retry-After
             raise NoDeployment(exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
@@ -133,7 +170,9 @@ class Dispatcher:
 
     async def _route(self, request: RoutedRequest, held: contextlib.AsyncExitStack) -> Answer:
         group, request.started = request.group, time.perf_counter()
-        steps = deque(self.routing.plan(group))
+        # Spilled before the SLO breaks: straight to the fallbacks, the local engines left to their queue.
+        steps = deque(s for s in self.routing.plan(group) if not (request.slo_spill and s.group == group)
+                      and not (request.local_only and s.group != group))  # fmt: skip
         # An adapter lives on its base model's engines only: no cloud model answers in its name.
         excluded: set[str] = ({d.id for d in self.routing.registry.all() if d.kind == "cloud"}
                               if request.adapter else set())  # fmt: skip
@@ -153,7 +192,9 @@ class Dispatcher:
                     None if last is None or retry
                     else ("context_window" if step.reason == "context_window" else last.reason)
                 )
-                if reason is None and request.spilled and step.group != group:
+                if reason is None and request.slo_spill:
+                    reason = "slo"  # its estimated TTFT locally would break the model's objective
+                elif reason is None and request.spilled and step.group != group:
                     reason = "switching"  # the model is being switched in; its fallback serves meanwhile
                 if reason is not None and dep.id != last_dep:
                     self.metrics.fallbacks.labels(previous or group, step.group, reason).inc()
@@ -215,6 +256,7 @@ class Dispatcher:
             if not opts.get("include_usage"):
                 opts["include_usage"], strip_usage = True, True  # counted by us, dropped before the client
             out["stream_options"] = opts
+        at.track_load(out, stream)
         # Guarded until the answer starts: an engine found unresponsive meanwhile raises EngineStalled, which
         # falls back like any failed attempt (nothing was sent to the client yet).
         async with live.guard(dep_id):

@@ -28,7 +28,7 @@
 
   function tr(r) {
     return el("tr", {"data-id": r.id, "data-model": r.model, "data-status": r.status},
-      el("td", {text: time(r.ts)}), el("td", {text: r.model}), el("td", {text: r.route}),
+      el("td", {text: time(r.ts)}), el("td", {text: r.model}), el("td", {text: r.route, title: r.why || ""}),
       el("td", {class: r.status.startsWith("2") ? "" : "error", text: r.status}),
       el("td", {class: "num", text: fmt(r.ttft_ms, 0, " ms")}), el("td", {class: "num", text: fmt(r.tokens_in, 0)}),
       el("td", {class: "num", text: fmt(r.tokens_out, 0)}), el("td", {class: "num", text: fmt(r.duration_ms, 0, " ms")}),

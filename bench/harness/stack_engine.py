@@ -1,4 +1,4 @@
-"""Test engines start the way `vstack up` starts them: argv and env rendered by the stack itself
+"""Test and benchmark engines start the way `vstack up` starts them: argv and env rendered by the stack itself
 (stack.planner.model_planning.plan_model: the CPU dtype decision, the launcher, vLLM's own options),
 never a hand-written vLLM command line that could drift from what users run."""
 
