@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from bench.harness.waiting import free_port
+from bench.harness.waiting import free_port, wait_for
 from stack.config.sections.gateway import GatewayConfig
 
 from .conftest import cloud_entry, local, run_gateway, start_mock, stop
@@ -151,7 +151,9 @@ def test_every_attempt_gives_back_what_it_held(engine_mock, cloud_mock) -> None:
         client(gw.url).chat.completions.create(model="smol", messages=MSG)
         list(client(gw.url).chat.completions.create(model="smol", messages=MSG, stream=True))
         state = gw.app.state.gateway
-        assert state.dispatcher.in_flight == 0
+        # The client has read [DONE] a moment before the server's stream closes its attempt: wait for that
+        # (a few ms); a leak would stay at 1 and time out here.
+        wait_for(lambda: state.dispatcher.in_flight == 0, timeout=5, what="the stream's attempt given back")
         assert set(state.routing.replicas.outstanding.values()) == {0}, state.routing.replicas.outstanding
         metrics = httpx.get(f"{gw.url}/metrics").text
         assert 'vstack_gateway_requests_total{deployment="local-a"' not in metrics  # it never answered
