@@ -201,7 +201,7 @@ def manifest(result: dict[str, Any], command: str) -> dict[str, Any]:
                                 "unit": "ratio", "meaning": "fixed prompts' greedy answers identical to the "
                                 "baseline's (stack.tune.quality_guard)"})
     passed = sum(bool(r.get("ok")) for r in rows)
-    return {"name": "realweights", "date": result["date"], "device": result["device"], "command": command,
+    return {"name": "realweights", "date": result["date"], "device": result["label"], "command": command,
             "commit": os.environ.get("VSTACK_COMMIT") or _commit(), "versions": {"vllm": result["vllm"],
                                                                                 "stack": stack.__version__},
             "summary": f"SmolLM2-135M-Instruct real weights on {result['device']}: {passed} of {len(rows)} rows pass "
