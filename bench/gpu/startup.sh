@@ -20,7 +20,8 @@ work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-startup}
 rm -rf "$work" && mkdir -p "$work"
 unpack_site
 overlay=$(python3 -m bench.gpu.startup_prep "$profile" "$work") || exit 2
-python3 bench/startup_time.py --first-and-repeat $([ "${RESTARTS:-1}" = 0 ] || echo --restarts) \
+python3 bench/startup_time.py --first-and-repeat $([ "${WARM_UP:-1}" = 0 ] || echo --warm-up) $([ "${RESTARTS:-1}" = 0 ] || echo --restarts) \
+  ${KINDS:+--kinds "$KINDS"} \
   --profile "$profile" --config "$overlay" \
   --out "$out/startup_gpu_$profile.json" 2>&1 | tee "$out/startup_gpu.log"
 exit "${PIPESTATUS[0]}"
