@@ -25,10 +25,10 @@ def test_every_main_is_an_entry_point() -> None:
 
 
 def test_children_are_started_by_module_object() -> None:
-    """No `"-m", "stack.…"` literal below the entry points; the one left is issue 28 item 1's to rewrite."""
+    """No `"-m", "stack.…"` literal below the entry points: every child is named through engine_env.child_argv."""
     named = sorted((str(p.relative_to(ROOT)), m) for p in STACK.rglob("*.py")
                    for m in re.findall(r'"-m",\s*"(stack\.[\w.]+)"', p.read_text()))  # fmt: skip
-    assert named == [("stack/cli/lifecycle.py", "stack.entrypoints.up")], named
+    assert named == [], named
 
 
 def test_the_names_the_stack_runs_resolve() -> None:

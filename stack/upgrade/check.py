@@ -59,7 +59,7 @@ class CheckRequest:
 
 
 def search_settings(scenario: Scenario, req: CheckRequest) -> SearchSettings:
-    s = scenario.tune.search()
+    s = SearchSettings.of(scenario.tune)
     for name in ("max_probes", "min_requests", "probe_s", "repeats"):
         if getattr(req, name) is not None:
             setattr(s, name, getattr(req, name))

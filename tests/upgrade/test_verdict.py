@@ -58,3 +58,15 @@ def test_a_tool_call_is_compared_as_its_name_and_arguments() -> None:
         {"function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
         "logprobs": {"content": [{"token": "{"}, {"token": "\""}]}}]}
     assert answer_of(reply) == ('get_weather({"city": "Paris", "unit": "celsius"})', ["{", "\""])
+
+
+def test_the_check_searches_with_the_scenario_settings_and_the_request_overrides(tmp_path) -> None:
+    """The upgrade scenario's search settings, with the CLI's --max-probes/--min-requests/--probe-s/--repeats on top."""
+    from stack.load.scenario import load_scenario
+    from stack.upgrade.check import CheckRequest, search_settings
+
+    scenario = load_scenario("upgrade")
+    req = CheckRequest(version="0.32.0", profiles=[None], out_dir=tmp_path, max_probes=2, probe_s=3.0)
+    s = search_settings(scenario, req)
+    assert (s.max_probes, s.probe_s) == (2, 3.0)
+    assert (s.min_requests, s.repeats) == (scenario.tune.min_requests, scenario.tune.repeats)
