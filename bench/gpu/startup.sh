@@ -3,8 +3,14 @@
 # compile cache, then again with the cache it left, next to plain `vllm serve` (the command `vstack config
 # render` prints) first and repeat, each kind on its own cache, in one run (bench/startup_time.py).
 #
-#   bash bench/gpu/startup.sh [PROFILE]     default rtx4090-qwen2.5-7b (held to 24 GiB): ~9 min
-#   RESTARTS=0 bash bench/gpu/startup.sh     first and repeat only (~5 min)
+#   RESTARTS=0 bash bench/gpu/startup.sh [PROFILE]   first and repeat, default rtx4090-qwen2.5-7b (held to 24 GiB):
+#                                                    ~8.5 min on an H100 with the warm-up (one call)
+#   WARM_UP=0 KINDS=vstack_up bash bench/gpu/startup.sh   the stack alone: first, repeat and the restarts (~6 min)
+#
+# An unmeasured plain start (eager) goes first (WARM_UP=0 leaves it out): on a fresh machine the first process to
+# start vLLM reads torch's CUDA libraries from a cold disk, which must not be charged to one kind; then the kinds
+# alternate (plain first, stack first, plain repeat, stack repeat). Each start's engine log lands in
+# $OUT/startup-logs/ (what vLLM did with its compile cache), the JSON after every start.
 #
 # With the restarts (issue 37): on the stack the repeat start left, `vstack reload` unchanged, `vstack down
 # --keep-engines && vstack up` (the engine re-attached) and `vstack reload` after its command changed (an env var
