@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench.harness.manifest import Figure  # noqa: E402
 from bench.harness.ray_cluster import SERVED, ray_cluster, ray_gateway, stack_config, wait_replicas  # noqa: E402
 from bench.harness.results import record  # noqa: E402
+from bench.harness.scrape import sample_sums  # noqa: E402
 
 STRATEGIES = ("prefix_affinity", "round_robin", "least_outstanding")
 WORDS = ["harbour", "tide", "ferry", "pilot", "dock", "crane", "cargo", "berth", "quay", "anchor", "lighthouse",
@@ -46,14 +47,7 @@ WORDS = ["harbour", "tide", "ferry", "pilot", "dock", "crane", "cargo", "berth",
 
 
 def counters(url: str, dep_ids: list[str], names: tuple[str, ...]) -> dict[str, float]:
-    out = dict.fromkeys(names, 0.0)
-    for dep in dep_ids:
-        text = httpx.get(f"{url}/metrics/engines/{dep}", timeout=10).text
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                if s.name in out:
-                    out[s.name] += s.value
-    return out
+    return sample_sums("".join(httpx.get(f"{url}/metrics/engines/{dep}", timeout=10).text for dep in dep_ids), names)
 
 
 def tenant_prompt(rng: random.Random, k: int) -> str:

@@ -31,7 +31,7 @@ import httpx
 
 from bench.gpu.device import Device, detect
 from bench.gpu.profiles import prepare, vstack
-from bench.harness.scrape import engine_targets
+from bench.harness.scrape import engine_targets, sample_sums
 from bench.harness.waiting import free_port
 
 MODEL_A, MODEL_B = "llama-3.1-8b-instruct", "qwen2.5-7b-instruct"
@@ -64,18 +64,10 @@ def last_switch(base: str, model: str) -> dict[str, Any]:
 
 
 def counters(base: str, model: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = dict.fromkeys(COUNTERS, 0.0)
-    for target in engine_targets(base):  # awake engines only: A's, once it is back
-        if target["labels"].get("model_group") != model:
-            continue
-        text = httpx.get(f"{base}{target['labels']['__metrics_path__']}", timeout=10).text
-        for fam in text_string_to_metric_families(text):
-            for s in fam.samples:
-                if s.name in out:
-                    out[s.name] += s.value
-    return out
+    text = "".join(httpx.get(f"{base}{t['labels']['__metrics_path__']}", timeout=10).text
+                   for t in engine_targets(base)  # awake engines only: A's, once it is back
+                   if t["labels"].get("model_group") == model)  # fmt: skip
+    return sample_sums(text, COUNTERS)
 
 
 def side(cfg: Any, device: Device, work: Path, log_dir: Path, keep: bool, prefix_tokens: int,

@@ -26,3 +26,15 @@ def engine_metrics_text(base: str, key: str | None = None) -> str:
         resp.raise_for_status()
         text += resp.text
     return text
+
+
+def sample_sums(text: str, names: tuple[str, ...] | list[str]) -> dict[str, float]:
+    """The named samples of a Prometheus text, each summed over its label sets (0.0 where absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = dict.fromkeys(names, 0.0)
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in out:
+                out[s.name] += s.value
+    return out
