@@ -190,6 +190,7 @@ def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, s
         if kind == "vllm_serve" and not args.plain_patched:
             env_k["VSTACK_DISABLE_PATCHES"] = "cpu-aot-cache-reuse"
         caches[kind] = env_k
+    machine = machine_facts()  # once: the result is written after every start
     warm_up_s = None
     if args.warm_up:
         warm_env = {**caches["vllm_serve"], "VLLM_CACHE_ROOT": tempfile.mkdtemp(prefix="vstack-startup-warm-")}
@@ -201,7 +202,7 @@ def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, s
     def result() -> dict:
         both = all(w in runs[k] for k in runs for w in ("first", "repeat"))
         ratio = {k: round(v["repeat"] / v["first"], 3) for k, v in runs.items() if {"first", "repeat"} <= set(v)}
-        return {"benchmark": "startup_time", "mode": "first-and-repeat", "machine": machine_facts(),
+        return {"benchmark": "startup_time", "mode": "first-and-repeat", "machine": machine,
                 "eager": args.eager, "plain_command": command, "plain_patched": args.plain_patched,
                 "warm_up_s": warm_up_s, "order": "plain first, stack first, plain repeat, stack repeat",
                 "complete": both, "seconds": runs, "compile": outcomes, "repeat_to_first": ratio,
