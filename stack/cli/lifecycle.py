@@ -305,8 +305,9 @@ def down(name: Annotated[str | None, typer.Argument(help="one engine (default: a
                 code = ExitCode.ENGINE
             else:
                 out.print(f"[green]✓[/] stopped {record.name}")
-        for note in read_down_report(cfg.state_dir):
-            out.print(Text(f"  {note}"), soft_wrap=True)
+        for note in read_down_report(cfg.state_dir):  # what it stopped and why (the kept ones are listed below)
+            if ": kept asleep (" not in note:
+                out.print(Text(f"  {note}"), soft_wrap=True)
         if keep_engines:
             for kept in engine_records(cfg.state_dir).all():
                 if kept.alive():

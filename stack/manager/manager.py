@@ -615,10 +615,12 @@ class ModelManager:
         for slot in self.slots.values():
             if slot.state not in (S.READY, S.SLEEPING):
                 continue
-            if not (slot.sleeps and self.capacity.sleep_supported and callable(getattr(slot.runtime, "mark_asleep",
-                                                                                        None))):  # fmt: skip
-                why = slot.tier_reason if not slot.sleeps else "not a local engine process"
-                notes.append(f"{slot.name}: stopped ({why or 'no sleep mode'})")
+            if not (slot.can_sleep and self.capacity.sleep_supported):
+                notes.append(f"{slot.name}: stopped (no sleep mode: a CPU engine, or manager.sleep: off)")
+                continue
+            if not slot.sleeps or not callable(getattr(slot.runtime, "mark_asleep", None)):
+                why = f"its tier is cold: {slot.tier_reason}" if not slot.sleeps else "not a local engine process"
+                notes.append(f"{slot.name}: stopped ({why})")
                 continue
             need = slot.host_held(slot.tier.sleep_level or 1)
             if budget is not None and held + need > budget:

