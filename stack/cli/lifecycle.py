@@ -27,6 +27,7 @@ from stack.config.schema import StackConfig
 from stack.config.state_dir import check_state_dir
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.kept import (
+    DOWN_REPORT,
     KEEP_ASLEEP_FLAG,
     KEEP_FLAG,
     kept_asleep,
@@ -255,6 +256,7 @@ def _stop_gateway(record: EngineRecord, cfg: StackConfig, keep_engines: bool = F
         (cfg.state_dir / KEEP_FLAG).write_text("")
     elif keep_asleep:
         (cfg.state_dir / KEEP_ASLEEP_FLAG).write_text("")
+    (cfg.state_dir / DOWN_REPORT).unlink(missing_ok=True)  # only what this shutdown reports is shown
     os.kill(record.pid, signal.SIGTERM)
     with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):  # a sleep takes seconds: its bound too
         psutil.Process(record.pid).wait(cfg.gateway.drain_grace_s + cfg.stop_grace_s + 10 + 120 * keep_asleep)
