@@ -523,6 +523,7 @@ class ModelManager:
                 continue
             if slot.sleeps and self.capacity.sleep_supported and slot.tier.sleep_level == level:
                 slot.host_copy_held = slot.keeps_host_copy and level == 1
+                slot.last_used = self.clock()  # its idle and sleep timers (manager.sleep_ttl_s) start now
                 self.move(slot, S.SLEEPING, f"kept asleep by `vstack down` (level {level}), re-attached")
                 continue
             log.info("model %s: kept asleep at level %d, its tier now is %s: stopping it to start fresh",
