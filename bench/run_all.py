@@ -113,7 +113,7 @@ def load(quick: bool, out: Path) -> dict[str, Any]:
         code, output = _run([*cli, "bench", "load", "--scenario", "smoke", "--out", str(folder),
                              *(["--duration", "15"] if quick else ["--duration", "60"])], 600, env)
     finally:
-        _run([*cli, "down"], 300, env)
+        _run([*cli, "down", "--all"], 300, env)  # every engine stopped: nothing kept asleep (adr/0030)
     report = _load(folder / "report.json")
     result: dict[str, Any] = {"status": "ok" if report else "failed", "exit": code, "report": str(folder),
                               "output_tail": output[-1500:]}

@@ -7,9 +7,12 @@ same engine options to its first token, measured side by side in interleaved rou
     .venv/bin/python bench/startup_time.py --first-and-repeat --restarts   # + reload and re-attach (issue 37)
 
 --restarts adds, on the stack the repeat start left running: `vstack reload` with nothing changed, `vstack down
---keep-engines && vstack up` (the engine re-attached) and `vstack reload` after its rendered command changed (a
-variable vLLM ignores added to its environment: the engine restarts, with the compile cache the repeat left),
-each to its first token. Every start's phases
+--keep-engines && vstack up` (the engine re-attached), `vstack down && vstack up` (an engine with sleep mode kept
+asleep by `down` and woken by `up`, adr/0030; on a CPU engine, which has no sleep mode, a full restart) and
+`vstack reload` after its rendered command changed (a variable vLLM ignores added to its environment: the engine
+restarts, with the compile cache the repeat left), each to its first token. `down --all && up` is not run again:
+it is the repeat start (every engine stopped, a fresh start on the compile cache the first one left). Every
+start's phases
 (stack.engine.phases, from vLLM's own log stamps) are written as seconds after the command began, for both
 kinds: where a start's seconds go.
 
@@ -81,7 +84,8 @@ def time_vstack(profile: str | None, env: dict[str, str], timeout: float, config
     try:
         return up_to_token(profile, env, timeout, config, free_port())[0]
     finally:
-        subprocess.run([*cli_argv(config), "down"], env=env, capture_output=True, timeout=300, check=False)
+        # --all: every engine stopped (a plain down keeps a GPU engine asleep: adr/0030), the next start is cold
+        subprocess.run([*cli_argv(config), "down", "--all"], env=env, capture_output=True, timeout=300, check=False)
 
 
 def changed_overlay(config: Path) -> None:
@@ -94,17 +98,20 @@ def changed_overlay(config: Path) -> None:
     config.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
-def restarts(profile: str | None, env: dict[str, str], timeout: float, config: Path) -> dict[str, float]:
-    """On one running stack: reload unchanged, down --keep-engines && up (re-attach), reload after a change."""
+def restarts(profile: str | None, env: dict[str, str], timeout: float, config: Path) -> dict[str, float | bool]:
+    """On one running stack: reload unchanged, down --keep-engines && up (re-attach), down && up (kept asleep and
+    woken where the engine has sleep mode), reload after a change."""
     port, argv, out = free_port(), cli_argv(config), {}
     url = f"http://127.0.0.1:{port}"
 
-    def cli(*args: str) -> None:
+    def cli(*args: str) -> str:
         done = subprocess.run([*argv, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
         if done.returncode:
             raise RuntimeError(f"vstack {' '.join(args)} failed: {done.stderr[-2000:]}")
+        return " ".join(done.stdout.split())
 
     up_s, model = up_to_token(profile, env, timeout, config, port)
+    kept_asleep = False
     try:
         t0 = time.monotonic()
         cli("reload")
@@ -112,15 +119,21 @@ def restarts(profile: str | None, env: dict[str, str], timeout: float, config: P
         t0 = time.monotonic()
         cli("down", "--keep-engines")
         out["down_keep_engines_and_up"] = up_to_token(profile, env, timeout, config, port, t0)[0]
+        t0 = time.monotonic()
+        said = cli("down")  # the engine put to sleep and kept (GPU), or stopped (no sleep mode)
+        out["down_s"] = time.monotonic() - t0
+        kept_asleep = "kept asleep:" in said
+        out["down_and_up_kept_asleep" if kept_asleep else "down_and_up_stopped"] = \
+            up_to_token(profile, env, timeout, config, port, t0)[0]
         changed_overlay(config)
         t0 = time.monotonic()
         cli("reload")  # returns once the restarted engine is ready
         out["reload_changed"] = first_token(url, model, t0 + timeout) - t0
     finally:
-        subprocess.run([*argv, "down"], env=env, capture_output=True, timeout=300, check=False)
+        subprocess.run([*argv, "down", "--all"], env=env, capture_output=True, timeout=300, check=False)
     for k, v in out.items():
-        print(f"vstack_up  {k:26s} {v:7.1f} s to the first token", flush=True)
-    return {"up_before_s": round(up_s, 2), **{k: round(v, 2) for k, v in out.items()}}
+        print(f"vstack_up  {k:26s} {v:7.1f} s" + ("" if k == "down_s" else " to the first token"), flush=True)
+    return {"up_before_s": round(up_s, 2), **{k: round(v, 2) for k, v in out.items()}, "kept_asleep": kept_asleep}
 
 
 def phases_after(logs: list[Path], began: float, gateway_log: Path | None = None) -> dict[str, float]:
@@ -291,11 +304,12 @@ def main() -> None:
         _write(args.out, result)
         print(f"\n{describe(result['machine'])}")
         for kind, r in result["seconds"].items():
-            print(f"{kind:10s} first {r['first']:7.1f} s  repeat {r['repeat']:7.1f} s  "
-                  f"repeat/first {result['repeat_to_first'][kind]:.2f}x")  # fmt: skip
+            if {"first", "repeat"} <= set(r):  # KINDS may leave a kind out
+                print(f"{kind:10s} first {r['first']:7.1f} s  repeat {r['repeat']:7.1f} s  "
+                      f"repeat/first {result['repeat_to_first'][kind]:.2f}x")  # fmt: skip
         print(f"vstack first / plain first: {result['vstack_first_to_plain_first']}x")
         for k, v in result["restarts"].items():
-            print(f"restart: {k:26s} {v:7.1f} s")
+            print(f"restart: {k:26s} {v}" if isinstance(v, bool) else f"restart: {k:26s} {v:7.1f} s")
         print(f"vstack repeat / plain repeat: {result['vstack_repeat_to_plain_repeat']}x; written to {args.out}")
         return
     runs: dict[str, list[float]] = {"vstack_up": [], "vllm_serve": []}

@@ -26,7 +26,15 @@ from typing import TYPE_CHECKING
 from stack.config.schema import StackConfig
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
-from stack.engine.kept import keep_requested, kept_pids, reattach, stop_leftovers, tree_pids
+from stack.engine.kept import (
+    keep_asleep_requested,
+    keep_requested,
+    kept_pids,
+    reattach,
+    stop_leftovers,
+    tree_pids,
+    write_down_report,
+)
 from stack.engine.launch import engine_spec, free_port, log_path_for
 from stack.engine.records import engine_records
 from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
@@ -224,6 +232,8 @@ def supervisor(launch: Launch) -> EngineSupervisor:
                            NvmlProbe() if hardware.gpus else None, cfg.gateway.retry_after_s)  # fmt: skip
     sup.manager.handoff = launch.handoff
     sup.keep_engines = lambda: keep_requested(cfg.state_dir)
+    sup.keep_asleep = lambda: keep_asleep_requested(cfg.state_dir)
+    sup.report_down = lambda notes: write_down_report(cfg.state_dir, notes)
     if launch.site is None and plan.cluster is None:  # kept engines of models this configuration no longer serves
         spare = frozenset(m.engine.spec.name for m in engines)
         for record in stop_leftovers(cfg.state_dir, cfg.stop_grace_s, spare)[0]:

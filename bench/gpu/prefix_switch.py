@@ -111,7 +111,7 @@ def side(cfg: Any, device: Device, work: Path, log_dir: Path, keep: bool, prefix
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        vstack(run, "down", timeout=300)
+        vstack(run, "down", "--all", timeout=300)
         for log in (run.state_dir / "logs").glob("*.log"):
             (log_dir / f"prefix-{'keep' if keep else 'off'}--{log.name}").write_bytes(log.read_bytes()[-400_000:])
     return out

@@ -298,7 +298,7 @@ def run_profile(cfg: Any, profile: str, device: Device, work: Path, log_dir: Pat
         row["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
     finally:
         if run is not None:
-            down = vstack(run, "down", timeout=300)
+            down = vstack(run, "down", "--all", timeout=300)
             row["down_exit"] = down.returncode
             row["stopped_clean"], row["memory_after"] = device.wait_released(baseline)
             for log in (run.state_dir / "logs").glob("*.log"):

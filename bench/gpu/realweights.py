@@ -97,7 +97,7 @@ class Served:
         return engine_metrics_text(self.url)
 
     def __exit__(self, *_: object) -> None:
-        vstack(self.overlay, "down", timeout=300)
+        vstack(self.overlay, "down", "--all", timeout=300)
         state = yaml.safe_load(self.overlay.read_text())["state_dir"]
         for log in Path(state, "logs").glob("*.log"):
             self.log_dir.mkdir(parents=True, exist_ok=True)

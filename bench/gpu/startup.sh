@@ -5,7 +5,8 @@
 #
 #   RESTARTS=0 bash bench/gpu/startup.sh [PROFILE]   first and repeat, default rtx4090-qwen2.5-7b (held to 24 GiB):
 #                                                    ~8.5 min on an H100 with the warm-up (one call)
-#   WARM_UP=0 KINDS=vstack_up bash bench/gpu/startup.sh   the stack alone: first, repeat and the restarts (~6 min)
+#   WARM_UP=0 KINDS=vstack_up RESTARTS=1 bash bench/gpu/startup.sh   the stack alone: first, repeat and the
+#                                                    restarts (~6 min; the kept-asleep restart adds seconds)
 #
 # An unmeasured plain start (eager) goes first (WARM_UP=0 leaves it out): on a fresh machine the first process to
 # start vLLM reads torch's CUDA libraries from a cold disk, which must not be charged to one kind; then the kinds
@@ -13,8 +14,10 @@
 # $OUT/startup-logs/ (what vLLM did with its compile cache), the JSON after every start.
 #
 # With the restarts (issue 37): on the stack the repeat start left, `vstack reload` unchanged, `vstack down
-# --keep-engines && vstack up` (the engine re-attached) and `vstack reload` after its command changed (an env var
-# vLLM ignores), each to its first token; and each start's phases (seconds after the command began).
+# --keep-engines && vstack up` (the engine re-attached), `vstack down && vstack up` (the engine kept asleep by
+# `down` and woken by `up`, adr/0030; goal: <= 10 s) and `vstack reload` after its command changed (an env var
+# vLLM ignores), each to its first token; and each start's phases (seconds after the command began). `down --all
+# && up` is the repeat start (every engine stopped, the compile cache warm).
 #
 # Device-tool call (after the site parts are stashed, as for bench/gpu/suite.sh):
 #   run command="bash bench/gpu/startup.sh" timeout_s=600

@@ -59,7 +59,7 @@ def run_policy(cfg: Any, name: str, policy: dict[str, Any], args: argparse.Names
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        vstack(run, "down", timeout=300)
+        vstack(run, "down", "--all", timeout=300)
         for log in (run.state_dir / "logs").glob("*.log"):
             (log_dir / f"sched-{name}--{log.name}").write_bytes(log.read_bytes()[-300_000:])
     return out

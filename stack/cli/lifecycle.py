@@ -26,7 +26,16 @@ from stack.cli.progress import StartProgress
 from stack.config.schema import StackConfig
 from stack.config.state_dir import check_state_dir
 from stack.engine.diagnose import log_size, log_tail
-from stack.engine.kept import KEEP_FLAG, leftovers, stop_leftovers, tree_pids
+from stack.engine.kept import (
+    DOWN_REPORT,
+    KEEP_ASLEEP_FLAG,
+    KEEP_FLAG,
+    kept_asleep,
+    leftovers,
+    read_down_report,
+    stop_leftovers,
+    tree_pids,
+)
 from stack.engine.process import stop_process_tree
 from stack.engine.records import EngineRecord, RecordStore, engine_records
 from stack.engine_env import child_argv
@@ -230,9 +239,11 @@ def up(
     run(body)
 
 
-def _stop_gateway(record: EngineRecord, cfg: StackConfig, keep_engines: bool = False) -> list[int]:
+def _stop_gateway(record: EngineRecord, cfg: StackConfig, keep_engines: bool = False,
+                  keep_asleep: bool = False) -> list[int]:  # fmt: skip
     """SIGTERM lets the gateway drain and stop its engines; whatever is left after that is killed. With
-    keep_engines the gateway leaves its engines running (their records stay) for the next `up` to re-attach."""
+    keep_engines the gateway leaves its engines running (their records stay) for the next `up` to re-attach;
+    with keep_asleep it puts those with sleep mode to sleep and leaves them so (adr/0030)."""
     import psutil
 
     try:
@@ -243,10 +254,17 @@ def _stop_gateway(record: EngineRecord, cfg: StackConfig, keep_engines: bool = F
         engines = set().union(*(tree_pids(r.pid) for r in engine_records(cfg.state_dir).all() if r.alive()))
         family = [pid for pid in family if pid not in engines]
         (cfg.state_dir / KEEP_FLAG).write_text("")
+    elif keep_asleep:
+        (cfg.state_dir / KEEP_ASLEEP_FLAG).write_text("")
+    (cfg.state_dir / DOWN_REPORT).unlink(missing_ok=True)  # only what this shutdown reports is shown
     os.kill(record.pid, signal.SIGTERM)
-    with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):
-        psutil.Process(record.pid).wait(cfg.gateway.drain_grace_s + cfg.stop_grace_s + 10)
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.TimeoutExpired):  # a sleep takes seconds: its bound too
+        psutil.Process(record.pid).wait(cfg.gateway.drain_grace_s + cfg.stop_grace_s + 10 + 120 * keep_asleep)
     (cfg.state_dir / KEEP_FLAG).unlink(missing_ok=True)
+    (cfg.state_dir / KEEP_ASLEEP_FLAG).unlink(missing_ok=True)
+    if keep_asleep:  # the engines it put to sleep are left alone; every other process of its tree goes
+        asleep = set().union(*(tree_pids(r.pid) for r in kept_asleep(cfg.state_dir)))
+        family = [pid for pid in family if pid not in asleep]
     left: list[int] = []
     for pid in family:
         left += stop_process_tree(pid, 5) if psutil.pid_exists(pid) else []
@@ -257,42 +275,73 @@ def down(name: Annotated[str | None, typer.Argument(help="one engine (default: a
          keep_engines: Annotated[bool, typer.Option(
              "--keep-engines", help="stop the gateway only: its engines keep serving (and holding their memory) "
              "until the next `vstack up` re-attaches them or `vstack down` stops them")] = False,
+         everything: Annotated[bool, typer.Option(
+             "--all", help="stop every engine, those kept running or asleep included, and release their memory "
+             "(plain `vstack down` keeps engines with sleep mode asleep: manager.down_keeps_asleep)")] = False,
          config: ConfigOpt = None) -> None:
-    """Stop what `vstack up` started: the gateway drains, stops its engines; SIGKILL after the grace period.
-    Engines a killed gateway left behind are stopped too."""
+    """Stop what `vstack up` started: the gateway drains and stops its engines (SIGKILL after the grace period);
+    GPU engines with sleep mode are put to sleep and kept, holding host RAM, for the next `vstack up` to wake
+    in seconds (manager.down_keeps_asleep; `--all` stops them too). Engines a killed gateway left are stopped."""
 
     def body() -> int:
+        if keep_engines and everything:
+            raise typer.BadParameter("--keep-engines keeps the engines running and --all stops them: give one",
+                                     param_hint="--keep-engines / --all")  # fmt: skip
         cfg = cli_config()
+        keep_asleep = cfg.manager.down_keeps_asleep and not everything and not keep_engines
         store = RecordStore(cfg.state_dir)
         records = [r for r in store.all() if r.name == GATEWAY]  # the one process `vstack up` leaves running
-        orphans = [] if keep_engines else leftovers(cfg.state_dir)
+        orphans = [] if keep_engines else [r for r in leftovers(cfg.state_dir) if not (keep_asleep and r.asleep)]
         if not records and not orphans:
+            if keep_asleep and kept_asleep(cfg.state_dir):
+                _say_kept_asleep(cfg)
+                return 0
             out.print("nothing is running" if name is None else f"{name!r} is not running")
             return 0 if name is None else 1
         code = 0
         for record in records:
-            left = _stop_gateway(record, cfg, keep_engines) if record.alive() else []
+            left = _stop_gateway(record, cfg, keep_engines, keep_asleep) if record.alive() else []
             store.remove(record.name)
             if left:
                 err.print(f"[red]✗[/] {record.name}: processes {left} did not exit")
                 code = ExitCode.ENGINE
             else:
                 out.print(f"[green]✓[/] stopped {record.name}")
+        for note in read_down_report(cfg.state_dir):  # what it stopped and why (the kept ones are listed below)
+            if ": kept asleep (" not in note:
+                out.print(Text(f"  {note}"), soft_wrap=True)
         if keep_engines:
             for kept in engine_records(cfg.state_dir).all():
                 if kept.alive():
                     out.print(f"  kept engine {kept.name} (pid {kept.pid}): `vstack up` re-attaches it, "
                               "`vstack down` stops it")  # fmt: skip
             return code
-        stopped, left = stop_leftovers(cfg.state_dir, cfg.stop_grace_s)
+        spare = frozenset(r.name for r in kept_asleep(cfg.state_dir)) if keep_asleep else frozenset()
+        stopped, left = stop_leftovers(cfg.state_dir, cfg.stop_grace_s, spare)
         for record in stopped:
-            out.print(f"[green]✓[/] stopped engine {record.name} (pid {record.pid}), left by a gateway that is gone")
+            how = "kept asleep" if record.asleep else "left by a gateway that is gone"
+            out.print(f"[green]✓[/] stopped engine {record.name} (pid {record.pid}), {how}")
         if left:
             err.print(f"[red]✗[/] engine processes {left} did not exit")
             code = ExitCode.ENGINE
+        if keep_asleep:
+            _say_kept_asleep(cfg)
         return code
 
     run(body)
+
+
+def _say_kept_asleep(cfg: StackConfig) -> None:
+    """What a plain `vstack down` kept asleep, the host RAM it holds, and how to release it (adr/0030)."""
+    kept = kept_asleep(cfg.state_dir)
+    for record in kept:
+        out.print(f"  kept asleep: {record.name} (pid {record.pid}, sleep level {record.asleep}), "
+                  f"{record.host_bytes / 2**30:.1f} GiB of host RAM", soft_wrap=True)  # fmt: skip
+    if kept:
+        held = sum(r.host_bytes for r in kept) / 2**30
+        out.print(f"  {len(kept)} engine(s) kept asleep, holding {held:.1f} GiB of host RAM (GPU memory freed but "
+                  "their CUDA context): `vstack up` wakes them in seconds; `vstack down --all` releases them",
+                  soft_wrap=True)  # fmt: skip
 
 
 def _gateway_rows(record: EngineRecord) -> list[dict]:
@@ -362,8 +411,10 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt
             for record in RecordStore(cfg.state_dir).all():
                 if record.name == GATEWAY:
                     rows += _gateway_rows(record)
-            for record in leftovers(cfg.state_dir):  # engines whose gateway is gone (killed, or --keep-engines)
-                rows.append({"name": record.name, "profile": record.profile, "state": "kept (no gateway)",
+            for record in leftovers(cfg.state_dir):  # engines whose gateway is gone (killed, --keep-engines, down)
+                state = (f"kept asleep (level {record.asleep}, {record.host_bytes / 2**30:.1f} GiB host RAM)"
+                         if record.asleep else "kept (no gateway)")  # fmt: skip
+                rows.append({"name": record.name, "profile": record.profile, "state": state,
                              "pid": record.pid, "url": f"{record.base_url}/v1",
                              "uptime_s": round(time.time() - record.started_at), "log": record.log_path})
         if not rows and (given or cfg.gateway.port):  # port 0 (a free one each time): nothing to look for
@@ -385,7 +436,8 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt
                   "kept (no gateway)": "yellow"}
         for r in rows:
             uptime = "-" if r["uptime_s"] is None else f"{r['uptime_s']} s"
-            table.add_row(r["name"], f"[{colour.get(r['state'], 'white')}]{r['state']}[/]",
+            shade = "yellow" if r["state"].startswith("kept") else colour.get(r["state"], "white")
+            table.add_row(r["name"], f"[{shade}]{r['state']}[/]",
                           str(r["pid"] or "-"), r["url"], uptime)
         out.print(table)
         logs = sorted({r["log"] for r in rows if r["log"] not in ("-", "")})

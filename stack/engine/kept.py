@@ -6,7 +6,9 @@ process has exited (adr/0023).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 from pathlib import Path
 
@@ -78,7 +80,8 @@ def reattach(engine: EngineProcess, grace: float = 20) -> str:
         engine.spec = dataclasses.replace(engine.spec, api_key=record.api_key)
     engine.kept = record
     engine.log_start = _size(engine.spec.log_path)
-    return f"engine {record.name!r}: re-attached pid {record.pid} on port {record.port} (same command)"
+    asleep = f", asleep at level {record.asleep} (woken by the manager)" if record.asleep else ""
+    return f"engine {record.name!r}: re-attached pid {record.pid} on port {record.port} (same command{asleep})"
 
 
 def _size(path: Path) -> int:
@@ -94,6 +97,20 @@ KEEP_FLAG = "keep-engines"  # written by `vstack down --keep-engines` before it 
 def keep_requested(state_dir: Path) -> bool:
     """The gateway is being stopped with its engines kept (`vstack down --keep-engines`)."""
     return (state_dir / KEEP_FLAG).is_file()
+
+
+KEEP_ASLEEP_FLAG = "keep-asleep"  # written by a plain `vstack down` (manager.down_keeps_asleep) before it stops
+DOWN_REPORT = "down-report.json"  # what the gateway's shutdown kept asleep or stopped, and why: `down` prints it
+
+
+def keep_asleep_requested(state_dir: Path) -> bool:
+    """The gateway is being stopped by `vstack down` with its sleep-capable engines kept asleep (adr/0030)."""
+    return (state_dir / KEEP_ASLEEP_FLAG).is_file()
+
+
+def kept_asleep(state_dir: Path) -> list[EngineRecord]:
+    """Records of engines asleep with no gateway: what a plain `vstack down` kept and `--all` releases."""
+    return [r for r in leftovers(state_dir) if r.asleep]
 
 
 def stop_leftovers(state_dir: Path, grace: float, spare: frozenset[str] = frozenset()
@@ -113,3 +130,20 @@ def stop_leftovers(state_dir: Path, grace: float, spare: frozenset[str] = frozen
                 continue
         store.remove(record.name)
     return stopped, left
+
+
+def write_down_report(state_dir: Path, notes: list[str]) -> None:
+    """What the gateway's shutdown kept asleep or stopped, and why: `vstack down` prints it once it has exited."""
+    if notes:
+        with contextlib.suppress(OSError):  # a full disk: `down` still lists the kept engines from their records
+            (state_dir / DOWN_REPORT).write_text(json.dumps(notes))
+
+
+def read_down_report(state_dir: Path) -> list[str]:
+    path = state_dir / DOWN_REPORT
+    try:
+        notes = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    path.unlink(missing_ok=True)
+    return [str(n) for n in notes] if isinstance(notes, list) else []

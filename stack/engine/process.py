@@ -10,6 +10,7 @@ gateway re-attaches it (`kept`, set by stack.engine.kept) instead of starting a 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -104,10 +105,22 @@ class EngineProcess:
 
     def _save(self, pid: int, started_at: float) -> None:
         if self.records is not None:
+            asleep = (self.kept.asleep, self.kept.host_bytes) if self.kept is not None else (0, 0)
             self.records.save(EngineRecord(self.spec.name, self.spec.profile, pid, self.spec.host, self.spec.port,
                                            str(self.spec.log_path), self.spec.display_argv, started_at,
                                            self.fingerprint, os.getpid(), time.time(),
-                                           api_key=self.spec.api_key or ""))  # fmt: skip
+                                           api_key=self.spec.api_key or "", asleep=asleep[0],
+                                           host_bytes=asleep[1]))  # fmt: skip
+
+    def mark_asleep(self, level: int, host_bytes: int = 0) -> None:
+        """Write into its record that it sleeps at `level` (0: awake again) holding `host_bytes` of host RAM: a
+        gateway that re-attaches it later wakes it before serving it (adr/0030)."""
+        record = self.records.get(self.spec.name) if self.records is not None else None
+        if record is None or record.pid != self.pid or (record.asleep, record.host_bytes) == (level, host_bytes):
+            return
+        self.records.save(dataclasses.replace(record, asleep=level, host_bytes=host_bytes))  # type: ignore[union-attr]
+        if self.kept is not None:
+            self.kept = dataclasses.replace(self.kept, asleep=level, host_bytes=host_bytes)
 
     def exit_code(self) -> int | None:
         if self.popen is not None:

@@ -34,6 +34,10 @@ class EngineRecord:
     # The credential the engine answers (adr/0020): the gateway that re-attaches it must send the same. The
     # file is the owner's alone (0600), like a key file; never shown by status, logs or the console.
     api_key: str = field(default="", repr=False)
+    # vLLM sleep level it sleeps at now (0: awake), and the host RAM that sleep holds (its weights at level 1):
+    # what `vstack down` keeps (adr/0030) and what a re-attaching gateway must wake before serving it.
+    asleep: int = 0
+    host_bytes: int = 0
 
     @property
     def base_url(self) -> str:

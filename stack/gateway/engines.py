@@ -77,6 +77,8 @@ class EngineSupervisor:
         )  # fmt: skip
         self._watch: asyncio.Task | None = None
         self.keep_engines: Callable[[], bool] = lambda: False  # asked at shutdown: leave the engines running
+        self.keep_asleep: Callable[[], bool] = lambda: False  # ... or keep those with sleep mode asleep (adr/0030)
+        self.report_down: Callable[[list[str]], None] = lambda notes: None  # what was kept and stopped, for `down`
 
     async def start(self, state: GatewayState) -> ModelManager:
         """on_startup hook: register every engine, follow the manager's states, start the preloaded ones in
@@ -98,9 +100,11 @@ class EngineSupervisor:
                     state.adapters.add(adapter)
         self.manager.subscribe(follow(state.registry, ids, asyncio.get_running_loop()))
         manager = self.manager
+        await manager.adopt_kept()  # engines `vstack down` kept asleep: sleeping, woken by the switch below
         for m in self.engines:
-            if m.preload:  # registered as starting at once: a request now waits instead of 404/503
-                manager.move(manager.slots[m.model_group], ModelState.STARTING, "starting")
+            slot = manager.slots[m.model_group]
+            if m.preload and slot.state != ModelState.SLEEPING:  # starting at once: a request waits, not 404/503
+                manager.move(slot, ModelState.STARTING, "starting")
         for m in self.engines:
             if m.preload:
                 manager.request_switch(m.model_group)
@@ -112,7 +116,8 @@ class EngineSupervisor:
         if self._watch is not None:
             self._watch.cancel()
         keep = self.keep_engines()
-        await self.manager.shutdown(keep_engines=keep)
+        notes = await self.manager.shutdown(keep_engines=keep, keep_asleep=not keep and self.keep_asleep())
+        self.report_down(notes)
         for m in self.engines:
             state.registry.set_state(m.deployment_id, "stopped", "gateway shutting down" + (", engine kept" if keep
                                                                                             else ""))  # fmt: skip

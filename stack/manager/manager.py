@@ -382,8 +382,9 @@ class ModelManager:
     @staticmethod
     def _slept(victim: Slot, level: int) -> None:
         """A level-1 sleep left the weights' host copy in the engine (kept there where it keeps one); level 2
-        dropped it."""
+        dropped it. Its record says so: a gateway that re-attaches it wakes it before serving (adr/0030)."""
         victim.host_copy_held = victim.keeps_host_copy and level == 1
+        _mark_asleep(victim, level)
 
     async def stop_engine(self, slot: Slot, why: str) -> None:
         self.move(slot, S.STOPPING, why)
@@ -508,7 +509,26 @@ class ModelManager:
         now = self.clock()
         slot.ready_since = slot.last_used = now
         slot.residue, slot.log_tail = 0, ""
+        _mark_asleep(slot, 0)
         self.move(slot, S.READY, detail)
+
+    async def adopt_kept(self) -> None:
+        """Before the first switches: an engine re-attached asleep (`vstack down` kept it: adr/0030) is `sleeping`,
+        so the normal wake path brings it back (a preloaded model before the gateway reports ready; another one
+        on its first request). One asleep at another level than its tier now is stopped and started fresh."""
+        for slot in self.slots.values():
+            kept = getattr(slot.runtime, "kept", None)
+            level = getattr(kept, "asleep", 0)
+            if not level or slot.state != S.STOPPED:
+                continue
+            if slot.sleeps and self.capacity.sleep_supported and slot.tier.sleep_level == level:
+                slot.host_copy_held = slot.keeps_host_copy and level == 1
+                slot.last_used = self.clock()  # its idle and sleep timers (manager.sleep_ttl_s) start now
+                self.move(slot, S.SLEEPING, f"kept asleep by `vstack down` (level {level}), re-attached")
+                continue
+            log.info("model %s: kept asleep at level %d, its tier now is %s: stopping it to start fresh",
+                     slot.name, level, slot.tier)  # fmt: skip
+            await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
 
     # -- admin ------------------------------------------------------------------------------------------
     async def load(self, name: str) -> Slot:
@@ -558,16 +578,71 @@ class ModelManager:
             "models": {n: s.public(now) for n, s in self.slots.items()}, "decisions": self.decisions,
         }  # fmt: skip
 
-    async def shutdown(self, keep_engines: bool = False) -> None:
-        """Stop every engine; keep_engines: leave them running for the next gateway to re-attach."""
+    async def shutdown(self, keep_engines: bool = False, keep_asleep: bool = False) -> list[str]:
+        """Stop every engine; keep_engines: leave them running for the next gateway to re-attach; keep_asleep
+        (`vstack down`, adr/0030): put each engine with sleep mode to sleep at its tier's level and leave it so,
+        within the host RAM budget, and stop the others. Returns what it kept and stopped, and why."""
         self.stopping = True
         for flight in self._flights.values():
             flight.cancel()
         self.bump()
         if keep_engines:
             log.info("gateway stopping; engines kept running: %s", ", ".join(self.slots))
-            return
-        await asyncio.gather(*(asyncio.to_thread(s.runtime.stop, self.stop_grace_s) for s in self.slots.values()))
+            return []
+        keep, notes = self._to_keep_asleep() if keep_asleep else ([], [])
+        for slot in list(keep):
+            level = slot.tier.sleep_level or 1
+            try:
+                if slot.state == S.READY:
+                    await asyncio.to_thread(slot.runtime.sleep, level)
+            except EngineError as exc:
+                keep.remove(slot)
+                notes.append(f"{slot.name}: stopped: its sleep failed ({exc.message})")
+                continue
+            _mark_asleep(slot, level)
+            notes.append(f"{slot.name}: kept asleep (level {level}), holding {_gib(slot.host_held(level))} of host "
+                         "RAM; GPU memory freed but its CUDA context")  # fmt: skip
+        for note in notes:
+            log.info("gateway stopping: %s", note)
+        await asyncio.gather(*(asyncio.to_thread(s.runtime.stop, self.stop_grace_s) for s in self.slots.values()
+                               if s not in keep))  # fmt: skip
+        return notes
+
+    def _to_keep_asleep(self) -> tuple[list[Slot], list[str]]:
+        """The engines `vstack down` keeps asleep: awake or asleep now, with sleep mode and a sleeping tier, a
+        record to say so (a local process), and their sleep's host RAM within the host RAM budget together."""
+        budget, held = self.capacity.host_budget, 0
+        keep, notes = [], []
+        for slot in self.slots.values():
+            if slot.state not in (S.READY, S.SLEEPING):
+                continue
+            if not (slot.can_sleep and self.capacity.sleep_supported):
+                notes.append(f"{slot.name}: stopped (no sleep mode: a CPU engine, or manager.sleep: off)")
+                continue
+            if not slot.sleeps or not callable(getattr(slot.runtime, "mark_asleep", None)):
+                why = f"its tier is cold: {slot.tier_reason}" if not slot.sleeps else "not a local engine process"
+                notes.append(f"{slot.name}: stopped ({why})")
+                continue
+            need = slot.host_held(slot.tier.sleep_level or 1)
+            if budget is not None and held + need > budget:
+                notes.append(f"{slot.name}: stopped, not kept asleep: its {_gib(need)} of host RAM would exceed the "
+                             f"host RAM budget ({_gib(budget - held)} of {_gib(budget)} left; "
+                             "manager.host_memory_budget_gib)")  # fmt: skip
+                continue
+            held += need
+            keep.append(slot)
+        return keep, notes
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _mark_asleep(slot: Slot, level: int) -> None:
+    """Its engine's record says whether it sleeps (a local process; other runtimes have no record)."""
+    mark = getattr(slot.runtime, "mark_asleep", None)
+    if callable(mark):
+        mark(level, slot.host_held(level) if level else 0)
 
 
 def _consume(task: asyncio.Task) -> None:

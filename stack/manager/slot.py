@@ -50,6 +50,10 @@ class Slot:
         check_move(self.name, self.state, state)
         self.state, self.detail, self.since = state, detail, time.monotonic()
 
+    def host_held(self, level: int) -> int:
+        """Host RAM its engine holds asleep at `level`: the weights' copy at level 1, its prefix cache's CPU tier."""
+        return ((self.weights_host or 0) if level == 1 else 0) + self.prefix_cache_bytes
+
     @property
     def sleeps(self) -> bool:
         """Put to sleep (not stopped) to make room: sleep mode on and a sleeping tier."""

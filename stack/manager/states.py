@@ -1,6 +1,7 @@
 """A model's states and the moves between them: one table, checked on every change.
 
     stopped -> starting -> ready -> (sleeping | stopping) ...
+    stopped -> sleeping: an engine `vstack down` kept asleep, re-attached by the next gateway (adr/0030)
                   \\-> failed            sleeping -> starting (wake) | stopping
 A crash of a ready engine goes ready -> starting (restart) or ready -> failed (restart budget spent).
 """
@@ -23,7 +24,7 @@ class ModelState(StrEnum):
 
 S = ModelState
 ALLOWED: dict[ModelState, frozenset[ModelState]] = {
-    S.STOPPED: frozenset({S.STARTING}),
+    S.STOPPED: frozenset({S.STARTING, S.SLEEPING}),  # sleeping: an engine `vstack down` kept asleep, re-attached
     S.STARTING: frozenset({S.READY, S.FAILED, S.STOPPING, S.STOPPED}),
     S.READY: frozenset({S.SLEEPING, S.STOPPING, S.STARTING, S.FAILED}),
     S.SLEEPING: frozenset({S.STARTING, S.STOPPING, S.FAILED, S.STOPPED}),

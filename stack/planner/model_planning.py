@@ -127,6 +127,12 @@ def apply_prefix_keep(cfg: StackConfig, resolved: ResolvedProfile, catalog: Vllm
     keep = kv_offload.decide(cfg.manager.keep_prefix_cache, resolved.engine, accelerator=resolved.hardware.accelerator,
                              has_option=kv_offload.SIZE_KEY in catalog, gpu_kv_bytes=gpu_kv,
                              configured_gib=cfg.manager.prefix_cache_gib)  # fmt: skip
+    m = cfg.manager
+    if (keep.enabled and m.keep_prefix_cache == "auto" and m.prefix_cache_gib is None and len(m.models) < 2
+            and kv_offload.SIZE_KEY not in resolved.engine):  # fmt: skip
+        # One model sleeps only across `vstack down` (adr/0030): no switch for a CPU tier to serve, so its serving
+        # path and host RAM stay as they were unless asked for (keep_prefix_cache: true, prefix_cache_gib).
+        keep = kv_offload.PrefixKeep(False, 0.0, "one model: no switch to keep a prefix cache for")
     for key, value in kv_offload.engine_options(keep).items():
         if key not in resolved.engine:
             resolved.engine[key] = value

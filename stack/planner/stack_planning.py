@@ -100,13 +100,16 @@ def plan_others(cfg: StackConfig, default: ModelPlan, hardware: HardwareInfo, ca
 
 
 def with_sleep(cfg: StackConfig, hardware: HardwareInfo) -> tuple[StackConfig, list[str]]:
-    """Sleep mode on for every engine when the gateway may switch GPU models. VLLM_SERVER_DEV_MODE opens
+    """Sleep mode on for every engine when the gateway may switch GPU models, or when `vstack down` keeps GPU
+    engines asleep for the next `up` (manager.down_keeps_asleep, adr/0030). VLLM_SERVER_DEV_MODE opens
     debug endpoints too: safe only because engines bind to loopback (StackConfig.host checks it)."""
-    if cfg.manager.sleep != "auto" or len(cfg.manager.models) < 2 or not hardware.gpus:
+    switching = len(cfg.manager.models) >= 2
+    if cfg.manager.sleep != "auto" or not hardware.gpus or not (switching or cfg.manager.down_keeps_asleep):
         return cfg, []
     served = cfg.model_copy(update={"engine": {**cfg.engine, "enable_sleep_mode": True},
                                     "env": {**cfg.env, "VLLM_SERVER_DEV_MODE": "1"}})  # fmt: skip
-    return served, ["sleep mode on for every engine: the gateway switches GPU models (manager.sleep: auto)"]
+    why = "the gateway switches GPU models" if switching else "`vstack down` keeps it asleep for a restart in seconds"
+    return served, [f"sleep mode on for every engine: {why} (manager.sleep: auto)"]
 
 
 def model_gpus(engine: dict) -> int:

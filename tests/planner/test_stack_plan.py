@@ -13,7 +13,7 @@ import pytest
 
 from stack.config import load_config
 from stack.config.redact import MASK
-from stack.hardware import HardwareInfo
+from stack.hardware import GpuInfo, HardwareInfo
 from stack.models import ModelFiles
 from stack.planner.stack_plan import ModelPlan, StackPlan
 from stack.planner.stack_planning import REPLANNED, plan_fetched, plan_stack
@@ -97,3 +97,20 @@ def test_a_model_fetched_now_is_planned_again_from_its_files_and_says_so(tmp_pat
     assert plan.model_arg == str(files.path) and plan.fit is not None  # fitted from the files' own config.json
     assert any(REPLANNED in n for n in plan.notes)
     assert (tmp_path / "counts").read_text().count(" plan hubbed") == 2  # before the download, and from its files
+
+
+H100 = HardwareInfo(gpus=[GpuInfo(0, "NVIDIA H100 80GB HBM3", int(79.2 * 2**30), int(78.6 * 2**30), "9.0")],
+                    cpu_count=16, ram_total=128 << 30, ram_available=120 << 30)
+
+
+@pytest.mark.parametrize("keeps", [True, False])
+def test_one_gpu_model_runs_with_sleep_mode_so_that_down_can_keep_it_asleep(keeps: bool) -> None:
+    """adr/0030: sleep mode was on only where the gateway switches models; `vstack down` keeping a single GPU
+    model asleep needs it too. Its prefix cache's CPU tier stays off (no switch to keep it for)."""
+    cfg = load_config(overrides={"manager": {"down_keeps_asleep": keeps}})
+    plan = plan_stack(cfg, "rtx4090-qwen2.5-7b", H100, load_catalog("0.33"))
+    model = plan.default
+    assert model.can_sleep is keeps and bool(model.engine.get("enable_sleep_mode")) is keeps
+    assert ("--enable-sleep-mode" in model.display()) is keeps
+    assert any("`vstack down` keeps it asleep" in n for n in plan.notes) is keeps
+    assert "kv_offloading_size" not in model.engine and model.prefix_cache_bytes == 0

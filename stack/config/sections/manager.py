@@ -156,6 +156,11 @@ class ManagerConfig(BaseModel):
         "driver does not clear it between them (adr/0016; 8B -> 3B on an H200: 0.44 s vs 0.94 s raw vLLM). auto: "
         "local engines of one GPU each (measured); true: every local GPU engine that sleeps; false: off",
     )
+    down_keeps_asleep: bool = Field(
+        True, description="`vstack down` puts each engine with sleep mode (GPU) to sleep and keeps it, holding its "
+        "weights in host RAM within the host RAM budget, so the next `vstack up` wakes it in seconds; engines without "
+        "sleep mode stop. `vstack down --all` stops everything (adr/0030)",
+    )
     sleep_min_freed: float = Field(
         0.5, gt=0, le=1, description="after a sleep NVML must show this fraction of the engine's memory freed"
     )
