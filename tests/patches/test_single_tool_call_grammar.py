@@ -15,20 +15,25 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
 
-import vllm.parser.abstract_parser as abstract_parser  # noqa: E402
-import vllm.tool_parsers.abstract_tool_parser as abstract_tool_parser  # noqa: E402
-import xgrammar as xgr  # noqa: E402
-from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # noqa: E402
-from vllm.parser import ParserManager  # noqa: E402
-from vllm.parser.abstract_parser import DelegatingParser  # noqa: E402
-from vllm.tool_parsers import structural_tag_registry  # noqa: E402
-from vllm.tool_parsers.abstract_tool_parser import ToolParser  # noqa: E402
-from vllm.tool_parsers.utils import get_json_schema_from_tools  # noqa: E402
+import vllm.parser.abstract_parser as abstract_parser
+import vllm.tool_parsers.abstract_tool_parser as abstract_tool_parser
+import xgrammar as xgr
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.parser import ParserManager
+from vllm.parser.abstract_parser import DelegatingParser
+from vllm.tool_parsers import structural_tag_registry
+from vllm.tool_parsers.abstract_tool_parser import ToolParser
+from vllm.tool_parsers.utils import get_json_schema_from_tools
 
-from bench.gpu.real_rows import ASK_WEATHER, WEATHER  # noqa: E402
-from stack.vllm.plugins.runtime_patches import single_tool_call_grammar as patch  # noqa: E402
-from tests.models.conftest import smollm2_dir  # noqa: E402
+from stack.vllm.plugins.runtime_patches import single_tool_call_grammar as patch
+from tests.models.conftest import smollm2_dir
 
+# The GPU row's tool and question (bench/gpu/real_rows.py, which tests outside tests/gpu may not import).
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city", "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}},
+                   "required": ["city"], "additionalProperties": False}}}  # fmt: skip
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 ONE_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
@@ -99,7 +104,8 @@ def test_the_json_call_array_gets_max_items_one(tokenizer, monkeypatch, without_
     bounded = hermes(tokenizer, [WEATHER]).adjust_request(_request(parallel=False)).structured_outputs.json
     upstream = get_json_schema_from_tools("required", _request(False).tools, parallel_tool_calls=False)
     assert bounded == upstream and bounded["maxItems"] == 1  # what the installed release builds itself
-    assert "maxItems" not in hermes(tokenizer, [WEATHER]).adjust_request(_request(parallel=True)).structured_outputs.json
+    parallel = hermes(tokenizer, [WEATHER]).adjust_request(_request(parallel=True)).structured_outputs.json
+    assert "maxItems" not in parallel
 
 
 def test_applied_once_on_a_release_without_the_bound(monkeypatch, without_upstream_bound) -> None:
