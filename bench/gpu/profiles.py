@@ -222,9 +222,10 @@ def chat_checks(base: str, served: str) -> dict[str, Any]:
 
 # The city is an enum so the grammar closes the string: a free string over random weights and a 150k-word
 # vocabulary almost never picks the closing quote, and the call was cut at max_tokens (unparseable JSON).
-# A `required` call spelled char by char is ~74 tokens, and vLLM's grammar allows further calls after it
-# (parallel_tool_calls=false is applied after parsing): with random weights each stop is a coin toss, and a
-# call cut at max_tokens makes the parser drop them all.
+# A `required` call spelled char by char is ~74 tokens; with parallel_tool_calls=false the grammar admits one
+# call (vLLM 0.32+ itself, 0.26 through the ledger's single-tool-call-grammar patch; before it, further calls
+# ran on and a call cut at max_tokens made the parser drop them all). The budget is headroom for a random walk
+# through the grammar's whitespace (tests/gpu/test_driver_cpu.py walks it 20 times).
 MAX_TOOL_TOKENS = 600
 WEATHER = {"type": "function", "function": {"name": "get_weather", "strict": True, "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Tokyo"]}},

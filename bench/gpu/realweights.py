@@ -117,7 +117,21 @@ def step_rows(work: Path, logs: Path) -> list[dict[str, Any]]:
         for r in rows:
             r.update(started_s=s.started_s, dtype="bfloat16")
     rows[0]["converted"] = pulled
+    # What bounds the tool-call grammar to one call on this vLLM (0.26: the ledger's patch), from the API server
+    grammar = patch_outcome(logs / f"rows--{MODEL}.log", "single-tool-call-grammar")
+    rows[1]["single_tool_call_grammar"] = rows[2]["single_tool_call_grammar"] = grammar
     return rows
+
+
+def patch_outcome(log: Path, patch_id: str) -> str | None:
+    """The runtime patch's outcome in the first `vstack runtime patches` line of an engine log (the API server's,
+    which builds the requests' grammars); None when the log or the line is missing."""
+    import re
+
+    text = log.read_text(errors="replace") if log.exists() else ""
+    line = next((x for x in text.splitlines() if "vstack runtime patches for" in x), "")
+    found = re.search(rf"\b{re.escape(patch_id)}=([^,]+)", line)
+    return found.group(1).strip() if found else None
 
 
 def step_spec(work: Path, logs: Path) -> list[dict[str, Any]]:
@@ -211,8 +225,9 @@ def manifest(result: dict[str, Any], command: str) -> dict[str, Any]:
 
 def _meaning(row: dict[str, Any]) -> str:
     return {"real-answer": "the README's question at temperature 0 answers Paris (bf16, through the gateway)",
-            "real-tools": "tool_choice named/required parsed into the schema's keys, auto accepted",
-            "real-lora": "PEFT adapters answer stably and differently from the base; tool calls parse under them",
+            "real-tools": "tool_choice named/required (parallel_tool_calls=false): one call that ends the turn, "
+                          "parsed into the schema's keys; auto accepted",
+            "real-lora": "PEFT adapters answer stably and differently from the base; one tool call under each parses",
             "real-spec-ngram": "n-gram speculative decoding: greedy answers identical, drafts accepted",
             "real-tune-quality": "vstack tune measured every numerics candidate's exact-match rate"}.get(row["row"], "")
 

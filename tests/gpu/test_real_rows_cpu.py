@@ -127,3 +127,14 @@ def test_driver_converts_the_package_and_builds_adapters_from_it(tmp_path: Path,
     for path in adapters:
         config = json.loads((path / "adapter_config.json").read_text())
         assert config["r"] == 8 and (path / "adapter_model.safetensors").stat().st_size > 0
+
+
+def test_the_rows_name_the_tool_grammar_patch_from_the_api_servers_log() -> None:
+    """The H200 run of 2026-11-26 (before the patch): its API server's line names the patches it ran, not this one."""
+    from bench.gpu.realweights import patch_outcome
+
+    log = ROOT / "bench/results/2026-11-26-h200-realweights/engine-logs/rows--smollm2-135m-instruct.log"
+    assert patch_outcome(log, "gpu-sleep-wake-at-bus-speed") == "applied"
+    assert patch_outcome(log, "keep-prefix-cache-across-sleep").startswith("not needed (")
+    assert patch_outcome(log, "single-tool-call-grammar") is None
+    assert patch_outcome(log.with_name("missing.log"), "single-tool-call-grammar") is None

@@ -75,6 +75,7 @@ def test_status_on_a_fresh_install(vllm_site: Path) -> None:
         "engine-start-gate": State.RUNTIME,
         "keep-prefix-cache-across-sleep": State.NOT_NEEDED,  # vLLM's CUDA build only
         "compile-key-without-engine-key": State.NOT_NEEDED,  # vLLM's CUDA build before 0.31 only
+        "single-tool-call-grammar": State.NOT_NEEDED,  # vLLM's CUDA build before 0.32 only
     }
 
 
