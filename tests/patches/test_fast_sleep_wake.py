@@ -134,8 +134,10 @@ def test_kept_copy_makes_the_second_sleep_a_release_only(engine) -> None:
     assert weights_bytes(by_tag, dev) == before
 
 
-def test_a_weight_changed_while_awake_is_copied_again_and_said(engine, caplog) -> None:
+def test_a_weight_changed_while_awake_is_copied_again_and_said(engine, caplog, monkeypatch) -> None:
     dev, alloc, by_tag = engine
+    # An earlier test's logging.config (disable_existing_loggers) may have silenced this logger.
+    monkeypatch.setattr(fsw.log, "disabled", False)
     fsw.sleep(alloc, ("weights",), dev, keep=True)
     fsw.wake_up(alloc, None, dev, keep=True)
     ptr = by_tag["weights"][0]
