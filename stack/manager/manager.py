@@ -490,6 +490,8 @@ class ModelManager:
         stage = getattr(slot.runtime, "stage_host_copy", None)
         if not (callable(stage) and slot.sleeps and slot.tier == Tier.LEVEL1 and self.capacity.sleep_supported):
             return None
+        if len(self.slots) < 2:  # nothing to switch to: only `vstack down` sleeps it, and pays its own first
+            return None           # sleep then, rather than a serving engine pinning its weights' size in host RAM
         runtime = slot.runtime
 
         def done(task: asyncio.Task) -> None:

@@ -296,3 +296,22 @@ def test_a_model_that_sleeps_to_host_ram_stages_its_host_buffers_once_ready_not_
 
     run(body())
     assert a.staged == 1 and b.staged == 0, "a model that is stopped, not put to sleep, holds no host buffers"
+
+
+def test_a_model_alone_stages_nothing_its_only_sleep_is_the_one_down_asks_for() -> None:
+    """One GPU model runs with sleep mode so that `vstack down` can keep it (adr/0030), but nothing switches it:
+    staging would pin its weights' size in host RAM for the engine's whole life."""
+    from stack.manager.tiers import Tier
+
+    gpu = FakeGpu()
+    a = Staging("a", need=70 * GIB, gpu=gpu)
+    mgr = build([a], capacity_gib=80, sleep=True, gpu=gpu)
+    mgr.slots["a"].tier = Tier.LEVEL1
+    mgr.slots["a"].keeps_host_copy = True
+
+    async def body() -> None:
+        await serve(mgr, "a")
+        await asyncio.sleep(0.2)  # time enough for a background staging (the test above sees it within 0.5 s)
+
+    run(body())
+    assert a.staged == 0 and not mgr.slots["a"].host_copy_held
