@@ -14,7 +14,7 @@
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 work=${GPU_SITE_WORK:-/tmp/vstack-gpu-site}
-part_mb=${GPU_SITE_PART_MB:-56}  # 64 MiB a call less the working tree (~4 MB)
+part_mb=${GPU_SITE_PART_MB:-48}  # 64 MiB a call less the working tree (~8 MB of files, counted by the block: ~11)
 rm -rf "$work" && mkdir -p "$work/whl" "$work/site"
 plat="--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none"
 for p in manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_24_x86_64 manylinux_2_26_x86_64 \

@@ -7,7 +7,7 @@
 #   bash bench/gpu/run.sh prefix_switch [PREFIX_TOKENS] [CYCLES]     default 8192 tokens, 3 cycles: ~8 min
 #
 # Device-tool call for the lead (after merging branch `spill`; the site parts as for the suite, carried once):
-#   run carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"   (and .gpu2, .gpu3, as README "GPU suite")
+#   run carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"   (and .gpu2, .gpu3, .gpu4, as README "GPU suite")
 #   run command="bash bench/gpu/run.sh prefix_switch 8192 3"          (timeout_s 600)
 # Results come back under $OUT: prefix_switch.json (every cycle, the summary: TTFT gain >= 5x, switch <= 1.1x),
 # prefix_switch.log, the engines' logs (their `vstack runtime patches` line says whether the patch ran).

@@ -4,13 +4,13 @@
 # (bench/gpu/build_ray_part.sh: .gpuray/) are carried one per device call, back to back (the machine stays
 # warm ~30 s between calls), each call stashing its part in /tmp; the last call runs the benchmark:
 #
-#   (here first: bash bench/gpu/build_site.sh; bash bench/gpu/build_ray_part.sh   -> .gpu1 .gpu2 .gpu3 .gpuray)
+#   (here first: bash bench/gpu/build_site.sh; bash bench/gpu/build_ray_part.sh   -> .gpu1 ... .gpu4 .gpuray)
 #   run(kind="nvidia-h200-x2", carry=[".gpu1"],   command="bash bench/gpu/ray_pp.sh --stash", timeout_s=300)
 #   run(kind="nvidia-h200-x2", carry=[".gpu2"],   command="bash bench/gpu/ray_pp.sh --stash", timeout_s=300)
 #   run(kind="nvidia-h200-x2", carry=[".gpu3"],   command="bash bench/gpu/ray_pp.sh --stash", timeout_s=300)
 #   run(kind="nvidia-h200-x2", carry=[".gpuray"], command="bash bench/gpu/ray_pp.sh", timeout_s=600)
 #
-# Four calls: the site's three parts (~60 MB each) and Ray's one (29.7 MB). About 10 minutes of device time.
+# Five calls: the site's four parts (48 MiB at most) and Ray's one (29.7 MB). About 10 minutes of device time.
 # (README "More than one machine" lists the exact calls.) Results: $OUT/ray-pp-h200x2.json, ray_pp.log and
 # the engine's logs.
 set -uo pipefail

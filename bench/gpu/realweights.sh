@@ -3,12 +3,13 @@
 # tune's quality guard on fp8 / speculative candidates, and the planner's eager rows. From the repository root.
 #
 # Build the parts here first (no device time): bash bench/gpu/build_site.sh && bash bench/gpu/build_weights.sh
-# (writes .gpu1/ .gpu2/ .gpu3/ and .gpuw1/ .gpuw2/, ignored by git). Then these device calls, back to back (the
+# (writes .gpu1/ ... .gpu4/ and .gpuw1/ .gpuw2/, ignored by git). Then these device calls, back to back (the
 # machine stays warm ~30 s after a call; what is stashed in /tmp lives while it is warm), each under 9 minutes:
 #
 #   call 1  carry [".gpu1"]   bash bench/gpu/realweights.sh stash
 #   call 2  carry [".gpu2"]   bash bench/gpu/realweights.sh stash
 #   call 3  carry [".gpu3"]   bash bench/gpu/realweights.sh stash
+#   call 3b carry [".gpu4"]   bash bench/gpu/realweights.sh stash
 #   call 4  carry [".gpuw1"]  bash bench/gpu/realweights.sh stash
 #   call 5  carry [".gpuw2"]  bash bench/gpu/realweights.sh rows     unpack, convert, answer/tools/LoRA rows (~5 min)
 #   call 6  carry []          bash bench/gpu/realweights.sh spec     without and with n-gram speculation (~4 min)

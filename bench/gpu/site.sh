@@ -15,7 +15,7 @@ unpack_site() {
   [ -d "$site/vllm" ] && { register_patches; return 0; }
   mkdir -p "$site"
   ls "$parts"/part.[0-9]* >/dev/null 2>&1 \
-    || { echo "no site parts in $parts: carry .gpu1/ .gpu2/ .gpu3/ first (README GPU suite)"; exit 2; }
+    || { echo "no site parts in $parts: carry every .gpuN/ that build_site.sh wrote first (README GPU suite)"; exit 2; }
   cat $(ls "$parts"/part.[0-9]* | sort) | xz -dc -T16 | tar -C "$site" -xf - \
     || { echo "the site parts do not unpack: are all of them stashed?"; exit 2; }
   register_patches

@@ -14,7 +14,8 @@
 # suite's, built by `bash bench/gpu/build_site.sh`; back to back, a machine stays warm ~30 s after a call):
 #   run kind=nvidia-h100-x1 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"
 #   run                     carry=[".gpu2"] command="bash bench/gpu/suite.sh --stash"
-#   run                     carry=[".gpu3"] command="bash bench/gpu/suite.sh --stash && bash bench/gpu/switch_time.sh pair"
+#   run                     carry=[".gpu3"] command="bash bench/gpu/suite.sh --stash"
+#   run                     carry=[".gpu4"] command="bash bench/gpu/suite.sh --stash && bash bench/gpu/switch_time.sh pair"
 #   run                                     command="bash bench/gpu/switch_time.sh round 2 ours"
 #   run                                     command="bash bench/gpu/switch_time.sh round 2 raw"
 # (timeout_s 600 each.) The parts unpack once into /tmp/vstack-site (as suite.sh does). Results come back under

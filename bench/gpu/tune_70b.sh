@@ -10,11 +10,13 @@
 # Device-tool calls (the site parts stashed first, as for tune_8b.sh, on the same kind):
 #   run kind=nvidia-h200 carry=[".gpu1"] timeout_s=120    command: bash bench/gpu/suite.sh --stash
 #   run carry=[".gpu2"] timeout_s=120                     command: bash bench/gpu/suite.sh --stash
-#   run carry=[".gpu3"] timeout_s=600                     command: bash bench/gpu/tune_70b.sh fp8
+#   run carry=[".gpu3"] timeout_s=600                     command: bash bench/gpu/suite.sh --stash
+#   run carry=[".gpu4"] timeout_s=600                     command: bash bench/gpu/tune_70b.sh fp8
 #   run timeout_s=600                                     command: bash bench/gpu/tune_70b.sh fp8   (resumes)
 #   run kind=nvidia-h200-x2 carry=[".gpu1"] timeout_s=120 command: bash bench/gpu/suite.sh --stash
 #   run carry=[".gpu2"] timeout_s=120                     command: bash bench/gpu/suite.sh --stash
-#   run carry=[".gpu3"] timeout_s=600                     command: bash bench/gpu/tune_70b.sh tp2
+#   run carry=[".gpu3"] timeout_s=600                     command: bash bench/gpu/suite.sh --stash
+#   run carry=[".gpu4"] timeout_s=600                     command: bash bench/gpu/tune_70b.sh tp2
 #   run timeout_s=300                                     command: python3 bench/gpu/tune_compare.py /tmp/vstack-gpu-tune 2>&1 | tee $OUT/compare.md
 # A cold machine between calls: put the last tune-state.json at bench/gpu/state/tune-70b-VARIANT/ to resume.
 # Env: TUNE_BUDGET_S (470), TUNE_MAX_CANDIDATES (2).

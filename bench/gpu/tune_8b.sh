@@ -9,13 +9,15 @@
 # are missing). As run on 2026-11-24 19:32 (README "What `vstack tune` found"; 6 candidates, 932 s, 2 calls):
 #   run kind=nvidia-h200 carry=[".gpu1"] timeout_s=120     command: bash bench/gpu/suite.sh --stash
 #   run carry=[".gpu2"] timeout_s=120                      command: bash bench/gpu/suite.sh --stash
-#   run carry=[".gpu3"] timeout_s=180                      command: bash bench/gpu/suite.sh --stash >/dev/null && bash -c 'source bench/gpu/site.sh && unpack_site'   (unpacks, byte-compiles, import check: ~1 min)
+#   run carry=[".gpu3"] timeout_s=180                      command: bash bench/gpu/suite.sh --stash
+unpacks, byte-compiles, import check: ~1 min)
+#   run carry=[".gpu4"] timeout_s=180                      command: bash bench/gpu/suite.sh --stash >/dev/null && bash -c 'source bench/gpu/site.sh && unpack_site'   (unpacks, byte-compiles, import check: ~1 min)
 #   run timeout_s=600                                      command: bash bench/gpu/tune_8b.sh --restart
 #   run timeout_s=600                                      command: bash bench/gpu/tune_8b.sh      (resumes; again until complete)
 # vLLM's auto_tune next (a machine goes back after 30 minutes held: on a fresh one, stash the parts again):
 #   run timeout_s=600                                      command: bash bench/gpu/auto_tune_port.sh 8b   (resumes; 3 calls for 2x2)
 # then, here, on the fetched folders: python3 bench/gpu/tune_compare.py FOLDER (tune-8b/ and auto-tune-8b/ in it)
-# If a call finds a cold machine: carry the three parts again, and put the last call's tune-state.json at
+# If a call finds a cold machine: carry the four parts again, and put the last call's tune-state.json at
 # bench/gpu/state/tune-8b/tune-state.json (untracked: it travels with the tree) to resume there.
 # Everything lands in $OUT/tune-8b/ (tune.md, tune.json, goodput_curves.png, tune-state.json, logs) and
 # $OUT/tune-8b.log. Env: TUNE_BUDGET_S (540: a call's 600 s less the site's unpacking and the collection),

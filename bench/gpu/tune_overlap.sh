@@ -5,7 +5,8 @@
 # empty vLLM cache. One side per device call (each ~8 minutes), back to back on the same warm machine:
 #   run kind=nvidia-h200 carry=[".gpu1"] timeout_s=120     command: bash bench/gpu/suite.sh --stash
 #   run carry=[".gpu2"] timeout_s=120                      command: bash bench/gpu/suite.sh --stash
-#   run carry=[".gpu3"] timeout_s=180                      command: bash bench/gpu/suite.sh --stash >/dev/null && bash -c 'source bench/gpu/site.sh && unpack_site'
+#   run carry=[".gpu3"] timeout_s=180                      command: bash bench/gpu/suite.sh --stash
+#   run carry=[".gpu4"] timeout_s=180                      command: bash bench/gpu/suite.sh --stash >/dev/null && bash -c 'source bench/gpu/site.sh && unpack_site'
 #   run timeout_s=600                                      command: bash bench/gpu/tune_overlap.sh off
 #   run timeout_s=600                                      command: bash bench/gpu/tune_overlap.sh on
 # The last call prints both sides and the ratio ($OUT/tune_overlap.json, $OUT/tune-overlap.log). A machine
