@@ -13,11 +13,14 @@ for p in "$root"/.gpu[0-9]/part.* "$root"/.gpuray/part.* "$root"/.gpuw[0-9]/part
 # The site's own parts are part.NN: Ray's (part.ray.NN) are unpacked by ray_pp.sh, never into this stream.
 unpack_site() {
   [ -d "$site/vllm" ] && { register_patches; return 0; }
-  mkdir -p "$site"
   ls "$parts"/part.[0-9]* >/dev/null 2>&1 \
     || { echo "no site parts in $parts: carry every .gpuN/ that build_site.sh wrote first (README GPU suite)"; exit 2; }
-  cat $(ls "$parts"/part.[0-9]* | sort) | xz -dc -T16 | tar -C "$site" -xf - \
-    || { echo "the site parts do not unpack: are all of them stashed?"; exit 2; }
+  # Unpacked beside it and moved in whole: a call cut short (a part missing) leaves no half site behind that
+  # the next call would take for a whole one.
+  rm -rf "$site.partial" && mkdir -p "$site.partial"
+  cat $(ls "$parts"/part.[0-9]* | sort) | xz -dc -T16 | tar -C "$site.partial" -xf - \
+    || { rm -rf "$site.partial"; echo "the site parts do not unpack: are all of them stashed?"; exit 2; }
+  rm -rf "$site" && mv "$site.partial" "$site"
   register_patches
   install_site
 }
