@@ -48,7 +48,9 @@ def _pick_default_model(environment, **_kwargs) -> None:
     _weights.append(1.0)
 
 
-@events.quitting.add_listener
+# On `quit`, not `quitting`: a SIGTERM'd run (`vstack bench load` stopped early) fires `quitting` before its users
+# stop, and the requests still in flight (finishing within --stop-timeout) would write to a closed file.
+@events.quit.add_listener
 def _close_records(**_kwargs) -> None:
     if WRITER:
         WRITER.close()

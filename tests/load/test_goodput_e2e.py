@@ -55,11 +55,20 @@ def finished_requests(base_url: str) -> float:
                if line.startswith("vllm:request_success_total"))
 
 
-def test_search_bisects_excludes_warmups_and_repeats(engine: tuple[str, Path], tmp_path: Path) -> None:
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[BenchWorker]:
+    """Every probe in one bench worker, as the tune's and the upgrade check's searches run them (vLLM imported
+    once, not by a `vllm bench serve` per probe); the tune's capacity runs keep the one-process path."""
+    with BenchWorker(sys.executable, tmp_path / "worker.log") as w:
+        yield w
+
+
+def test_search_bisects_excludes_warmups_and_repeats(engine: tuple[str, Path], worker: BenchWorker,
+                                                     tmp_path: Path) -> None:
     base_url, model = engine
     warmups = 2
     probe = open_loop_probe(parse_scenario(SHAPE), sys.executable, base_url, SERVED, str(model), tmp_path, "e2e",
-                            warmups=warmups)
+                            warmups=warmups, worker=worker)
     # keep_pace 0.5: a 2 s probe's drain (the last requests' own E2E) is a large share of it even when the
     # engine keeps pace; the GPU scenarios' 10 s probes keep the default 0.85.
     settings = SearchSettings(min_requests=6, probe_s=2, warmups=warmups, tolerance=0.3, max_probes=4, repeats=1,

@@ -3,6 +3,7 @@ streamed and plain requests, failures counted and the SLO failed, in seconds and
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -16,7 +17,7 @@ import httpx
 import pytest
 
 from bench.harness.waiting import free_port
-from tests.load.conftest import write_scenario
+from tests.load.conftest import stop_locust, write_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="needs Locust")
@@ -76,3 +77,49 @@ def test_stages_mix_and_failures(mock_url: str, tmp_path: Path) -> None:
     late = sum(1 for s in starts if 3 <= s - t0 < 4.5)
     assert late > early
     assert "## By model" in (out / "report.md").read_text()
+
+
+SLOW = """\
+name: slow
+load: {users: 2, ramp_s: 0, duration_s: 120}
+requests: {stream: 0, prompt_tokens: 20, output_tokens: 4}
+slo: ["error_rate<0.01"]
+"""
+
+
+def test_stopped_early_every_request_sent_is_in_the_report(tmp_path: Path) -> None:
+    """A run ended by SIGTERM (as tests end a load once what they measure is done): the requests in flight
+    finish and are recorded (the records file once closed before they did), and the report is written."""
+    port = free_port()
+    mock = subprocess.Popen([sys.executable, str(REPO / "bench" / "harness" / "mock_upstream.py"), "--port",
+                             str(port), "--chunks", "4", "--delay-ms", "500"],  # 2 s a request
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def served() -> float:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+        return float(next(x for x in text.splitlines() if x.startswith("mock_served_total")).split()[1])
+
+    out = tmp_path / "report"
+    try:
+        load = subprocess.Popen([sys.executable, "-m", "stack.entrypoints.cli", "bench", "load", "--scenario",
+                                 str(write_scenario(tmp_path, SLOW)), "--url", url + "/v1", "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "COLUMNS": "200"})
+        deadline = time.monotonic() + 60
+        while True:  # both users' first requests are in flight (none can have finished yet)
+            with contextlib.suppress(httpx.HTTPError):
+                if served() >= 2:
+                    break
+            assert load.poll() is None and time.monotonic() < deadline, load.communicate()
+            time.sleep(0.1)
+        stop_locust(load)
+        stdout, stderr = load.communicate(timeout=60)
+        sent = served()
+    finally:
+        mock.terminate()
+        mock.wait(timeout=10)
+    assert load.returncode == 0, stdout + stderr
+    records = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == sent >= 2 and all(r["ok"] for r in records)
+    assert json.loads((out / "report.json").read_text())["metrics"]["requests"] == sent

@@ -19,7 +19,7 @@ import pytest
 
 from stack.upgrade import pins
 from stack.upgrade.venv import candidate_env
-from tests.load.conftest import Vstack, write_scenario
+from tests.load.conftest import Vstack, stop_locust, write_scenario
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -141,7 +141,10 @@ def test_rollout_under_locust_drops_no_request(vstack: Vstack, old_python: str, 
         applied = vstack("upgrade", "apply", "0.32.0", "--force", "--min-match", "0", "--prompts", "3",
                          *files_args(pin_files), timeout=LOAD_S)
         t_done = time.time()
-        stdout, stderr = load.communicate(timeout=LOAD_S + 120)
+        # The load lasts as long as the rollout plus a margin, not its whole --duration (a ceiling).
+        time.sleep(AFTER_S)
+        stop_locust(load)
+        stdout, stderr = load.communicate(timeout=120)
         print(applied.stdout, applied.stderr[-2000:])
         assert applied.returncode == 0, applied.stdout + applied.stderr
         report = json.loads((tmp_path / "load" / "report.json").read_text())
@@ -158,7 +161,8 @@ def test_rollout_under_locust_drops_no_request(vstack: Vstack, old_python: str, 
         assert down.returncode == 0, down.stdout + down.stderr
 
 
-LOAD_S = 360
+LOAD_S = 360  # the most a rollout may take; the load is stopped AFTER_S after it is done
+AFTER_S = 10
 TINY_LOAD = """\
 name: rollout
 description: tests only - two users through the rollout
