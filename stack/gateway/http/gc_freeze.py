@@ -2,7 +2,7 @@
 
 CPython's full (generation 2) collection walks every object tracked: in a started gateway that is ~100,000
 objects (~400,000 once LiteLLM is imported), and one pass stopped the event loop for 100-350 ms on this 2-core
-machine, every stream in flight with it (bench: adr/0030). `gc.freeze()` moves what exists now to a generation no
+machine, every stream in flight with it (bench: adr/0031). `gc.freeze()` moves what exists now to a generation no
 collection visits; what requests make later is collected as before. Only the server process freezes (serve.py):
 tests build many apps in one process and keep their collector as it is.
 """

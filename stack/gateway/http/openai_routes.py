@@ -14,7 +14,7 @@ from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, Embe
 
 async def client_key(request: Request) -> str | None:
     # async: a plain def runs in the thread pool, a hop per request. The two headers are read here, not declared
-    # as FastAPI Header() parameters: resolving those took about half of the route's CPU per request (adr/0030).
+    # as FastAPI Header() parameters: resolving those took about half of the route's CPU per request (adr/0031).
     headers = request.headers
     name = require_client_key(get_state(request).keys, headers.get("authorization"), headers.get("x-api-key"))
     request.state.key_name = name  # the key's name (never the key) for gateway.log_requests

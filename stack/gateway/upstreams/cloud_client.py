@@ -79,7 +79,7 @@ class CloudUpstream:
         """Import LiteLLM (~3 s of CPU) on a thread once the gateway serves and a cloud deployment exists: neither
         its start nor a request waits. A gateway of local engines only never imports it: the import holds the GIL
         against the event loop while it runs, and its ~300,000 objects made every full garbage collection longer
-        (adr/0030). Called again for each deployment added later (an /admin cloud deployment)."""
+        (adr/0031). Called again for each deployment added later (an /admin cloud deployment)."""
         if self._preloading or not any(d.kind == "cloud" for d in deployments):
             return
         self._preloading = True
