@@ -17,7 +17,7 @@ from bench.harness.waiting import free_port
 from stack.config.sections.gateway import CloudDeployment, GatewayConfig
 from stack.gateway.http import gc_freeze
 from stack.gateway.http.admin_routes import cloud_deployment
-from stack.gateway.http.serve import _Server, uvicorn_config
+from stack.gateway.http.serve import GatewayServer, uvicorn_config
 
 from .conftest import cloud_entry, local, run_gateway
 
@@ -45,7 +45,7 @@ def test_a_configured_cloud_deployment_imports_litellm_at_start(cloud_mock) -> N
 
 
 def test_the_server_freezes_what_it_built_once_the_app_started() -> None:
-    server = _Server(uvicorn_config(FastAPI(), "127.0.0.1", free_port(), 1))
+    server = GatewayServer(uvicorn_config(FastAPI(), "127.0.0.1", free_port(), 1))
     gc.unfreeze()
     try:
         asyncio.run(_start_and_stop(server))
@@ -59,7 +59,7 @@ def test_the_server_freezes_what_it_built_once_the_app_started() -> None:
         gc_freeze._frozen = False
 
 
-async def _start_and_stop(server: _Server) -> None:
+async def _start_and_stop(server: GatewayServer) -> None:
     server.config.load()
     server.lifespan = server.config.lifespan_class(server.config)
     await server.startup()

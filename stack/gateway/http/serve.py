@@ -38,7 +38,9 @@ def uvicorn_config(
     )
 
 
-class _Server(uvicorn.Server):
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server that freezes the started app out of the garbage collector (every gateway process)."""
+
     async def startup(self, sockets: list | None = None) -> None:
         await super().startup(sockets)  # the app's lifespan has started (engines registered) and it listens
         gc_freeze.freeze()
@@ -47,4 +49,4 @@ class _Server(uvicorn.Server):
 def run(app: FastAPI, host: str, port: int, drain_grace_s: float, log_level: str = "warning",
         limits: GatewayConfig | None = None) -> None:  # fmt: skip
     logging.getLogger("stack.gateway").setLevel(logging.INFO)
-    _Server(uvicorn_config(app, host, port, drain_grace_s, log_level, limits)).run()
+    GatewayServer(uvicorn_config(app, host, port, drain_grace_s, log_level, limits)).run()
