@@ -9,6 +9,10 @@ console open on it and streaming (`--console-pages` pages, each one Server-Sent 
 models, live, activity, log, read for the whole run), so that what an open console costs `/v1` shows side by side
 with the gateway nobody watches. `--no-litellm` leaves LiteLLM's proxy out (a shorter run).
 
+`--floor` adds a target "floor": a TCP proxy that only forwards bytes (bench/harness/byte_proxy.py) in front
+of the paced upstream, in the same rounds: what one more process between client and upstream costs on this
+machine before any HTTP work, so the gateway's added latency reads against the floor under every proxy.
+
 `--compare-tree DIR` adds a fourth target, "before": the gateway of another checkout of this repository (e.g.
 `git worktree add ../old COMMIT`), run from that tree with the same Python, in the same interleaved rounds:
 a regression check measured side by side instead of against a figure from another day.
@@ -159,6 +163,10 @@ async def run(args: argparse.Namespace) -> dict:
         }
         if args.vllm_url:
             upstreams["vllm"] = (args.vllm_url.rstrip("/").removesuffix("/v1"), args.vllm_model)
+        floor = free_port() if args.floor else None
+        if floor:
+            byte_proxy = procs.start("floor", [PY, "bench/harness/byte_proxy.py", "--port", str(floor), "--target",
+                                               f"127.0.0.1:{paced}"])  # fmt: skip
         gw, lt = free_port(), free_port()
         gw_argv = [PY, "-m", "stack.entrypoints.gateway", "--port", str(gw)]
         for model, (url, served) in upstreams.items():
@@ -186,6 +194,8 @@ async def run(args: argparse.Namespace) -> dict:
         auth = {"Authorization": f"Bearer {MASTER_KEY}"}
         mock_paced.wait_http(f"http://127.0.0.1:{paced}/health", 30, interval=0.25)
         mock_fast.wait_http(f"http://127.0.0.1:{fast}/health", 30, interval=0.25)
+        if floor:
+            byte_proxy.wait_http(f"http://127.0.0.1:{floor}/health", 30, interval=0.25)
         gateway.wait_http(f"http://127.0.0.1:{gw}/health", 60, interval=0.25)
         if before:
             gateway_before.wait_http(f"http://127.0.0.1:{before}/health", 60, interval=0.25)
@@ -198,6 +208,7 @@ async def run(args: argparse.Namespace) -> dict:
             url, served = upstreams[model]
             return [
                 Target("direct", url, served),
+                *([Target("floor", f"http://127.0.0.1:{floor}", served)] if floor and model == "paced" else []),
                 Target("vstack", f"http://127.0.0.1:{gw}", model),
                 *([Target("console", f"http://127.0.0.1:{watched}", model)] if watched else []),
                 *([Target("before", f"http://127.0.0.1:{before}", model)] if before else []),
@@ -313,7 +324,7 @@ def summarise_latency(c: int, per: dict[str, Sample]) -> dict:
         "direct_p50_ms": pct(d.e2e, 50) * 1e3,
         "direct_p99_ms": pct(d.e2e, 99) * 1e3,
     }
-    for name in ("vstack", "console", "before", "litellm"):
+    for name in ("floor", "vstack", "console", "before", "litellm"):
         if name not in per:
             continue
         s = per[name]
@@ -330,7 +341,7 @@ def print_row_latency(r: dict, label: str = "paced mock") -> None:
         f"{label:10} c={r['concurrency']:<3} "
         f"direct p50 {r['direct_p50_ms']:8.2f} ms p99 {r['direct_p99_ms']:8.2f} | "
         + " | ".join(f"{name} +{r[f'{name}_added_p50_ms']:6.2f} / +{r[f'{name}_added_p99_ms']:6.2f} ms"
-                     for name in ("vstack", "console", "before", "litellm") if f"{name}_added_p50_ms" in r)
+                     for name in ("floor", "vstack", "console", "before", "litellm") if f"{name}_added_p50_ms" in r)
         + " (p50 / p99 added)",
         flush=True,
     )
@@ -388,6 +399,10 @@ def figures(results: dict) -> list[Figure]:
     if "before_added_p50_ms" in c1:
         out.insert(1, Figure(name=f"other tree added p50, c={c}", value=round(c1["before_added_p50_ms"], 3), unit="ms",
                              meaning="the compared checkout's gateway (--compare-tree), same interleaved rounds"))
+    if "floor_added_p50_ms" in c1:
+        out.insert(0, Figure(name=f"floor added p50, c={c}", value=round(c1["floor_added_p50_ms"], 3), unit="ms",
+                             meaning="a TCP proxy that only forwards bytes (--floor): one more process in the path, "
+                                     "no HTTP; what no proxy goes below on this machine"))
     if "before" in tp:
         out.insert(3, Figure(name="other tree max req/s", value=round(tp["before"], 1), unit="req/s",
                              meaning="the compared checkout's gateway, same rounds"))
@@ -410,6 +425,7 @@ def main() -> None:
     ap.add_argument("--vllm-requests", type=int, default=12)
     ap.add_argument("--vllm-max-tokens", type=int, default=16)
     ap.add_argument("--compare-tree", help="another checkout of this repo: its gateway runs side by side")
+    ap.add_argument("--floor", action="store_true", help="add a byte-forwarding TCP proxy: the floor under any proxy")
     ap.add_argument("--console", action="store_true", help="add a gateway with the browser console open and streaming")
     ap.add_argument("--console-pages", type=int, default=4, help="--console: how many open pages (event streams)")
     ap.add_argument("--no-litellm", dest="litellm", action="store_false", help="leave LiteLLM's proxy out")

@@ -442,9 +442,8 @@ def serve(launch: Launch, port: int, reload_from: tuple[str | None, str | None] 
 
     log_handler = install(logging.INFO)  # basicConfig's handler, watched for lines a full disk loses
     start_early(launch)
-    import uvicorn
 
-    from stack.gateway.http.serve import uvicorn_config
+    from stack.gateway.http.serve import GatewayServer, uvicorn_config
 
     failed: dict[str, str] = {}
     server: uvicorn.Server | None = None
@@ -464,8 +463,8 @@ def serve(launch: Launch, port: int, reload_from: tuple[str | None, str | None] 
     app, sup = build_gateway(launch, on_startup=[watch_start], reload_from=reload_from, console=console)
     app.state.gateway.watch_log(log_handler)
     cfg = launch.cfg
-    server = uvicorn.Server(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
-                                           limits=cfg.gateway))
+    server = GatewayServer(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
+                                          limits=cfg.gateway))
     end_console_streams_on_exit(server, app)
     try:
         server.run()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -16,7 +15,7 @@ from stack.config.sections.gateway import GatewayConfig
 from stack.errors import ConfigError
 from stack.gateway.console.routes import install as install_console
 from stack.gateway.console.sources import ConsoleSources
-from stack.gateway.http import adapter_routes, admin_routes, agent_routes, openai_routes, ops_routes
+from stack.gateway.http import adapter_routes, admin_routes, agent_routes, gc_freeze, openai_routes, ops_routes
 from stack.gateway.http.admin_routes import cloud_deployment
 from stack.gateway.http.auth import KeyRing
 from stack.gateway.http.body_limit import BodyLimit
@@ -73,7 +72,9 @@ def create_app(
     if manager is not None:
         metrics.include(manager.metrics.registry)
     local = LocalUpstream(settings.connect_timeout_s, settings.request_timeout_s)
-    dispatcher = Dispatcher(settings, routing, metrics, local, CloudUpstream(settings.request_timeout_s), manager)
+    cloud = CloudUpstream(settings.request_timeout_s)
+    cloud.after_import = gc_freeze.refreeze  # a server process that froze its start freezes LiteLLM's objects too
+    dispatcher = Dispatcher(settings, routing, metrics, local, cloud, manager)
     dispatcher.adapters = AdapterBook(registry, metrics.registry)
 
     async def restart_engine(dep: Deployment, why: str) -> None:
@@ -102,8 +103,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        # LiteLLM's imports (~3 s) on a thread: the gateway serves local engines meanwhile.
-        threading.Thread(target=CloudUpstream.preload, name="litellm-import", daemon=True).start()
+        # LiteLLM's imports (~3 s) on a thread, where a cloud deployment needs it: the gateway serves meanwhile.
+        cloud.preload_for(registry.all())
+        registry.subscribe(lambda _id, _before, after: cloud.preload_for([after] if after is not None else []))
         await local.start()
         for hook in on_startup or []:
             await hook(state)

@@ -1,7 +1,8 @@
 """Run a gateway app on uvicorn: uvloop + httptools, no access log, SIGTERM drains in-flight streams.
 
 On SIGTERM/SIGINT uvicorn stops accepting, lets open requests (streams included) finish for up to
-`drain_grace_s`, then runs the app's shutdown hooks (which stop the engines).
+`drain_grace_s`, then runs the app's shutdown hooks (which stop the engines). Once the app has started, what it
+built is frozen out of the garbage collector's passes (stack.gateway.http.gc_freeze).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from stack.config.sections.gateway import GatewayConfig
+from stack.gateway.http import gc_freeze
 from stack.gateway.http.slow_clients import guarded_protocol
 
 
@@ -36,7 +38,15 @@ def uvicorn_config(
     )
 
 
+class GatewayServer(uvicorn.Server):
+    """uvicorn's server that freezes the started app out of the garbage collector (every gateway process)."""
+
+    async def startup(self, sockets: list | None = None) -> None:
+        await super().startup(sockets)  # the app's lifespan has started (engines registered) and it listens
+        gc_freeze.freeze()
+
+
 def run(app: FastAPI, host: str, port: int, drain_grace_s: float, log_level: str = "warning",
         limits: GatewayConfig | None = None) -> None:  # fmt: skip
     logging.getLogger("stack.gateway").setLevel(logging.INFO)
-    uvicorn.Server(uvicorn_config(app, host, port, drain_grace_s, log_level, limits)).run()
+    GatewayServer(uvicorn_config(app, host, port, drain_grace_s, log_level, limits)).run()

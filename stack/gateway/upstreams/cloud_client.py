@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import orjson
@@ -71,12 +72,24 @@ class CloudUpstream:
     def __init__(self, request_timeout_s: float) -> None:
         quiet_litellm()
         self.request_timeout_s = request_timeout_s
+        self.after_import: Callable[[], None] = lambda: None  # the app's: what to do once LiteLLM is imported
+        self._preloading = False
 
-    @staticmethod
-    def preload() -> None:
-        """Import LiteLLM (~3 s) on a thread once the gateway serves: neither its start nor a request waits."""
+    def preload_for(self, deployments: Iterable[Deployment]) -> None:
+        """Import LiteLLM (~3 s of CPU) on a thread once the gateway serves and a cloud deployment exists: neither
+        its start nor a request waits. A gateway of local engines only never imports it: the import holds the GIL
+        against the event loop while it runs, and its ~300,000 objects made every full garbage collection longer
+        (adr/0031). Called again for each deployment added later (an /admin cloud deployment)."""
+        if self._preloading or not any(d.kind == "cloud" for d in deployments):
+            return
+        self._preloading = True
+        threading.Thread(target=self.preload, name="litellm-import", daemon=True).start()
+
+    def preload(self) -> None:
         quiet_litellm()
         import litellm  # noqa: F401
+
+        self.after_import()
 
     def _kwargs(self, dep: Deployment, endpoint: str, body: dict[str, Any]) -> tuple[str, dict, str | None]:
         params = dict(dep.litellm_params)
