@@ -22,6 +22,7 @@ from stack.engine.records import engine_records
 from stack.hardware import detect
 from stack.planner.model_planning import fingerprint, plan_model
 from tests.conftest import load_catalog
+from tests.support.processes import kill_strays, owner_gone
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
@@ -38,21 +39,13 @@ def orphan(tmp_path: Path, fingerprint: str = "fp-1") -> EngineProcess:
     """An engine started by a gateway that is gone: its record names a dead owner."""
     e = engine(tmp_path, fingerprint)
     e.start()
-    store = engine_records(tmp_path)
-    record = store.get("m")
-    assert record is not None
-    record.owner = 2**22 + 7  # no such pid (above the default pid_max)
-    store.save(record)
+    owner_gone(tmp_path, "m")
     return e
 
 
 @pytest.fixture(autouse=True)
 def _no_strays():
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    for p in psutil.Process().children(recursive=True):
-        if p.pid not in before:
-            p.kill()
+    yield from kill_strays()
 
 
 def test_a_spawned_engine_is_recorded_and_its_record_goes_with_it(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from stack.manager.policy import Capacity
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
 from tests.manager.conftest import GIB
+from tests.support.processes import kill_strays, owner_gone
 
 MOCK = Path(__file__).resolve().parents[2] / "bench" / "harness" / "mock_upstream.py"
 WEIGHTS = 2 * GIB  # what its level-1 sleep holds in host RAM (the planner's figure for a real model)
@@ -57,15 +58,6 @@ async def up(mgr: ModelManager) -> None:
     await mgr.request_switch("m")
 
 
-def gateway_gone(tmp_path: Path) -> None:
-    """The gateway that kept it has exited: its record names an owner that no longer runs."""
-    store = engine_records(tmp_path)
-    record = store.get("m")
-    assert record is not None
-    record.owner = 2**22 + 7  # no such pid (above the default pid_max)
-    store.save(record)
-
-
 def ask(runtime: LocalEngine) -> int:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     return httpx.post(f"{runtime.spec.base_url}/v1/chat/completions", json=body, timeout=10).status_code
@@ -73,11 +65,7 @@ def ask(runtime: LocalEngine) -> int:
 
 @pytest.fixture(autouse=True)
 def _no_strays():
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    yield
-    for p in psutil.Process().children(recursive=True):
-        if p.pid not in before:
-            p.kill()
+    yield from kill_strays()
 
 
 def run(coro):
@@ -100,7 +88,7 @@ def test_down_keeps_the_engine_asleep_and_up_wakes_the_same_process(tmp_path: Pa
     record = engine_records(tmp_path).get("m")
     assert record is not None and (record.asleep, record.host_bytes) == (1, WEIGHTS), "its record says asleep"
     assert first.is_sleeping() and ask(first) == 503, "it was put to sleep through vLLM's endpoint"
-    gateway_gone(tmp_path)
+    owner_gone(tmp_path, "m")
     assert [r.name for r in leftovers(tmp_path)] == ["m"]
 
     second = engine(tmp_path)  # the next gateway plans it on another free port
@@ -132,7 +120,7 @@ def test_a_kept_asleep_engine_whose_process_died_is_started_fresh(tmp_path: Path
     dead = first.pid
     first.popen.kill()  # type: ignore[union-attr]  (dies while kept: its record stays)
     first.popen.wait()  # type: ignore[union-attr]
-    gateway_gone(tmp_path)
+    owner_gone(tmp_path, "m")
     second = engine(tmp_path)
     assert "had exited; starting it fresh" in reattach(second)
     mgr2 = manager(second)
