@@ -42,6 +42,7 @@ from stack.manager.states import ModelState
 from stack.manager.switch_cost import expected_switch_s, room_wait_s, typical_switch_s
 from stack.manager.tiers import Order, Tier, TierModel, assign_tiers, switch_order
 from stack.manager.unavailable import ModelUnavailable
+from stack.planner.fit_decisions import gib
 from stack.vllm.plugins.handoff import HandoffBroker
 
 log = logging.getLogger("stack.manager")
@@ -602,7 +603,7 @@ class ModelManager:
                 notes.append(f"{slot.name}: stopped: its sleep failed ({exc.message})")
                 continue
             _mark_asleep(slot, level)
-            notes.append(f"{slot.name}: kept asleep (level {level}), holding {_gib(slot.host_held(level))} of host "
+            notes.append(f"{slot.name}: kept asleep (level {level}), holding {gib(slot.host_held(level))} of host "
                          "RAM; GPU memory freed but its CUDA context")  # fmt: skip
         for note in notes:
             log.info("gateway stopping: %s", note)
@@ -627,17 +628,13 @@ class ModelManager:
                 continue
             need = slot.host_held(slot.tier.sleep_level or 1)
             if budget is not None and held + need > budget:
-                notes.append(f"{slot.name}: stopped, not kept asleep: its {_gib(need)} of host RAM would exceed the "
-                             f"host RAM budget ({_gib(budget - held)} of {_gib(budget)} left; "
+                notes.append(f"{slot.name}: stopped, not kept asleep: its {gib(need)} of host RAM would exceed the "
+                             f"host RAM budget ({gib(budget - held)} of {gib(budget)} left; "
                              "manager.host_memory_budget_gib)")  # fmt: skip
                 continue
             held += need
             keep.append(slot)
         return keep, notes
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB"
 
 
 def _mark_asleep(slot: Slot, level: int) -> None:
