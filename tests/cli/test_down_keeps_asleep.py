@@ -13,8 +13,9 @@ import threading
 from pathlib import Path
 
 from stack.engine.runtime import LocalEngine
-from tests.manager.test_kept_asleep import WEIGHTS, engine, gateway_gone
+from tests.manager.test_kept_asleep import WEIGHTS, engine
 from tests.support.cli import Vstack
+from tests.support.processes import owner_gone
 
 
 def said(proc) -> str:
@@ -39,7 +40,7 @@ def test_status_shows_a_kept_asleep_engine_down_keeps_it_and_down_all_stops_it(v
     try:
         kept.sleep(1)
         kept.mark_asleep(1, WEIGHTS)
-        gateway_gone(state)
+        owner_gone(state, "m")
         [row] = vstack.status()
         assert (row["name"], row["pid"], row["state"]) == ("m", pid, "kept asleep (level 1, 2.0 GiB host RAM)")
 
@@ -70,7 +71,7 @@ def test_down_with_the_setting_off_stops_a_kept_asleep_engine(vstack: Vstack) ->
     pid = kept.pid
     try:
         kept.mark_asleep(1, WEIGHTS)
-        gateway_gone(state)
+        owner_gone(state, "m")
         done = vstack("down", timeout=60)
         assert done.returncode == 0 and f"stopped engine m (pid {pid}), kept asleep" in said(done), done.stdout
         reaper.join(10)

@@ -22,7 +22,8 @@ from stack.engine.runtime import LocalEngine
 from stack.gateway.engines import EngineSupervisor, ManagedEngine
 from stack.manager.policy import Capacity
 from tests.manager.conftest import GIB
-from tests.manager.test_kept_asleep import WEIGHTS, engine, gateway_gone
+from tests.manager.test_kept_asleep import WEIGHTS, engine
+from tests.support.processes import owner_gone
 
 from .conftest import run_gateway
 
@@ -51,7 +52,7 @@ def test_the_gateway_keeps_its_engine_asleep_at_shutdown_and_the_next_one_wakes_
     pid = first.pid
     assert first.exit_code() is None and first.is_sleeping(), "kept asleep, not stopped"
     assert [n.split(":")[0] for n in reported] == ["m"] and "kept asleep (level 1)" in reported[0]
-    gateway_gone(tmp_path)
+    owner_gone(tmp_path, "m")
 
     second = engine(tmp_path)
     assert "asleep at level 1" in reattach(second)
