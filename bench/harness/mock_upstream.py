@@ -93,9 +93,13 @@ class Mock:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
         await resp.prepare(request)
         prefix = f'{{"id":"{rid}","object":"{obj}.chunk","created":{created},"model":"{model}","choices":['
+        # Paced on a schedule (chunk i is due i+1 cadences after the first byte), as an engine's steps are: a
+        # wake-up that comes late on a busy machine is not added to every later chunk (sleeping a cadence after
+        # each write did that, and charged the proxy's CPU to the stream's length, issue 37).
+        start = asyncio.get_running_loop().time()
         for i in range(n):
             if self.delay_s:
-                await asyncio.sleep(self.delay_s)
+                await _until(start + self.delay_s * (i + 1))
             finish = '"length"' if i == n - 1 else "null"
             delta = f'"delta":{{"content":"{WORD}"}}' if chat else f'"text":"{WORD}"'
             await resp.write(f'data: {prefix}{{"index":0,{delta},"finish_reason":{finish}}}]}}\n\n'.encode())
@@ -110,8 +114,9 @@ class Mock:
         connection closed meanwhile, as a real provider stops generating for a gone client."""
         self.in_flight += 1
         try:
-            for _ in range(n):
-                await asyncio.sleep(self.delay_s)
+            start = asyncio.get_running_loop().time()
+            for i in range(n):
+                await _until(start + self.delay_s * (i + 1))
                 if request.transport is None or request.transport.is_closing():
                     self.aborted += 1
                     return False
@@ -208,6 +213,11 @@ class Mock:
         return web.Response(text=f"# TYPE mock_served counter\nmock_served_total {self.served}\n"
                                  f"# TYPE mock_in_flight gauge\nmock_in_flight {self.in_flight}\n"
                                  f"# TYPE mock_aborted counter\nmock_aborted_total {self.aborted}\n")
+
+
+async def _until(due: float) -> None:
+    """Sleep until the event loop's clock reads `due` (at once if it is past)."""
+    await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
 
 
 def _tool_result(body: dict) -> str | None:
