@@ -376,6 +376,17 @@ def allowed_engine_python(python: str, cfg: StackConfig) -> str:
                       hint="build one with `vstack upgrade check VERSION`")
 
 
+def shutdown_hooks(sup: EngineSupervisor) -> list:
+    """What the gateway runs once it has drained, in order: the engines stopped (or kept, adr/0030), then the
+    memory-handoff broker closed (no engine is left to hand memory to). Each is awaited with the state."""
+    broker = sup.manager.handoff
+
+    async def close_handoff(_state: object) -> None:
+        broker.stop()  # type: ignore[union-attr]
+
+    return [sup.stop, *([close_handoff] if broker is not None else [])]
+
+
 def build_gateway(launch: Launch, on_startup: list | None = None,
                   reload_from: tuple[str | None, str | None] | None = None,
                   console: ConsoleSources | None = None) -> tuple[FastAPI, EngineSupervisor]:  # fmt: skip
@@ -393,7 +404,7 @@ def build_gateway(launch: Launch, on_startup: list | None = None,
         log.warning("%s", warning)
     app = create_app(launch.cfg.gateway, default_model=launch.plan.default.served_name,
                      on_startup=[sup.start, *(on_startup or [])],
-                     on_shutdown=[sup.stop, *([sup.manager.handoff.stop] if sup.manager.handoff else [])],
+                     on_shutdown=shutdown_hooks(sup),
                      manager=sup.manager, state_file=launch.cfg.state_dir / "runtime.json",
                      console=console_sources(launch.plan, console))  # fmt: skip
     if reload_from is not None and launch.site is None and launch.plan.cluster is None:

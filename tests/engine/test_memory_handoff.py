@@ -155,3 +155,32 @@ def test_the_broker_may_hold_an_engines_worth_of_descriptors() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= min(4096, hard) > 1100
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_gateways_shutdown_stops_the_engines_then_closes_the_broker() -> None:
+    """The gateway awaits each shutdown hook with its state (stack.gateway.app): the broker's own stop() takes
+    none and returns nothing, so it is wrapped. Found on a real H200: every shutdown of a two-model gateway failed
+    with a TypeError there, and the hooks after it (the liveness watch, the upstream pool) never ran."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from stack.assemble import shutdown_hooks
+
+    order: list[str] = []
+
+    async def stop_engines(state: object) -> None:
+        order.append("engines")
+
+    broker = mh.HandoffBroker().start()
+    sup = SimpleNamespace(stop=stop_engines, manager=SimpleNamespace(handoff=broker))
+
+    async def shut_down() -> None:
+        for hook in shutdown_hooks(sup):  # type: ignore[arg-type]
+            await hook(object())
+            order.append("hook")
+
+    assert os.path.exists(broker.path)
+    asyncio.run(shut_down())
+    assert order == ["engines", "hook", "hook"] and not os.path.exists(broker.path)
+    alone = SimpleNamespace(stop=stop_engines, manager=SimpleNamespace(handoff=None))
+    assert shutdown_hooks(alone) == [stop_engines]  # type: ignore[arg-type]
