@@ -15,6 +15,7 @@ import json
 import math
 import random
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -139,6 +140,8 @@ def summary(served: list[Served], slo_ttft_s: float, duration_s: float) -> dict[
         "requests": len(served), "within_slo": len(good), "goodput_rps": round(len(good) / duration_s, 4),
         "attainment": round(len(good) / len(served), 4) if served else None,
         "failed": sum(s.ttft_s is None for s in served), "models": {},
+        # why each failed one did: the HTTP status, the client's exception, or a stream with no token at all
+        "failures": dict(Counter(s.error or "no token in the stream" for s in served if s.ttft_s is None)),
     }  # fmt: skip
     for model in sorted({s.model for s in served}):
         mine = [s for s in served if s.model == model]
