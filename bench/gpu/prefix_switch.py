@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -33,8 +34,12 @@ from bench.gpu.device import Device, detect
 from bench.gpu.profiles import prepare, vstack
 from bench.harness.scrape import engine_targets, sample_sums
 from bench.harness.waiting import free_port
+from stack.vllm import kv_offload
 
 MODEL_A, MODEL_B = "llama-3.1-8b-instruct", "qwen2.5-7b-instruct"
+KV_BYTES_A = 32 * 8 * 128 * 2 * 2  # per token: layers x KV heads x head size x (K, V) x bf16 (128 KiB)
+CONTEXT_B = 32768  # Qwen2.5-7B's max_position_embeddings
+GIB = 1024**3
 COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
             "vllm:external_prefix_cache_hits_total", "vllm:external_prefix_cache_queries_total")  # fmt: skip
 
@@ -70,12 +75,23 @@ def counters(base: str, model: str) -> dict[str, float]:
     return sample_sums(text, COUNTERS)
 
 
+def model_engines(prefix_tokens: int, keep: bool) -> dict[str, dict[str, Any]]:
+    """A's context holds the session (prefix + question + answer); B only answers short questions, within its
+    checkpoint's 32k. With the tier kept, A's CPU tier holds the whole prefix with a quarter to spare (the
+    stack's 4 GiB default holds 32k tokens of this shape exactly: a longer prompt would push its first blocks out)."""
+    a: dict[str, Any] = {"max_model_len": prefix_tokens + 1024}
+    if keep:
+        a[kv_offload.SIZE_KEY] = max(kv_offload.DEFAULT_GIB, math.ceil(a["max_model_len"] * KV_BYTES_A * 1.25 / GIB))
+    return {MODEL_A: a, MODEL_B: {"max_model_len": min(prefix_tokens + 1024, CONTEXT_B)}}
+
+
 def side(cfg: Any, device: Device, work: Path, log_dir: Path, keep: bool, prefix_tokens: int,
          cycles: int) -> dict[str, Any]:  # fmt: skip
-    engine = {"enforce_eager": True, "max_model_len": prefix_tokens + 1024, "enable_prefix_caching": True}
+    engine = {"enforce_eager": True, "enable_prefix_caching": True}
     run = prepare(cfg, MODEL_A, device, work / ("keep" if keep else "off"), extra_models=[MODEL_B], engine=engine,
                   manager={"models": [MODEL_A, MODEL_B], "min_residency_s": 0, "quiet_s": 0,
-                           "queue_timeout_s": 600, "keep_prefix_cache": keep, "idle_ttl_s": 0})  # fmt: skip
+                           "queue_timeout_s": 600, "keep_prefix_cache": keep, "idle_ttl_s": 0},
+                  model_engine=model_engines(prefix_tokens, keep))  # fmt: skip
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     out: dict[str, Any] = {"keep_prefix_cache": keep, "cycles": []}

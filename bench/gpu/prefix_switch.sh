@@ -5,6 +5,9 @@
 # dummy weights, one GPU (bench/gpu/prefix_switch.py says the steps).
 #
 #   bash bench/gpu/run.sh prefix_switch [PREFIX_TOKENS] [CYCLES]     default 8192 tokens, 3 cycles: ~8 min
+#   bash bench/gpu/run.sh prefix_switch 32768 2                      a 32k session (A's tier sized to hold it, B within
+#                                                                    its 32k checkpoint): on an H100 the 8k one is bounded
+#                                                                    at 2.3x by the no-switch floor (2026-11-27)
 #
 # Device-tool call for the lead (after merging branch `spill`; the site parts as for the suite, carried once):
 #   run carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"   (and .gpu2, .gpu3, .gpu4, as README "GPU suite")

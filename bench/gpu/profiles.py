@@ -83,8 +83,11 @@ def gpu_profiles(cfg: Any) -> list[str]:
 
 
 def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: list[str] | None = None,
-            engine: dict[str, Any] | None = None, manager: dict[str, Any] | None = None) -> ProfileRun:
-    """Dummy model folders and the overlay for `profile` (and `extra_models`, for switching) on `device`."""
+            engine: dict[str, Any] | None = None, manager: dict[str, Any] | None = None,
+            model_engine: dict[str, dict[str, Any]] | None = None) -> ProfileRun:
+    """Dummy model folders and the overlay for `profile` (and `extra_models`, for switching) on `device`.
+    `engine`: vLLM options for every model; `model_engine`: per model name, options over those (a context
+    one model's checkpoint allows and the other's does not)."""
     from stack.config.resolve import resolve_profile
 
     if profile in cfg.profiles:
@@ -148,7 +151,8 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
     for name in models:
         entry = cfg.models[name]
         folder = write_model(work / "models" / name, fixture_config(fixture_for(entry.source.hub)))
-        model_patch[name] = {"name": name, "source": {"path": str(folder)}}
+        model_patch[name] = {"name": name, "source": {"path": str(folder)},
+                             **({"engine": model_engine[name]} if name in (model_engine or {}) else {})}  # fmt: skip
     state = work / f"state-{profile}"
     overlay = {
         "state_dir": str(state), "cache_dir": str(work / "cache"), "startup_timeout_s": 420,

@@ -23,3 +23,27 @@ def test_met_when_the_return_is_five_times_faster_and_the_switch_no_more_than_te
 def test_the_prefix_is_one_dummy_token_per_word() -> None:
     words = prefix(8192).split()
     assert len(words) == 8192 == len(set(words)) and words[0] == "t1000"
+
+
+def test_each_model_gets_a_context_its_checkpoint_allows_and_the_tier_holds_the_prefix() -> None:
+    """A 32k session (the 8k one is floor-bound on an H100: 2.3x at most): A's context holds it, B's stays within
+    its checkpoint's (a 33k max_model_len on Qwen2.5-7B is refused by the planner), and A's CPU tier holds
+    the whole prompt (the 4 GiB default holds exactly 32k tokens of the 8B shape)."""
+    from bench.gpu.prefix_switch import KV_BYTES_A, MODEL_A, MODEL_B, model_engines
+    from bench.gpu.profiles import fixture_config, fixture_for
+    from stack.config import load_config
+    from stack.vllm.kv_offload import DEFAULT_GIB, SIZE_KEY
+
+    cfg = load_config()
+    shape = {m: fixture_config(fixture_for(cfg.models[m].source.hub)) for m in (MODEL_A, MODEL_B)}
+    a = shape[MODEL_A]
+    head = a["hidden_size"] // a["num_attention_heads"]
+    assert a["num_hidden_layers"] * a["num_key_value_heads"] * head * 2 * 2 == KV_BYTES_A  # K and V, bf16
+    for tokens in (8192, 32768):
+        kept, off = model_engines(tokens, True), model_engines(tokens, False)
+        assert kept[MODEL_A]["max_model_len"] == tokens + 1024 <= shape[MODEL_A]["max_position_embeddings"]
+        assert kept[MODEL_B]["max_model_len"] <= shape[MODEL_B]["max_position_embeddings"]
+        tier = kept[MODEL_A][SIZE_KEY]
+        assert tier * 2**30 >= (tokens + 1024) * KV_BYTES_A and tier >= DEFAULT_GIB
+        assert SIZE_KEY not in off[MODEL_A] and SIZE_KEY not in kept[MODEL_B]  # the other side: today's switch
+    assert model_engines(8192, True)[MODEL_A][SIZE_KEY] == DEFAULT_GIB  # the 8k run's tier, as on 2026-11-27
