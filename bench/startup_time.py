@@ -133,7 +133,25 @@ def restarts(profile: str | None, env: dict[str, str], timeout: float, config: P
         subprocess.run([*argv, "down", "--all"], env=env, capture_output=True, timeout=300, check=False)
     for k, v in out.items():
         print(f"vstack_up  {k:26s} {v:7.1f} s" + ("" if k == "down_s" else " to the first token"), flush=True)
-    return {"up_before_s": round(up_s, 2), **{k: round(v, 2) for k, v in out.items()}, "kept_asleep": kept_asleep}
+    said = sleep_lines(Path(env["VSTACK_STATE_DIR"]))
+    for line in said:
+        print(f"  {line}", flush=True)
+    return {"up_before_s": round(up_s, 2), **{k: round(v, 2) for k, v in out.items()}, "kept_asleep": kept_asleep,
+            "sleep_log": said}
+
+
+# What the engine said about its sleeps and wakes (stack.vllm.plugins.runtime_patches.fast_sleep_wake): where
+# a `down` that keeps it asleep and the `up` that wakes it spend their seconds (allocating host buffers, copying).
+SLEEP_SAYS = ("vstack sleep:", "vstack wake:", "vstack stage:")
+
+
+def sleep_lines(state: Path, most: int = 40) -> list[str]:
+    """Those lines of the engines' logs under `state`, in file order (the last `most`)."""
+    found = []
+    for log in sorted(p for p in state.rglob("*.log") if p.name != "gateway.log"):
+        found += [line.strip() for line in log.read_text(errors="replace").splitlines()
+                  if any(s in line for s in SLEEP_SAYS)]  # fmt: skip
+    return found[-most:]
 
 
 def phases_after(logs: list[Path], began: float, gateway_log: Path | None = None) -> dict[str, float]:
@@ -224,8 +242,11 @@ def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, s
                 "vstack_repeat_to_plain_repeat": _ratio(runs, "repeat")}
 
     vstack_state = None
-    for which in ("first", "repeat"):
-        for kind in [k for k in ("vllm_serve", "vstack_up") if k in args.kinds]:
+    # More repeat starts (--repeats N) alternate which kind goes first; "repeat" becomes their median.
+    starts = ["first", "repeat", *(f"repeat {i}" for i in range(2, args.repeats + 1))]
+    for n, which in enumerate(starts):
+        order = ("vllm_serve", "vstack_up") if n < 2 or n % 2 == 0 else ("vstack_up", "vllm_serve")
+        for kind in [k for k in order if k in args.kinds]:
             env_k = caches[kind]
             began = time.time()
             if kind == "vstack_up":
@@ -246,6 +267,13 @@ def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, s
             print(f"{kind:10s} {which:6s} {seconds:7.1f} s to the first token ({outcomes[kind][which]}); "
                   f"phases began at {phases[kind][which]}", flush=True)  # fmt: skip
             _write(args.out, result())
+    if args.repeats > 1:
+        for r in runs.values():
+            seconds = [r[w] for w in starts[1:] if w in r]
+            if seconds:
+                r["repeat_runs"] = seconds  # type: ignore[assignment]
+                r["repeat"] = round(statistics.median(seconds), 2)
+        _write(args.out, result())
     if args.restarts:
         overlay = Path(tempfile.mkdtemp(prefix="vstack-restart-")) / "overlay.yaml"
         overlay.write_text(args.config.read_text() if args.config else "{}\n")
@@ -290,6 +318,8 @@ def main() -> None:
                     help="with --first-and-repeat: an unmeasured plain start first (a fresh machine's cold disk)")
     ap.add_argument("--kinds", type=lambda v: v.split(","), default=["vllm_serve", "vstack_up"],
                     help="with --first-and-repeat: which kinds to start (comma-separated; default both)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="with --first-and-repeat: repeat starts per kind, alternating which goes first (median)")
     ap.add_argument("--plain-patched", action="store_true",
                     help="with --first-and-repeat: plain vLLM keeps the stack's runtime patches too")
     args = ap.parse_args()

@@ -5,6 +5,9 @@
 #
 #   RESTARTS=0 bash bench/gpu/startup.sh [PROFILE]   first and repeat, default rtx4090-qwen2.5-7b (held to 24 GiB):
 #                                                    ~8.5 min on an H100 with the warm-up (one call)
+#   WARM_UP=0 RESTARTS=0 REPEATS=2 bash bench/gpu/startup.sh   on a machine already warm (a run before it read the
+#                                                    CUDA libraries): first, then two repeat starts of each
+#                                                    kind in alternating order, the median (~8 min on an H100)
 #   WARM_UP=0 KINDS=vstack_up RESTARTS=1 bash bench/gpu/startup.sh   the stack alone: first, repeat and the
 #                                                    restarts (~6 min; the kept-asleep restart adds seconds)
 #
@@ -30,6 +33,7 @@ rm -rf "$work" && mkdir -p "$work"
 unpack_site
 overlay=$(python3 -m bench.gpu.startup_prep "$profile" "$work") || exit 2
 python3 bench/startup_time.py --first-and-repeat $([ "${WARM_UP:-1}" = 0 ] || echo --warm-up) $([ "${RESTARTS:-1}" = 0 ] || echo --restarts) \
+  --repeats "${REPEATS:-1}" \
   ${KINDS:+--kinds "$KINDS"} \
   --profile "$profile" --config "$overlay" \
   --out "$out/startup_gpu_$profile.json" 2>&1 | tee "$out/startup_gpu.log"
