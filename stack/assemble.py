@@ -367,7 +367,9 @@ def allowed_engine_python(python: str, cfg: StackConfig) -> str:
     def absolute(p: str | Path) -> Path:  # not resolved: a venv's python is a link to the base interpreter
         return Path(os.path.abspath(Path(p).expanduser()))
 
-    path, venvs = absolute(python), absolute(Path(cfg.cache_dir) / "upgrade" / "venvs")
+    from stack.vllm.cache_root import candidate_venvs
+
+    path, venvs = absolute(python), absolute(candidate_venvs(cfg.cache_dir))
     known = {absolute(p) for p in (cfg.engine_python, sys.executable) if p}
     inside = venvs in path.parents and path.parent.name == "bin" and path.name.startswith("python")
     if (path in known or inside) and path.is_file():

@@ -26,6 +26,7 @@ from stack.planner.serving import LOOK_UP, apply_model_serving
 from stack.planner.stack_plan import ModelPlan, VllmBuild
 from stack.vllm import cpu, kv_offload
 from stack.vllm.args import render_engine_args
+from stack.vllm.cache_root import CACHE_ENV, candidate_cache_root
 from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
 from stack.vllm.families import Registered
 from stack.vllm.options import VllmCatalog, engine_python
@@ -81,6 +82,11 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
     apply_prefix_keep(cfg, resolved, catalog, fit, notes)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
+    cache_root = candidate_cache_root(python, cfg.cache_dir, {**os.environ, **env})
+    if cache_root:
+        env[CACHE_ENV] = cache_root
+        notes.append(f"vLLM's caches: {cache_root} (a candidate vLLM's own: the pinned vLLM's model inspections "
+                     "and compiled graphs are not overwritten by it, nor its by them)")
     if cfg.hf_token:
         env["HF_TOKEN"] = cfg.hf_token.get_secret_value()
     model_arg = str(files.path) if files else (resolved.model.source.path or resolved.model.source.hub or "")

@@ -29,6 +29,7 @@ from packaging.version import InvalidVersion, Version
 
 from stack.engine_env import PACKAGE_ROOT, engine_python_env
 from stack.errors import StackError
+from stack.vllm.cache_root import candidate_venvs
 from stack.vllm.options import installed_version
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # install.sh's fallback for +cpu builds
@@ -52,7 +53,7 @@ class CandidateEnv:
 
 
 def venv_dir(cache_dir: Path, dist: str, version: str) -> Path:
-    return Path(cache_dir) / "upgrade" / "venvs" / f"{dist}-{version}"
+    return candidate_venvs(cache_dir) / f"{dist}-{version}"
 
 
 def parse_version(version: str, where: str = "VERSION") -> str:
