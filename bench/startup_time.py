@@ -145,10 +145,15 @@ def restarts(profile: str | None, env: dict[str, str], timeout: float, config: P
 SLEEP_SAYS = ("vstack sleep:", "vstack wake:", "vstack stage:")
 
 
+def engine_logs(state: Path) -> list[Path]:
+    """The engines' logs of a `vstack up` state folder (not the gateway's)."""
+    return sorted(p for p in state.rglob("*.log") if p.name != "gateway.log")
+
+
 def sleep_lines(state: Path, most: int = 40) -> list[str]:
     """Those lines of the engines' logs under `state`, in file order (the last `most`)."""
     found = []
-    for log in sorted(p for p in state.rglob("*.log") if p.name != "gateway.log"):
+    for log in engine_logs(state):
         found += [line.strip() for line in log.read_text(errors="replace").splitlines()
                   if any(s in line for s in SLEEP_SAYS)]  # fmt: skip
     return found[-most:]
@@ -253,7 +258,7 @@ def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, s
                 state = Path(tempfile.mkdtemp(prefix="vstack-startup-"))
                 seconds = time_vstack(args.profile, {**env_k, "VSTACK_STATE_DIR": str(state)}, args.timeout,
                                       args.config)
-                logs = sorted(p for p in state.rglob("*.log") if p.name != "gateway.log")
+                logs = engine_logs(state)
                 vstack_state = state
             else:
                 log = Path(env_k["VLLM_CACHE_ROOT"]) / f"plain-{which}.log"

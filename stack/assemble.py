@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -363,11 +362,7 @@ def allowed_engine_python(python: str, cfg: StackConfig) -> str:
     """A reload may move engines only to a Python the stack knows: the configured one, or a candidate venv that
     `vstack upgrade check` built under cache_dir/upgrade/venvs (the admin API never runs an arbitrary program)."""
     from stack.errors import ConfigError
-
-    def absolute(p: str | Path) -> Path:  # not resolved: a venv's python is a link to the base interpreter
-        return Path(os.path.abspath(Path(p).expanduser()))
-
-    from stack.vllm.cache_root import candidate_venvs
+    from stack.vllm.cache_root import absolute, candidate_venvs
 
     path, venvs = absolute(python), absolute(candidate_venvs(cfg.cache_dir))
     known = {absolute(p) for p in (cfg.engine_python, sys.executable) if p}

@@ -29,8 +29,13 @@ def candidate_cache_root(python: str, cache_dir: str | Path, env: Mapping[str, s
     a candidate venv's; None for any other Python or where `env` (the engine's, over ours) sets one."""
     if env.get(CACHE_ENV):
         return None
-    path = Path(os.path.abspath(python))  # not resolved: a venv's python links to the interpreter it was made by
-    venvs = Path(os.path.abspath(candidate_venvs(cache_dir)))
+    path, venvs = absolute(python), absolute(candidate_venvs(cache_dir))
     if path.parent.name != "bin" or path.parent.parent.parent != venvs:
         return None
     return str(path.parent.parent / "vllm-cache")
+
+
+def absolute(p: str | Path) -> Path:
+    """A Python's or a folder's path as the stack compares them: `~` expanded, made absolute, not resolved (a
+    venv's python is a link to the interpreter it was made by)."""
+    return Path(os.path.abspath(Path(p).expanduser()))
