@@ -2,7 +2,7 @@
 `vstack up` would run (stack.planner.stack_plan), the object it hands its processes. Thin: parse, call the
 library, print.
 
-Mounted by stack/cli/main.py as `app.command("plan")(plan_command)`; also runs alone:
+Mounted by stack/cli/root.py as `app.command("plan")(plan_command)`; also runs alone:
 `python -m stack.entrypoints.run stack.cli.plan_cmd`.
 """
 

@@ -71,7 +71,7 @@ def test_tune_help_wraps_to_the_terminal_not_mid_sentence(tmp_path: Path) -> Non
 def test_completion_of_names(tmp_path: Path, words: str, expected: str) -> None:
     """Through Typer's own completion protocol, as bash runs it (`vstack --install-completion`)."""
     env = {"_VSTACK_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1)}
-    proc = subprocess.run([sys.executable, "-c", "from stack.cli.main import app; app(prog_name='vstack')"],
+    proc = subprocess.run([sys.executable, "-c", "from stack.cli.root import app; app(prog_name='vstack')"],
                           env={**os.environ, "VSTACK_STATE_DIR": str(tmp_path), **env}, text=True,
                           capture_output=True, timeout=120, check=False)
     assert expected in proc.stdout.split(), proc.stdout + proc.stderr
