@@ -10,12 +10,13 @@ gateway its record is what `status` shows, what `down` stops and what the next `
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import psutil
+
+from stack.files import replace_file
 
 
 @dataclass
@@ -65,13 +66,7 @@ class RecordStore:
         return self.dir / f"{name.replace('/', '_')}.json"
 
     def save(self, record: EngineRecord) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        path = self._path(record.name)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold an engine's key
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(asdict(record), indent=2))
-        os.replace(tmp, path)
+        replace_file(self._path(record.name), json.dumps(asdict(record), indent=2), mode=0o600)  # may hold a key
 
     def remove(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)

@@ -20,7 +20,6 @@ an engine container's environment.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from stack.config.redact import MASK, option_is_secret, redact_env, redacted_dump
 from stack.config.schema import HardwareProfile, ModelEntry, StackConfig
 from stack.engine_env import child_args
+from stack.files import replace_file
 from stack.hardware import HardwareInfo
 from stack.models import ModelFiles
 from stack.planner.cluster import Placement
@@ -227,13 +227,7 @@ class StackPlan(_Frozen):
     def save(self, path: Path) -> Path:
         """Write the public JSON to `path`, readable by its owner only (it names models, paths and key
         variables, not their values)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.public(), f, indent=1, sort_keys=True)
-        os.chmod(tmp, 0o600)
-        tmp.replace(path)
+        replace_file(path, json.dumps(self.public(), indent=1, sort_keys=True), mode=0o600)
         return path
 
     @classmethod

@@ -28,6 +28,7 @@ from stack.config.slo import Clause
 from stack.engine.launch import engine_spec, free_port
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import ConfigError, StackError
+from stack.files import replace_file
 from stack.hardware import HardwareInfo, match_profile
 from stack.load.load_test import choose_slo
 from stack.load.scenario import MIN_EXACT_MATCH, Scenario, find_scenario, load_scenario_file
@@ -168,11 +169,9 @@ class TuneState:
     def save(self, spent_s: float | None = None) -> None:
         if spent_s is not None:
             self.spent_s = spent_s
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"fingerprint": self.fp, "spent_s": round(self.spent_s, 1),
-                                   "results": self.results}, indent=2, default=str))
-        os.replace(tmp, self.path)  # a crash mid-write never loses earlier candidates
+        # Replaced whole: a crash mid-write never loses earlier candidates.
+        replace_file(self.path, json.dumps({"fingerprint": self.fp, "spent_s": round(self.spent_s, 1),
+                                            "results": self.results}, indent=2, default=str))
 
 
 Emit = Callable[[TuneEvent], None]

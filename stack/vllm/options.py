@@ -20,6 +20,7 @@ from packaging.version import Version
 
 from stack.engine_env import child_argv, engine_python_env
 from stack.errors import StackError, VllmNotInstalledError
+from stack.files import replace_file
 from stack.vllm import introspect
 
 SWITCH_ACTIONS = {"BooleanOptionalAction", "EnableDisableAction"}
@@ -167,10 +168,7 @@ def installed_catalog(python: str, cache_dir: Path) -> VllmCatalog:
         except (ValueError, KeyError):
             cache.unlink()  # a broken cache file is rebuilt, never trusted
     data = _run_introspect(python, "options")
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(cache)
+    replace_file(cache, json.dumps(data))  # another vstack command may fill the same cache meanwhile
     return VllmCatalog.from_dump(data)
 
 
