@@ -22,6 +22,7 @@ from stack.gateway.http.body_limit import BodyLimit
 from stack.gateway.http.client_aborts import AbortOnDisconnect
 from stack.gateway.http.docs_routes import docs_router
 from stack.gateway.http.error_handlers import install_error_handlers
+from stack.gateway.http.openai_fast_path import OpenAIFastPath
 from stack.gateway.http.request_log import RequestLog
 from stack.gateway.http.route_context import GatewayState
 from stack.gateway.http.runtime_replay import replay
@@ -161,6 +162,7 @@ def create_app(
         )
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=metrics)
     app.add_middleware(AbortOnDisconnect)  # a client gone mid-request cancels it, so the engine aborts it too
+    app.add_middleware(OpenAIFastPath, state=state)  # the plain POSTs of /v1 without the layers above (adr/0032)
     if settings.log_requests:
         app.add_middleware(RequestLog)  # outermost: sees every answer, 413s included
     return app

@@ -9,17 +9,17 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
+from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.openai_errors import GatewayError, UpstreamError, envelope
 
 log = logging.getLogger("stack.gateway")
 
 
-def error_response(exc: GatewayError) -> JSONResponse:
+def error_response(exc: GatewayError) -> Response:
     if isinstance(exc, UpstreamError) and exc.upstream_body and exc.status < 500:
         # An engine's own 4xx is already OpenAI-shaped (vLLM renders the same envelope): pass it through.
-        from starlette.responses import Response
-
         return Response(exc.upstream_body, exc.status, headers=exc.headers, media_type="application/json")
     return JSONResponse(exc.body(), exc.status, headers=exc.headers)
 
@@ -51,17 +51,20 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return f"Invalid value for '{param}': {first.get('msg', 'invalid')}{more}", param
 
 
-def _count_rejection(request: Request, status: int, reason: str) -> None:
+def count_rejection(metrics: GatewayMetrics | None, status: int, reason: str) -> None:
     """4xx the gateway itself answered, by status and reason, for /metrics (engines' own 4xx are counted
     with the requests they answered)."""
-    metrics = getattr(getattr(request.app.state, "gateway", None), "metrics", None)
     if metrics is not None and 400 <= status < 500:
         metrics.rejected.labels(str(status), reason).inc()
 
 
+def _count_rejection(request: Request, status: int, reason: str) -> None:
+    count_rejection(getattr(getattr(request.app.state, "gateway", None), "metrics", None), status, reason)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
-    async def _gateway(request: Request, exc: GatewayError) -> JSONResponse:
+    async def _gateway(request: Request, exc: GatewayError) -> Response:
         if not isinstance(exc, UpstreamError):
             _count_rejection(request, exc.status, exc.code or exc.type)
         return error_response(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
+from pydantic import BaseModel
 from starlette.responses import Response
 
 from stack.gateway.http.auth import require_client_key
@@ -24,10 +25,20 @@ async def client_key(request: Request) -> str | None:
 router = APIRouter(prefix="/v1", dependencies=[Depends(client_key)])
 
 
-def _check_limits(state: GatewayState, max_tokens: int | None, param: str) -> None:
+def too_many_tokens(state: GatewayState, req: BaseModel) -> InvalidRequest | None:
+    """The refusal of a request that asks for more tokens than this gateway allows; None when within."""
     limit = state.settings.max_tokens_limit
-    if max_tokens is not None and max_tokens > limit:
-        raise InvalidRequest(f"'{param}' is too large: {max_tokens} (this gateway allows at most {limit})", param=param)
+    for param in ("max_tokens", "max_completion_tokens"):
+        value = getattr(req, param, None)
+        if value is not None and value > limit:
+            return InvalidRequest(f"'{param}' is too large: {value} (this gateway allows at most {limit})", param=param)
+    return None
+
+
+def _check_limits(state: GatewayState, req: BaseModel) -> None:
+    refusal = too_many_tokens(state, req)
+    if refusal is not None:
+        raise refusal
 
 
 async def _forward(request: Request, endpoint: str) -> Response:
@@ -39,15 +50,13 @@ async def _forward(request: Request, endpoint: str) -> Response:
 
 @router.post("/chat/completions")
 async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-    state = get_state(request)
-    _check_limits(state, req.max_tokens, "max_tokens")
-    _check_limits(state, req.max_completion_tokens, "max_completion_tokens")
+    _check_limits(get_state(request), req)
     return await _forward(request, "chat")
 
 
 @router.post("/completions")
 async def completions(req: CompletionRequest, request: Request) -> Response:
-    _check_limits(get_state(request), req.max_tokens, "max_tokens")
+    _check_limits(get_state(request), req)
     return await _forward(request, "completions")
 
 

@@ -11,6 +11,7 @@ stream.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -31,7 +32,8 @@ class RelayResponse(StreamingResponse):
 
         watcher = asyncio.get_running_loop().create_task(until_disconnect())
         try:
-            await self.stream_response(send)
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send_stream(self.body_iterator, send, ended=watcher.cancel)
         except asyncio.CancelledError:
             if not (watcher.done() and not watcher.cancelled()):
                 raise  # cancelled from elsewhere (the server shutting down): not ours to swallow
@@ -40,6 +42,23 @@ class RelayResponse(StreamingResponse):
             watcher.cancel()
         if self.background is not None:
             await self.background()
+
+
+async def send_stream(stream: AsyncIterator[bytes], send: Send, ended: Callable[[], object]) -> None:
+    """The stream's chunks as the response body. Its empty chunk (Answer.stream) ends the body, `ended` called
+    first (a disconnect from then on is no abort); the stream is then iterated to its end, which releases what
+    its request held, after the client's last byte rather than before it."""
+    done = False
+    async for chunk in stream:
+        if chunk:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        elif not done:
+            done = True
+            ended()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+    if not done:
+        ended()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def respond(answer: Answer) -> Response:

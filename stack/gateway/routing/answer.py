@@ -15,4 +15,6 @@ class Answer:
     body: bytes = b""
     status: int = 200
     media_type: str = "application/json"
-    stream: AsyncIterator[bytes] | None = None  # an SSE stream: body and status unused
+    # An SSE stream (body and status unused). Its one empty chunk comes after the last byte for the client: the
+    # response ends there, and iterating on releases what the request held (its slot, its counts).
+    stream: AsyncIterator[bytes] | None = None

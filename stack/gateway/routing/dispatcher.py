@@ -300,10 +300,14 @@ class Dispatcher:
 
 async def _closing(stream: AsyncIterator[bytes], held: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
     """Relay the stream, then give back what its request held, exactly once however it ends (done, failed,
-    or the client gone: the attempt hears the exception and counts the client's abort, 499)."""
+    or the client gone: the attempt hears the exception and counts the client's abort, 499). Once the
+    upstream's bytes are all relayed, one empty chunk says so (Answer.stream): the client's answer ends there,
+    before the bookkeeping after it."""
     try:
         async for chunk in stream:
-            yield chunk
+            if chunk:
+                yield chunk
+        yield b""
     except BaseException as exc:
         await stream.aclose()  # type: ignore[attr-defined]
         await held.__aexit__(type(exc), exc, exc.__traceback__)

@@ -1,0 +1,156 @@
+"""POST /v1/chat/completions, /v1/completions and /v1/embeddings without the framework's layers, for the
+requests that need none of them (issue 37, item 4; adr/0031).
+
+A plain request (a JSON body with a Content-Length within the limit, no browser Origin) is checked here as
+its FastAPI route would check it: the client key, the body's schema (the same pydantic models), the token
+limits. Then the dispatcher routes it and its answer is written with two ASGI sends, the client's
+disconnect heard by one watcher task that cancels the request (the attempt counts it 499, the upstream
+connection is closed, the engine aborts). Every check that fails, and every request that is not plain,
+goes to the FastAPI route instead, the body replayed: errors keep their one place and shape
+(stack.gateway.http.error_handlers), and only the dispatcher's own errors are rendered here, by the same
+functions. What this saves per request: FastAPI's dependency resolution and request objects, three ASGI
+middlewares' wrappers and tasks, and Starlette's response classes (bench/gateway_timeline.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import orjson
+from pydantic import BaseModel, ValidationError
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from stack.gateway.http.auth import require_client_key
+from stack.gateway.http.error_handlers import count_rejection, error_response
+from stack.gateway.http.openai_routes import too_many_tokens
+from stack.gateway.http.relay_response import respond, send_stream
+from stack.gateway.http.route_context import GatewayState
+from stack.gateway.openai_errors import GatewayError, UpstreamError, envelope
+from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+
+log = logging.getLogger("stack.gateway")
+ROUTES: dict[str, tuple[str, type[BaseModel]]] = {
+    "/v1/chat/completions": ("chat", ChatCompletionRequest),
+    "/v1/completions": ("completions", CompletionRequest),
+    "/v1/embeddings": ("embeddings", EmbeddingRequest),
+}
+JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
+
+
+class OpenAIFastPath:
+    """ASGI middleware: the plain requests of the three POST routes, served here; everything else passes on."""
+
+    def __init__(self, app: ASGIApp, state: GatewayState) -> None:
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = ROUTES.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        headers = _plain_headers(scope, self.state.settings.max_body_bytes) if route is not None else None
+        if route is None or headers is None:
+            return await self.app(scope, receive, send)
+        body, gone = await _read_body(receive)
+        if gone:
+            scope.setdefault("state", {})["client_gone"] = True
+            return None
+        checked = self._check(route, headers, body)
+        if checked is None:  # refused by a check: the route answers it as it always has
+            return await self.app(scope, _replay(body, receive), send)
+        scope.setdefault("state", {})["key_name"] = checked[1]
+        await self._serve(scope, receive, send, route[0], checked[0])
+
+    def _check(self, route: tuple[str, type[BaseModel]], headers: dict[bytes, bytes],
+               body: bytes) -> tuple[dict, str | None] | None:  # fmt: skip
+        """(the parsed body, the client key's name), or None where a check refuses the request."""
+        try:
+            name = require_client_key(self.state.keys, _text(headers.get(b"authorization")),
+                                      _text(headers.get(b"x-api-key")))  # fmt: skip
+            parsed = orjson.loads(body)
+            if not isinstance(parsed, dict) or too_many_tokens(self.state, route[1].model_validate(parsed)):
+                return None
+        except (GatewayError, orjson.JSONDecodeError, ValidationError):
+            return None
+        return parsed, name
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str, body: dict) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def until_disconnect() -> None:  # cancelled once the last byte is on its way: no abort after it
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            scope["state"]["client_gone"] = True
+            task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(until_disconnect(), name="client disconnect")
+        try:
+            stream = None
+            try:
+                answer = await self.state.dispatcher.handle(endpoint, body)
+                response, stream = respond(answer), answer.stream
+            except GatewayError as exc:  # as the route's error handler renders it
+                if not isinstance(exc, UpstreamError):
+                    count_rejection(self.state.metrics, exc.status, exc.code or exc.type)
+                response = error_response(exc)
+            except Exception:  # a bug of ours: logged with its traceback; the client gets no internals
+                log.exception("unhandled error in the gateway")
+                response = JSONResponse(envelope("internal error in the gateway", "server_error", None, None), 500)
+            # The headers Starlette's response computed (its content type and length rules), sent here directly.
+            await send({"type": "http.response.start", "status": response.status_code,
+                        "headers": response.raw_headers})  # fmt: skip
+            if stream is None:
+                watcher.cancel()
+                await send({"type": "http.response.body", "body": response.body})
+            else:
+                await send_stream(stream, send, ended=watcher.cancel)
+        except asyncio.CancelledError:
+            if not (watcher.done() and not watcher.cancelled()):
+                raise  # cancelled from elsewhere (the server shutting down): not ours to swallow
+            task.uncancel()  # the client left: its request ended as it should
+        finally:
+            watcher.cancel()
+
+
+def _plain_headers(scope: Scope, limit: int) -> dict[bytes, bytes] | None:
+    """The request's headers where it is plain: a JSON body whose Content-Length is within the limit, no
+    Origin (a browser's request: CORS answers it). Else None."""
+    headers: dict[bytes, bytes] = {}
+    for name, value in scope["headers"]:
+        headers.setdefault(name, value)  # the first of repeated headers, as Starlette's request reads them
+    length = headers.get(b"content-length")
+    if length is None or not length.isdigit() or int(length) > limit or b"origin" in headers:
+        return None
+    kind = headers.get(b"content-type")
+    if kind is None or kind.lower() not in JSON_TYPES:
+        return None
+    return headers
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, bool]:
+    """(the body, whether the client left before sending all of it)."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"", True
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks), False
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode("latin-1") if value is not None else None
