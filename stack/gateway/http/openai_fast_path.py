@@ -1,5 +1,5 @@
 """POST /v1/chat/completions, /v1/completions and /v1/embeddings without the framework's layers, for the
-requests that need none of them (issue 37, item 4; adr/0031).
+requests that need none of them (issue 37, item 4; adr/0032).
 
 A plain request (a JSON body with a Content-Length within the limit, no browser Origin) is checked here as
 its FastAPI route would check it: the client key, the body's schema (the same pydantic models), the token
