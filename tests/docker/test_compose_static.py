@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.harness.waiting import wait_http
+from bench.harness.waiting import wait_for, wait_http
 from tests.docker.conftest import MODEL, ROOT, Compose, build_env, write_env_file
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(1800)]
@@ -86,7 +86,9 @@ def test_the_manager_sleeps_the_idle_engine_and_a_request_wakes_it(static, docke
 
     _wait_state(env, "sleeping", 60)  # idle_ttl_s is 4 here
     engine = _engine_url(docker_client)
-    assert httpx.get(f"{engine}/is_sleeping", timeout=10).json()["is_sleeping"] is True
+    # The manager says "sleeping" as it sends the engine to sleep; the engine says so once it is asleep.
+    wait_for(lambda: httpx.get(f"{engine}/is_sleeping", timeout=10).json()["is_sleeping"] is True, 60,
+             "the engine saying it is asleep")  # fmt: skip
 
     assert "Paris" in _ask(env)  # waits for the wake-up, then is answered
     assert _state(env)["state"] == "ready"

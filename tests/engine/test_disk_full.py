@@ -94,10 +94,14 @@ def test_lost_gateway_log_lines_are_counted_shown_and_told_once_writing_works(tm
                     stream.close()
                     handler.setStream(open(log_path, "w"))  # noqa: SIM115
                 httpx.get(f"{gw.url}/v1/models")
-                handler.flush()
-                text = log_path.read_text()
+
+                def logged() -> str:  # the request's line is written once its answer went out: wait for it
+                    handler.flush()
+                    return log_path.read_text()
+
+                wait_for(lambda: '"path":"/v1/models"' in logged().splitlines()[-1], 10, "the request's log line")
+                text = logged()
                 assert "log lines were lost since" in text and "No space left on device" in text, text
-                assert '"path":"/v1/models"' in text.splitlines()[-1]
                 assert httpx.get(f"{gw.url}/health").json() == {"status": "ok"}
         finally:
             logger.removeHandler(handler)
