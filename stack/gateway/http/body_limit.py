@@ -35,16 +35,7 @@ class BodyLimit:
                 return await self._reject(send)
             if not message.get("more_body"):
                 break
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay(b"".join(chunks), receive), send)
 
     async def _reject(self, send: Send) -> None:
         if self.metrics is not None:
@@ -68,3 +59,17 @@ class BodyLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """`receive` for an app after the body was read here: the body once, then the client's own messages."""
+    replayed = False
+
+    async def again() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return again

@@ -14,18 +14,18 @@ middlewares' wrappers and tasks, and Starlette's response classes (bench/gateway
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import orjson
 from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from stack.gateway.http.auth import require_client_key
+from stack.gateway.http.body_limit import replay
 from stack.gateway.http.error_handlers import count_rejection, error_response
 from stack.gateway.http.openai_routes import too_many_tokens
-from stack.gateway.http.relay_response import respond, send_stream
+from stack.gateway.http.relay_response import respond, send_stream, until_the_client_leaves
 from stack.gateway.http.route_context import GatewayState
 from stack.gateway.openai_errors import GatewayError, UpstreamError, envelope
 from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
@@ -56,7 +56,7 @@ class OpenAIFastPath:
             return None
         checked = self._check(route, headers, body)
         if checked is None:  # refused by a check: the route answers it as it always has
-            return await self.app(scope, _replay(body, receive), send)
+            return await self.app(scope, replay(body, receive), send)
         scope.setdefault("state", {})["key_name"] = checked[1]
         await self._serve(scope, receive, send, route[0], checked[0])
 
@@ -74,17 +74,10 @@ class OpenAIFastPath:
         return parsed, name
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str, body: dict) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-
-        async def until_disconnect() -> None:  # cancelled once the last byte is on its way: no abort after it
-            while (await receive())["type"] != "http.disconnect":
-                pass
+        def gone() -> None:
             scope["state"]["client_gone"] = True
-            task.cancel()
 
-        watcher = asyncio.get_running_loop().create_task(until_disconnect(), name="client disconnect")
-        try:
+        async with until_the_client_leaves(receive, gone) as done:
             stream = None
             try:
                 answer = await self.state.dispatcher.handle(endpoint, body)
@@ -100,16 +93,10 @@ class OpenAIFastPath:
             await send({"type": "http.response.start", "status": response.status_code,
                         "headers": response.raw_headers})  # fmt: skip
             if stream is None:
-                watcher.cancel()
+                done()
                 await send({"type": "http.response.body", "body": response.body})
             else:
-                await send_stream(stream, send, ended=watcher.cancel)
-        except asyncio.CancelledError:
-            if not (watcher.done() and not watcher.cancelled()):
-                raise  # cancelled from elsewhere (the server shutting down): not ours to swallow
-            task.uncancel()  # the client left: its request ended as it should
-        finally:
-            watcher.cancel()
+                await send_stream(stream, send, ended=done)
 
 
 def _plain_headers(scope: Scope, limit: int) -> dict[bytes, bytes] | None:
@@ -137,19 +124,6 @@ async def _read_body(receive: Receive) -> tuple[bytes, bool]:
         chunks.append(message.get("body", b""))
         if not message.get("more_body"):
             return b"".join(chunks), False
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if replayed:
-            return await receive()
-        replayed = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
 
 
 def _text(value: bytes | None) -> str | None:

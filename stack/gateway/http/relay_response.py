@@ -11,6 +11,7 @@ stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response, StreamingResponse
@@ -19,27 +20,37 @@ from starlette.types import Receive, Scope, Send
 from stack.gateway.routing.answer import Answer
 
 
+@contextlib.asynccontextmanager
+async def until_the_client_leaves(receive: Receive, on_leave: Callable[[], object] = lambda: None
+                                  ) -> AsyncIterator[Callable[[], object]]:  # fmt: skip
+    """The block runs in the request's task, cancelled if the client disconnects first (`on_leave` called
+    then); that ends the block quietly. Yields `done`: call it once the last byte is on its way, so that a
+    disconnect from then on is no abort."""
+    task = asyncio.current_task()
+    assert task is not None
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        on_leave()
+        task.cancel()
+
+    watcher = asyncio.get_running_loop().create_task(watch(), name="client disconnect")
+    try:
+        yield watcher.cancel
+    except asyncio.CancelledError:
+        if not (watcher.done() and not watcher.cancelled()):
+            raise  # cancelled from elsewhere (the server shutting down): not ours to swallow
+        task.uncancel()  # the client left: the request ended as it should
+    finally:
+        watcher.cancel()
+
+
 class RelayResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-
-        async def until_disconnect() -> bool:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            task.cancel()
-            return True
-
-        watcher = asyncio.get_running_loop().create_task(until_disconnect())
-        try:
+        async with until_the_client_leaves(receive) as done:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            await send_stream(self.body_iterator, send, ended=watcher.cancel)
-        except asyncio.CancelledError:
-            if not (watcher.done() and not watcher.cancelled()):
-                raise  # cancelled from elsewhere (the server shutting down): not ours to swallow
-            task.uncancel()  # the client left: the stream ended as it should
-        finally:
-            watcher.cancel()
+            await send_stream(self.body_iterator, send, ended=done)
         if self.background is not None:
             await self.background()
 
