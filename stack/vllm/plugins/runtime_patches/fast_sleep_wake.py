@@ -22,6 +22,9 @@ say where the time went (`vstack sleep:` / `vstack wake:` lines in the engine lo
    serves (the manager asks, `POST /collective_rpc {"method": "vstack_stage_host_copy"}`, for models that
    sleep to host RAM): the buffers are allocated and, where the copy may be kept, filled, so the first
    sleep finds what later ones find. A sleep that arrives meanwhile waits for the staging to end.
+4. The host buffers themselves are the size of their allocation, pinned on several threads (pinned_host.py),
+   not torch's pinned blocks rounded up to a power of two: a model alone (no staging) pays less at its first
+   sleep (`vstack down`, adr/0030), and the host RAM an engine holds asleep is what the planner counts.
 """
 
 from __future__ import annotations
@@ -248,6 +251,7 @@ class CudaOps:
         fn.restype = ctypes.c_int
         self.copy = fn
         self.stream = torch.cuda.Stream()
+        self.pinned: Any = None
 
     def map(self, handle: Any) -> None:
         self.cumem.create_and_map(handle)
@@ -258,7 +262,13 @@ class CudaOps:
     def host_buffer(self, size: int) -> Any:
         from vllm.utils.platform_utils import is_pin_memory_available
 
-        return self.torch.empty(size, dtype=self.torch.uint8, device="cpu", pin_memory=is_pin_memory_available())
+        if not is_pin_memory_available():  # WSL: no page-locked memory; copies still work, slower
+            return self.torch.empty(size, dtype=self.torch.uint8, device="cpu")
+        if self.pinned is None:
+            from stack.vllm.plugins.runtime_patches.pinned_host import PinnedHost
+
+            self.pinned = PinnedHost(self.torch)
+        return self.pinned.buffer(size)  # exact size, pinned on several threads (not torch's power of two)
 
     def _copy(self, dst: int, src: int, size: int, kind: int) -> None:
         err = self.copy(dst, src, size, kind, self.stream.cuda_stream)
