@@ -344,7 +344,10 @@ def main() -> None:
                       f"repeat/first {result['repeat_to_first'][kind]:.2f}x")  # fmt: skip
         print(f"vstack first / plain first: {result['vstack_first_to_plain_first']}x")
         for k, v in result["restarts"].items():
-            print(f"restart: {k:26s} {v}" if isinstance(v, bool) else f"restart: {k:26s} {v:7.1f} s")
+            if isinstance(v, list):  # the engine's own lines (its sleep at `down`)
+                print(*(f"restart: {k:26s} {line}" for line in v), sep="\n")
+            else:
+                print(f"restart: {k:26s} {v}" if isinstance(v, bool) else f"restart: {k:26s} {v:7.1f} s")
         print(f"vstack repeat / plain repeat: {result['vstack_repeat_to_plain_repeat']}x; written to {args.out}")
         return
     runs: dict[str, list[float]] = {"vstack_up": [], "vllm_serve": []}
