@@ -61,3 +61,16 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> 
     with pytest.raises(TypeError):
         replace_file(path, 123)  # type: ignore[arg-type]  # not bytes: fails mid-write
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_mode_none_keeps_the_files_own_mode(tmp_path: Path) -> None:
+    """What the patch transaction and `vstack upgrade pin` need: a site file or pyproject.toml keeps its mode."""
+    path = tmp_path / "tool.py"
+    path.write_text("old")
+    path.chmod(0o755)
+    replace_file(path, "new", mode=None, fsync=True)
+    assert path.read_text() == "new" and stat.S_IMODE(path.stat().st_mode) == 0o755
+    fresh = tmp_path / "fresh.txt"
+    replace_file(fresh, "x", mode=None)
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.txt", "tool.py"]  # no temporary left

@@ -12,7 +12,6 @@ already names was committed (only the cleanup was lost); any other journal is ro
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from stack.files import replace_file
 from stack.patches.tool_errors import PatchError
 
 STATE_DIR = ".vstack-patches"
@@ -41,11 +41,7 @@ def _fsync_write(path: Path, data: bytes) -> None:
 
 def atomic_write(path: Path, data: bytes) -> None:
     """Replace `path` in one rename, keeping its mode; a reader sees the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.vstack-tmp")
-    _fsync_write(tmp, data)
-    with contextlib.suppress(FileNotFoundError):
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-    os.replace(tmp, path)
+    replace_file(path, data, mode=None, fsync=True)
     # A .pyc compiled from the other content could pass Python's mtime+size check within one second.
     for pyc in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
         pyc.unlink(missing_ok=True)
@@ -76,10 +72,7 @@ class Store:
         return data
 
     def _save(self, state: dict[str, Any]) -> None:
-        self.dir.mkdir(exist_ok=True)
-        tmp = self.state_file.with_suffix(".tmp")
-        _fsync_write(tmp, json.dumps(state, indent=2, sort_keys=True).encode())
-        os.replace(tmp, self.state_file)
+        replace_file(self.state_file, json.dumps(state, indent=2, sort_keys=True), mode=None, fsync=True)
 
     # -- transactions --------------------------------------------------------------------------------
     def interrupted(self) -> bool:

@@ -11,7 +11,6 @@ written only after the new text has been validated (the ledger reloaded from it)
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from stack.errors import StackError
+from stack.files import replace_file
 from stack.patches.ledger import UpgradeRecord, default_ledger_path, load_ledger
 
 EXTRA_OF = {"cpu": "cpu", "gpu": "gpu"}
@@ -96,18 +96,12 @@ def append_record(text: str, record: UpgradeRecord) -> str:
     return text + item
 
 
-def _replace(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".vstack-tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_files(files: PinFiles, ledger_text: str, pyproject_text: str | None = None) -> None:
     """Both files, validated first: the ledger reloaded from its new text; nothing written when it fails."""
     load_ledger(files.ledger, text=ledger_text)
     if pyproject_text is not None:
-        _replace(files.pyproject, pyproject_text)
-    _replace(files.ledger, ledger_text)
+        replace_file(files.pyproject, pyproject_text, mode=None)
+    replace_file(files.ledger, ledger_text, mode=None)
 
 
 def record(files: PinFiles, rec: UpgradeRecord) -> None:
