@@ -9,6 +9,8 @@ to a buffer that still works. The pinning speed is measured on the GPU by `bash 
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import gc
 import logging
 import mmap
@@ -159,3 +161,40 @@ def test_the_torch_way_is_vllms_own(monkeypatch) -> None:
     monkeypatch.setenv(ph.WAY_ENV, "torch")
     ph.PinnedHost(torch).buffer(MIB)
     assert cudart.calls == [] and asked[0]["pin_memory"] is True
+
+
+class Madvise:
+    """The kernel's answer to MADV_POPULATE_WRITE, chosen: EINVAL (a kernel before 5.14) or ENOMEM."""
+
+    def __init__(self, err: int) -> None:
+        self.err = err
+
+    def madvise(self, address: int, size: int, advice: int) -> int:
+        if advice != ph.MADV_POPULATE_WRITE:
+            return 0
+        ctypes.set_errno(self.err)
+        return -1
+
+
+def test_an_old_kernel_gets_its_pages_written_and_no_memory_is_an_error_not_a_write(monkeypatch) -> None:
+    area = mmap.mmap(-1, 8 * MIB, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = torch.frombuffer(area, dtype=torch.uint8)
+    monkeypatch.setattr(ph, "_libc", Madvise(errno.EINVAL))
+    ph.populate(view.data_ptr(), view.numel(), 2)
+    assert resident_pages(view) * mmap.PAGESIZE >= view.numel()
+    monkeypatch.setattr(ph, "_libc", Madvise(errno.ENOMEM))
+    with pytest.raises(OSError, match="populating host memory"):
+        ph.populate(view.data_ptr(), view.numel(), 2)
+
+
+def test_pinned_host_falls_back_when_the_memory_cannot_be_populated(monkeypatch, caplog) -> None:
+    cudart = FakeCudart(False)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(ph, "_libc", Madvise(errno.ENOMEM))
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **{**k, "pin_memory": False}))
+    monkeypatch.setattr(ph.log, "disabled", False)
+    with caplog.at_level(logging.WARNING, logger=ph.log.name):
+        buf = ph.PinnedHost(torch, way="register").buffer(2 * MIB)
+    assert buf.numel() == 2 * MIB and cudart.calls == []  # never registered: torch's buffer instead
+    assert "populating host memory" in caplog.text and "falling back" in caplog.text

@@ -13,6 +13,7 @@ cudaHostAlloc's (copies run at the same speed), and unregistered and unmapped wh
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import mmap
 import os
@@ -49,8 +50,12 @@ def populate(address: int, size: int, workers: int) -> None:
 
     def one(start: int) -> None:
         n = min(CHUNK, size - start)
-        if _libc.madvise(address + start, n, MADV_POPULATE_WRITE) != 0:  # an older kernel: write the pages
-            ctypes.memset(address + start, 0, n)
+        if _libc.madvise(address + start, n, MADV_POPULATE_WRITE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err != errno.EINVAL:  # ENOMEM, EFAULT...: say so here rather than have a write meet the OOM killer
+            raise OSError(err, f"populating host memory for a sleep buffer: {os.strerror(err)}")
+        ctypes.memset(address + start, 0, n)  # a kernel before 5.14: write the pages
 
     starts = range(0, size, CHUNK)
     if workers <= 1 or len(starts) == 1:
@@ -98,11 +103,15 @@ class PinnedHost:
 
     def buffer(self, size: int) -> Any:
         if self.way == "register":
-            host = registered_buffer(size, self._register, self._unregister)
+            try:
+                host = registered_buffer(size, self._register, self._unregister)
+                why = "cudaHostRegister failed"
+            except OSError as exc:  # the mapping or its pages could not be had
+                host, why = None, str(exc)
             if host is not None:
                 return host
             if not self._warned:
                 self._warned = True
-                log.warning("vstack pinned host: cudaHostRegister failed; falling back to torch's pinned allocator "
-                            "(buffers rounded up to a power of two)")  # fmt: skip
+                log.warning("vstack pinned host: %s; falling back to torch's pinned allocator (buffers rounded up "
+                            "to a power of two)", why)  # fmt: skip
         return self.torch.empty(size, dtype=self.torch.uint8, device="cpu", pin_memory=True)
