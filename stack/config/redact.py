@@ -48,6 +48,12 @@ def option_is_secret(dest: str) -> bool:
             or any(w in ("password", "secret", "credential", "credentials") for w in words))
 
 
+def named_secret(key: str, value: Any) -> bool:
+    """A credential by its key's name (a vLLM option, a LiteLLM param): never a number, so that settings such as
+    `chars_per_token` or `max_num_batched_tokens` are shown whatever their last word."""
+    return option_is_secret(key) and not isinstance(value, (bool, int, float))
+
+
 def _marked_secret(field: Any) -> bool:
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     annotation = field.annotation
@@ -92,7 +98,7 @@ def redacted_dump(config: BaseModel) -> dict[str, Any]:
     def walk(value: Any, path: tuple[str, ...]) -> Any:
         if isinstance(value, dict) and not (path and is_secret_key(model, path)):  # a KeyRef: its env name shows
             return {k: walk(v, (*path, str(k))) for k, v in value.items()}
-        if path and (is_secret_key(model, path) or option_is_secret(path[-1]) or path[-1] == "sha256"):
+        if path and (is_secret_key(model, path) or named_secret(path[-1], value) or path[-1] == "sha256"):
             return MASK if value not in (None, "", {}, []) else value
         if isinstance(value, dict):
             return {k: walk(v, (*path, str(k))) for k, v in value.items()}

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from stack.config.redact import MASK, option_is_secret, redact_env, redacted_dump
+from stack.config.redact import MASK, named_secret, redact_env, redacted_dump
 from stack.config.schema import HardwareProfile, ModelEntry, StackConfig
 from stack.engine_env import child_args
 from stack.files import replace_file
@@ -238,7 +238,7 @@ class StackPlan(_Frozen):
 def _mask_model(data: dict[str, Any], plan: ModelPlan) -> dict[str, Any]:
     out = dict(data)
     out["env"] = redact_env(data["env"])
-    out["engine"] = {k: (MASK if option_is_secret(k) and v not in (None, "", [], {}) else v)
+    out["engine"] = {k: (MASK if named_secret(k, v) and v not in (None, "", [], {}) else v)
                      for k, v in data["engine"].items()}  # fmt: skip
     out["args"] = [MASK if i in plan.secret_args else a for i, a in enumerate(data["args"])]
     out["model"] = redacted_dump(plan.model)

@@ -65,3 +65,17 @@ def test_the_plan_vstack_up_hands_its_gateway_hides_them_too(tmp_path: Path) -> 
     model = json.loads(done.stdout)["models"][0]
     assert all(model["env"][name] == MASK for name in SECRETS) and model["env"]["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert model["args"][model["args"].index("--api-key") + 1] == MASK
+
+
+def test_a_number_is_never_masked_for_its_name_a_credential_still_is() -> None:
+    """`gateway.spill.chars_per_token` ends in "token" as vLLM's credential options do: a number is shown (the
+    plan file and `vstack config render` printed it as *** and passed it to the gateway as a secret)."""
+    from stack.config.redact import redacted_dump
+
+    cfg = StackConfig.model_validate({
+        "engine": {"max_num_batched_tokens": 4096, "hf_token": "hf_secret_9"},
+    })  # fmt: skip
+    dumped = redacted_dump(cfg)
+    assert dumped["gateway"]["spill"]["chars_per_token"] == cfg.gateway.spill.chars_per_token
+    assert dumped["engine"]["max_num_batched_tokens"] == 4096
+    assert dumped["engine"]["hf_token"] == MASK
