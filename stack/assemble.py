@@ -35,6 +35,7 @@ from stack.engine.kept import (
     write_down_report,
 )
 from stack.engine.launch import engine_spec, free_port, log_path_for
+from stack.engine.process import EngineSpec
 from stack.engine.records import engine_records
 from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
 from stack.errors import EngineError, StackError
@@ -49,6 +50,7 @@ if TYPE_CHECKING:  # the gateway's modules (FastAPI, LiteLLM: seconds) load only
     from fastapi import FastAPI
 
     from stack.engine.docker_site import Site
+    from stack.engine.early_spawn import EarlyEngine
     from stack.gateway.console.sources import ConsoleSources
     from stack.gateway.engines import EngineSupervisor, ManagedEngine
     from stack.gateway.http.route_context import GatewayState
@@ -95,6 +97,7 @@ class Launch:
     site: Site | None = None  # the plan's ContainerSite with a Docker client
     handoff: HandoffBroker | None = None  # the sleep handoff's broker, once opened (start_early opens it)
     early: tuple[Runtime, Callable[[], Runtime]] | None = None  # the default's engine, started by start_early
+    early_spawn: EarlyEngine | None = None  # the default's engine, spawned by the gateway process before its imports
 
     def __post_init__(self) -> None:
         if self.site is None and self.plan.site is not None:
@@ -143,9 +146,7 @@ def runtime_pair(launch: Launch, plan: ModelPlan, kept: bool = True) -> tuple[Ru
         note = reattach(engine, cfg.stop_grace_s) if kept else ""
         if note:
             logging.getLogger("stack.gateway").info("%s", note)
-        first: list[Runtime] = [engine]  # the first start is this engine's (maybe running already: kept, early)
-        return engine, lambda: first.pop() if first else LocalEngine(with_port(engine.spec, free_port()), records,
-                                                                       fingerprint)  # fmt: skip
+        return local_pair(engine)
     import json
 
     from stack.engine.docker_runtime import DockerEngine
@@ -162,6 +163,40 @@ def runtime_pair(launch: Launch, plan: ModelPlan, kept: bool = True) -> tuple[Ru
     return DockerEngine(container, site.client), lambda: DockerEngine(replace(container), site.client)
 
 
+
+
+def local_pair(engine: LocalEngine) -> tuple[Runtime, Callable[[], Runtime]]:
+    """A local engine and the factory of fresh ones: the first start is this engine's (maybe running already:
+    kept, or started early), each later one a new process on a free port."""
+    first: list[Runtime] = [engine]
+    return engine, lambda: first.pop() if first else LocalEngine(with_port(engine.spec, free_port()), engine.records,
+                                                                   engine.fingerprint)  # fmt: skip
+
+
+def adopt_early(launch: Launch, early: EarlyEngine) -> tuple[Runtime, Callable[[], Runtime]] | None:
+    """The engine the gateway process spawned before its imports, as the default's runtime, when it runs the
+    plan's own command (its port and key were drawn by `vstack up`); None, with the early process stopped,
+    when it does not, when it could not spawn, or when an engine of that name is there to re-attach."""
+    log = logging.getLogger("stack.gateway")
+    plan, cfg = launch.plan.default, launch.cfg
+    spec = EngineSpec(**{**early.spec, "log_path": Path(early.spec["log_path"]),
+                         "drop_env": tuple(early.spec["drop_env"])})  # fmt: skip
+    planned = engine_spec(plan, log_path_for(cfg, plan), port=spec.port)
+    why = early.error or ("" if (planned.argv, planned.env, planned.log_path) == (spec.argv, spec.env, spec.log_path)
+                          else "its command is not the plan's")  # fmt: skip
+    engine = LocalEngine(spec, engine_records(cfg.state_dir), plan.fingerprint)
+    if not why:
+        note = reattach(engine, cfg.stop_grace_s)
+        why = note if engine.kept is not None else ""
+    if why or early.popen is None:
+        early.stop(cfg.stop_grace_s)
+        log.warning("early spawn of engine %s not used (%s): starting it as usual", spec.name, why)
+        return None
+    engine.popen, engine.log_start = early.popen, early.log_start
+    engine.prestarted = True  # type: ignore[attr-defined]
+    engine.save_record(early.popen.pid, early.started_at)
+    early.adopted = True
+    return local_pair(engine)
 
 
 def docker_site(cfg: StackConfig) -> ContainerSite | None:
@@ -261,18 +296,25 @@ def start_early(launch: Launch) -> None:
     if launch.site is not None or launch.plan.cluster is not None:
         return
     launch.handoff = handoff_broker(launch)  # its socket goes into the engine's environment
-    launch.early = runtime_pair(launch, launch.plan.default)
     log = logging.getLogger("stack.gateway")
-    try:
-        pid = launch.early[0].start()
-        launch.early[0].prestarted = True  # type: ignore[attr-defined]
-    except OSError as exc:  # the manager's start tries again and reports it
-        log.warning("early start of the default engine failed: %s", exc)
-        return
+    adopted = adopt_early(launch, launch.early_spawn) if launch.early_spawn is not None else None
+    if adopted is not None:
+        launch.early, spawned = adopted, launch.early_spawn.started_at  # type: ignore[union-attr]
+        pid = adopted[0].popen.pid  # type: ignore[attr-defined]
+    else:
+        launch.early = runtime_pair(launch, launch.plan.default)
+        try:
+            pid = launch.early[0].start()
+            launch.early[0].prestarted = True  # type: ignore[attr-defined]
+        except OSError as exc:  # the manager's start tries again and reports it
+            log.warning("early start of the default engine failed: %s", exc)
+            return
+        spawned = time.time()
     import psutil  # where a start's seconds go before vLLM's own (the startup bench reads this line)
 
-    log.info("engine %s (pid %d) spawned %.2f s after the gateway process began", launch.plan.default.served_name,
-             pid, time.time() - psutil.Process().create_time())  # fmt: skip
+    said = f" (before its imports, {time.time() - spawned:.2f} s before this line)" if adopted else ""
+    log.info("engine %s (pid %d) spawned %.2f s after the gateway process began%s", launch.plan.default.served_name,
+             pid, spawned - psutil.Process().create_time(), said)  # fmt: skip
 
 
 class Reloader:

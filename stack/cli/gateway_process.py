@@ -24,11 +24,13 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from stack.cli.every_command import run
-from stack.errors import StackError
+if TYPE_CHECKING:
+    from stack.errors import StackError
 
 CTRL_C = " (Press CTRL+C to quit)"
+EARLY_KEY = "early_engine"  # stack.engine.early_spawn.KEY, not imported: this module spawns before any import
 
 
 class NoCtrlCHint(logging.Filter):
@@ -53,15 +55,29 @@ def main() -> None:
     ap.add_argument("--secrets-stdin", action="store_true", help="the plan's secrets, as JSON on stdin")
     ap.add_argument("--failure-file", type=Path)
     args = ap.parse_args()
+    handed = json.loads(sys.stdin.read() or "{}") if args.plan is not None and args.secrets_stdin else {}
+    early = None
+    if isinstance(handed.get(EARLY_KEY), dict):  # `vstack up` drew the default engine: spawn it before any import
+        from stack.engine.early_spawn import spawn
+
+        early = spawn(handed[EARLY_KEY])
     from stack.assemble import Launch, plan_up, serve
     from stack.cli.console_sources import console_sources
+    from stack.cli.every_command import run
 
     def body() -> int:
+        try:
+            return serve_plan()
+        finally:  # a failure before the assembly took it over leaves no engine behind
+            if early is not None:
+                early.stop()
+
+    def serve_plan() -> int:
         if args.plan is not None:
             from stack.planner.stack_plan import StackPlan
 
-            secrets = json.loads(sys.stdin.read() or "{}") if args.secrets_stdin else {}
-            plan = StackPlan.load(args.plan, secrets)
+            # {"secrets": {pointer: value}, "early_engine": ...} from `vstack up`; a bare {pointer: value} too
+            plan = StackPlan.load(args.plan, handed.get("secrets", handed))
         else:
             from stack.config import load_config
             from stack.config.state_dir import check_state_dir
@@ -69,7 +85,7 @@ def main() -> None:
             cfg = load_config(args.config)
             check_state_dir(cfg)
             plan = plan_up(cfg, args.profile, on_status=lambda s: print(s, flush=True))
-        return serve(Launch(plan), args.port, reload_from=(args.profile or plan.target, args.config),
+        return serve(Launch(plan, early_spawn=early), args.port, reload_from=(args.profile or plan.target, args.config),
                      console=console_sources(plan.config))  # fmt: skip
 
     def on_error(exc: StackError) -> None:

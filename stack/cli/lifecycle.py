@@ -25,6 +25,7 @@ from stack.cli.every_command import ConfigOpt, UrlOpt, cli_config, cli_url, conf
 from stack.cli.progress import StartProgress
 from stack.config.schema import StackConfig
 from stack.config.state_dir import check_state_dir
+from stack.engine import early_spawn
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.kept import (
     DOWN_REPORT,
@@ -157,8 +158,11 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool,
     with open(log, "ab") as log_file:
         proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
                                 start_new_session=True)
-    try:  # the plan's secrets (key digests, the Hub token): on its stdin, never in a file or its environment
-        proc.stdin.write(json.dumps(plan.secrets()).encode())  # type: ignore[union-attr]
+    # On its stdin, never in a file or its environment: the plan's secrets (key digests, the Hub token) and the
+    # default engine's spec with its key, for the gateway to spawn before its imports (stack.engine.early_spawn).
+    handed = {"secrets": plan.secrets(), early_spawn.KEY: early_spawn.payload(plan, cfg)}
+    try:
+        proc.stdin.write(json.dumps(handed).encode())  # type: ignore[union-attr]
         proc.stdin.close()  # type: ignore[union-attr]
     except BrokenPipeError:  # it ended already: its failure file or log says why (below)
         pass

@@ -79,7 +79,7 @@ class EngineProcess:
             return self.popen.pid  # (wait_ready then reports its exit, with its log)
         if self.kept is not None:
             if self.kept.alive():
-                self._save(self.kept.pid, self.kept.started_at)
+                self.save_record(self.kept.pid, self.kept.started_at)
                 return self.kept.pid
             self.kept = None
         try:
@@ -100,10 +100,10 @@ class EngineProcess:
                 env=engine_environ({**self.spec.env, "PYTHONUNBUFFERED": "1"}, self.spec.api_key, self.spec.drop_env),
                 start_new_session=True,
             )
-        self._save(self.popen.pid, time.time())
+        self.save_record(self.popen.pid, time.time())
         return self.popen.pid
 
-    def _save(self, pid: int, started_at: float) -> None:
+    def save_record(self, pid: int, started_at: float) -> None:
         if self.records is not None:
             asleep = (self.kept.asleep, self.kept.host_bytes) if self.kept is not None else (0, 0)
             self.records.save(EngineRecord(self.spec.name, self.spec.profile, pid, self.spec.host, self.spec.port,

@@ -1,0 +1,102 @@
+"""The default engine spawned by the gateway process before it imports anything (issue 37, item 1).
+
+`vstack up` plans in the CLI, then starts the gateway process, which spent ~1.5 s importing the configuration
+schema, the planner and the engine runtime before it could spawn the engine (the startup bench's "gateway
+process to engine spawn": 1.5-2.0 s on every GPU run). The CLI has all that loaded already: it draws the
+default engine's spec (its port, its key) and hands it over on the gateway's stdin with the plan's secrets
+(`payload`); the gateway process spawns it first thing (`spawn`: the standard library only), and the
+assembly adopts it as the engine it would have started (stack.assemble.start_early) once it has checked that
+the command is the plan's own; otherwise the early process is stopped and the engine started as before.
+
+Only for a local engine process with nothing to attach to: no container, no Ray replica, no sleep handoff
+socket (its broker opens in the gateway), no running engine of that name to re-attach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stack.config.schema import StackConfig
+    from stack.engine.process import EngineSpec
+    from stack.planner.stack_plan import StackPlan
+
+KEY = "early_engine"  # where the payload goes in the JSON on the gateway's stdin
+
+
+@dataclass
+class EarlyEngine:
+    """The process `spawn` started, until the assembly adopts it (or stops it)."""
+
+    spec: dict[str, Any]
+    popen: subprocess.Popen[bytes] | None = None
+    log_start: int = 0
+    started_at: float = 0.0
+    error: str = ""
+    adopted: bool = field(default=False)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop it (its own session: its whole group), unless the assembly took it over."""
+        if self.adopted or self.popen is None or self.popen.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(5)
+
+
+def payload(plan: StackPlan, cfg: StackConfig) -> dict[str, Any] | None:
+    """What the CLI hands the gateway process for an early spawn of the plan's default engine; None where the
+    gateway must start it itself (see the module's docstring)."""
+    from stack.engine.launch import engine_spec, log_path_for
+    from stack.engine.records import engine_records
+    from stack.engine_env import engine_environ
+
+    default = plan.default
+    if plan.site is not None or plan.cluster is not None or default.handoff:
+        return None
+    record = engine_records(cfg.state_dir).get(default.served_name)
+    if record is not None and record.alive():  # kept running or asleep: the gateway re-attaches it
+        return None
+    spec = engine_spec(default, log_path_for(cfg, default))
+    return {
+        "spec": spec_data(spec),
+        "environ": engine_environ({**spec.env, "PYTHONUNBUFFERED": "1"}, spec.api_key, spec.drop_env),
+    }
+
+
+def spec_data(spec: EngineSpec) -> dict[str, Any]:
+    return {"name": spec.name, "profile": spec.profile, "argv": list(spec.argv), "env": dict(spec.env),
+            "host": spec.host, "port": spec.port, "log_path": str(spec.log_path),
+            "display_argv": list(spec.display_argv), "api_key": spec.api_key,
+            "drop_env": list(spec.drop_env)}  # fmt: skip
+
+
+def spawn(data: dict[str, Any]) -> EarlyEngine:
+    """Start the engine as EngineProcess.start does (its log appended to, its own session); a failure to
+    spawn is kept in `error`, and the assembly starts the engine the usual way (which reports it)."""
+    spec = data["spec"]
+    early = EarlyEngine(spec=spec)
+    log_path = spec["log_path"]
+    try:
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        early.log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
+        with open(log_path, "ab") as log:
+            log.write(f"\n==> vstack: starting {' '.join(spec['display_argv'])}\n".encode())
+            log.flush()
+            early.popen = subprocess.Popen(spec["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           env=data["environ"], start_new_session=True)  # fmt: skip
+        early.started_at = time.time()
+    except OSError as exc:
+        early.error = f"{type(exc).__name__}: {exc}"
+    return early
