@@ -186,8 +186,11 @@ def adopt_early(launch: Launch, early: EarlyEngine) -> tuple[Runtime, Callable[[
                           else "its command is not the plan's")  # fmt: skip
     engine = LocalEngine(spec, engine_records(cfg.state_dir), plan.fingerprint)
     if not why:
-        note = reattach(engine, cfg.stop_grace_s)
-        why = note if engine.kept is not None else ""
+        note = reattach(engine, cfg.stop_grace_s)  # an engine of that name to take over, or a dead one's record
+        if engine.kept is not None:
+            why = note
+        elif note:
+            log.info("%s", note)
     if why or early.popen is None:
         early.stop(cfg.stop_grace_s)
         log.warning("early spawn of engine %s not used (%s): starting it as usual", spec.name, why)
