@@ -160,3 +160,13 @@ def test_nothing_is_drawn_where_an_engine_of_that_name_runs_to_be_re_attached(tm
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_the_process_age_is_read_from_the_kernels_clocks_not_a_whole_second_boot_time() -> None:
+    """The spawn line's "N s after the gateway process began": psutil's create_time read ~1 s too much here."""
+    code = "from stack.assemble import process_age; print(process_age())"
+    t = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    wall = time.monotonic() - t
+    assert 0 < float(done.stdout) < wall
