@@ -168,8 +168,9 @@ def phases_after(logs: list[Path], began: float, gateway_log: Path | None = None
     year = time.localtime(began).tm_year
     out = {k: round(v - began, 1) for k, v in phase_starts(text, year).items()}
     if gateway_log is not None and gateway_log.is_file():
-        found = re.search(r"^(\S+ \S+),(\d+) stack\.gateway INFO engine \S+ \(pid \d+\) spawned ([\d.]+) s after"
-                          r".*?(?:([\d.]+) s before this line\))?$", gateway_log.read_text(errors="replace"), re.M)  # fmt: skip
+        line = (r"^(\S+ \S+),(\d+) stack\.gateway INFO engine \S+ \(pid \d+\) spawned ([\d.]+) s after"
+                r".*?(?:([\d.]+) s before this line\))?$")
+        found = re.search(line, gateway_log.read_text(errors="replace"), re.M)
         if found:  # an engine spawned before the gateway's imports is said once they are done: its line says when
             at = time.mktime(time.strptime(found[1], "%Y-%m-%d %H:%M:%S")) + int(found[2]) / 1000
             at -= float(found[4] or 0)
