@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from stack.errors import StackError
 
 CTRL_C = " (Press CTRL+C to quit)"
-EARLY_KEY = "early_engine"  # stack.engine.early_spawn.KEY, not imported: this module spawns before any import
 
 
 class NoCtrlCHint(logging.Filter):
@@ -55,12 +54,12 @@ def main() -> None:
     ap.add_argument("--secrets-stdin", action="store_true", help="the plan's secrets, as JSON on stdin")
     ap.add_argument("--failure-file", type=Path)
     args = ap.parse_args()
+    from stack.engine.early_spawn import KEY, spawn  # the standard library only: ~10 ms
+
     handed = json.loads(sys.stdin.read() or "{}") if args.plan is not None and args.secrets_stdin else {}
     early = None
-    if isinstance(handed.get(EARLY_KEY), dict):  # `vstack up` drew the default engine: spawn it before any import
-        from stack.engine.early_spawn import spawn
-
-        early = spawn(handed[EARLY_KEY])
+    if isinstance(handed.get(KEY), dict):  # `vstack up` drew the default engine: spawn it before any import
+        early = spawn(handed[KEY])
     from stack.assemble import Launch, plan_up, serve
     from stack.cli.console_sources import console_sources
     from stack.cli.every_command import run

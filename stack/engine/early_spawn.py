@@ -14,9 +14,8 @@ socket (its broker opens in the gateway), no running engine of that name to re-a
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -42,17 +41,14 @@ class EarlyEngine:
     adopted: bool = field(default=False)
 
     def stop(self, grace: float = 10.0) -> None:
-        """Stop it (its own session: its whole group), unless the assembly took it over."""
+        """Stop it with its descendants and group, as any engine is stopped, unless the assembly took it over
+        (called once the gateway's imports are done: stack.engine.process is loaded by then)."""
         if self.adopted or self.popen is None or self.popen.poll() is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.popen.pid, signal.SIGTERM)
-        try:
-            self.popen.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            self.popen.wait(5)
+        from stack.engine.process import stop_process_tree
+
+        stop_process_tree(self.popen.pid, grace)
+        self.popen.poll()  # reaped, if the wait above did not
 
 
 def payload(plan: StackPlan, cfg: StackConfig) -> dict[str, Any] | None:
@@ -76,10 +72,8 @@ def payload(plan: StackPlan, cfg: StackConfig) -> dict[str, Any] | None:
 
 
 def spec_data(spec: EngineSpec) -> dict[str, Any]:
-    return {"name": spec.name, "profile": spec.profile, "argv": list(spec.argv), "env": dict(spec.env),
-            "host": spec.host, "port": spec.port, "log_path": str(spec.log_path),
-            "display_argv": list(spec.display_argv), "api_key": spec.api_key,
-            "drop_env": list(spec.drop_env)}  # fmt: skip
+    """The spec as JSON data (EngineSpec(**data) with its Path and tuple back is the same spec)."""
+    return {**dataclasses.asdict(spec), "log_path": str(spec.log_path), "drop_env": list(spec.drop_env)}
 
 
 def spawn(data: dict[str, Any]) -> EarlyEngine:
