@@ -2,6 +2,9 @@
 to B and back, with and without the prefix cache kept across sleep, and the switch times beside it.
 
     python3 -m bench.gpu.prefix_switch --out F.json [--prefix-tokens 8192] [--cycles 3]   (bench/gpu/prefix_switch.sh)
+    python3 -m bench.gpu.prefix_switch --out F.json --cuda-graphs --sides keep    one side per device call: with
+    python3 -m bench.gpu.prefix_switch --merge KEEP.json OFF.json --out F.json    CUDA graphs each engine compiles
+                                                                                  and captures at its first start
 
 Two shipped models (8B and 7B shapes, dummy weights: the timings are the engines', not the answers') behind
 one `vstack up`, switched by the manager (sleep level 1, on this one GPU), once with
@@ -86,8 +89,10 @@ def model_engines(prefix_tokens: int, keep: bool) -> dict[str, dict[str, Any]]:
 
 
 def side(cfg: Any, device: Device, work: Path, log_dir: Path, keep: bool, prefix_tokens: int,
-         cycles: int) -> dict[str, Any]:  # fmt: skip
-    engine = {"enforce_eager": True, "enable_prefix_caching": True}
+         cycles: int, cuda_graphs: bool = False) -> dict[str, Any]:  # fmt: skip
+    # Eager by default (both sides fit one call). Eager adds tens of ms to every forward, the floor under A's
+    # return too: at 8k on an H100 it bounds the gain at 2.3x (2026-11-27); --cuda-graphs measures what serves.
+    engine = {"enforce_eager": not cuda_graphs, "enable_prefix_caching": True}
     run = prepare(cfg, MODEL_A, device, work / ("keep" if keep else "off"), extra_models=[MODEL_B], engine=engine,
                   manager={"models": [MODEL_A, MODEL_B], "min_residency_s": 0, "quiet_s": 0,
                            "queue_timeout_s": 600, "keep_prefix_cache": keep, "idle_ttl_s": 0},
@@ -155,6 +160,26 @@ def summary(keep: dict[str, Any], off: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def merge(files: list[Path]) -> dict[str, Any]:
+    """One result from the sides measured in separate calls (same device, prefix and mode), with the summary."""
+    parts = [json.loads(f.read_text()) for f in files]
+    result: dict[str, Any] = {}
+    for f, part in zip(files, parts, strict=True):
+        for key in ("device", "prefix_tokens", "cuda_graphs", "models"):
+            if key in result and part.get(key) != result[key]:
+                raise SystemExit(f"{f}: {key} {part.get(key)!r} differs from {result[key]!r} in {files[0]}: "
+                                 "merge sides of one setup only")  # fmt: skip
+            result[key] = part.get(key)
+        for name in ("keep", "off"):
+            if name in part:
+                result[name] = part[name]
+    missing = [name for name in ("keep", "off") if name not in result]
+    if missing:
+        raise SystemExit(f"no {' and no '.join(missing)} side in {', '.join(map(str, files))}: measure it with --sides")
+    result["summary"] = summary(result["keep"], result["off"])
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     from stack.config import load_config
 
@@ -164,14 +189,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--work", type=Path, default=Path("/tmp/vstack-gpu-prefix"))
     ap.add_argument("--sides", default="keep,off")
+    ap.add_argument("--cuda-graphs", action="store_true", help="engines with CUDA graphs (default: eager)")
+    ap.add_argument("--merge", type=Path, nargs="+", metavar="SIDE.json", help="combine sides measured apart")
     args = ap.parse_args(argv)
+    if args.merge:
+        result = merge(args.merge)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result["summary"], indent=2))
+        return 0 if result["summary"]["goals_met"] else 1
     device = detect()
     log_dir = args.out.parent / "prefix-switch-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     cfg = load_config()
-    result: dict[str, Any] = {"device": device.name, "prefix_tokens": args.prefix_tokens, "models": [MODEL_A, MODEL_B]}
+    result: dict[str, Any] = {"device": device.name, "prefix_tokens": args.prefix_tokens,
+                              "cuda_graphs": args.cuda_graphs, "models": [MODEL_A, MODEL_B]}  # fmt: skip
     for name in args.sides.split(","):
-        result[name] = side(cfg, device, args.work, log_dir, name == "keep", args.prefix_tokens, args.cycles)
+        result[name] = side(cfg, device, args.work, log_dir, name == "keep", args.prefix_tokens, args.cycles,
+                            args.cuda_graphs)  # fmt: skip
         args.out.write_text(json.dumps(result, indent=2) + "\n")  # what ran so far survives a cut
     if "keep" in result and "off" in result:
         result["summary"] = summary(result["keep"], result["off"])

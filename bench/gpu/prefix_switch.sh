@@ -5,6 +5,10 @@
 # dummy weights, one GPU (bench/gpu/prefix_switch.py says the steps).
 #
 #   bash bench/gpu/run.sh prefix_switch [PREFIX_TOKENS] [CYCLES]     default 8192 tokens, 3 cycles: ~8 min
+#   bash bench/gpu/run.sh prefix_switch 8192 3 --cuda-graphs --sides keep   then `... --sides off` in the next call:
+#                                                                    engines with CUDA graphs, one side per call (each
+#                                                                    compiles and captures at its first start); then
+#                                                                    python3 -m bench.gpu.prefix_switch --merge K.json O.json --out F.json
 #   bash bench/gpu/run.sh prefix_switch 32768 2                      a 32k session (A's tier sized to hold it, B within
 #                                                                    its 32k checkpoint): on an H100 the 8k one is bounded
 #                                                                    at 2.3x by the no-switch floor (2026-11-27)
@@ -19,9 +23,11 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 tokens=${1:-8192}
 cycles=${2:-3}
+shift $(($# < 2 ? $# : 2))
+name=prefix_switch$(printf '%s' "$*" | tr -c 'a-z0-9' '-' | sed 's/--*/-/g; s/-$//')
 unpack_site
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$out/prefix_switch.log"
 free -g | tee -a "$out/prefix_switch.log"
-python3 -m bench.gpu.prefix_switch --out "$out/prefix_switch.json" --prefix-tokens "$tokens" --cycles "$cycles" \
+python3 -m bench.gpu.prefix_switch --out "$out/$name.json" --prefix-tokens "$tokens" --cycles "$cycles" "$@" \
   2>&1 | tee -a "$out/prefix_switch.log"
 exit "${PIPESTATUS[0]}"

@@ -47,3 +47,27 @@ def test_each_model_gets_a_context_its_checkpoint_allows_and_the_tier_holds_the_
         assert tier * 2**30 >= (tokens + 1024) * KV_BYTES_A and tier >= DEFAULT_GIB
         assert SIZE_KEY not in off[MODEL_A] and SIZE_KEY not in kept[MODEL_B]  # the other side: today's switch
     assert model_engines(8192, True)[MODEL_A][SIZE_KEY] == DEFAULT_GIB  # the 8k run's tier, as on 2026-11-27
+
+
+def test_sides_measured_in_separate_calls_merge_into_one_verdict_and_mismatched_setups_are_refused(tmp_path) -> None:
+    """With CUDA graphs each side takes a device call of its own (every engine compiles at its first start)."""
+    import json
+
+    import pytest
+
+    from bench.gpu.prefix_switch import main
+
+    setup = {"device": "NVIDIA H200", "prefix_tokens": 8192, "cuda_graphs": True, "models": ["a", "b"]}
+    keep, off = tmp_path / "keep.json", tmp_path / "off.json"
+    keep.write_text(json.dumps({**setup, "keep": cycles(0.05, 0.66)}))
+    off.write_text(json.dumps({**setup, "off": cycles(0.30, 0.62)}))
+    out = tmp_path / "merged.json"
+    assert main(["--merge", str(keep), str(off), "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert merged["summary"]["ttft_gain_x"] == 6.0 and merged["cuda_graphs"] is True
+    eager = tmp_path / "eager.json"
+    eager.write_text(json.dumps({**setup, "cuda_graphs": False, "off": cycles(0.30, 0.62)}))
+    with pytest.raises(SystemExit, match="cuda_graphs False differs"):
+        main(["--merge", str(keep), str(eager), "--out", str(out)])
+    with pytest.raises(SystemExit, match="no off side"):
+        main(["--merge", str(keep), "--out", str(out)])
