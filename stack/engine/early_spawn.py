@@ -19,7 +19,7 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from stack.config.schema import StackConfig
@@ -76,20 +76,41 @@ def spec_data(spec: EngineSpec) -> dict[str, Any]:
     return {**dataclasses.asdict(spec), "log_path": str(spec.log_path), "drop_env": list(spec.drop_env)}
 
 
+def open_log(log_path: str | os.PathLike[str], display_argv: list[str] | tuple[str, ...]) -> tuple[IO[bytes], int]:
+    """The engine's log opened for appending, with this start's header written; and its size before, where this
+    start's lines begin (what a failed start's message quotes). Raises OSError (a full disk, a read-only state
+    directory): EngineProcess.start says so with a hint, `spawn` leaves the start to the assembly."""
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    try:
+        start = os.path.getsize(log_path)
+    except FileNotFoundError:
+        start = 0
+    log = open(log_path, "ab")  # noqa: SIM115 (the caller closes it once the child holds it)
+    try:
+        log.write(f"\n==> vstack: starting {' '.join(display_argv)}\n".encode())
+        log.flush()
+    except OSError:
+        log.close()
+        raise
+    return log, start
+
+
+def launch(argv: list[str] | tuple[str, ...], log: IO[bytes], environ: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Every local engine process starts this way (EngineProcess.start, and `spawn` before the gateway's
+    imports): output to its log, no stdin, its own session (stopped as a group, not by a Ctrl-C at the CLI)."""
+    return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environ,
+                            start_new_session=True)  # fmt: skip
+
+
 def spawn(data: dict[str, Any]) -> EarlyEngine:
-    """Start the engine as EngineProcess.start does (its log appended to, its own session); a failure to
-    spawn is kept in `error`, and the assembly starts the engine the usual way (which reports it)."""
+    """Start the engine as EngineProcess.start does (`open_log`, `launch`); a failure to spawn is kept in
+    `error`, and the assembly starts the engine the usual way (which reports it)."""
     spec = data["spec"]
     early = EarlyEngine(spec=spec)
-    log_path = spec["log_path"]
     try:
-        os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        early.log_start = os.path.getsize(log_path) if os.path.exists(log_path) else 0
-        with open(log_path, "ab") as log:
-            log.write(f"\n==> vstack: starting {' '.join(spec['display_argv'])}\n".encode())
-            log.flush()
-            early.popen = subprocess.Popen(spec["argv"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env=data["environ"], start_new_session=True)  # fmt: skip
+        log, early.log_start = open_log(spec["log_path"], spec["display_argv"])
+        with log:
+            early.popen = launch(spec["argv"], log, data["environ"])
         early.started_at = time.time()
     except OSError as exc:
         early.error = f"{type(exc).__name__}: {exc}"

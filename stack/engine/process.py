@@ -22,7 +22,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from stack.engine.diagnose import disk_hint, exit_words, explain_failure, log_silence, log_size, log_tail
+from stack.engine.diagnose import disk_hint, exit_words, explain_failure, log_silence, log_tail
+from stack.engine.early_spawn import launch, open_log
 from stack.engine.records import EngineRecord, RecordStore
 from stack.engine_env import engine_environ
 from stack.errors import EngineError
@@ -83,23 +84,13 @@ class EngineProcess:
                 return self.kept.pid
             self.kept = None
         try:
-            self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-            self.log_start = log_size(self.spec.log_path)
-            log = open(self.spec.log_path, "ab")  # noqa: SIM115 (closed below, once the child holds it)
-            log.write(f"\n==> vstack: starting {' '.join(self.spec.display_argv)}\n".encode())
-            log.flush()
+            log, self.log_start = open_log(self.spec.log_path, self.spec.display_argv)
         except OSError as exc:  # a full disk, a read-only state_dir: said now, not as a start that never ends
             raise EngineError(f"engine {self.spec.name!r}: cannot write its log {self.spec.log_path}: "
                               f"{exc.strerror or type(exc).__name__}", hint=disk_hint(self.spec.log_path)) from None
         with log:
-            self.popen = subprocess.Popen(
-                self.spec.argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=engine_environ({**self.spec.env, "PYTHONUNBUFFERED": "1"}, self.spec.api_key, self.spec.drop_env),
-                start_new_session=True,
-            )
+            environ = engine_environ({**self.spec.env, "PYTHONUNBUFFERED": "1"}, self.spec.api_key, self.spec.drop_env)
+            self.popen = launch(self.spec.argv, log, environ)
         self.save_record(self.popen.pid, time.time())
         return self.popen.pid
 
