@@ -89,10 +89,10 @@ def model_engines(prefix_tokens: int, keep: bool) -> dict[str, dict[str, Any]]:
 
 
 def side(cfg: Any, device: Device, work: Path, log_dir: Path, keep: bool, prefix_tokens: int,
-         cycles: int, cuda_graphs: bool = False) -> dict[str, Any]:  # fmt: skip
+         cycles: int, cuda_graphs: bool = False, options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     # Eager by default (both sides fit one call). Eager adds tens of ms to every forward, the floor under A's
     # return too: at 8k on an H100 it bounds the gain at 2.3x (2026-11-27); --cuda-graphs measures what serves.
-    engine = {"enforce_eager": not cuda_graphs, "enable_prefix_caching": True}
+    engine = {"enforce_eager": not cuda_graphs, "enable_prefix_caching": True, **(options or {})}
     run = prepare(cfg, MODEL_A, device, work / ("keep" if keep else "off"), extra_models=[MODEL_B], engine=engine,
                   manager={"models": [MODEL_A, MODEL_B], "min_residency_s": 0, "quiet_s": 0,
                            "queue_timeout_s": 600, "keep_prefix_cache": keep, "idle_ttl_s": 0},
@@ -165,7 +165,7 @@ def merge(files: list[Path]) -> dict[str, Any]:
     parts = [json.loads(f.read_text()) for f in files]
     result: dict[str, Any] = {}
     for f, part in zip(files, parts, strict=True):
-        for key in ("device", "prefix_tokens", "cuda_graphs", "models"):
+        for key in ("device", "prefix_tokens", "cuda_graphs", "engine_options", "models"):
             if key in result and part.get(key) != result[key]:
                 raise SystemExit(f"{f}: {key} {part.get(key)!r} differs from {result[key]!r} in {files[0]}: "
                                  "merge sides of one setup only")  # fmt: skip
@@ -191,7 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sides", default="keep,off")
     ap.add_argument("--cuda-graphs", action="store_true", help="engines with CUDA graphs (default: eager)")
     ap.add_argument("--merge", type=Path, nargs="+", metavar="SIDE.json", help="combine sides measured apart")
+    ap.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
+                    help="a vLLM option for both models, e.g. block_size=64 (a YAML value)")  # fmt: skip
     args = ap.parse_args(argv)
+    import yaml
+
+    options: dict[str, Any] = {}
+    for item in args.engine:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--engine {item!r}: write KEY=VALUE, e.g. --engine block_size=64")
+        options[key.strip()] = yaml.safe_load(value)
     if args.merge:
         result = merge(args.merge)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
@@ -202,10 +212,11 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     cfg = load_config()
     result: dict[str, Any] = {"device": device.name, "prefix_tokens": args.prefix_tokens,
-                              "cuda_graphs": args.cuda_graphs, "models": [MODEL_A, MODEL_B]}  # fmt: skip
+                              "cuda_graphs": args.cuda_graphs, "engine_options": options,
+                              "models": [MODEL_A, MODEL_B]}  # fmt: skip
     for name in args.sides.split(","):
         result[name] = side(cfg, device, args.work, log_dir, name == "keep", args.prefix_tokens, args.cycles,
-                            args.cuda_graphs)  # fmt: skip
+                            args.cuda_graphs, options)  # fmt: skip
         args.out.write_text(json.dumps(result, indent=2) + "\n")  # what ran so far survives a cut
     if "keep" in result and "off" in result:
         result["summary"] = summary(result["keep"], result["off"])
