@@ -71,6 +71,7 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
     files = files or find_local(resolved.model, cfg)
     adapters = apply_model_serving(cfg, resolved, files.path if files else None, python, notes,
                                    fetch_adapters=fetched, catalog=catalog, parsers=parsers)
+    apply_prefix_block_size(cfg, resolved, catalog)  # before the fit: it plans the blocks vLLM will make
     fit = apply_fit(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch,
                     derived=derived)
     can_sleep = bool(resolved.engine.get("enable_sleep_mode")) and resolved.hardware.accelerator == "gpu"
@@ -125,11 +126,9 @@ def fingerprint(plan: ModelPlan, catalog: VllmCatalog) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
 
 
-def apply_prefix_keep(cfg: StackConfig, resolved: ResolvedProfile, catalog: VllmCatalog, fit: Fit | None,
-                      notes: list[str]) -> None:  # fmt: skip
-    """manager.keep_prefix_cache: the CPU tier's options and the runtime patch's switch (stack.vllm.kv_offload)."""
-    tp = int(resolved.engine.get("tensor_parallel_size") or 1)
-    gpu_kv = fit.budget.kv * tp if fit else None
+def prefix_keep(cfg: StackConfig, resolved: ResolvedProfile, catalog: VllmCatalog,
+                gpu_kv: int | None) -> kv_offload.PrefixKeep:  # fmt: skip
+    """manager.keep_prefix_cache decided for this engine (stack.vllm.kv_offload.decide, and one model alone)."""
     keep = kv_offload.decide(cfg.manager.keep_prefix_cache, resolved.engine, accelerator=resolved.hardware.accelerator,
                              has_option=kv_offload.SIZE_KEY in catalog, gpu_kv_bytes=gpu_kv,
                              configured_gib=cfg.manager.prefix_cache_gib)  # fmt: skip
@@ -139,6 +138,25 @@ def apply_prefix_keep(cfg: StackConfig, resolved: ResolvedProfile, catalog: Vllm
         # One model sleeps only across `vstack down` (adr/0030): no switch for a CPU tier to serve, so its serving
         # path and host RAM stay as they were unless asked for (keep_prefix_cache: true, prefix_cache_gib).
         keep = kv_offload.PrefixKeep(False, 0.0, "one model: no switch to keep a prefix cache for")
+    return keep
+
+
+def apply_prefix_block_size(cfg: StackConfig, resolved: ResolvedProfile, catalog: VllmCatalog) -> None:
+    """An engine that keeps its prefix cache gets KV blocks of kv_offload.BLOCK_TOKENS tokens unless its profile
+    sets block_size: the tier is loaded back block by block, at half the bus in vLLM's default 16 (adr/0027)."""
+    if "block_size" in resolved.engine or "block_size" not in catalog:
+        return
+    if prefix_keep(cfg, resolved, catalog, None).enabled:
+        resolved.engine["block_size"] = kv_offload.BLOCK_TOKENS
+        resolved.engine_origins["block_size"] = (f"manager.keep_prefix_cache: the CPU tier loads back at the bus's "
+                                                 f"rate in blocks of {kv_offload.BLOCK_TOKENS} tokens")  # fmt: skip
+
+
+def apply_prefix_keep(cfg: StackConfig, resolved: ResolvedProfile, catalog: VllmCatalog, fit: Fit | None,
+                      notes: list[str]) -> None:  # fmt: skip
+    """manager.keep_prefix_cache: the CPU tier's options and the runtime patch's switch (stack.vllm.kv_offload)."""
+    tp = int(resolved.engine.get("tensor_parallel_size") or 1)
+    keep = prefix_keep(cfg, resolved, catalog, fit.budget.kv * tp if fit else None)
     for key, value in kv_offload.engine_options(keep).items():
         if key not in resolved.engine:
             resolved.engine[key] = value

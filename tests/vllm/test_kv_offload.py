@@ -113,9 +113,17 @@ def test_a_gpu_profile_that_sleeps_gets_the_tier_and_the_patch_switch() -> None:
     assert plan.env[kv_offload.KEEP_ENV] == "1"
     assert "--kv-offloading-size 6" in plan.display()
     assert any(n.startswith("prefix cache across sleep: 6 GiB") for n in plan.notes)
+    # The tier loads back block by block: 64-token blocks (half the bus at vLLM's 16), planned as such
+    assert plan.engine["block_size"] == kv_offload.BLOCK_TOKENS == 64 and "--block-size 64" in plan.display()
+    assert "keep_prefix_cache" in plan.engine_origins["block_size"] and plan.fit.kv.block_size == 64
     off = load_config(overrides={"engine": {"enable_sleep_mode": True}, "manager": {"keep_prefix_cache": False}})
     plan = plan_model(off, "rtx4090-qwen2.5-7b", detect(), load_catalog("0.33"), for_launch=False)
     assert "kv_offloading_size" not in plan.engine and kv_offload.KEEP_ENV not in plan.env
+    assert "block_size" not in plan.engine and plan.fit.kv.block_size == 16  # vLLM's default, as before
+    own = load_config(overrides={"engine": {"enable_sleep_mode": True, "block_size": 32},
+                                 "manager": {"prefix_cache_gib": 6}})  # fmt: skip
+    plan = plan_model(own, "rtx4090-qwen2.5-7b", detect(), load_catalog("0.33"), for_launch=False)
+    assert plan.engine["block_size"] == 32 and plan.engine["kv_offloading_size"] == 6  # the profile's own kept
 
 
 def test_the_prefix_caches_take_their_share_of_the_host_budget_before_level1_weights() -> None:
