@@ -9,6 +9,10 @@
 #                                                                    engines with CUDA graphs, one side per call (each
 #                                                                    compiles and captures at its first start); then
 #                                                                    python3 -m bench.gpu.prefix_switch --merge K.json O.json --out F.json
+#   bash bench/gpu/run.sh prefix_switch 32768 2 --cuda-graphs --sides keep --engine block_size=64   (then --sides off,
+#                                                                    same options): the stack gives engines with the tier
+#                                                                    64-token blocks (adr/0027), so both sides get them
+#                                                                    here; 6.28x on an H200 (2026-11-27)
 #   bash bench/gpu/run.sh prefix_switch 32768 2                      a 32k session (A's tier sized to hold it, B within
 #                                                                    its 32k checkpoint): on an H100 the 8k one is bounded
 #                                                                    at 2.3x by the no-switch floor (2026-11-27)
