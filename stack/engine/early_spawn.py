@@ -80,11 +80,12 @@ def open_log(log_path: str | os.PathLike[str], display_argv: list[str] | tuple[s
     """The engine's log opened for appending, with this start's header written; and its size before, where this
     start's lines begin (what a failed start's message quotes). Raises OSError (a full disk, a read-only state
     directory): EngineProcess.start says so with a hint, `spawn` leaves the start to the assembly."""
+    from pathlib import Path
+
+    from stack.engine.diagnose import log_size  # the standard library only, as this module
+
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    try:
-        start = os.path.getsize(log_path)
-    except FileNotFoundError:
-        start = 0
+    start = log_size(Path(log_path))
     log = open(log_path, "ab")  # noqa: SIM115 (the caller closes it once the child holds it)
     try:
         log.write(f"\n==> vstack: starting {' '.join(display_argv)}\n".encode())
