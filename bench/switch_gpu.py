@@ -262,8 +262,9 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     """`sides`: "ours" (the manager on patched engines without the memory handoff, i.e. manager.sleep_handoff:
     false, and vLLM's endpoints by hand on those same engines: raw-patched), "handoff" (the manager with the
     handoff, what `vstack up` does by default for one-GPU engines since 2026-11-24, sequential switches:
-    adr/0016) and "raw" (vLLM unpatched, its own engines started after ours are gone); ours and raw by
-    default."""
+    adr/0016), "handoff-overlap" (the same engines, the weights woken while the other sleeps: adr/0035; with
+    "handoff" the two alternate round by round) and "raw" (vLLM unpatched, its own engines started after ours
+    are gone); ours and raw by default."""
     sides = sides or {"ours", "raw"}
     names = SCENARIOS[scenario]
     logs = work / "logs"
@@ -315,15 +316,17 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                         cur = n
             finally:
                 b.close()
-        if "handoff" in sides:  # sequential switches with the memory handed over (manager.sleep_handoff)
+        modes = [m for m in ("handoff", "handoff-overlap") if m in sides]
+        if modes:  # the memory handed over (manager.sleep_handoff): sequential, and overlapped (adr/0035)
             b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True)
             try:
                 cur = start_all(b, "vstack-handoff")
-                b.manager.settings = b.settings.model_copy(update={"overlap_wake": False})
                 for r in range(repeat):
-                    for n in _cycle(order, cur):
-                        record({"side": "vstack-handoff", "round": r, "from": cur, **b.request(n)}, cur, n)
-                        cur = n
+                    for mode in modes:  # interleaved round by round on the same engines
+                        b.manager.settings = b.settings.model_copy(update={"overlap_wake": mode != "handoff"})
+                        for n in _cycle(order, cur):
+                            record({"side": f"vstack-{mode}", "round": r, "from": cur, **b.request(n)}, cur, n)
+                            cur = n
             finally:
                 b.close()
         if "raw" in sides:
@@ -343,7 +346,7 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     return result
 
 
-SIDES = ("vstack", "vstack-sequential", "vstack-handoff", "raw-patched", "raw")
+SIDES = ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap", "raw-patched", "raw")
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -366,7 +369,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         row["max"] = {side: max(row[side]) for side in SIDES if row[side]}
         for side in SIDES:
             row[side] = median(row[side])
-        ours = [row[side] for side in ("vstack", "vstack-sequential", "vstack-handoff") if row[side]]
+        ours = [row[side] for side in ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap")
+                if row[side]]  # fmt: skip
         row["best_vstack"] = min(ours) if ours else None
         row["ratio_vstack_to_raw"] = round(row["vstack"] / row["raw"], 3) if row["vstack"] and row["raw"] else None
         row["ratio_best_to_raw"] = round(row["best_vstack"] / row["raw"], 3) if ours and row["raw"] else None

@@ -9,6 +9,9 @@
 #   bash bench/gpu/switch_time.sh pair 5 handoff,raw    the stack's default switch (the memory handoff,
 #                                                       manager.sleep_handoff) next to raw vLLM: ~4.5 min
 #   bash bench/gpu/switch_time.sh round 3 handoff       the same for 4 models (raw: round 3 raw, another call)
+#   bash bench/gpu/switch_time.sh pair 3 handoff,handoff-overlap,raw
+#                                                       the handoff sequential and overlapped (adr/0035),
+#                                                       round by round on the same engines, then raw: ~6 min
 #
 # Device-tool calls for the lead (from /work/main after merging branch `switch`; the site parts are the GPU
 # suite's, built by `bash bench/gpu/build_site.sh`; back to back, a machine stays warm ~30 s after a call):

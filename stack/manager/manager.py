@@ -330,7 +330,8 @@ class ModelManager:
         victim = self.slots[sleepers[0]]
         release_only = victim.host_copy_held and (victim.tier.sleep_level or 1) == 1
         order = switch_order(slot.weights_gpu, free, self.capacity.total, target_tier=slot.tier, evicted=sleepers,
-                             enabled=self.settings.overlap_wake, release_only=release_only)  # fmt: skip
+                             enabled=self.settings.overlap_wake, release_only=release_only,
+                             handoff=self.handoff is not None)  # fmt: skip
         if order.overlap and not isinstance(self.probe, NoProbe) and self.probe.used() is None:
             return Order(False, "no NVML reading: the freed memory could not be checked")
         log.info("switch order for %s: %s (%s)", slot.name, "overlap" if order.overlap else "sequential", order.reason)
@@ -435,9 +436,20 @@ class ModelManager:
     async def _overlapped(self, slot: Slot, victim: Slot, phases: dict[str, float]) -> bool:
         """Put `victim` to sleep while `slot`'s weights come back (opposite directions of the bus); then the
         KV cache once the victim's memory is verifiably free. switch_order allowed it: the weights fit beside
-        the victim awake. A sleep that freed too little stops the victim before the KV cache is woken."""
+        the victim awake. A sleep that freed too little stops the victim before the KV cache is woken. With
+        the memory handoff the victim's memory is held for the KV cache's wake inside this window (adr/0035)."""
+        window = self.handoff
+        if window is not None:
+            window.open_window()
+        try:
+            return await self._overlapped_in_window(slot, victim, phases)
+        finally:
+            if window is not None:
+                phases["handoff_left_gib"] = round(window.close_window() / 2**30, 2)
+
+    async def _overlapped_in_window(self, slot: Slot, victim: Slot, phases: dict[str, float]) -> bool:
         self.metrics.evictions.labels(victim.name, str(Evict.SLEEP)).inc()
-        before = self.probe.used()
+        before, held = self.probe.used(), self._held()
         level = victim.tier.sleep_level or 1
         self.move(victim, S.SLEEPING, f"sleep level {level}, overlapped with {slot.name}'s wake")
         self.move(slot, S.STARTING, f"waking weights beside {victim.name}'s sleep")
@@ -447,7 +459,8 @@ class ModelManager:
         phases["overlap_s"] = round(self.clock() - t, 3)
         if not isinstance(slept, BaseException):
             self._slept(victim, level)
-        grown = 0 if isinstance(woke, BaseException) else (slot.weights_gpu or 0)
+        # Mapped meanwhile: the target's weights; and what the victim handed over, still in use on the GPU.
+        grown = (0 if isinstance(woke, BaseException) else (slot.weights_gpu or 0)) + self._held() - held
         if isinstance(slept, BaseException) or not self._verify_sleep(victim, before, self.probe.used(), grown):
             if isinstance(slept, BaseException):
                 log.warning("sleep of %s failed (%s): stopping it", victim.name, slept)

@@ -187,7 +187,8 @@ def overlap_margin(total: int) -> int:
 
 
 def switch_order(target_weights: int | None, free_beside: int, total: int, *, target_tier: Tier,
-                 evicted: Sequence[str], enabled: bool = True, release_only: bool = False) -> Order:  # fmt: skip
+                 evicted: Sequence[str], enabled: bool = True, release_only: bool = False,
+                 handoff: bool = False) -> Order:  # fmt: skip
     """Overlap B's weight wake with A's sleep only when it cannot run out of memory: B sleeps (level 1 or 2),
     exactly one model is put to sleep for it, B's weight size is known, and B's weights plus a margin fit in
     what is free now, with A still holding all of its memory. Otherwise sequential.
@@ -195,7 +196,10 @@ def switch_order(target_weights: int | None, free_beside: int, total: int, *, ta
     `release_only` (A's sleep copies nothing: its host copy is kept from an earlier sleep): sequential. There is
     no copy of A's to hide, and the driver clears the memory A releases before B may use it, on the copy
     engines B's weights come in through: beside A's sleep B's weights copy at half the bus, before it B's KV
-    cache waits for the clearing instead (H200, README "Switch at bus speed"); sequential was fastest."""
+    cache waits for the clearing instead (H200, README "Switch at bus speed"); sequential was fastest.
+    `handoff` (manager.sleep_handoff: A hands its memory to B's KV cache, nothing is cleared): what A's sleep
+    costs (unmapping and handing over its pieces, ~0.1 s for an engine at 0.7 of an H200) is hidden under B's
+    weight copy into the free memory beside A, so a release-only sleep overlaps too (adr/0035)."""
     if not enabled:
         return Order(False, "overlap off (manager.overlap_wake)")
     if target_tier == Tier.COLD:
@@ -206,10 +210,11 @@ def switch_order(target_weights: int | None, free_beside: int, total: int, *, ta
         return Order(False, "the target's weight size is unknown")
     margin = overlap_margin(total)
     if target_weights + margin <= free_beside:
-        if release_only:
+        if release_only and not handoff:
             return Order(False, f"{evicted[0]}'s sleep only releases memory (its host copy is kept): sequential")
+        handed = " (its memory handed to the KV cache)" if handoff else ""
         return Order(True, f"weights {_gib(target_weights)} + margin {_gib(margin)} fit the {_gib(free_beside)} free "
-                           f"beside {evicted[0]}: woken while it sleeps")  # fmt: skip
+                           f"beside {evicted[0]}: woken while it sleeps{handed}")  # fmt: skip
     return Order(False, f"weights {_gib(target_weights)} + margin {_gib(margin)} do not fit the {_gib(free_beside)} "
                         f"free beside {evicted[0]}: it sleeps first")  # fmt: skip
 

@@ -28,3 +28,12 @@ def test_warm_up_round_is_reported_apart_and_left_out_of_the_medians() -> None:
 def test_a_single_round_is_all_there_is_and_counts() -> None:
     row = summarize({"switches": [switch("vstack-handoff", 0, 0.6), switch("raw", 0, 1.0)]})["8b->3b"]
     assert row["vstack-handoff"] == 0.6 and row["ratio_best_to_raw"] == 0.6
+
+
+def test_the_overlapped_handoff_is_a_side_of_its_own_and_the_best_of_ours_counts() -> None:
+    result = {"switches": [switch("vstack-handoff", 0, 5.3), switch("vstack-handoff-overlap", 0, 0.7),
+                           switch("raw", 0, 5.7), switch("vstack-handoff", 1, 0.62),
+                           switch("vstack-handoff-overlap", 1, 0.47), switch("raw", 1, 0.96)]}  # fmt: skip
+    row = summarize(result)["8b->3b"]
+    assert row["vstack-handoff"] == 0.62 and row["vstack-handoff-overlap"] == 0.47
+    assert row["best_vstack"] == 0.47 and row["ratio_best_to_raw"] == round(0.47 / 0.96, 3)

@@ -11,7 +11,7 @@ from stack.manager.states import ModelState
 from stack.vllm.plugins.handoff import HandoffBroker, put_pieces, take_pieces
 
 from .conftest import GIB, FakeGpu, StandIn, run
-from .test_switch_order import gpu_manager, serve
+from .test_switch_order import call, gpu_manager, serve
 
 S = ModelState
 PIECE = 512 * 1024**2
@@ -110,3 +110,64 @@ def test_each_sleep_is_credited_only_with_what_it_handed_over(tmp_path) -> None:
     assert a.handed[-1] is True and mgr.slots["a"].state == S.SLEEPING
     assert mgr.slots["b"].state == S.STOPPED  # its sleep freed nothing: stopped, not credited with a's bytes
     assert mgr.slots["c"].state == S.READY
+
+
+class TaggedHandingStandIn(HandingStandIn):
+    """As the runtime patch does: a wake of the weights takes pieces for the weights, of the KV cache for the
+    rest, of everything for all (in 512 MiB pieces here)."""
+
+    def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
+        share = {None: self.need, ("weights",): self.weights, ("kv_cache",): self.need - self.weights}
+        got = take_pieces(self.broker_path, "gpu-0", {PIECE: share[tuple(tags) if tags else None] // PIECE})
+        self.taken.append(len(got) * PIECE)
+        for _size, fd in got:
+            os.close(fd)
+        StandIn.wake_up(self, tags, timeout)
+
+
+def test_with_the_handoff_a_release_only_sleep_overlaps_the_weights_and_hands_its_memory_to_the_kv_cache(
+    tmp_path,
+) -> None:
+    """60 GiB each on 80: B's 15 GiB of weights fit beside A. A keeps its host copy, so its sleep only releases
+    memory (sequential without the handoff); with it, A's sleep runs under B's weight wake and its memory goes to
+    B's KV cache in the same window, counted as freed, and nothing is held after."""
+    gpu = HandingGpu()
+    broker = HandoffBroker(tmp_path).start()
+    gpu.broker = broker
+    a, b = TaggedHandingStandIn("a", 60 * GIB, gpu), TaggedHandingStandIn("b", 60 * GIB, gpu)
+    for e in (a, b):
+        e.weights, e.broker_path = 15 * GIB, broker.path
+        e.sleep_s = e.wake_s = 0.3
+    mgr = gpu_manager([a, b], gpu, capacity_gib=80)
+    mgr.handoff = broker
+    for name in ("a", "b"):
+        mgr.slots[name].keeps_host_copy = True
+    try:
+        for name in ("b", "a", "b", "a"):  # the last: b held a copy since its last sleep (release only)
+            run(serve(mgr, name))
+    finally:
+        broker.stop()
+    last = mgr.slots["a"].last_switch
+    assert mgr.slots["b"].host_copy_held and last["overlap"]
+    assert "woken while it sleeps (its memory handed to the KV cache)" in last["order"]
+    slept, weights, kv = call(b, "sleep"), call(a, "wake weights"), call(a, "wake kv_cache")
+    assert weights[0] < slept[1] and slept[0] < weights[1]  # the sleep ran under the weights' wake
+    assert kv[0] >= slept[1]  # the KV cache once b's memory was handed over
+    assert b.handed[-1] is True and a.taken[-1] == 45 * GIB  # b's memory went to a's KV cache
+    assert mgr.slots["b"].state == S.SLEEPING and b.starts == 1  # handed over, so counted as freed
+    assert last["phases"]["handoff_left_gib"] == 15.0  # b's 60 GiB, 45 of them taken: the rest freed
+    assert broker.held_bytes() == 0 and mgr.slots["a"].state == S.READY
+
+
+def test_without_the_handoff_a_release_only_sleep_stays_sequential(tmp_path) -> None:
+    """The control for the test above: the same engines and switch, no broker: sequential (measured best)."""
+    gpu = FakeGpu()
+    a, b = StandIn("a", need=60 * GIB, gpu=gpu), StandIn("b", need=60 * GIB, gpu=gpu)
+    for e in (a, b):
+        e.weights, e.sleep_s, e.wake_s = 15 * GIB, 0.3, 0.3
+    mgr = gpu_manager([a, b], gpu, capacity_gib=80)
+    for name in ("a", "b"):
+        mgr.slots[name].keeps_host_copy = True
+    for name in ("b", "a", "b", "a"):
+        run(serve(mgr, name))
+    assert "only releases memory" in mgr.slots["a"].last_switch["order"]

@@ -66,6 +66,9 @@ def test_overlap_allowed_only_when_the_weights_fit_beside_the_awake_model():
     assert not no.overlap and "it sleeps first" in no.reason
     release = switch_order(6 * GIB, 16 * GIB, total, target_tier=Tier.LEVEL1, evicted=["a"], release_only=True)
     assert not release.overlap and "only releases memory" in release.reason
+    handed = switch_order(6 * GIB, 16 * GIB, total, target_tier=Tier.LEVEL1, evicted=["a"], release_only=True,
+                          handoff=True)  # fmt: skip
+    assert handed.overlap and "its memory handed to the KV cache" in handed.reason
 
 
 @pytest.mark.parametrize("kwargs, why", [
