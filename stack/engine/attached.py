@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from stack.engine.control_client import control_client
 from stack.engine.runtime import SleepEndpoints
 from stack.errors import EngineError
 
@@ -44,16 +45,16 @@ class AttachedEngine(SleepEndpoints):
     def wait_ready(self, timeout: float) -> float:
         started = time.monotonic()
         last = "no answer"
-        with httpx.Client(timeout=3.0) as http:
-            while (elapsed := time.monotonic() - started) <= timeout:
-                try:
-                    resp = http.get(f"{self.spec.base_url}/health")
-                    if resp.status_code == 200:
-                        return elapsed
-                    last = f"/health answered {resp.status_code}"
-                except httpx.HTTPError as exc:
-                    last = type(exc).__name__
-                time.sleep(0.5)
+        http = control_client()
+        while (elapsed := time.monotonic() - started) <= timeout:
+            try:
+                resp = http.get(f"{self.spec.base_url}/health", timeout=3.0)
+                if resp.status_code == 200:
+                    return elapsed
+                last = f"/health answered {resp.status_code}"
+            except httpx.HTTPError as exc:
+                last = type(exc).__name__
+            time.sleep(0.5)
         raise EngineError(f"engine {self.spec.name!r} at {self.spec.base_url} is not ready after {timeout:.0f} s "
                           f"({last})", hint="it is not ours to start: check its service (docker compose ps, logs)")
 

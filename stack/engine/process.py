@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from stack.engine.control_client import control_client
 from stack.engine.diagnose import disk_hint, exit_words, explain_failure, log_silence, log_tail
 from stack.engine.early_spawn import launch, open_log
 from stack.engine.records import EngineRecord, RecordStore
@@ -124,33 +125,33 @@ class EngineProcess:
         """Seconds until /health answered 200. On a crash or timeout: stop everything, raise EngineError."""
         started = time.monotonic()
         url = f"{self.spec.base_url}/health"
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                elapsed = time.monotonic() - started
-                code = self.exit_code()
-                if code is not None:
-                    tail = log_tail(self.spec.log_path, start=self.log_start)
-                    self.stop(grace=5)
-                    message, hint = explain_failure(tail, code)
-                    # The cause from the process itself: its exit, and why its log may say nothing.
-                    silent = log_silence(self.spec.log_path, tail)
-                    raise EngineError(f"engine {self.spec.name!r} {exit_words(code)} while starting: {message}"
-                                      + (f"; {silent}" if silent else ""),
-                                      hint=disk_hint(self.spec.log_path) if "full" in silent else hint,
-                                      log_tail=tail)  # fmt: skip
-                if elapsed > timeout:
-                    tail = log_tail(self.spec.log_path, start=self.log_start)
-                    self.stop(grace=5)
-                    raise EngineError(f"engine {self.spec.name!r} was not ready after {timeout:.0f} s; stopped it",
-                                      hint="raise startup_timeout_s, or read the log: " + str(self.spec.log_path),
-                                      log_tail=tail)
-                try:
-                    if client.get(url).status_code == 200:
-                        return elapsed
-                except httpx.HTTPError:
-                    pass
-                on_tick(elapsed, last_line(self.spec.log_path))
-                time.sleep(HEALTH_POLL_S)
+        client = control_client()  # one for every control call: stack.engine.control_client
+        while True:
+            elapsed = time.monotonic() - started
+            code = self.exit_code()
+            if code is not None:
+                tail = log_tail(self.spec.log_path, start=self.log_start)
+                self.stop(grace=5)
+                message, hint = explain_failure(tail, code)
+                # The cause from the process itself: its exit, and why its log may say nothing.
+                silent = log_silence(self.spec.log_path, tail)
+                raise EngineError(f"engine {self.spec.name!r} {exit_words(code)} while starting: {message}"
+                                  + (f"; {silent}" if silent else ""),
+                                  hint=disk_hint(self.spec.log_path) if "full" in silent else hint,
+                                  log_tail=tail)  # fmt: skip
+            if elapsed > timeout:
+                tail = log_tail(self.spec.log_path, start=self.log_start)
+                self.stop(grace=5)
+                raise EngineError(f"engine {self.spec.name!r} was not ready after {timeout:.0f} s; stopped it",
+                                  hint="raise startup_timeout_s, or read the log: " + str(self.spec.log_path),
+                                  log_tail=tail)
+            try:
+                if client.get(url, timeout=2.0).status_code == 200:
+                    return elapsed
+            except httpx.HTTPError:
+                pass
+            on_tick(elapsed, last_line(self.spec.log_path))
+            time.sleep(HEALTH_POLL_S)
 
     def stop(self, grace: float = 20) -> list[int]:
         pid = self.pid

@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
+from stack.engine.control_client import control_client
 from stack.engine.diagnose import log_tail
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import EngineError
@@ -98,7 +99,8 @@ class SleepEndpoints:
                      body={"method": STAGE_METHOD})  # fmt: skip
 
     def is_sleeping(self) -> bool:
-        resp = httpx.get(f"{self.spec.base_url}/is_sleeping", headers=auth_header(engine_key(self)), timeout=10)
+        resp = control_client().get(f"{self.spec.base_url}/is_sleeping", headers=auth_header(engine_key(self)),
+                                    timeout=10)  # fmt: skip
         resp.raise_for_status()
         return bool(resp.json().get("is_sleeping"))
 
@@ -133,7 +135,8 @@ def control_post(base_url: str, name: str, path: str, params: dict[str, Any], ti
                  body: dict[str, Any] | None = None, key: str | None = None) -> None:  # fmt: skip
     """POST to one of vLLM's sleep endpoints; anything but 200 is an EngineError saying what the engine needs."""
     try:
-        resp = httpx.post(f"{base_url}{path}", params=params, json=body, headers=auth_header(key), timeout=timeout)
+        resp = control_client().post(f"{base_url}{path}", params=params, json=body, headers=auth_header(key),
+                                     timeout=timeout)  # fmt: skip
     except httpx.HTTPError as exc:
         raise EngineError(f"engine {name!r}: POST {path} failed: {type(exc).__name__}") from exc
     if resp.status_code != 200:

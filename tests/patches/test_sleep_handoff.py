@@ -178,3 +178,35 @@ def test_memory_goes_back_and_forth_switch_after_switch(gpu, caplog) -> None:
         gpu.broker.close_window()
     assert "could not be exported" not in caplog.text
     assert gpu.broker.held_bytes() == 0
+
+
+class _Allocator:
+    _vstack_sleeps = 0
+
+
+def _worker(allocator: _Allocator, sleeps: bool, message: str = fsw.GREW):
+    """vLLM's Worker.sleep in outline: the allocator's sleep (counted as the patch counts it), then the check."""
+
+    class Worker:
+        def sleep(self, level: int = 1) -> None:
+            if sleeps:
+                allocator._vstack_sleeps += 1
+            raise AssertionError(message)
+
+    return Worker
+
+
+def test_the_free_memory_check_is_skipped_only_for_a_sleep_that_completed() -> None:
+    """adr/0035: beside another engine's wake the device's free memory falls while a handing-over sleep runs."""
+    allocator = _Allocator()
+    done = _worker(allocator, sleeps=True)
+    done.sleep = fsw._sleep_check_beside_a_wake(done.sleep, lambda: allocator)
+    assert done().sleep(1) is None and allocator._vstack_sleeps == 1
+    failed = _worker(allocator, sleeps=False)  # the allocator's sleep did not complete: the check stands
+    failed.sleep = fsw._sleep_check_beside_a_wake(failed.sleep, lambda: allocator)
+    with pytest.raises(AssertionError, match="increased"):
+        failed().sleep(1)
+    other = _worker(allocator, sleeps=True, message="something else")  # another assertion: not ours to skip
+    other.sleep = fsw._sleep_check_beside_a_wake(other.sleep, lambda: allocator)
+    with pytest.raises(AssertionError, match="something else"):
+        other().sleep(1)
