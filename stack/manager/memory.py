@@ -8,7 +8,8 @@ space it was given + the engine's own overhead. NVML tells whether a sleep reall
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+import threading
+from typing import Any, Protocol
 
 import psutil
 
@@ -24,7 +25,21 @@ class MemoryProbe(Protocol):
 
 
 class NvmlProbe:
-    """Bytes used on the GPUs the engines share (all visible devices, summed)."""
+    """Bytes used on the GPUs the engines share (all visible devices, summed). NVML is initialised once, at
+    the first reading, and kept: nvmlInit enumerates the devices (tens of ms), and a switch reads the memory
+    two or three times (the order, before and after a sleep). A failed reading drops the handles, so the next
+    one initialises again (a driver reloaded under us)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: list[object] | None = None
+
+    def _devices(self, nvml: Any) -> list[object]:
+        with self._lock:
+            if self._handles is None:
+                nvml.nvmlInit()
+                self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            return self._handles
 
     def used(self) -> int | None:
         try:
@@ -32,16 +47,11 @@ class NvmlProbe:
         except ImportError:
             return None
         try:
-            pynvml.nvmlInit()
+            return sum(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in self._devices(pynvml))
         except pynvml.NVMLError:
+            with self._lock:
+                self._handles = None
             return None
-        try:
-            total = 0
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                total += pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used
-            return total
-        finally:
-            pynvml.nvmlShutdown()
 
 
 class NoProbe:
