@@ -22,5 +22,7 @@ def control_client() -> httpx.Client:
     if _client is None:
         with _lock:
             if _client is None:
-                _client = httpx.Client(timeout=10.0)
+                # An idle connection is dropped after 1 s, well before the engine's server closes it (uvicorn's
+                # keep-alive timeout, 5 s): a POST /sleep never goes out on a connection the server is closing.
+                _client = httpx.Client(timeout=10.0, limits=httpx.Limits(keepalive_expiry=1.0))
     return _client
