@@ -48,12 +48,14 @@ class HandingStandIn(StandIn):
         super().wake_up(tags, timeout)
 
 
-def two_engines(tmp_path) -> tuple[HandoffBroker, HandingStandIn, HandingStandIn, object]:
-    """70 GiB each on 80: B's 15 GiB of weights do not fit beside A, so a switch between them is sequential."""
+def two_engines(tmp_path, need_gib: int = 70, cls: type[HandingStandIn] = HandingStandIn,
+                ) -> tuple[HandoffBroker, HandingStandIn, HandingStandIn, object]:  # fmt: skip
+    """70 GiB each on 80 (the default): B's 15 GiB of weights do not fit beside A, so a switch between them is
+    sequential; at 60 they fit."""
     gpu = HandingGpu()
     broker = HandoffBroker(tmp_path).start()
     gpu.broker = broker
-    a, b = HandingStandIn("a", 70 * GIB, gpu), HandingStandIn("b", 70 * GIB, gpu)
+    a, b = cls("a", need_gib * GIB, gpu), cls("b", need_gib * GIB, gpu)
     for e in (a, b):
         e.weights, e.broker_path = 15 * GIB, broker.path
     return broker, a, b, gpu_manager([a, b], gpu, capacity_gib=80)
@@ -131,14 +133,9 @@ def test_with_the_handoff_a_release_only_sleep_overlaps_the_weights_and_hands_it
     """60 GiB each on 80: B's 15 GiB of weights fit beside A. A keeps its host copy, so its sleep only releases
     memory (sequential without the handoff); with it, A's sleep runs under B's weight wake and its memory goes to
     B's KV cache in the same window, counted as freed, and nothing is held after."""
-    gpu = HandingGpu()
-    broker = HandoffBroker(tmp_path).start()
-    gpu.broker = broker
-    a, b = TaggedHandingStandIn("a", 60 * GIB, gpu), TaggedHandingStandIn("b", 60 * GIB, gpu)
+    broker, a, b, mgr = two_engines(tmp_path, 60, TaggedHandingStandIn)
     for e in (a, b):
-        e.weights, e.broker_path = 15 * GIB, broker.path
         e.sleep_s = e.wake_s = 0.3
-    mgr = gpu_manager([a, b], gpu, capacity_gib=80)
     mgr.handoff = broker
     for name in ("a", "b"):
         mgr.slots[name].keeps_host_copy = True
