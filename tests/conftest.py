@@ -55,3 +55,50 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.upper().startswith("VSTACK_"):
             monkeypatch.delenv(key)
+
+
+# -- Two workers (pytest-xdist, `-n auto` in pyproject) -------------------------------------------------------
+# The suite spends much of its time waiting on processes (a vLLM start imports vLLM three times), so a second
+# worker uses the core the first leaves idle. A file's tests stay on one worker (their module fixtures start once);
+# the slow files go first so that no worker ends long after the other; a test marked `solo` (it measures speed or
+# a time window) runs with nothing beside it.
+
+SLOW_MARKS = ("docker", "ray", "e2e", "browser", "lifecycle", "solo")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    import os
+
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow files first (`--dist loadfile` hands out files in this order); else as collected."""
+
+    def weight(item: pytest.Item) -> int:
+        return -sum(item.get_closest_marker(m) is not None for m in SLOW_MARKS)
+
+    by_file: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+    files = sorted(by_file.values(), key=lambda its: min(weight(i) for i in its))  # sorted() is stable
+    items[:] = [item for its in files for item in its]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Beside other workers a test holds a shared lock; a `solo` test holds it alone (setup to teardown)."""
+    import fcntl
+    import os
+    import tempfile
+
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:  # one process: nothing runs beside it
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / f"vstack-pytest-{run}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if item.get_closest_marker("solo") else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

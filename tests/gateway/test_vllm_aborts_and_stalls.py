@@ -28,7 +28,7 @@ from stack.config.sections.gateway import GatewayConfig
 from .conftest import SERVED, cloud_entry, local, run_gateway
 from .test_vllm_e2e import _running
 
-pytestmark = [pytest.mark.e2e, pytest.mark.lifecycle]
+pytestmark = [pytest.mark.solo, pytest.mark.e2e, pytest.mark.lifecycle]
 ASK = [{"role": "user", "content": "Count from one to one thousand, in words."}]
 # Probed every second, 2 s to answer, 2 failures: found out within ~5 s (the defaults take ~15 s).
 QUICK = {"probe_interval_s": 1, "probe_timeout_s": 2, "probe_failures": 2, "stall_s": 6}

@@ -24,7 +24,7 @@ from stack.tune.rate_search import SearchSettings, round_rate, search_goodput
 from tests.load.conftest import Vstack, serving_processes, write_scenario
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.solo, pytest.mark.e2e]
 SERVED = "smollm2-135m-instruct"
 ROOT = Path(__file__).resolve().parents[2]
 SHAPE = {"name": "e2e", "requests": {"prompt_tokens": 32, "output_tokens": 8, "ignore_eos": True}}

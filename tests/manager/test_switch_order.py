@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from stack.config.sections.manager import ManagerConfig
 from stack.manager.manager import ModelManager
 from stack.manager.policy import Capacity
@@ -14,6 +16,8 @@ from stack.manager.slot import Slot
 from stack.manager.states import ModelState
 
 from .conftest import GIB, FakeGpu, StandIn, run
+
+pytestmark = pytest.mark.solo  # an overlapped switch's seconds: nothing runs beside it (tests/conftest.py)
 
 S = ModelState
 
