@@ -72,6 +72,25 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
+# Folders whose files share one thing that cannot be had twice at once: tests/docker builds its images once per
+# worker as Compose project `vstack-build`, serving the wheels on a fixed port.
+ONE_WORKER_FOLDERS = ("tests/docker/",)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile`, with each of ONE_WORKER_FOLDERS handed out as one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ByFileOrFolder(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            folder = next((f for f in ONE_WORKER_FOLDERS if nodeid.startswith(f)), None)
+            return folder or super()._split_scope(nodeid)
+
+    return ByFileOrFolder(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The slow files first (`--dist loadfile` hands out files in this order); else as collected."""
 

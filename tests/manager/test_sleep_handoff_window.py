@@ -53,7 +53,7 @@ def two_engines(tmp_path, need_gib: int = 70, cls: type[HandingStandIn] = Handin
     """70 GiB each on 80 (the default): B's 15 GiB of weights do not fit beside A, so a switch between them is
     sequential; at 60 they fit."""
     gpu = HandingGpu()
-    broker = HandoffBroker(tmp_path).start()
+    broker = HandoffBroker().start()  # in the system temp folder: a tmp_path can be too long for AF_UNIX
     gpu.broker = broker
     a, b = cls("a", need_gib * GIB, gpu), cls("b", need_gib * GIB, gpu)
     for e in (a, b):
@@ -96,7 +96,7 @@ def test_each_sleep_is_credited_only_with_what_it_handed_over(tmp_path) -> None:
     """Two models make room for a third in one window: the first hands its memory over, the second's sleep frees
     nothing and hands nothing. The broker's holdings from the first must not pass the second's check."""
     gpu = HandingGpu()
-    broker = HandoffBroker(tmp_path).start()
+    broker = HandoffBroker().start()  # in the system temp folder: a tmp_path can be too long for AF_UNIX
     gpu.broker = broker
     a, b, c = (HandingStandIn(n, need * GIB, gpu) for n, need in (("a", 35), ("b", 35), ("c", 70)))
     for e in (a, b, c):
