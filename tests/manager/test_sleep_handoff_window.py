@@ -48,7 +48,7 @@ class HandingStandIn(StandIn):
         super().wake_up(tags, timeout)
 
 
-def two_engines(tmp_path, need_gib: int = 70, cls: type[HandingStandIn] = HandingStandIn,
+def two_engines(need_gib: int = 70, cls: type[HandingStandIn] = HandingStandIn,
                 ) -> tuple[HandoffBroker, HandingStandIn, HandingStandIn, object]:  # fmt: skip
     """70 GiB each on 80 (the default): B's 15 GiB of weights do not fit beside A, so a switch between them is
     sequential; at 60 they fit."""
@@ -61,8 +61,8 @@ def two_engines(tmp_path, need_gib: int = 70, cls: type[HandingStandIn] = Handin
     return broker, a, b, gpu_manager([a, b], gpu, capacity_gib=80)
 
 
-def test_a_switch_to_a_sleeping_model_hands_the_memory_over_and_keeps_nothing_after(tmp_path) -> None:
-    broker, a, b, mgr = two_engines(tmp_path)
+def test_a_switch_to_a_sleeping_model_hands_the_memory_over_and_keeps_nothing_after() -> None:
+    broker, a, b, mgr = two_engines()
     mgr.handoff = broker
     try:
         run(serve(mgr, "b"))
@@ -79,10 +79,10 @@ def test_a_switch_to_a_sleeping_model_hands_the_memory_over_and_keeps_nothing_af
     assert broker.held_bytes() == 0 and broker.stats["handed"] == 140
 
 
-def test_without_the_window_the_same_sleep_would_not_count_as_freed(tmp_path) -> None:
+def test_without_the_window_the_same_sleep_would_not_count_as_freed() -> None:
     """The control: the broker keeps the memory but the manager does not know (no `handoff`): NVML shows the
     sleep freed nothing and the manager stops the engine instead, as it must for a sleep that frees nothing."""
-    broker, _a, _b, mgr = two_engines(tmp_path)
+    broker, _a, _b, mgr = two_engines()
     broker.open_window()  # held outside the manager's knowledge
     try:
         run(serve(mgr, "b"))
@@ -127,13 +127,11 @@ class TaggedHandingStandIn(HandingStandIn):
         StandIn.wake_up(self, tags, timeout)
 
 
-def test_with_the_handoff_a_release_only_sleep_overlaps_the_weights_and_hands_its_memory_to_the_kv_cache(
-    tmp_path,
-) -> None:
+def test_with_the_handoff_a_release_only_sleep_overlaps_the_weights_and_hands_its_memory_to_the_kv_cache() -> None:
     """60 GiB each on 80: B's 15 GiB of weights fit beside A. A keeps its host copy, so its sleep only releases
     memory (sequential without the handoff); with it, A's sleep runs under B's weight wake and its memory goes to
     B's KV cache in the same window, counted as freed, and nothing is held after."""
-    broker, a, b, mgr = two_engines(tmp_path, 60, TaggedHandingStandIn)
+    broker, a, b, mgr = two_engines(60, TaggedHandingStandIn)
     for e in (a, b):
         e.sleep_s = e.wake_s = 0.3
     mgr.handoff = broker
