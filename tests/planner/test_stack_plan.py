@@ -13,6 +13,7 @@ import pytest
 
 from stack.config import load_config
 from stack.config.redact import MASK
+from stack.errors import ConfigError
 from stack.hardware import GpuInfo, HardwareInfo
 from stack.models import ModelFiles
 from stack.planner.stack_plan import ModelPlan, StackPlan
@@ -114,3 +115,25 @@ def test_one_gpu_model_runs_with_sleep_mode_so_that_down_can_keep_it_asleep(keep
     assert ("--enable-sleep-mode" in model.display()) is keeps
     assert any("`vstack down` keeps it asleep" in n for n in plan.notes) is keeps
     assert "kv_offloading_size" not in model.engine and model.prefix_cache_bytes == 0
+
+
+def test_an_operators_cpu_kv_cache_size_in_the_environment_is_the_plans(tmp_path: Path, monkeypatch) -> None:
+    """Exported as vLLM users do, VLLM_CPU_KVCACHE_SPACE sizes the KV cache instead of the RAM free; a profile's
+    own value still wins (it is the configuration); a value vLLM cannot read is refused before anything runs."""
+    cfg = load_config(text=f"models:\n  tiny: {{source: {{path: {tiny_model(tmp_path)}}}}}\nserve: tiny\n")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    derived = plan_stack(cfg, None, CPU, load_catalog("0.32")).default
+    assert derived.env["VLLM_CPU_KVCACHE_SPACE"] == "2"  # 25% of the 8 GiB free
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    given = plan_stack(cfg, None, CPU, load_catalog("0.32")).default
+    assert given.env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert "KV cache: 3 GiB (VLLM_CPU_KVCACHE_SPACE, from the environment)" in given.notes
+    pinned = load_config(text=f"models:\n  tiny: {{source: {{path: {tmp_path / 'tiny'}}}}}\nserve: tiny\n"
+                              "env: {VLLM_CPU_KVCACHE_SPACE: '1'}\n")  # fmt: skip
+    assert plan_stack(pinned, None, CPU, load_catalog("0.32")).default.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    for bad in ("1.5", "lots", "0"):
+        monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", bad)
+        with pytest.raises(ConfigError) as err:
+            plan_stack(cfg, None, CPU, load_catalog("0.32"))
+        assert f"VLLM_CPU_KVCACHE_SPACE={bad!r} in the environment is not a whole number of GiB" in err.value.message
+        assert "export VLLM_CPU_KVCACHE_SPACE=4" in (err.value.hint or "")
