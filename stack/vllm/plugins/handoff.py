@@ -103,9 +103,10 @@ class HandoffBroker:
 
     def __init__(self, directory: Path | None = None) -> None:
         # AF_UNIX paths end at 107 bytes: refuse a folder that long before making anything in it.
-        longest = Path(directory or tempfile.gettempdir()) / "vstack-handoff-xxxxxxxx" / "handoff.sock"
-        if len(os.fsencode(longest)) > AF_UNIX_PATH_MAX:
-            raise ValueError(f"handoff broker: the socket path under {directory} would be {len(os.fsencode(longest))}"
+        folder = Path(directory or tempfile.gettempdir())
+        size = len(os.fsencode(folder / "vstack-handoff-xxxxxxxx" / "handoff.sock"))  # mkdtemp adds 8 characters
+        if size > AF_UNIX_PATH_MAX:
+            raise ValueError(f"handoff broker: the socket path under {folder} would be {size}"
                              f" bytes, past the {AF_UNIX_PATH_MAX} a Unix socket allows; fix: give a shorter folder"
                              " (the default is the system temp folder, TMPDIR)")
         self._dir = Path(tempfile.mkdtemp(prefix="vstack-handoff-", dir=directory))  # mode 0700
