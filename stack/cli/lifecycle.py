@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import httpx
 import typer
@@ -42,6 +42,9 @@ from stack.engine.records import EngineRecord, RecordStore, engine_records
 from stack.engine_env import child_argv
 from stack.errors import AlreadyRunningError, EngineError, ExitCode, PortInUseError, ReportedError
 from stack.planner.stack_planning import unconfigured_line
+
+if TYPE_CHECKING:
+    import psutil
 
 
 def key_variable(cfg: StackConfig) -> str | None:
@@ -251,12 +254,13 @@ def _stop_gateway(record: EngineRecord, cfg: StackConfig, keep_engines: bool = F
     import psutil
 
     try:
-        family = [record.pid, *(c.pid for c in psutil.Process(record.pid).children(recursive=True))]
+        root = psutil.Process(record.pid)
+        family = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
     if keep_engines:
         engines = set().union(*(tree_pids(r.pid) for r in engine_records(cfg.state_dir).all() if r.alive()))
-        family = [pid for pid in family if pid not in engines]
+        family = [p for p in family if p.pid not in engines]
         (cfg.state_dir / KEEP_FLAG).write_text("")
     elif keep_asleep:
         (cfg.state_dir / KEEP_ASLEEP_FLAG).write_text("")
@@ -268,10 +272,18 @@ def _stop_gateway(record: EngineRecord, cfg: StackConfig, keep_engines: bool = F
     (cfg.state_dir / KEEP_ASLEEP_FLAG).unlink(missing_ok=True)
     if keep_asleep:  # the engines it put to sleep are left alone; every other process of its tree goes
         asleep = set().union(*(tree_pids(r.pid) for r in kept_asleep(cfg.state_dir)))
-        family = [pid for pid in family if pid not in asleep]
+        family = [p for p in family if p.pid not in asleep]
+    return stop_what_is_left(family)
+
+
+def stop_what_is_left(family: list[psutil.Process]) -> list[int]:
+    """Stop what is left of a stopped gateway's tree: only the processes still the ones seen before it was
+    stopped. A pid freed meanwhile may already name another process (pid_max is 32768 on many hosts, and a busy
+    one wraps it): psutil's `is_running` compares creation times, where a bare pid would signal a stranger and
+    its whole process group."""
     left: list[int] = []
-    for pid in family:
-        left += stop_process_tree(pid, 5) if psutil.pid_exists(pid) else []
+    for proc in family:
+        left += stop_process_tree(proc.pid, 5) if proc.is_running() else []
     return left
 
 
