@@ -167,13 +167,13 @@ def test_rollout_under_locust_drops_no_request(vstack: Vstack, old_python: str, 
 # worker CI saw it pass 360 s (2026-11-28). Not `solo`: that left the other worker idle for its ~300 s.
 LOAD_S = 600
 AFTER_S = 10
-TINY_LOAD = """\
+TINY_LOAD = f"""\
 name: rollout
 description: tests only - two users through the rollout
-load: {users: 2, ramp_s: 0, duration_s: 600}
+load: {{users: 2, ramp_s: 0, duration_s: {LOAD_S}}}
 requests:
   stream: 0.5
-  prompt_tokens: {dist: uniform, min: 24, max: 48}
+  prompt_tokens: {{dist: uniform, min: 24, max: 48}}
   output_tokens: 8
 slo: ["error_rate<0.01"]
 """
