@@ -6,6 +6,8 @@
 - `stack_engine`: an engine's argv and env rendered by the stack, as `vstack up` renders them.
 - `scrape`: the engines' Prometheus text through the gateway's /metrics/targets, with its key.
 - `mock_upstream`: the local OpenAI-compatible stand-in for a cloud provider.
+- `stream_load`: streamed requests timed, in a closed loop of c clients or open-loop (Poisson) arrivals.
+- `byte_proxy`, `http_floor`: the floors under the gateway, a byte-forwarding proxy and a bare HTTP one.
 - `ray_cluster`: a real local Ray cluster of several nodes with the stack on it.
 - `models`: the SmolLM2 checkpoint the CPU runs use.
 - `manifest`, `results`: one folder per run under bench/results/, with manifest.json beside the raw results.

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from bench.gateway_overhead import Target, load, load_open
 from bench.harness.children import Children
+from bench.harness.stream_load import Target, load, load_open
 from bench.harness.waiting import free_port
 
 CHUNKS, CADENCE_MS = 5, 20  # a 0.1 s stream
