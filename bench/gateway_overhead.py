@@ -167,12 +167,7 @@ async def run(args: argparse.Namespace) -> dict:
             for _ in range(args.rounds):
                 for t in targets("paced"):
                     s = await load(t, c, max(args.requests, args.requests_per_client * c), None, args.chunks)
-                    prev = per.get(t.name)
-                    per[t.name] = (
-                        s
-                        if prev is None
-                        else Sample(prev.e2e + s.e2e, prev.ttft + s.ttft, prev.errors + s.errors, prev.wall + s.wall)
-                    )
+                    per[t.name] = per[t.name] + s if t.name in per else s
             results["latency"].append(summarise_latency(c, per))
             print_row_latency(results["latency"][-1])
         stream_s = args.chunks * args.cadence_ms / 1e3  # a paced stream's length: c / it arrivals per second
@@ -182,12 +177,7 @@ async def run(args: argparse.Namespace) -> dict:
             for r in range(args.rounds):
                 for t in targets("paced"):
                     s = await load_open(t, c / stream_s, n, seed=1000 * c + r, max_tokens=args.chunks)
-                    prev = per.get(t.name)
-                    per[t.name] = (
-                        s
-                        if prev is None
-                        else Sample(prev.e2e + s.e2e, prev.ttft + s.ttft, prev.errors + s.errors, prev.wall + s.wall)
-                    )
+                    per[t.name] = per[t.name] + s if t.name in per else s
             results["latency_open"].append(summarise_latency(c, per))
             print_row_latency(results["latency_open"][-1], label="open loop")
         tp: dict[str, list[float]] = {}
@@ -209,17 +199,7 @@ async def run(args: argparse.Namespace) -> dict:
                 for _ in range(args.rounds):
                     for t in targets("vllm"):
                         s = await load(t, c, args.vllm_requests, None, args.vllm_max_tokens)
-                        prev = per.get(t.name)
-                        per[t.name] = (
-                            s
-                            if prev is None
-                            else Sample(
-                                prev.e2e + s.e2e,
-                                prev.ttft + s.ttft,
-                                prev.errors + s.errors,
-                                prev.wall + s.wall,
-                            )
-                        )
+                        per[t.name] = per[t.name] + s if t.name in per else s
                 results["vllm"].append(summarise_latency(c, per))
                 print_row_latency(results["vllm"][-1], label="vLLM")
         if pages is not None:

@@ -21,14 +21,29 @@ class Target:
 
 @dataclass
 class Sample:
-    e2e: list[float]
-    ttft: list[float]
-    errors: int
-    wall: float
+    e2e: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    errors: int = 0
+    wall: float = 0.0
 
     @property
     def rps(self) -> float:
         return len(self.e2e) / self.wall if self.wall else 0.0
+
+    def __add__(self, other: Sample) -> Sample:
+        """Two runs' requests as one sample (the rounds of a target)."""
+        return Sample(self.e2e + other.e2e, self.ttft + other.ttft, self.errors + other.errors,
+                      self.wall + other.wall)  # fmt: skip
+
+    async def stream(self, session: aiohttp.ClientSession, t: Target, max_tokens: int) -> None:
+        """One stream, timed into this sample (or counted as an error)."""
+        try:
+            total, first = await one_stream(session, t, max_tokens)
+        except (aiohttp.ClientError, RuntimeError, TimeoutError):
+            self.errors += 1
+            return
+        self.e2e.append(total)
+        self.ttft.append(first)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -59,16 +74,13 @@ async def one_stream(session: aiohttp.ClientSession, t: Target, max_tokens: int)
 
 async def load(t: Target, concurrency: int, requests: int | None, seconds: float | None, max_tokens: int) -> Sample:
     """Closed loop: `concurrency` clients, each sending its next request when the last one ended."""
-    e2e: list[float] = []
-    ttft: list[float] = []
-    errors = 0
+    sample = Sample()
     deadline = time.perf_counter() + seconds if seconds else None
     remaining = [requests or 0]
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
 
         async def client() -> None:
-            nonlocal errors
             while True:
                 if deadline is not None and time.perf_counter() >= deadline:
                     return
@@ -76,17 +88,12 @@ async def load(t: Target, concurrency: int, requests: int | None, seconds: float
                     if remaining[0] <= 0:
                         return
                     remaining[0] -= 1
-                try:
-                    total, first = await one_stream(session, t, max_tokens)
-                    e2e.append(total)
-                    ttft.append(first)
-                except (aiohttp.ClientError, RuntimeError, TimeoutError):
-                    errors += 1
+                await sample.stream(session, t, max_tokens)
 
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-    return Sample(e2e, ttft, errors, wall)
+        sample.wall = time.perf_counter() - start
+    return sample
 
 
 async def load_open(t: Target, rate: float, requests: int, seed: int, max_tokens: int) -> Sample:
@@ -97,23 +104,15 @@ async def load_open(t: Target, rate: float, requests: int, seed: int, max_tokens
     for _ in range(requests):
         offsets.append(at)
         at += rng.expovariate(rate)
-    e2e: list[float] = []
-    ttft: list[float] = []
-    errors = 0
+    sample = Sample()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
         start = time.perf_counter()
 
         async def arrival(offset: float) -> None:
-            nonlocal errors
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
-            try:
-                total, first = await one_stream(session, t, max_tokens)
-                e2e.append(total)
-                ttft.append(first)
-            except (aiohttp.ClientError, RuntimeError, TimeoutError):
-                errors += 1
+            await sample.stream(session, t, max_tokens)
 
         await asyncio.gather(*(arrival(o) for o in offsets))
-        wall = time.perf_counter() - start
-    return Sample(e2e, ttft, errors, wall)
+        sample.wall = time.perf_counter() - start
+    return sample
