@@ -1,4 +1,4 @@
-"""Run stack/load/locustfile.py headless in a child process, with CSV and HTML output, and watch it go."""
+"""Run loadtests/locustfile.py headless in a child process, with CSV and HTML output, and watch it go."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Locust users shaped like OpenAI chat clients, driven by a scenario file.
 
-    VSTACK_SCENARIO=stack/load/scenarios/chat.yaml locust -f stack/load/locustfile.py --host http://127.0.0.1:8000
+    VSTACK_SCENARIO=loadtests/scenarios/chat.yaml locust -f loadtests/locustfile.py --host http://127.0.0.1:8000
     vstack bench load --scenario chat          (runs this headless and writes the SLO report)
 
 Each request is a chat completion (streamed for the scenario's share), with a prompt and max_tokens drawn
