@@ -49,8 +49,7 @@ try:
 except ImportError as exc:  # Locust alone is not enough: the scenario format is the stack's
     raise SystemExit(
         f"{__file__}: needs the vllm-stack package and its dependencies ({exc}). Run Locust from the stack's "
-        "environment (`.venv/bin/locust -f loadtests/locustfile.py ...` after ./install.sh), or install the "
-        "checkout into yours: `pip install -e '.[loadtest]'`."
+        "environment (`./install.sh --loadtest`, then `.venv/bin/locust -f loadtests/locustfile.py ...`)."
     ) from None
 
 SLO_ENV = "VSTACK_SLO"
