@@ -1,5 +1,6 @@
 """Files replaced whole: a reader sees the old or the new content, never half, and two processes writing the
-same file at once (two `vstack` commands filling one cache) each write their own temporary file."""
+same file at once (two `vstack` commands filling one cache) each write their own temporary file. And the
+folders the stack ships (configs/, loadtests/): found in a source checkout, else inside the installed wheel."""
 
 from __future__ import annotations
 
@@ -32,3 +33,17 @@ def replace_file(path: Path, data: bytes | str, *, mode: int | None = 0o644, fsy
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+# The folders at the top of a source checkout that the wheel ships inside the package as stack/_NAME
+# (pyproject.toml: [tool.hatch.build.targets.wheel.force-include]).
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def shipped_folder(name: str, marker: str, package_dir: Path = PACKAGE_DIR) -> Path | None:
+    """NAME/ of the source checkout the package sits in, else the copy packaged in the wheel (stack/_NAME):
+    whichever holds `marker`; None when neither does. One copy in a checkout, read where it is edited."""
+    for candidate in (package_dir.parent / name, package_dir / f"_{name}"):
+        if (candidate / marker).is_file():
+            return candidate
+    return None

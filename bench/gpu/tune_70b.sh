@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 12, the ADR-003 workload: `vstack tune` in goodput mode on the Llama-3.3-70B shape (dummy weights),
-# SLO p95 TTFT < 800 ms and p50 < 350 ms (stack/load/scenarios/gpu-70b-goodput.yaml), reported as output
+# SLO p95 TTFT < 800 ms and p50 < 350 ms (loadtests/scenarios/gpu-70b-goodput.yaml), reported as output
 # tok/s per GPU at the goodput next to ADR-003's 12,000 tok/s on 8 A100s (1,500 per GPU):
 #   fp8  - profile h200-llama-3.3-70b-fp8 on one H200 (fp8 weights and KV cache)
 #   tp2  - profile a100x8-llama-3.3-70b at tensor parallel 2 on two H200s (bf16 weights; fp8 a candidate)

@@ -23,7 +23,7 @@ err = Console(stderr=True)
 @app.command("load")
 def load(
     config: ConfigOpt = None,
-    scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in stack/load/scenarios, or a YAML path")
+    scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in loadtests/scenarios, or a YAML path")
                         ] = "chat",
     duration: Annotated[float | None, typer.Option(help="seconds; default: the scenario's")] = None,
     url: Annotated[str | None, typer.Option(envvar="VSTACK_URL", help="base URL without /v1 (else $VSTACK_URL, else "
@@ -101,7 +101,7 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 @app.command("scenarios")
 def scenarios(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """The scenarios in stack/load/scenarios, checked."""
+    """The scenarios in loadtests/scenarios, checked."""
     from stack.load.scenario import load_scenario_file, scenarios_dir
 
     def body() -> int:

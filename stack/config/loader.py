@@ -23,6 +23,7 @@ from stack.config.resolve import unconfigured_model
 from stack.config.schema import StackConfig
 from stack.counts import COUNT_ENV, count
 from stack.errors import ConfigError
+from stack.files import PACKAGE_DIR, shipped_folder
 
 SECTIONS = ("hardware", "models", "profiles")
 ENV_PREFIX = "VSTACK_"
@@ -38,12 +39,11 @@ def builtin_config_dir() -> Path:
     env = os.environ.get(ENV_CONFIG_DIR)
     if env:
         return Path(env)
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here.parent / "configs", here / "_configs"):
-        if (candidate / "stack.yaml").is_file():
-            return candidate
+    found = shipped_folder("configs", "stack.yaml")
+    if found is not None:
+        return found
     raise ConfigError(
-        f"no built-in configs/ found next to {here}",
+        f"no built-in configs/ found next to {PACKAGE_DIR} (nor {PACKAGE_DIR / '_configs'})",
         hint=f"reinstall vllm-stack, or point {ENV_CONFIG_DIR} at a folder with stack.yaml",
     )
 

@@ -1,4 +1,4 @@
-"""Run stack/load/locustfile.py headless in a child process, with CSV and HTML output, and watch it go."""
+"""Run loadtests/locustfile.py headless in a child process, with CSV and HTML output, and watch it go."""
 
 from __future__ import annotations
 
@@ -53,6 +53,8 @@ def locust_command(scenario: Scenario, base_url: str, out_dir: Path, duration_s:
         "-t", f"{math.ceil(run_time)}s", "--stop-timeout", str(stop_timeout),
         "--csv", str(out_dir / "locust"), "--csv-full-history", "--html", str(out_dir / "locust.html"),
         "--only-summary", "--loglevel", "WARNING", "--exit-code-on-error", "0",
+        # The report checks the SLO (--slo, the scenario's, the profile's), not the locustfile's own check.
+        "--slo", "none",
     ]
 
 

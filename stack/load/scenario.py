@@ -1,4 +1,4 @@
-"""Load-test scenarios (stack/load/scenarios/*.yaml): who sends what, how fast, for how long, against which SLO.
+"""Load-test scenarios (loadtests/scenarios/*.yaml): who sends what, how fast, for how long, against which SLO.
 
 A scenario says the shape of the traffic (prompt and output length distributions, streaming share, model
 mix), the load (concurrent users or a request rate, ramp, stages, duration) and optionally an SLO. The same
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from stack.config.slo import parse_slo
 from stack.errors import ConfigError
+from stack.files import PACKAGE_DIR, shipped_folder
 
 SCENARIO_ENV = "VSTACK_SCENARIO"  # the locustfile reads its scenario file from here
 MODELS_ENV = "VSTACK_LOAD_MODELS"  # the model mix `vstack bench load` decided (JSON), over the scenario's
@@ -257,7 +258,7 @@ def _problems(exc: ValidationError, source: str) -> tuple[list[str], str | None]
 def parse_scenario(data: Any, source: str = "<inline>") -> Scenario:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a scenario must be a mapping (name:, load:, requests:, slo:)",
-                          hint="see stack/load/scenarios/chat.yaml for the layout")
+                          hint="see loadtests/scenarios/chat.yaml for the layout")
     try:
         return Scenario.model_validate({**data, "source": source})
     except ValidationError as exc:
@@ -274,17 +275,24 @@ def load_scenario_file(path: Path) -> Scenario:
 
 
 def scenarios_dir() -> Path:
-    """The scenarios shipped with the package (stack/load/scenarios)."""
+    """The shipped scenarios: loadtests/scenarios of the checkout, or their copy in the wheel."""
     return loadtests_dir() / "scenarios"
 
 
 def loadtests_dir() -> Path:
-    """Where the locustfile and the scenarios are: this package (package data in a wheel as well)."""
-    return Path(__file__).resolve().parent
+    """loadtests/ (the locustfile and the scenarios) of a source checkout, else the copy the wheel packages as
+    stack/_loadtests: found the way the built-in configs/ are (stack.files.shipped_folder)."""
+    found = shipped_folder("loadtests", "locustfile.py")
+    if found is None:
+        raise ConfigError(f"no loadtests/ (locustfile.py and scenarios/) found next to {PACKAGE_DIR} "
+                          f"(nor {PACKAGE_DIR / '_loadtests'})",
+                          hint="reinstall vllm-stack, or run from a checkout that has loadtests/; "
+                               "a scenario can also be given as a path to its YAML file")
+    return found
 
 
 def find_scenario(name: str) -> Path:
-    """A path to a YAML file, or the name of one in stack/load/scenarios."""
+    """A path to a YAML file, or the name of one in loadtests/scenarios."""
     as_path = Path(name).expanduser()
     if as_path.suffix in (".yaml", ".yml") or as_path.is_file():
         if not as_path.is_file():

@@ -1,12 +1,16 @@
 """The locustfile against a local OpenAI-compatible mock (bench/harness/mock_upstream.py): stages, a model mix,
-streamed and plain requests, failures counted and the SLO failed, in seconds and without vLLM."""
+streamed and plain requests, failures counted and the SLO failed, in seconds and without vLLM; and the plain
+`locust -f loadtests/locustfile.py` commands of loadtests/README.md, as written, against the real gateway (in a
+thread, with keys on) in front of that mock."""
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import importlib.util
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -16,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.harness.gateway_thread import app_in_thread
 from bench.harness.waiting import free_port
 from tests.load.conftest import stop_locust, write_scenario
 
@@ -129,3 +134,69 @@ def test_stopped_early_every_request_sent_is_in_the_report(tmp_path: Path) -> No
     records = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
     assert len(records) == sent >= 2 and all(r["ok"] for r in records)
     assert json.loads((out / "report.json").read_text())["metrics"]["requests"] == sent
+
+
+KEY = "sk-loadtest-readme-0001"
+
+
+def readme_command(startswith: str) -> str:
+    """The command of loadtests/README.md that starts so (with its continuation lines joined)."""
+    text = (REPO / "loadtests" / "README.md").read_text().replace("\\\n", " ")
+    found = [line.strip() for line in text.splitlines() if line.strip().startswith(startswith)]
+    assert len(found) == 1, f"loadtests/README.md: {len(found)} commands start with {startswith!r}"
+    return found[0]
+
+
+def run_as_written(command: str, gateway: str, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """The README's command with the gateway's URL for its host, run from the checkout with only the API key
+    in the environment beside what the command sets (no VSTACK_* of the test run)."""
+    argv = shlex.split(command.replace("http://127.0.0.1:8000", gateway))
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("VSTACK_")}
+    while "=" in argv[0]:  # VAR=value prefixes
+        name, value = argv.pop(0).split("=", 1)
+        env[name] = value
+    assert argv[0] == "locust"
+    env["VSTACK_API_KEY"] = KEY
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    argv = [*argv, *extra]
+    if "--csv" in argv:  # the CSV files go to the test's folder
+        argv[argv.index("--csv") + 1] = str(cwd / argv[argv.index("--csv") + 1])
+    return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture
+def gateway(mock_url: str) -> Iterator[str]:
+    """The gateway with API keys on, one deployment (the mock) and no engine of ours."""
+    from stack.config.sections.gateway import GatewayConfig, KeyRef
+    from stack.gateway.app import create_app
+    from stack.gateway.registry import Deployment, DeploymentRegistry
+
+    registry = DeploymentRegistry()
+    registry.add(Deployment(id="mock-1", model_group="smol", kind="local", upstream_model="mock", api_base=mock_url))
+    settings = GatewayConfig(api_keys=[KeyRef(name="load", env="LOAD_KEY")])
+    app = create_app(settings, default_model="smol", registry=registry, environ={"LOAD_KEY": KEY})
+    with app_in_thread(app) as (url, _loop):
+        yield url
+
+
+def test_the_readmes_headless_command_runs_smoke_through_the_gateway(gateway: str, tmp_path: Path) -> None:
+    command = readme_command("VSTACK_SCENARIO=smoke locust -f loadtests/locustfile.py --headless -u 2 -r 2 -t 5s")
+    proc = run_as_written(command, gateway, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "scenario smoke (" in out and "SLO met over " in out, out  # the scenario's SLO, checked
+    rows = {r["Name"]: r for r in csv.DictReader((tmp_path / "smoke_stats.csv").open()) if r["Type"] == "POST"}
+    assert set(rows) == {"chat smol"}  # the first model the gateway lists, reached with the key from the env
+    assert int(rows["chat smol"]["Request Count"]) >= 10 and rows["chat smol"]["Failure Count"] == "0"
+    ttft = [r for r in csv.DictReader((tmp_path / "smoke_stats.csv").open()) if r["Type"] == "TTFT"]
+    assert int(ttft[0]["Request Count"]) >= 10  # every request streamed (the smoke scenario's)
+
+
+def test_a_missed_slo_from_locusts_own_option_exits_1(gateway: str, tmp_path: Path) -> None:
+    command = readme_command("VSTACK_SCENARIO=smoke locust -f loadtests/locustfile.py --headless -u 2 -r 2 -t 5s")
+    proc = run_as_written(command.replace("-t 5s", "-t 2s"), gateway, tmp_path, "--slo", "p95_e2e_ms<0.01")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "SLO NOT MET over " in out and "p95_e2e_ms<0.01: " in out and "-> FAIL" in out, out
+    rows = [r for r in csv.DictReader((tmp_path / "smoke_stats.csv").open()) if r["Type"] == "POST"]
+    assert rows[0]["Failure Count"] == "0"  # the requests succeeded: only the SLO failed the run
