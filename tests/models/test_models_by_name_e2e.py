@@ -51,7 +51,7 @@ def test_up_serves_a_folder_and_models_add_makes_a_hub_id_switchable(tmp_path: P
     env = {**os.environ, "VSTACK_STATE_DIR": str(tmp_path / "state"), "VSTACK_GATEWAY__PORT": "0",
            "VSTACK_GATEWAY__HOST": "127.0.0.1", "VSTACK_CONFIG": str(config), "HF_HOME": str(tmp_path / "hf"),
            "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(ROOT),
-           "VSTACK_ENGINE__ENFORCE_EAGER": "true"}  # a copied folder is a new compile key: no cold compile here  # fmt: skip
+           "VSTACK_ENGINE__ENFORCE_EAGER": "true"}  # fmt: skip  (a copied folder: a new compile key)
     env.pop("VSTACK_URL", None)
     env.pop("VSTACK_API_KEY", None)
 
