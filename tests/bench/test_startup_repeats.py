@@ -1,42 +1,23 @@
-"""bench/startup_time.py's bookkeeping of repeat starts (--repeats) and of the engine's sleep lines; the starts
-themselves are replaced here by a clock that answers each kind's seconds (the real run needs minutes per start:
-bench/gpu/startup.sh on the lent GPU, bench/startup_time.py here)."""
+"""bench/startup_time.py's bookkeeping of repeat starts (--repeats: their order and median) and of the engine's
+sleep lines. The starts themselves take minutes each: bench/gpu/startup.sh on the lent GPU, bench/startup_time.py
+here."""
 
 from __future__ import annotations
-
-import argparse
-import json
 
 from bench import startup_time as bench
 
 
-def test_repeat_starts_alternate_which_kind_goes_first_and_report_the_median(tmp_path, monkeypatch) -> None:
-    order: list[str] = []
-    seconds = {"vllm_serve": iter([100.0, 50.0, 60.0, 40.0]), "vstack_up": iter([101.0, 70.0, 52.0, 41.0])}
-
-    def plain(*_a, **_k):
-        order.append("vllm_serve")
-        return next(seconds["vllm_serve"]), "vllm serve m"
-
-    def stack(*_a, **_k):
-        order.append("vstack_up")
-        return next(seconds["vstack_up"])
-
-    monkeypatch.setattr(bench, "time_plain", plain)
-    monkeypatch.setattr(bench, "time_vstack", stack)
-    monkeypatch.setattr(bench, "machine_facts", lambda: {})
-    monkeypatch.setattr(bench, "compile_outcome", lambda logs: "n/a")
-    monkeypatch.setattr(bench, "phases_after", lambda *a, **k: {})
-    args = argparse.Namespace(kinds=["vllm_serve", "vstack_up"], plain_patched=True, warm_up=False, repeats=3,
-                              profile=None, config=None, timeout=10, eager=False, restarts=False,
-                              out=tmp_path / "startup.json")  # fmt: skip
-    result = bench.first_and_repeat(args, {}, {})
+def test_repeat_starts_alternate_which_kind_goes_first_and_report_the_median() -> None:
+    plan = bench.start_plan(["vllm_serve", "vstack_up"], repeats=3)
     # first and the first repeat: plain first (as before); then the order alternates
-    assert order == ["vllm_serve", "vstack_up"] * 2 + ["vllm_serve", "vstack_up", "vstack_up", "vllm_serve"]
-    assert result["seconds"]["vllm_serve"]["repeat_runs"] == [50.0, 60.0, 40.0]
-    assert result["seconds"]["vllm_serve"]["repeat"] == 50.0 and result["seconds"]["vstack_up"]["repeat"] == 52.0
-    assert result["vstack_repeat_to_plain_repeat"] == 1.04
-    assert json.loads(args.out.read_text())["seconds"]["vstack_up"]["repeat"] == 52.0  # written, not only returned
+    assert [kind for _, kind in plan] == ["vllm_serve", "vstack_up"] * 2 + ["vllm_serve", "vstack_up",
+                                                                             "vstack_up", "vllm_serve"]
+    assert [which for which, _ in plan][::2] == ["first", "repeat", "repeat 2", "repeat 3"]
+    assert bench.start_plan(["vstack_up"], repeats=1) == [("first", "vstack_up"), ("repeat", "vstack_up")]
+    runs = {"first": 100.0, "repeat": 50.0, "repeat 2": 60.0, "repeat 3": 40.0}
+    bench.median_of_repeats(runs, bench.start_names(3))
+    assert runs["repeat_runs"] == [50.0, 60.0, 40.0] and runs["repeat"] == 50.0 and runs["first"] == 100.0
+    assert bench._ratio({"vstack_up": {"repeat": 52.0}, "vllm_serve": {"repeat": 50.0}}, "repeat") == 1.04
 
 
 def test_the_engines_sleep_and_wake_lines_are_collected_without_the_gateways(tmp_path) -> None:

@@ -39,8 +39,11 @@ def test_local_first_then_header_and_metrics(engine_mock, cloud_mock) -> None:
         stream = client(gw.url).chat.completions.create(model="smol", messages=MSG, stream=True)
         chunks = list(stream)
         assert all(c.usage is None for c in chunks)  # usage we asked for on the client's behalf is dropped
+        # A stream is counted when the gateway has sent its last byte, which may be just after the client read
+        # it: the figures are awaited (up to seconds on a busy machine), not read once.
+        requests = 'vstack_gateway_requests_total{deployment="local-a",model="smol",status="200"} 2.0'
+        wait_for(lambda: requests in httpx.get(f"{gw.url}/metrics").text, 10, "both requests counted")
         metrics = httpx.get(f"{gw.url}/metrics").text
-        assert 'vstack_gateway_requests_total{deployment="local-a",model="smol",status="200"} 2.0' in metrics
         assert 'vstack_gateway_tokens_total{deployment="local-a",direction="completion",model="smol"} 10.0' in metrics
 
 

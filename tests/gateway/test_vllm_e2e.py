@@ -53,7 +53,8 @@ def test_streaming_with_usage(client) -> None:
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
-    assert (chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12) or "Paris" in text
+    usage = chunks[-1].usage  # asked for: the last chunk carries it, counted by vLLM (<= 12: an EOS may come first)
+    assert usage is not None and 0 < usage.completion_tokens <= 12 and usage.prompt_tokens > 0, chunks[-1]
 
 
 def test_n_stop_seed(client) -> None:
