@@ -130,9 +130,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return ByFileOrFolder(config, log)
 
 
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    if not pluginmanager.has_plugin("xdist"):
+        # `-p no:xdist` (one process, e.g. for a debugger): pyproject's addopts still name xdist's options; they
+        # are taken here and mean nothing.
+        group = parser.getgroup("without xdist")
+        group._addoption("-n", "--numprocesses", dest="numprocesses", default=None, help="(xdist is off)")
+        group.addoption("--dist", dest="dist", default="no", help="(xdist is off)")
+        group.addoption("--no-loadscope-reorder", dest="loadscopereorder", action="store_false",
+                        help="(xdist is off)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     timing.register(config)
-    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+    xdist = config.pluginmanager.has_plugin("xdist")
+    if xdist and not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
         # The controller names the run (xdist would make up the id in its workers' start): the workers' shared
         # engine is recorded under it, and the controller stops that engine once they are done.
         config.option.testrunuid = config.option.testrunuid or uuid.uuid4().hex
