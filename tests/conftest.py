@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,16 @@ def vllm_engine(tmp_path_factory: pytest.TempPathFactory) -> shared_engine.Serve
     except Exception as exc:  # no model: the e2e tests cannot run here
         pytest.skip(f"SmolLM2 not available: {exc}")
     return shared_engine.shared_smollm2(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_vllm_child() -> Iterator[None]:
+    """Every question a test asks this Python's vLLM (its options, its parser) goes to one child per worker
+    that imports vLLM's CLI once (stack.vllm.options.one_child), not to a child of its own each (10-20 s)."""
+    from stack.vllm.options import one_child
+
+    with one_child(sys.executable):
+        yield
 
 
 @pytest.fixture(autouse=True)

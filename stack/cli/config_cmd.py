@@ -17,7 +17,7 @@ from stack.errors import ConfigError, StackError
 from stack.hardware import detect
 from stack.planner.model_planning import plan_model
 from stack.planner.stack_plan import ModelPlan
-from stack.vllm.options import VllmCatalog, check_with_vllm, engine_python, installed_catalog
+from stack.vllm.options import VllmCatalog, check_with_vllm, engine_python, installed_catalog, one_child
 
 config_app = typer.Typer(help="Check and show configuration.", no_args_is_help=True)
 
@@ -58,50 +58,52 @@ def config_validate(
         files = [Path(profile)] if profile and _is_file(profile) else []
         cfg = load_config(config_path(), profile_files=files)
         check_state_dir(cfg)
-        if files:  # the file's profile, by the name it gives itself (else the file's name)
-            entry = read_yaml(files[0], label=display_path(files[0]))
-            name_or_file = str(entry.get("name") or files[0].stem) if isinstance(entry, dict) else files[0].stem
-        info = detect()
-        catalog = _catalog(options_dump, cfg)
-        names = [name_or_file] if name_or_file else [*sorted(cfg.profiles), "auto"]
-        failed = 0
-        for name in names:
-            # The installed vLLM's own parser checks the one named profile; all profiles get the catalog check.
-            check = profile is not None and options_dump is None
-            try:
-                plan = plan_model(cfg, name, info, catalog, port=cfg.port or 8000, for_launch=False)
-                if check and not any(n.startswith("not servable here") for n in plan.notes):
-                    check_rendered(cfg, plan, catalog)
-            except StackError as exc:
-                failed += 1
-                results.append({"name": name, "valid": False, "error": exc.message, "fix": exc.hint})
-                if not as_json:
-                    out.print(f"[red]✗[/] {name}")
-                    out.print(Text("    " + str(exc).replace("\n", "\n    ")))
-                continue
-            warnings = [n for n in plan.notes if n.startswith("fit: ") and "not planned" not in n]
-            results.append({"name": name, "valid": True, "hardware": plan.hardware.name,
-                            "model": plan.model.name, "vllm": f"{plan.vllm.distribution} "
-                            f"{plan.vllm.version}", "warnings": warnings + list(plan.warnings)})
+        # One child imports vLLM's CLI once for every question of this command (its version, options, parser).
+        with one_child(engine_python(cfg.engine_python)):
+            if files:  # the file's profile, by the name it gives itself (else the file's name)
+                entry = read_yaml(files[0], label=display_path(files[0]))
+                name_or_file = str(entry.get("name") or files[0].stem) if isinstance(entry, dict) else files[0].stem
+            info = detect()
+            catalog = _catalog(options_dump, cfg)
+            names = [name_or_file] if name_or_file else [*sorted(cfg.profiles), "auto"]
+            failed = 0
+            for name in names:
+                # The installed vLLM's own parser checks the one named profile; all profiles get the catalog check.
+                check = profile is not None and options_dump is None
+                try:
+                    plan = plan_model(cfg, name, info, catalog, port=cfg.port or 8000, for_launch=False)
+                    if check and not any(n.startswith("not servable here") for n in plan.notes):
+                        check_rendered(cfg, plan, catalog)
+                except StackError as exc:
+                    failed += 1
+                    results.append({"name": name, "valid": False, "error": exc.message, "fix": exc.hint})
+                    if not as_json:
+                        out.print(f"[red]✗[/] {name}")
+                        out.print(Text("    " + str(exc).replace("\n", "\n    ")))
+                    continue
+                warnings = [n for n in plan.notes if n.startswith("fit: ") and "not planned" not in n]
+                results.append({"name": name, "valid": True, "hardware": plan.hardware.name,
+                                "model": plan.model.name, "vllm": f"{plan.vllm.distribution} "
+                                f"{plan.vllm.version}", "warnings": warnings + list(plan.warnings)})
+                if as_json:
+                    continue
+                out.print(f"[green]✓[/] {name} [dim]({plan.hardware.name} + {plan.model.name}, "
+                          f"{plan.vllm.distribution} {plan.vllm.version})[/]")
+                for note in plan.notes:
+                    if note.startswith("not servable here"):
+                        out.print(f"    [dim]{note}[/]", highlight=False)
+                    elif note.startswith("fit: ") and "not planned" not in note:
+                        out.print(f"    [yellow]warning:[/] {note}", highlight=False)
+                for warning in plan.warnings:
+                    out.print(f"    [yellow]warning:[/] {warning}", highlight=False)
             if as_json:
-                continue
-            out.print(f"[green]✓[/] {name} [dim]({plan.hardware.name} + {plan.model.name}, "
-                      f"{plan.vllm.distribution} {plan.vllm.version})[/]")
-            for note in plan.notes:
-                if note.startswith("not servable here"):
-                    out.print(f"    [dim]{note}[/]", highlight=False)
-                elif note.startswith("fit: ") and "not planned" not in note:
-                    out.print(f"    [yellow]warning:[/] {note}", highlight=False)
-            for warning in plan.warnings:
-                out.print(f"    [yellow]warning:[/] {warning}", highlight=False)
-        if as_json:
-            out.print_json(data={"valid": not failed, "checked": len(names), "profiles": results})
-            return 2 if failed else 0
-        if failed:
-            err.print(f"[red]{failed} of {len(names)} invalid[/]")
-            return 2
-        out.print(f"configuration valid ({len(names)} checked)")
-        return 0
+                out.print_json(data={"valid": not failed, "checked": len(names), "profiles": results})
+                return 2 if failed else 0
+            if failed:
+                err.print(f"[red]{failed} of {len(names)} invalid[/]")
+                return 2
+            out.print(f"configuration valid ({len(names)} checked)")
+            return 0
 
     run(body)
 

