@@ -121,7 +121,7 @@ def test_event_streams_are_bounded_per_browser_and_in_total() -> None:
         async def tick(_hub: Hub) -> None:
             return None
 
-        hub = Hub(tick, max_streams=3, per_session=2, queue_size=2)
+        hub = Hub(tick, max_streams={"viewer": 3, "admin": 3}, per_session=2, queue_size=2)
         a1, _a2 = hub.open("a", {"models"}), hub.open("a", {"models"})
         with pytest.raises(TooManyStreams, match="this browser"):
             hub.open("a", {"models"})
