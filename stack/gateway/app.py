@@ -177,7 +177,7 @@ def create_app(
     app.add_middleware(AbortOnDisconnect)  # a client gone mid-request cancels it, so the engine aborts it too
     app.add_middleware(OpenAIFastPath, state=state)  # the plain POSTs of /v1 without the layers above (adr/0032)
     # before the fast path: a page's form post or a rebinding Host never reaches a route (adr/0039)
-    app.add_middleware(CrossSiteGuard, names=HostNames(settings.host, settings.allowed_hosts))
+    app.add_middleware(CrossSiteGuard, names=HostNames(settings.host, settings.allowed_hosts), open_api=not keys.enabled)
     if settings.log_requests:
         app.add_middleware(RequestLog)  # outermost: sees every answer, 413s included
     return app

@@ -6,9 +6,10 @@ gateway with `Host: attacker.example`. So, before any route runs:
 
 - `/admin/*` and `/ui/*` answer only a `Host` the gateway serves: a loopback name (localhost, 127.0.0.1,
   [::1], *.localhost), any IP address written as such (a rebinding needs a *name*), this machine's host name,
-  `gateway.host` and `gateway.allowed_hosts`; else 421. Every other route except /health and /ready does the
-  same for a request that arrived on a loopback address (the gateway on 127.0.0.1 without a client key is the
-  rebinding target; a published gateway is reached by whatever name its clients use, behind its keys).
+  `gateway.host` and `gateway.allowed_hosts`; else 421. Without a client key, every other route except /health
+  and /ready does the same for a request that arrived on a loopback address (the gateway on 127.0.0.1 with
+  /v1 open is the rebinding target; with a key, a page cannot use /v1 anyway, and a published gateway is
+  reached by whatever name its clients use).
 - a POST/PUT/PATCH/DELETE to `/admin/*` or `/ui/*` is refused (403) when the browser says it comes from
   another origin (`Origin`, `Sec-Fetch-Site`), and (415) unless its body is JSON or empty without a type: a
   form or text/plain post is what a page can send without asking CORS first.
@@ -94,13 +95,14 @@ def json_or_empty(headers: dict[bytes, bytes]) -> bool:
     return headers.get(b"content-length", b"0").strip() == b"0" and b"transfer-encoding" not in headers
 
 
-def problem(scope: Scope, headers: dict[bytes, bytes], names: HostNames) -> tuple[int, str, str] | None:
-    """(status, code, message) of a request refused here, else None."""
+def problem(scope: Scope, headers: dict[bytes, bytes], names: HostNames,
+            open_api: bool = True) -> tuple[int, str, str] | None:  # fmt: skip
+    """(status, code, message) of a request refused here, else None. open_api: /v1 needs no key."""
     path = scope.get("path", "")
     on_admin = guarded(path)
     if not on_admin:
         server = scope.get("server") or ("", 0)
-        if path in UNGUARDED or not _loopback(server[0]):
+        if not open_api or path in UNGUARDED or not _loopback(server[0]):
             return None
     host = headers.get(b"host", b"").decode("latin-1")
     if host and not names.serves(host):
@@ -134,13 +136,13 @@ def _loopback(host: str) -> bool:
 class CrossSiteGuard:
     """ASGI middleware: `problem` answered in OpenAI's error shape before any route (or the fast path) runs."""
 
-    def __init__(self, app: ASGIApp, names: HostNames) -> None:
-        self.app, self.names = app, names
+    def __init__(self, app: ASGIApp, names: HostNames, open_api: bool = True) -> None:
+        self.app, self.names, self.open_api = app, names, open_api
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or ())
-            refused = problem(scope, headers, self.names)
+            refused = problem(scope, headers, self.names, self.open_api)
             if refused is not None:
                 status, code, message = refused
                 body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
