@@ -123,3 +123,43 @@ def test_the_admin_token_opens_admin_and_vstack_reads_it(tmp_path: Path, monkeyp
         assert 'name="console-role" content="viewer"' in c.get("/ui/models").text
         assert c.post("/ui/login", json={"key": token}).json() == {"role": "admin", "key_name": "admin-token"}
     assert not token_file.exists()  # withdrawn at shutdown
+
+
+def test_a_loopback_clients_forwarded_for_does_not_name_the_request_logs_client(caplog) -> None:
+    """uvicorn believes X-Forwarded-For from 127.0.0.1 unless told otherwise: any local process could name the
+    request log's client. The gateway's server believes only gateway.trusted_proxies."""
+    import asyncio
+    import logging
+    import threading
+    import time
+
+    import uvicorn
+
+    from bench.harness.waiting import free_port
+    from stack.gateway.http.serve import uvicorn_config
+
+    assert uvicorn_config(create_app(GatewayConfig(), default_model="m"), "127.0.0.1", 0, 1).proxy_headers is False
+    trusting = GatewayConfig(trusted_proxies=["10.0.0.0/8"])
+    config = uvicorn_config(create_app(trusting, default_model="m"), "127.0.0.1", 0, 1, limits=trusting)
+    assert config.proxy_headers is True and config.forwarded_allow_ips == "10.0.0.0/8"
+
+    settings = GatewayConfig(log_requests=True)
+    port = free_port()
+    server = uvicorn.Server(uvicorn_config(create_app(settings, default_model="m"), "127.0.0.1", port, 1,
+                                           limits=settings))  # fmt: skip
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server.serve(),), daemon=True)
+    caplog.set_level(logging.INFO, logger="stack.gateway.requests")
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = httpx.get(f"http://127.0.0.1:{port}/health", headers={"X-Forwarded-For": "203.0.113.50"})
+        assert r.status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        loop.close()
+    (line,) = [rec.getMessage() for rec in caplog.records if rec.name == "stack.gateway.requests"]
+    assert '"client":"127.0.0.1"' in line and "203.0.113.50" not in line
