@@ -10,13 +10,18 @@ from rich.table import Table
 
 from stack.cli.every_command import ConfigOpt, UrlOpt, cli_config, cli_url, out, run
 
-deployments_app = typer.Typer(help="Deployments behind the running gateway (no subcommand), rm ID.",
-                              invoke_without_command=True)
+deployments_app = typer.Typer(
+    help="Deployments behind the running gateway (no subcommand), rm ID.", invoke_without_command=True
+)
 
 
 @deployments_app.callback()
-def deployments_list(ctx: typer.Context, as_json: Annotated[bool, typer.Option("--json")] = False,
-                     url: UrlOpt = None, config: ConfigOpt = None) -> None:
+def deployments_list(
+    ctx: typer.Context,
+    as_json: Annotated[bool, typer.Option("--json", help="the deployments and the skipped entries as JSON")] = False,
+    url: UrlOpt = None,
+    config: ConfigOpt = None,
+) -> None:
     """Without a subcommand: every deployment (model, kind, state, where it came from)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -33,8 +38,13 @@ def deployments_list(ctx: typer.Context, as_json: Annotated[bool, typer.Option("
         for col in ("id", "model", "kind", "state", "added"):
             table.add_column(col, overflow="fold")
         for r in rows:
-            table.add_row(r.get("id", "?"), r["model"], r.get("kind", "-"), r.get("state", "-"),
-                          (r.get("labels") or {}).get("added", "config") if "error" not in r else r["error"])
+            table.add_row(
+                r.get("id", "?"),
+                r["model"],
+                r.get("kind", "-"),
+                r.get("state", "-"),
+                (r.get("labels") or {}).get("added", "config") if "error" not in r else r["error"],
+            )
         out.print(table)
         for s in skipped:
             out.print(f"[yellow]not restored:[/] {s['what']}: {s['why']}" +
@@ -44,8 +54,11 @@ def deployments_list(ctx: typer.Context, as_json: Annotated[bool, typer.Option("
 
 
 @deployments_app.command("rm")
-def deployments_rm(dep_id: Annotated[str, typer.Argument(help="the deployment's id (`vstack deployments`)")],
-                   url: UrlOpt = None, config: ConfigOpt = None) -> None:
+def deployments_rm(
+    dep_id: Annotated[str, typer.Argument(help="the deployment's id (`vstack deployments`)")],
+    url: UrlOpt = None,
+    config: ConfigOpt = None,
+) -> None:
     """Remove a deployment added through /admin, or an entry of runtime.json skipped at start."""
     from urllib.parse import quote
 

@@ -204,8 +204,10 @@ def _console_login(cfg: StackConfig) -> str:
 
     g = cfg.gateway
     with contextlib.suppress(Exception):
-        if KeyRing.from_refs(g.api_keys).enabled or KeyRing.from_refs([g.admin_key] if g.admin_key else []).enabled:
+        if KeyRing.from_refs([g.admin_key] if g.admin_key else []).enabled:
             return "  (log in with the admin key or an API key)"
+        # no admin key: /admin and the console's buttons take the admin token this start wrote (adr/0039)
+        return f"  (admin: log in with the token in {cfg.state_dir / 'admin-token'})"
     return ""
 
 

@@ -105,7 +105,13 @@ def create_app(
         runtime=RuntimeState(state_file),
     )
     if admin_token_file is not None and not admin_keys.enabled:
-        state.admin_token = admin_token.issue(admin_token_file)
+        try:
+            state.admin_token = admin_token.issue(admin_token_file)
+        except OSError as exc:  # still required: /admin then needs an admin key, never opens to every client
+            state.admin_token = admin_token.secrets.token_urlsafe(32)
+            log.error("the admin token could not be written to %s (%s): /admin/* answers no one until "
+                      "gateway.admin_key (VSTACK_ADMIN_KEY) is set or the folder is writable",
+                      admin_token_file, exc.strerror or exc)  # fmt: skip
         token = state.admin_token
 
         async def withdraw_token(_state: GatewayState) -> None:
@@ -177,7 +183,8 @@ def create_app(
     app.add_middleware(AbortOnDisconnect)  # a client gone mid-request cancels it, so the engine aborts it too
     app.add_middleware(OpenAIFastPath, state=state)  # the plain POSTs of /v1 without the layers above (adr/0032)
     # before the fast path: a page's form post or a rebinding Host never reaches a route (adr/0039)
-    app.add_middleware(CrossSiteGuard, names=HostNames(settings.host, settings.allowed_hosts), open_api=not keys.enabled)
+    names = HostNames(settings.host, settings.allowed_hosts)
+    app.add_middleware(CrossSiteGuard, names=names, open_api=not keys.enabled)
     if settings.log_requests:
         app.add_middleware(RequestLog)  # outermost: sees every answer, 413s included
     return app

@@ -29,8 +29,12 @@ EVIL = "http://evil.example"
 def managed():
     engine = StandIn("m")
     # the route the supervisor would register for the engine (never asked here: no request goes to `m`)
-    with run_gateway(GatewayConfig(), default_model="m", manager=build([engine]),
-                     deployments=[local("engine-m", "http://127.0.0.1:9", "m")]) as gw:
+    with run_gateway(
+        GatewayConfig(),
+        default_model="m",
+        manager=build([engine]),
+        deployments=[local("engine-m", "http://127.0.0.1:9", "m")],
+    ) as gw:
         assert httpx.post(f"{gw.url}/admin/models/m/load", timeout=30).json()["state"] == "ready"
         yield gw, engine
 

@@ -136,11 +136,13 @@ def test_a_lone_surrogate_in_a_deployment_is_refused_and_nothing_is_kept(tmp_pat
     registered and saved, and /admin/models answered 500 from then on, after every restart too."""
     state_file = tmp_path / "runtime.json"
     with gateway(state_file) as gw:
-        body = b'{"model_group": "x", "kind": "local", "api_base": "http://127.0.0.1:9", "upstream_model": "a\xed\xa0\x80"}'
+        body = (b'{"model_group": "x", "kind": "local", "api_base": "http://127.0.0.1:9", '
+                b'"upstream_model": "a\xed\xa0\x80"}')
         r = httpx.post(f"{gw.url}/admin/deployments", content=body, headers={"Content-Type": "application/json"})
         assert r.status_code == 400, r.text
         err = r.json()["error"]
-        assert err["code"] == "invalid_text" and err["param"] == "upstream_model" and "nothing was added" in err["message"]
+        assert err["code"] == "invalid_text" and err["param"] == "upstream_model"
+        assert "nothing was added" in err["message"]
         escaped = json.dumps({"model_group": "y\ud800", "kind": "local", "api_base": "http://127.0.0.1:9"})
         r = httpx.post(f"{gw.url}/admin/deployments", content=escaped, headers={"Content-Type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["param"] == "model_group"

@@ -124,22 +124,28 @@ def is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
-def require_admin(ring: KeyRing, authorization: str | None, api_key_header: str | None, local: bool,
-                  token: str | None = None) -> str:
+def require_admin(
+    ring: KeyRing, authorization: str | None, api_key_header: str | None, local: bool, token: str | None = None
+) -> str:
     """The admin key's name; without an admin key, a local client (`local_client`) that sends the admin token
     (stack.manager.admin_token) when this gateway drew one, else any local client (a gateway built in-process)."""
     if not ring.enabled:
         if not local:
-            raise Forbidden("the admin API answers clients on this machine only unless gateway.admin_key is "
-                            "configured (VSTACK_ADMIN_KEY)")
+            raise Forbidden(
+                "the admin API answers clients on this machine only unless gateway.admin_key is "
+                "configured (VSTACK_ADMIN_KEY)"
+            )
         if token is None:
             return "loopback"
         presented = bearer(authorization, api_key_header)
         if presented is not None and hmac.compare_digest(presented.encode(), token.encode()):
             return "admin-token"
-        raise Unauthorized("admin token required: `vstack` sends it from STATE_DIR/admin-token (this user's "
-                           "state_dir); with curl: -H \"Authorization: Bearer $(cat STATE_DIR/admin-token)\", or "
-                           "set VSTACK_ADMIN_KEY", code="admin_token_required")
+        raise Unauthorized(
+            "admin token required: `vstack` sends it from STATE_DIR/admin-token (this user's "
+            'state_dir); with curl: -H "Authorization: Bearer $(cat STATE_DIR/admin-token)", or '
+            "set VSTACK_ADMIN_KEY",
+            code="admin_token_required",
+        )
     presented = bearer(authorization, api_key_header)
     name = ring.check(presented)
     if name is None:

@@ -114,8 +114,11 @@ def problem(scope: Scope, headers: dict[bytes, bytes], names: HostNames,
         return None
     origin = headers.get(b"origin")
     site = headers.get(b"sec-fetch-site", b"").decode("latin-1").lower()
-    if (origin is not None and not same_origin(origin.decode("latin-1"), host)) or site not in ("", "same-origin",
-                                                                                               "none"):
+    if (origin is not None and not same_origin(origin.decode("latin-1"), host)) or site not in (
+        "",
+        "same-origin",
+        "none",
+    ):
         return (403, "cross_site",
                 f"cross-site request refused: {path} takes changes only from this gateway's own pages and from "
                 "programs (vstack, curl), never from another site's page")  # fmt: skip
