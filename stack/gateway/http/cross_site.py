@@ -18,6 +18,7 @@ gateway with `Host: attacker.example`. So, before any route runs:
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import json
 import socket
@@ -30,6 +31,7 @@ ASGIApp = Callable[[Scope, Callable, Callable], Awaitable[None]]
 GUARDED = ("/admin", "/ui")
 UNGUARDED = ("/health", "/ready")  # probes (Docker, Kubernetes) send whatever Host their runner uses
 UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+SAME_SITE = ("", "same-origin", "none")  # Sec-Fetch-Site of this gateway's own pages, typed URLs, non-browsers
 DEFAULT_PORTS = {"http": "80", "https": "443"}
 SETTING_HINT = "gateway.allowed_hosts (VSTACK_GATEWAY__ALLOWED_HOSTS='[\"NAME\"]')"
 
@@ -95,15 +97,19 @@ def json_or_empty(headers: dict[bytes, bytes]) -> bool:
     return headers.get(b"content-length", b"0").strip() == b"0" and b"transfer-encoding" not in headers
 
 
-def problem(scope: Scope, headers: dict[bytes, bytes], names: HostNames,
-            open_api: bool = True) -> tuple[int, str, str] | None:  # fmt: skip
-    """(status, code, message) of a request refused here, else None. open_api: /v1 needs no key."""
+def checked(scope: Scope, open_api: bool) -> bool:
+    """Whether this request is looked at at all: /admin and /ui always; the rest only with /v1 open and on a
+    loopback address (what a keyed or published gateway's /v1 pays is this test, no header parsing)."""
+    path = scope.get("path", "")
+    if guarded(path):
+        return True
+    return open_api and path not in UNGUARDED and _loopback((scope.get("server") or ("", 0))[0])
+
+
+def problem(scope: Scope, headers: dict[bytes, bytes], names: HostNames) -> tuple[int, str, str] | None:
+    """(status, code, message) of a request `checked` looks at and refuses, else None."""
     path = scope.get("path", "")
     on_admin = guarded(path)
-    if not on_admin:
-        server = scope.get("server") or ("", 0)
-        if not open_api or path in UNGUARDED or not _loopback(server[0]):
-            return None
     host = headers.get(b"host", b"").decode("latin-1")
     if host and not names.serves(host):
         return (421, "misdirected_host",
@@ -114,11 +120,7 @@ def problem(scope: Scope, headers: dict[bytes, bytes], names: HostNames,
         return None
     origin = headers.get(b"origin")
     site = headers.get(b"sec-fetch-site", b"").decode("latin-1").lower()
-    if (origin is not None and not same_origin(origin.decode("latin-1"), host)) or site not in (
-        "",
-        "same-origin",
-        "none",
-    ):
+    if (origin is not None and not same_origin(origin.decode("latin-1"), host)) or site not in SAME_SITE:
         return (403, "cross_site",
                 f"cross-site request refused: {path} takes changes only from this gateway's own pages and from "
                 "programs (vstack, curl), never from another site's page")  # fmt: skip
@@ -129,6 +131,7 @@ def problem(scope: Scope, headers: dict[bytes, bytes], names: HostNames,
     return None
 
 
+@functools.lru_cache(maxsize=64)  # the addresses a gateway listens on: a handful, looked up per request
 def _loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -143,9 +146,8 @@ class CrossSiteGuard:
         self.app, self.names, self.open_api = app, names, open_api
 
     async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or ())
-            refused = problem(scope, headers, self.names, self.open_api)
+        if scope["type"] == "http" and checked(scope, self.open_api):
+            refused = problem(scope, dict(scope.get("headers") or ()), self.names)
             if refused is not None:
                 status, code, message = refused
                 body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
