@@ -445,10 +445,12 @@ def shutdown_hooks(sup: EngineSupervisor) -> list:
 
 def build_gateway(launch: Launch, on_startup: list | None = None,
                   reload_from: tuple[str | None, str | None] | None = None,
-                  console: ConsoleSources | None = None) -> tuple[FastAPI, EngineSupervisor]:  # fmt: skip
+                  console: ConsoleSources | None = None,
+                  admin_token_file: Path | None = None) -> tuple[FastAPI, EngineSupervisor]:  # fmt: skip
     """The gateway app owning the planned engines (started by its startup hook, stopped on shutdown).
     reload_from: (profile, config file) it was started from: `vstack reload` reads them again. console: what
-    the entry point adds to the console's Plan & config page (the patch ledger, reports)."""
+    the entry point adds to the console's Plan & config page (the patch ledger, reports). admin_token_file:
+    without an admin key, where /admin's token is written (the serving process: state_dir/admin-token)."""
     from stack.gateway.app import create_app
 
     sup = supervisor(launch)
@@ -462,7 +464,8 @@ def build_gateway(launch: Launch, on_startup: list | None = None,
                      on_startup=[sup.start, *(on_startup or [])],
                      on_shutdown=shutdown_hooks(sup),
                      manager=sup.manager, state_file=launch.cfg.state_dir / "runtime.json",
-                     console=console_sources(launch.plan, console))  # fmt: skip
+                     console=console_sources(launch.plan, console),
+                     admin_token_file=admin_token_file)  # fmt: skip
     if reload_from is not None and launch.site is None and launch.plan.cluster is None:
         app.state.gateway.reload = Reloader(launch, sup, *reload_from)
     return app, sup
@@ -527,7 +530,10 @@ def serve(launch: Launch, port: int, reload_from: tuple[str | None, str | None] 
 
         asyncio.get_running_loop().create_task(watch())
 
-    app, sup = build_gateway(launch, on_startup=[watch_start], reload_from=reload_from, console=console)
+    from stack.manager.admin_token import token_path
+
+    app, sup = build_gateway(launch, on_startup=[watch_start], reload_from=reload_from, console=console,
+                             admin_token_file=token_path(launch.cfg.state_dir))
     app.state.gateway.watch_log(log_handler)
     cfg = launch.cfg
     server = GatewayServer(uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info",
@@ -581,10 +587,12 @@ def fetches_models(site: Site | None) -> bool:
 
 
 def build_front_gateway(settings: GatewayConfig, manager: ManagerConfig, upstreams: list[tuple[str, str, str]],
-                        manage: bool, state_file: Path | None = None) -> FastAPI:  # fmt: skip
+                        manage: bool, state_file: Path | None = None,
+                        admin_token_file: Path | None = None) -> FastAPI:  # fmt: skip
     """A gateway in front of servers already running (`python -m stack.entrypoints.gateway`): each upstream
     (model, base URL, served name) a fixed deployment, or (manage) an attached engine of the model manager.
-    state_file: where /admin changes are kept (with --config: state_dir/runtime.json)."""
+    state_file: where /admin changes are kept (with --config: state_dir/runtime.json); admin_token_file:
+    where /admin's token is written without an admin key (with --config: state_dir/admin-token)."""
     from stack.gateway.app import create_app
     from stack.gateway.registry import Deployment, DeploymentRegistry
 
@@ -592,12 +600,13 @@ def build_front_gateway(settings: GatewayConfig, manager: ManagerConfig, upstrea
     if manage:
         sup = attached_supervisor(upstreams, manager, settings.retry_after_s)
         return create_app(settings, default_model=default, on_startup=[sup.start], on_shutdown=[sup.stop],
-                          manager=sup.manager, state_file=state_file)
+                          manager=sup.manager, state_file=state_file, admin_token_file=admin_token_file)
     registry = DeploymentRegistry()
     for i, (model, url, served) in enumerate(upstreams):
         registry.add(Deployment(id=f"local-{i + 1}", model_group=model, kind="local", upstream_model=served,
                                 api_base=url))  # fmt: skip
-    return create_app(settings, default_model=default, registry=registry, state_file=state_file)
+    return create_app(settings, default_model=default, registry=registry, state_file=state_file,
+                      admin_token_file=admin_token_file)
 
 
 def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerConfig,

@@ -21,8 +21,15 @@ from types import ModuleType
 PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 ENGINE_KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable for --api-key (envs.py); the gateway holds the value
 GATEWAY_SECRETS = ("VSTACK_API_KEY", "VSTACK_ADMIN_KEY", "VSTACK_METRICS_KEY")
-# Names that look like credentials (OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN, DB_PASSWORD ...).
-_SECRET_NAME = re.compile(r"API_?KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|AUTH", re.I)
+# Names that look like credentials (OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, GITHUB_TOKEN, DB_PASSWORD, SMTP_PASS,
+# a *_KEY, a DATABASE_URL or *_DSN that carries a password ...). A deny list, not an allow list (adr/0039): an
+# allow list would drop what a site's engines need under names nobody listed (NCCL_*, a scheduler's, a driver's);
+# a secret under a name none of these match still reaches engines: docs/guides/security.md says so.
+_SECRET_NAME = re.compile(
+    r"API_?KEY|SECRET|TOKEN|PASSWORD|PASSWD|PASSPHRASE|_PASS$|CREDENTIAL|PRIVATE|ACCESS_KEY|"
+    r"AUTH|COOKIE|SESSION_KEY|_KEY$|DATABASE_URL|_DSN$|CONNECTION_STRING",
+    re.I,
+)
 # What an engine may need although it looks like a secret: the Hub token to fetch gated models.
 ENGINE_MAY_READ = frozenset({"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 # The one `__main__` of the stack's child processes (stack/entrypoints/run.py): named here, below every layer

@@ -37,6 +37,7 @@ from bench.gpu.device import Device, detect
 from bench.gpu.profiles import prepare, vstack
 from bench.harness.scrape import engine_targets, sample_sums
 from bench.harness.waiting import free_port
+from stack.manager.client import admin_headers
 from stack.vllm import kv_offload
 
 MODEL_A, MODEL_B = "llama-3.1-8b-instruct", "qwen2.5-7b-instruct"
@@ -64,8 +65,9 @@ def ttft(base: str, served: str, text: str, timeout: float = 600) -> float:
     raise RuntimeError(f"{served}: the stream ended without a token")
 
 
-def last_switch(base: str, model: str) -> dict[str, Any]:
-    for m in httpx.get(f"{base}/admin/models", timeout=10).json()["models"]:
+def last_switch(base: str, model: str, state_dir: Path) -> dict[str, Any]:
+    # the admin token `vstack up` wrote to the run's state_dir (no admin key here: adr/0039)
+    for m in httpx.get(f"{base}/admin/models", timeout=10, headers=admin_headers(base, state_dir)).json()["models"]:
         if m["model"] == model:
             return (m.get("manager") or {}).get("last_switch") or {}
     return {}
@@ -116,13 +118,13 @@ def side(cfg: Any, device: Device, work: Path, log_dir: Path, keep: bool, prefix
             t = time.perf_counter()
             vstack(run, "switch", MODEL_B)
             row["switch_to_b_cli_s"] = round(time.perf_counter() - t, 3)
-            row["switch_to_b"] = last_switch(base, MODEL_B)
+            row["switch_to_b"] = last_switch(base, MODEL_B, run.state_dir)
             row["b_first_s"] = ttft(base, MODEL_B, "t7 t8")
             before = counters(base, MODEL_A)
             t = time.perf_counter()
             vstack(run, "switch", MODEL_A)
             row["switch_to_a_cli_s"] = round(time.perf_counter() - t, 3)
-            row["switch_to_a"] = last_switch(base, MODEL_A)
+            row["switch_to_a"] = last_switch(base, MODEL_A, run.state_dir)
             row["a_return_s"] = ttft(base, MODEL_A, f"{session} t{70 + cycle}")  # the figure
             after = counters(base, MODEL_A)
             row["a_return_hits"] = {k.removeprefix("vllm:").removesuffix("_total"): after[k] - before[k]

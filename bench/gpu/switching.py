@@ -24,6 +24,7 @@ from bench.gpu.device import Device
 from bench.gpu.profiles import prepare, vstack
 from bench.harness.children import Children
 from bench.harness.waiting import free_port
+from stack.manager.client import admin_headers
 
 GIB = 1024**3
 MODEL_A, MODEL_B = "llama-3.1-8b-instruct", "qwen2.5-7b-instruct"
@@ -59,8 +60,9 @@ def per_process(device: Device) -> dict[int, float]:
         pynvml.nvmlShutdown()
 
 
-def states(base: str) -> dict[str, str]:
-    models = httpx.get(f"{base}/admin/models", timeout=10).json()["models"]
+def states(base: str, state_dir: Path) -> dict[str, str]:
+    # the admin token `vstack up` wrote to the run's state_dir (no admin key here: adr/0039)
+    models = httpx.get(f"{base}/admin/models", timeout=10, headers=admin_headers(base, state_dir)).json()["models"]
     return {m["model"]: m["state"] for m in models}
 
 
@@ -84,7 +86,7 @@ def ours(cfg: Any, device: Device, work: Path, log_dir: Path) -> dict[str, Any]:
         for model, kind in plan:
             seconds = first_token(base, model)
             out["steps"].append({"to": model, "kind": kind, "first_token_s": round(seconds, 3),
-                                 "states": states(base), "gpu_gib_by_pid": per_process(device),
+                                 "states": states(base, run.state_dir), "gpu_gib_by_pid": per_process(device),
                                  "used_gib": [round(u / GIB, 2) for u in device.used_bytes()]})
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"

@@ -72,9 +72,10 @@ def _local_host(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def _admin_headers() -> dict[str, str]:
-    key = os.environ.get("VSTACK_ADMIN_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
+def _admin_headers(url: str, state_dir: Path) -> dict[str, str]:
+    from stack.manager.client import admin_headers
+
+    return admin_headers(url, state_dir)
 
 
 def _wait_gateway(proc: subprocess.Popen, url: str, timeout: float, log: Path, start: int = 0,
@@ -203,8 +204,10 @@ def _console_login(cfg: StackConfig) -> str:
 
     g = cfg.gateway
     with contextlib.suppress(Exception):
-        if KeyRing.from_refs(g.api_keys).enabled or KeyRing.from_refs([g.admin_key] if g.admin_key else []).enabled:
+        if KeyRing.from_refs([g.admin_key] if g.admin_key else []).enabled:
             return "  (log in with the admin key or an API key)"
+        # no admin key: /admin and the console's buttons take the admin token this start wrote (adr/0039)
+        return f"  (admin: log in with the token in {cfg.state_dir / 'admin-token'})"
     return ""
 
 
@@ -360,19 +363,21 @@ def _say_kept_asleep(cfg: StackConfig) -> None:
                   soft_wrap=True)  # fmt: skip
 
 
-def _gateway_rows(record: EngineRecord) -> list[dict]:
+def _gateway_rows(record: EngineRecord, state_dir: Path) -> list[dict]:
     base = {"profile": record.profile, "pid": record.pid, "url": f"{record.base_url}/v1",
             "uptime_s": round(time.time() - record.started_at), "log": record.log_path}
     if not record.alive():
         return [{"name": GATEWAY, "state": "dead", **base}]
-    return _model_rows(record.base_url, base) or [{"name": GATEWAY, "state": "starting", **base}]
+    return _model_rows(record.base_url, base, state_dir) or [{"name": GATEWAY, "state": "starting", **base}]
 
 
-def _model_rows(base_url: str, base: dict) -> list[dict]:
-    from stack.manager.client import admin_headers
-
+def _model_rows(base_url: str, base: dict, state_dir: Path) -> list[dict]:
     try:
-        answer = httpx.get(f"{base_url}/admin/models", headers=admin_headers(), timeout=3).json()
+        reply = httpx.get(f"{base_url}/admin/models", headers=_admin_headers(base_url, state_dir), timeout=3)
+        if reply.status_code in (401, 403):  # it answers, but not to us: say so instead of "starting"
+            return [{"name": GATEWAY, "state": "answers (admin key needed to list its models)", **base,
+                     "warnings": [_refused(reply)]}]  # fmt: skip
+        answer = reply.json()
         models = answer["models"]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return []
@@ -380,6 +385,17 @@ def _model_rows(base_url: str, base: dict) -> list[dict]:
     return [{"name": m["model"], "state": (m.get("manager") or {}).get("state") or m["state"], **base,
              "deployments": [d["id"] for d in m["deployments"]], **({"warnings": warnings} if warnings else {})}
             for m in models]  # fmt: skip
+
+
+def _refused(reply: httpx.Response) -> str:
+    try:
+        said = reply.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        said = reply.text[:200]
+    given = "the key in VSTACK_ADMIN_KEY was refused" if os.environ.get("VSTACK_ADMIN_KEY") else \
+        "VSTACK_ADMIN_KEY is not set"
+    return (f"the gateway at {reply.request.url.scheme}://{reply.request.url.netloc.decode()} refused /admin "
+            f"({reply.status_code}: {said}); {given}: export VSTACK_ADMIN_KEY=<the gateway's admin key>")
 
 
 def _warnings(gateway: dict) -> list[str]:
@@ -391,7 +407,8 @@ def _warnings(gateway: dict) -> list[str]:
         out.append(f"the gateway lost {log['lines_lost']} log lines since {log['since']}: {log['error']}")
     out += [f"engine {dep} is unresponsive: {why}" for dep, why in (gateway.get("unresponsive") or {}).items()]
     runtime = gateway.get("runtime_state") or {}
-    out += [f"runtime change not restored: {s['what']}: {s['why']}" for s in runtime.get("skipped") or []]
+    out += [f"runtime change not restored: {s['what']}: {s['why']}" + (f" (remove it: {s['remove']})"
+            if s.get("remove") else "") for s in runtime.get("skipped") or []]  # fmt: skip
     if runtime.get("write_error"):
         out.append(f"runtime changes are not persisted: {runtime['write_error']}")
     if runtime.get("restored"):
@@ -399,7 +416,7 @@ def _warnings(gateway: dict) -> list[str]:
     return out
 
 
-def _remote_rows(url: str) -> list[dict]:
+def _remote_rows(url: str, state_dir: Path) -> list[dict]:
     """A gateway this machine did not start (Compose, another host): its models, no pid or log here."""
     base = {"profile": "-", "pid": None, "url": f"{url}/v1", "uptime_s": None, "log": "-"}
     try:
@@ -408,7 +425,7 @@ def _remote_rows(url: str) -> list[dict]:
         return []
     if health.status_code != 200:
         return []
-    rows = _model_rows(url, base)
+    rows = _model_rows(url, base, state_dir)
     if rows:
         return rows
     return [{"name": GATEWAY, "state": "answers (set VSTACK_ADMIN_KEY to list its models)", **base}]
@@ -426,7 +443,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt
         if given is None:
             for record in RecordStore(cfg.state_dir).all():
                 if record.name == GATEWAY:
-                    rows += _gateway_rows(record)
+                    rows += _gateway_rows(record, cfg.state_dir)
             for record in leftovers(cfg.state_dir):  # engines whose gateway is gone (killed, --keep-engines, down)
                 state = (f"kept asleep (level {record.asleep}, {record.host_bytes / 2**30:.1f} GiB host RAM)"
                          if record.asleep else "kept (no gateway)")  # fmt: skip
@@ -434,7 +451,7 @@ def status(as_json: Annotated[bool, typer.Option("--json")] = False, url: UrlOpt
                              "pid": record.pid, "url": f"{record.base_url}/v1",
                              "uptime_s": round(time.time() - record.started_at), "log": record.log_path})
         if not rows and (given or cfg.gateway.port):  # port 0 (a free one each time): nothing to look for
-            rows = _remote_rows(given or f"http://{_local_host(cfg.gateway.host)}:{cfg.gateway.port}")
+            rows = _remote_rows(given or f"http://{_local_host(cfg.gateway.host)}:{cfg.gateway.port}", cfg.state_dir)
         if as_json:
             out.print_json(data=rows)
             return
@@ -477,7 +494,7 @@ def reload(config: ConfigOpt = None) -> None:
             raise EngineError("vstack is not running", hint="start it with `vstack up`")
         started = time.monotonic()
         try:
-            resp = httpx.post(f"{record.base_url}/admin/reload", headers=_admin_headers(),
+            resp = httpx.post(f"{record.base_url}/admin/reload", headers=_admin_headers(record.base_url, cfg.state_dir),
                               timeout=cfg.startup_timeout_s)  # fmt: skip
         except httpx.HTTPError as exc:
             raise EngineError(f"the gateway at {record.base_url} did not answer: {type(exc).__name__}") from exc
@@ -495,7 +512,7 @@ def reload(config: ConfigOpt = None) -> None:
             err.print(f"[yellow]![/] {line}")
         code = 0
         for name in done["restarted"]:
-            state, detail = _wait_model(record.base_url, name, cfg.startup_timeout_s + 60)
+            state, detail = _wait_model(record.base_url, name, cfg.startup_timeout_s + 60, cfg.state_dir)
             if state == "ready":
                 out.print(f"[green]✓[/] {name}: command changed, restarted ({detail}); "
                           f"{time.monotonic() - started:.1f} s since the reload")  # fmt: skip
@@ -507,13 +524,14 @@ def reload(config: ConfigOpt = None) -> None:
     run(body)
 
 
-def _wait_model(base_url: str, name: str, timeout: float) -> tuple[str, str]:
+def _wait_model(base_url: str, name: str, timeout: float, state_dir: Path) -> tuple[str, str]:
     """Poll /admin/models until `name` is ready or failed (a restart first passes through stopping)."""
     deadline, seen_down = time.monotonic() + timeout, False
     with Live(Text(f"{name}: restarting"), console=err, transient=True) as live, httpx.Client(timeout=5) as http:
         while time.monotonic() < deadline:
             try:
-                models = http.get(f"{base_url}/admin/models", headers=_admin_headers()).json()["models"]
+                models = http.get(f"{base_url}/admin/models",
+                                  headers=_admin_headers(base_url, state_dir)).json()["models"]
                 entry = next(m for m in models if m["model"] == name)
                 model = entry.get("manager") or entry  # the manager's state: stopping, starting, ready, failed
             except (httpx.HTTPError, ValueError, KeyError, StopIteration):

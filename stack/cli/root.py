@@ -13,6 +13,7 @@ from rich.table import Table
 from stack import __version__
 from stack.cli.bench_cmd import app as bench_app
 from stack.cli.config_cmd import config_app
+from stack.cli.deployments_cmd import deployments_app
 from stack.cli.every_command import ConfigOpt, UrlOpt, cli_config, out, run
 from stack.cli.lifecycle import down, reload, status, up
 from stack.cli.logs_cmd import logs
@@ -29,6 +30,7 @@ for command in (up, down, reload, status, logs, switch, load, unload):
     app.command()(command)
 app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
+app.add_typer(deployments_app, name="deployments")
 app.add_typer(patches_app, name="patches")
 app.command("plan")(plan_command)
 app.add_typer(bench_app, name="bench")

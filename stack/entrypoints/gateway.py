@@ -29,16 +29,19 @@ def main() -> None:
     ap.add_argument("--manage", action="store_true", help="sleep idle upstreams and wake them on a request")
     args = ap.parse_args()
     manager = ManagerConfig()
-    state_file = None  # without a config, /admin changes are not kept across restarts (/admin/models says so)
-    if args.config:
+    state_file = token_file = None  # without a config, /admin changes are not kept across restarts (/admin/models
+    if args.config:  # says so), and /admin answers local clients without a token, as a gateway in a test does
         from stack.config import load_config
+        from stack.manager.admin_token import token_path
 
         cfg = load_config(args.config)
         settings, manager, state_file = cfg.gateway, cfg.manager, cfg.state_dir / "runtime.json"
+        token_file = token_path(cfg.state_dir)
     else:
         settings = GatewayConfig()
+    settings = settings.model_copy(update={"host": args.host})  # the names /admin and /ui answer to include it
     upstreams = [parse_upstream(spec) for spec in args.upstream]
-    app = build_front_gateway(settings, manager, upstreams, args.manage, state_file)
+    app = build_front_gateway(settings, manager, upstreams, args.manage, state_file, token_file)
     run(app, args.host, args.port, settings.drain_grace_s, limits=settings)
 
 

@@ -20,6 +20,7 @@ from stack.gateway.http.admin_routes import cloud_deployment
 from stack.gateway.http.auth import KeyRing
 from stack.gateway.http.body_limit import BodyLimit
 from stack.gateway.http.client_aborts import AbortOnDisconnect
+from stack.gateway.http.cross_site import CrossSiteGuard, HostNames
 from stack.gateway.http.docs_routes import docs_router
 from stack.gateway.http.error_handlers import install_error_handlers
 from stack.gateway.http.openai_fast_path import OpenAIFastPath
@@ -35,6 +36,7 @@ from stack.gateway.routing.dispatcher import Dispatcher
 from stack.gateway.upstreams.cloud_client import CloudUpstream
 from stack.gateway.upstreams.fast_path import LocalUpstream
 from stack.gateway.upstreams.provider_keys import KeyPolicy
+from stack.manager import admin_token
 from stack.manager.manager import ModelManager
 
 log = logging.getLogger("stack.gateway")
@@ -52,12 +54,15 @@ def create_app(
     manager: ModelManager | None = None,
     state_file: Path | None = None,
     console: ConsoleSources | None = None,
+    admin_token_file: Path | None = None,
 ) -> FastAPI:
     """default_model: the model group `default` (and /ready) refers to; registry: deployments known
     so far (engines register theirs as they become ready); hooks: start and stop engines; manager: the
     model manager that admits requests to the engines it switches (stack.gateway.engines builds it);
     state_file: where deployments and adapters added through /admin are kept across restarts (none: not kept);
-    console: what the console's Plan & config page shows (stack.gateway.console.sources)."""
+    console: what the console's Plan & config page shows (stack.gateway.console.sources); admin_token_file:
+    without an admin key, where the token /admin/* then needs is written (`vstack up`: state_dir/admin-token;
+    none: any local client is admin, for gateways built inside a test or a benchmark)."""
     registry = registry or DeploymentRegistry()
     keys = KeyRing.from_refs(settings.api_keys, environ)
     admin_keys = KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ)
@@ -99,6 +104,20 @@ def create_app(
         adapters=dispatcher.adapters,
         runtime=RuntimeState(state_file),
     )
+    if admin_token_file is not None and not admin_keys.enabled:
+        try:
+            state.admin_token = admin_token.issue(admin_token_file)
+        except OSError as exc:  # still required: /admin then needs an admin key, never opens to every client
+            state.admin_token = admin_token.secrets.token_urlsafe(32)
+            log.error("the admin token could not be written to %s (%s): /admin/* answers no one until "
+                      "gateway.admin_key (VSTACK_ADMIN_KEY) is set or the folder is writable",
+                      admin_token_file, exc.strerror or exc)  # fmt: skip
+        token = state.admin_token
+
+        async def withdraw_token(_state: GatewayState) -> None:
+            admin_token.withdraw(admin_token_file, token)
+
+        on_shutdown = [*(on_shutdown or []), withdraw_token]
 
     on_shutdown = list(on_shutdown or [])
 
@@ -163,6 +182,9 @@ def create_app(
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, metrics=metrics)
     app.add_middleware(AbortOnDisconnect)  # a client gone mid-request cancels it, so the engine aborts it too
     app.add_middleware(OpenAIFastPath, state=state)  # the plain POSTs of /v1 without the layers above (adr/0032)
+    # before the fast path: a page's form post or a rebinding Host never reaches a route (adr/0039)
+    names = HostNames(settings.host, settings.allowed_hosts)
+    app.add_middleware(CrossSiteGuard, names=names, open_api=not keys.enabled)
     if settings.log_requests:
         app.add_middleware(RequestLog)  # outermost: sees every answer, 413s included
     return app

@@ -5,12 +5,16 @@ Python's logging swallows write errors (it prints a traceback to stderr, which i
 handler installed here records each failed line instead: the count, the error and since when, shown by
 /health (`degraded`), /admin/models (`gateway.log`), `vstack status` and the metric
 vstack_gateway_log_write_failures_total. Once writing works again, its first line says how many lines
-were lost, and when.
+were lost, and when. A line goes to a log file in one piece or not at all (a full disk never leaves half a
+line glued to the next one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -44,8 +48,14 @@ class WatchedLogHandler(logging.StreamHandler):
 
     def _write(self, record: logging.LogRecord) -> bool:
         try:
-            self.stream.write(self.format(record) + self.terminator)
-            self.flush()
+            line = self.format(record) + self.terminator
+            fd = self._file()
+            if fd is None:
+                self.stream.write(line)
+                self.flush()
+            else:
+                self.flush()  # what others printed to the stream goes first, then this line in one piece
+                whole_line(fd, line.encode("utf-8", "backslashreplace"))
             return True
         except OSError as exc:
             self.error = f"{exc.strerror or type(exc).__name__} (errno {exc.errno})"
@@ -53,6 +63,14 @@ class WatchedLogHandler(logging.StreamHandler):
         except Exception as exc:  # a closed stream (ValueError), an encoding error: a handler never raises
             self.error = f"{type(exc).__name__}: {exc}"[:200]  # into the request that logged (logging's own rule)
             return False
+
+    def _file(self) -> int | None:
+        """The stream's descriptor when it is a regular file (a log file; a line there is kept whole), else None."""
+        try:
+            fd = self.stream.fileno()
+            return fd if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        except (AttributeError, OSError, ValueError):
+            return None
 
     def _lost(self, _record: logging.LogRecord) -> None:
         self.failures += 1
@@ -70,6 +88,21 @@ class WatchedLogHandler(logging.StreamHandler):
             return None
         since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.since))
         return {"lines_lost": self.lost, "error": self.error, "since": since}
+
+
+def whole_line(fd: int, data: bytes) -> None:
+    """Append `data` to the file, whole or not at all: a full disk that takes half of it has the half cut off
+    again (ftruncate to where it began), so no half line is left to be glued to the next one (adr/0039)."""
+    start = os.lseek(fd, 0, os.SEEK_END)
+    done = 0
+    try:
+        while done < len(data):
+            done += os.write(fd, data[done:])
+    except OSError:
+        if done:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+        raise
 
 
 class LogFailures(Collector):

@@ -15,6 +15,7 @@ import httpx
 from stack.config.origins import suggest
 from stack.load.locust_run import LoadTestError
 from stack.load.scenario import Scenario
+from stack.manager.client import admin_headers
 
 
 @dataclass
@@ -52,7 +53,7 @@ def decide_target(base_url: str, scenario: Scenario, model: str | None, allow_cl
     target = LoadTarget(base_url, mix)
     target.unlisted = [m for m in mix if m not in listed]
     try:
-        reply = httpx.get(f"{base_url}/admin/models", headers=_headers("VSTACK_ADMIN_KEY"), timeout=10)
+        reply = httpx.get(f"{base_url}/admin/models", headers=admin_headers(base_url), timeout=10)
     except httpx.HTTPError:
         reply = None
     if reply is not None and reply.status_code == 404:

@@ -1,15 +1,18 @@
 """The CLI's side of the model manager: `vstack models`, `switch`, `load`, `unload` call the running
-gateway's admin API (with VSTACK_ADMIN_KEY when it is set). No printing here: the CLI prints."""
+gateway's admin API (with VSTACK_ADMIN_KEY when it is set, else with the admin token the gateway on this
+machine wrote to state_dir: stack.manager.admin_token). No printing here: the CLI prints."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from stack.engine.records import RecordStore
 from stack.errors import EngineError
+from stack.manager import admin_token
 
 GATEWAY = "gateway"  # the state record `vstack up` writes
 
@@ -38,16 +41,35 @@ def gateway_url(state_dir: Any, url: str | None = None) -> str:
     return record.base_url
 
 
-def admin_headers() -> dict[str, str]:
+STATE_ENV = "VSTACK_STATE_DIR"
+ADMIN_HINT = ("set VSTACK_ADMIN_KEY to the gateway's admin key; without one, run vstack as the user who started "
+              "the gateway, with its state_dir (the admin token is read from STATE_DIR/admin-token)")
+
+
+def default_state_dir() -> Path:
+    """Where `vstack up` keeps its state when no config file moves it: $VSTACK_STATE_DIR, else the default."""
+    return Path(os.environ.get(STATE_ENV) or Path.home() / ".local" / "state" / "vstack")
+
+
+def admin_headers(url: str | None = None, state_dir: Any = None) -> dict[str, str]:
+    """VSTACK_ADMIN_KEY when set; else, for a gateway on this machine's loopback, the admin token it wrote to
+    state_dir (a gateway elsewhere never gets it)."""
     key = os.environ.get("VSTACK_ADMIN_KEY")
-    return {"Authorization": f"Bearer {key}"} if key else {}
+    if key:
+        return {"Authorization": f"Bearer {key}"}
+    if url is not None and not admin_token.for_url(url):
+        return {}
+    token = admin_token.read(state_dir if state_dir is not None else default_state_dir())
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def admin(state_dir: Any, method: str, path: str, timeout: float = 10, url: str | None = None,
           **params: Any) -> dict[str, Any]:
-    url = gateway_url(state_dir, url) + path
+    base = gateway_url(state_dir, url)
+    url = base + path
     try:
-        resp = httpx.request(method, url, headers=admin_headers(), params=params or None, timeout=timeout)
+        resp = httpx.request(method, url, headers=admin_headers(base, state_dir), params=params or None,
+                             timeout=timeout)
     except httpx.TimeoutException as exc:
         raise EngineError(
             f"the gateway did not answer {path} within {timeout:.0f} s",
@@ -61,7 +83,7 @@ def admin(state_dir: Any, method: str, path: str, timeout: float = 10, url: str 
         body = {}
     if resp.status_code >= 400:
         message = (body.get("error") or {}).get("message") if isinstance(body, dict) else None
-        hint = "set VSTACK_ADMIN_KEY" if resp.status_code in (401, 403) else None
+        hint = ADMIN_HINT if resp.status_code in (401, 403) else None
         raise AdminError(f"{path}: {resp.status_code} {message or resp.text[:200]}", resp.status_code, hint=hint)
     return body
 

@@ -86,3 +86,19 @@ def would_run(patch_id: str, dist: str, version: str, environ: dict[str, str]) -
         return f"not for {dist} {version} ({patch.why_not_needed(dist, Version(version))})"
     switch = patch_runs(patch_id, environ)
     return f"turned off: {switch}" if switch else None
+
+
+def probe() -> None:
+    """`python -c "from stack.patches.plugin import probe; probe()"` in a candidate's Python (the upgrade gate,
+    stack.upgrade.triage.plugin_load): loads the ledger ($VSTACK_LEDGER) and runs its runtime patches as a vLLM
+    process would, then prints {"ledger_error": ..., "outcomes": {id: outcome}} as one JSON line."""
+    import json
+
+    from stack.patches.ledger import load_ledger
+
+    error = None
+    try:
+        load_ledger()
+    except Exception as e:  # what `register` logs as "ledger not loaded, none applied"
+        error = f"{type(e).__name__}: {e}"
+    print(json.dumps({"ledger_error": error, "outcomes": register()}), flush=True)

@@ -30,7 +30,7 @@ from stack.engine.launch import engine_spec, free_port
 from stack.engine.process import EngineProcess
 from stack.errors import EngineError, StackError
 from stack.hardware import GIB, HardwareInfo
-from stack.manager.client import admin_headers, gateway_url
+from stack.manager.client import ADMIN_HINT, admin_headers, gateway_url
 from stack.manager.memory import engine_need
 from stack.planner.model_planning import plan_model
 from stack.planner.stack_plan import ModelPlan
@@ -53,14 +53,20 @@ class Rollout:
         self.steps.append({"step": name, "at_s": round(time.monotonic() - t0, 1), **detail})
 
 
+# gateway URL -> its admin headers, read once with the config's state_dir (where its admin token lies) by `apply`
+_auth: dict[str, dict[str, str]] = {}
+
+
 def _call(gw: str, method: str, path: str, json: Any = None, timeout: float = 30) -> dict[str, Any]:
+    headers = _auth.get(gw)
     try:
-        r = httpx.request(method, gw + path, json=json, headers=admin_headers(), timeout=timeout)
+        r = httpx.request(method, gw + path, json=json, headers=admin_headers(gw) if headers is None else headers,
+                          timeout=timeout)
     except httpx.HTTPError as exc:
         raise EngineError(f"the gateway at {gw} is not reachable ({type(exc).__name__})") from exc
     if r.status_code >= 400:
         raise EngineError(f"{method} {path}: {r.status_code} {r.text[:300]}",
-                          hint="set VSTACK_ADMIN_KEY" if r.status_code in (401, 403) else None)
+                          hint=ADMIN_HINT if r.status_code in (401, 403) else None)
     return r.json() if r.content else {}
 
 
@@ -110,6 +116,7 @@ def apply(cfg: StackConfig, hardware: HardwareInfo, model: str | None, candidate
           on_status: Callable[[str], None] = lambda _s: None) -> Rollout:
     t0 = time.monotonic()
     gw = gateway_url(cfg.state_dir, url)
+    _auth[gw] = admin_headers(gw, cfg.state_dir)
     name = model or _call(gw, "GET", "/admin/models")["default"]
     entry = managed_entry(gw, name)
     if not entry.get("manager"):

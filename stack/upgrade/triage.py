@@ -5,11 +5,16 @@ per version), compared by the release triage's own diff (stack.patches.triage.op
 where a profile sets the option; the profile's rendered command is then parsed by the candidate's parser, as
 `vstack up` would on it. Patches: the ledger's states on the candidate's installation (stack.patches.apply), a
 patch that no longer applies failing the gate and one already upstream named for removal, then the ledger's
-own verify on it.
+own verify on it. Runtime (plugin) patches are then loaded in a child of the candidate's Python as a vLLM
+process loads them (`plugin_load`): one that raises fails the gate, as does the line the engine logs when a
+patch failed in any of its processes ("... failed, vLLM runs unpatched", `unpatched_in_log`).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +22,7 @@ from typing import Any
 from stack.errors import StackError
 from stack.patches.apply import Patcher, State
 from stack.patches.install import find_installation, site_of_python
-from stack.patches.ledger import LoadedLedger
+from stack.patches.ledger import LEDGER_ENV, LoadedLedger
 from stack.patches.triage.options import diff_options
 from stack.planner.stack_plan import ModelPlan
 from stack.vllm.options import VllmCatalog, check_with_vllm
@@ -85,3 +90,40 @@ def patch_triage(ledger: LoadedLedger, python: str, own_venv: bool) -> PatchTria
                                           row.state in (State.CONFLICT, State.DRIFTED)))
     found.verify += patcher.verify()
     return found
+
+
+UNPATCHED = "failed, vLLM runs unpatched"  # stack.patches.plugin's warning, in any vLLM process's log
+STACK_ROOT = Path(__file__).resolve().parents[2]
+
+
+def plugin_load(python: str, ledger: Path | None, timeout_s: float = 300) -> list[PatchFinding]:
+    """The ledger's runtime patches loaded in a fresh `python` (the candidate's) as a vLLM process would load
+    them: a finding that blocks for each patch that fails (or for a ledger that does not load there)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(STACK_ROOT), os.environ.get("PYTHONPATH")]))}
+    if ledger is not None:
+        env[LEDGER_ENV] = str(Path(ledger).resolve())
+    code = "from stack.patches.plugin import probe; probe()"
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout_s, env=env)
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        tail = getattr(exc, "stderr", None) or (done.stderr if "done" in locals() else "")
+        return [PatchFinding("runtime-patches", "plugin", "not loaded", f"the runtime patches could not be loaded "
+                             f"in {python}: {type(exc).__name__}; {str(tail)[-300:]}", True)]  # fmt: skip
+    found = []
+    if answer.get("ledger_error"):
+        found.append(PatchFinding("ledger", "plugin", "not loaded", f"the candidate's ledger does not load: "
+                                  f"{answer['ledger_error']}; vLLM would run unpatched", True))  # fmt: skip
+    for patch_id, outcome in (answer.get("outcomes") or {}).items():
+        if str(outcome).startswith("failed"):
+            found.append(PatchFinding(patch_id, "plugin", "fails to load", f"{outcome}; vLLM runs unpatched", True))
+    return found
+
+
+def unpatched_in_log(log: Path | str) -> list[str]:
+    """The engine log's lines that say a runtime patch failed in one of its processes (the gate fails on each)."""
+    try:
+        text = Path(log).read_text(errors="replace")
+    except OSError:
+        return []
+    return [line.strip()[-300:] for line in text.splitlines() if UNPATCHED in line]

@@ -121,7 +121,7 @@ def test_event_streams_are_bounded_per_browser_and_in_total() -> None:
         async def tick(_hub: Hub) -> None:
             return None
 
-        hub = Hub(tick, max_streams=3, per_session=2, queue_size=2)
+        hub = Hub(tick, max_streams={"viewer": 3, "admin": 3}, per_session=2, queue_size=2)
         a1, _a2 = hub.open("a", {"models"}), hub.open("a", {"models"})
         with pytest.raises(TooManyStreams, match="this browser"):
             hub.open("a", {"models"})
@@ -167,3 +167,90 @@ def test_a_stopping_gateway_ends_the_open_streams_at_once() -> None:
             app.state.console.hub.end_streams()  # from another thread, as from a signal handler
             list(lines)  # returns only because the stream ended (else: a keep-alive in 15 s, a ReadTimeout at 10)
         assert time.monotonic() - t0 < 5 and app.state.console.hub.clients == set()
+
+
+@pytest.fixture
+def fresh():
+    """A keyed gateway of its own: these tests fill its sessions, streams and login throttle."""
+    settings = GatewayConfig.model_validate({"api_keys": [{"name": "team", "env": "K"}],
+                                             "admin_key": {"name": "ops", "env": "A"}})  # fmt: skip
+    app = create_app(settings, default_model="m", environ={"K": USER, "A": ADMIN})
+    with app_in_thread(app) as (url, _loop):
+        yield url, app.state.console
+
+
+def test_viewer_logins_never_log_the_admin_out(fresh) -> None:
+    """Issue 49, item 4: sessions were evicted oldest first at 256 whatever their role, so 257 logins with a
+    client key logged the admin out. Each role now has its own budget."""
+    url, console = fresh
+    admin, _ = login(url, ADMIN)
+    viewers = httpx.Client(base_url=url)  # one connection for all 257 logins (each still a session of its own)
+    for _ in range(console.sessions.limits["viewer"] + 1):
+        assert viewers.post("/ui/login", json={"key": USER}).status_code == 200
+    assert admin.get("/ui/api/models").status_code == 200
+    assert console.sessions.count("admin") == 1 and console.sessions.count("viewer") == 256
+
+
+def test_viewer_streams_never_take_the_admins(fresh) -> None:
+    """8 viewer logins x 8 event streams took all 32 streams and the admin got 429: now the viewers' budget
+    runs out, the admin's does not."""
+    url, console = fresh
+    console.hub.max_streams = {"admin": 2, "viewer": 3}  # small, so the test opens few connections
+    opened = []
+    try:
+        for _ in range(2):
+            viewer, _ = login(url, USER)
+            for _ in range(2):
+                s = viewer.stream("GET", "/ui/api/events?topics=models")
+                opened.append(s)
+                r = s.__enter__()
+                if len(opened) <= 3:
+                    assert r.status_code == 200
+                else:
+                    assert r.status_code == 429 and "for the viewer role" in r.read().decode()
+        admin, _ = login(url, ADMIN)
+        s = admin.stream("GET", "/ui/api/events?topics=models")
+        opened.append(s)
+        assert s.__enter__().status_code == 200
+    finally:
+        for s in opened:
+            s.__exit__(None, None, None)
+
+
+def test_wrong_keys_are_throttled_per_client(fresh) -> None:
+    url, _ = fresh
+    for _ in range(10):
+        assert httpx.post(f"{url}/ui/login", json={"key": "guess"}).status_code == 401
+    r = httpx.post(f"{url}/ui/login", json={"key": "guess"})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "login_throttled"
+    assert 1 <= int(r.headers["retry-after"]) <= 60 and "try again in" in r.json()["error"]["message"]
+    assert httpx.post(f"{url}/ui/login", json={"key": ADMIN}).status_code == 429  # no guessing meanwhile
+
+
+def test_the_throttle_counts_each_client_and_forgets_after_the_window() -> None:
+    from stack.gateway.console.throttle import LoginThrottle
+
+    t = LoginThrottle(limit=3, window_s=60)
+    for i in range(3):
+        t.failed("10.0.0.1", now=100 + i)
+    assert t.wait_s("10.0.0.1", now=103) == 57 and t.wait_s("10.0.0.2", now=103) == 0
+    assert t.wait_s("10.0.0.1", now=160.5) == 0  # the first failure aged out
+
+
+def test_the_cookie_is_secure_over_tls_only() -> None:
+    from fastapi.testclient import TestClient
+
+    settings = GatewayConfig.model_validate({"admin_key": {"name": "ops", "env": "A"}})
+    app = create_app(settings, default_model="m", environ={"A": ADMIN})
+    for base, secure in (("https://127.0.0.1:8443", True), ("http://127.0.0.1:8000", False)):
+        with TestClient(app, base_url=base) as c:
+            cookie = c.post("/ui/login", json={"key": ADMIN}).headers["set-cookie"]
+            assert ("; Secure" in cookie or "; secure" in cookie) is secure, cookie
+
+
+def test_the_playground_refuses_what_v1_refuses(keyed: str) -> None:
+    c, csrf = login(keyed, USER)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 10**9}
+    r = c.post("/ui/api/chat", json=body, headers={"X-CSRF-Token": csrf})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
+    assert "'max_completion_tokens' is too large: 1000000000" in r.json()["error"]["message"]

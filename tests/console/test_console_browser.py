@@ -86,7 +86,9 @@ def browser():
     if chromium is None:
         pytest.skip("Debian's chromium is needed (apt-get install -y chromium; .ci/run installs it)")
     with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage"])
+        # evil.test / rebind.test: names an attacker's DNS points at this machine (the DNS-rebinding tests)
+        b = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-dev-shm-usage",
+                              "--host-resolver-rules=MAP evil.test 127.0.0.1, MAP rebind.test 127.0.0.1"])
         yield b
         b.close()
 
@@ -160,6 +162,54 @@ def test_models_shows_smollm2_ready_and_a_viewer_cannot_press_the_buttons(consol
         assert with_token == [403, "admin_required"]
         models = {m["model"]: m for m in tab.page.request.get(f"{console}/api/models").json()["models"]}
         assert models[SMOL]["manager"]["state"] == "ready"  # untouched by the refused presses
+    finally:
+        tab.close()
+
+
+def test_another_sites_page_cannot_put_a_model_to_sleep(console: str, browser) -> None:
+    """Issue 49, item 1: a page on another origin auto-submits forms to the gateway's admin API and to the
+    console's action, as the operator's browser would when visiting it. Both are refused as cross-site, and the
+    model keeps serving. (Without the fix /admin took the form from any loopback browser without an admin key.)"""
+    gateway = console.removesuffix("/ui")
+    pages = {  # a form post (what /admin took before) and a text/plain one (the JSON-looking trick) to the console
+        "admin": f'<form method="POST" action="{gateway}/admin/models/{SMOL}/sleep?wait=false">'
+                 '<input name="x" value="1"></form>',
+        "console": f'<form method="POST" enctype="text/plain" action="{console}/api/models/{SMOL}/sleep">'
+                   '<input name=\'{"x":"\' value=\'1"}\'></form>',
+    }
+    tab = Tab(browser, console, USER)
+    try:
+        tab.page.route("http://evil.test:8999/**", lambda route: route.fulfill(
+            content_type="text/html", body="<!doctype html>" + pages[route.request.url.rsplit("/", 1)[1]] +
+            "<script>document.forms[0].submit()</script>"))  # fmt: skip
+        for name, path in (("admin", "/admin/models/"), ("console", "/ui/api/models/")):
+            with tab.page.expect_response(lambda r, path=path: path in r.url) as landed:
+                tab.page.goto(f"http://evil.test:8999/{name}")
+            answer = landed.value
+            assert answer.status == 403, (answer.url, answer.status, answer.text())
+            assert answer.json()["error"]["code"] == "cross_site"
+        assert "never from another site's page" in tab.page.inner_text("body")  # what the browser landed on
+        time.sleep(1)
+        models = {m["model"]: m for m in tab.page.request.get(f"{console}/api/models").json()["models"]}
+        assert models[SMOL]["manager"]["state"] == "ready"
+    finally:
+        tab.close()
+
+
+def test_a_rebinding_host_gets_nothing_from_the_console_or_admin(console: str, browser) -> None:
+    """Issue 49, item 1: rebind.test resolves to 127.0.0.1 (the attacker's DNS after rebinding): the page on
+    http://rebind.test:PORT is same-origin with whatever answers there, so the gateway must not answer it."""
+    port = console.removesuffix("/ui").rsplit(":", 1)[1]
+    tab = Tab(browser, console, None)
+    try:
+        page = tab.page.goto(f"http://rebind.test:{port}/ui/models")
+        assert page is not None and page.status == 421
+        assert "does not serve the host name 'rebind.test'" in tab.page.inner_text("body")
+        admin = tab.page.evaluate("fetch('/admin/models').then(r => r.status)")
+        assert admin == 421
+        login = tab.page.evaluate("fetch('/ui/login', {method: 'POST', headers: {'Content-Type': 'application/json'},"
+                                  f" body: JSON.stringify({{key: '{USER}'}})}}).then(r => r.status)")
+        assert login == 421
     finally:
         tab.close()
 

@@ -20,6 +20,7 @@ import pytest
 from stack.config.sections.manager import DockerRuntimeConfig
 from stack.engine.docker_site import PROJECT_LABEL, SERVICE_LABEL, Site, connect, discover, passed_env
 from stack.errors import EngineError
+from stack.manager.client import admin_headers
 from tests.docker.conftest import MODEL, ROOT
 
 
@@ -127,7 +128,8 @@ def test_a_gateway_on_the_host_runs_its_engine_as_a_container(
         wait_http(f"{url}/ready", 600, proc, log)  # 503 while the engine starts, 200 once it answers
         container = docker_client.containers.get(name)
         assert container.labels["org.vllm-stack.engine"] == name and not container.ports
-        models = httpx.get(f"{url}/admin/models", timeout=10).json()["models"]
+        models = httpx.get(f"{url}/admin/models", timeout=10,  # with the token `up` wrote there (adr/0039)
+                           headers=admin_headers(url, tmp_path / "state")).json()["models"]
         (dep,) = models[0]["deployments"]
         ip = container.attrs["NetworkSettings"]["Networks"][network.name]["IPAddress"]
         assert dep["api_base"] == f"http://{ip}:8000" and dep["labels"]["runtime"] == "docker"

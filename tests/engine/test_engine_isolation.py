@@ -75,3 +75,18 @@ def test_the_engine_key_guards_every_route_but_the_health_checks() -> None:
         assert without.status_code == (200 if path in OPEN_PATHS else 401), path
         assert client.post(path, headers={"Authorization": "Bearer engine-key"}).status_code == 200, path
         assert client.post(path, headers={"Authorization": "Bearer wrong"}).status_code in (200, 401)
+
+
+@pytest.mark.parametrize("name", ["SMTP_PASS", "DB_PASSPHRASE", "SIGNING_KEY", "MY_PRIVATE_PEM", "DATABASE_URL",
+                                  "SENTRY_DSN", "AZURE_CONNECTION_STRING", "SESSION_COOKIE"])  # fmt: skip
+def test_more_credential_names_stay_out_of_engines(name: str) -> None:
+    """Issue 49: a secret under a name none of the patterns matched reached engines. The deny list grew (the
+    decision and what it still lets through: docs/guides/security.md, adr/0039)."""
+    assert is_secret(name)
+
+
+@pytest.mark.parametrize("name", ["PATH", "HOME", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NCCL_SOCKET_IFNAME",
+                                  "OMP_NUM_THREADS", "PYTHONPATH", "HF_HOME", "TORCHINDUCTOR_CACHE_DIR",
+                                  "VLLM_CPU_KVCACHE_SPACE", "HF_TOKEN", "DBUS_SESSION_BUS_ADDRESS"])  # fmt: skip
+def test_what_engines_need_is_kept(name: str) -> None:
+    assert not is_secret(name)

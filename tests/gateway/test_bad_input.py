@@ -123,9 +123,10 @@ def test_admin_needs_the_admin_key_not_a_client_key(gw) -> None:
 
 def test_admin_without_admin_key_is_loopback_only() -> None:
     app = create_app(GatewayConfig(), default_model="smol")
-    with TestClient(app, client=("203.0.113.7", 5000)) as c:
+    # (the Host a client on this machine sends: TestClient's own `testserver` is not a name this gateway serves)
+    with TestClient(app, client=("203.0.113.7", 5000), base_url="http://127.0.0.1:8000") as c:
         assert_error(c.get("/admin/models"), 403, "permission_error")
-    with TestClient(app, client=("127.0.0.1", 5000)) as c:
+    with TestClient(app, client=("127.0.0.1", 5000), base_url="http://127.0.0.1:8000") as c:
         assert c.get("/admin/models").status_code == 200
 
 

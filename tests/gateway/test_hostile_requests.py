@@ -320,7 +320,7 @@ def test_slow_clients_are_cut_off_while_others_are_served() -> None:
     with production_server(settings) as (host, port):
         socks = [socket.create_connection((host, port)) for _ in range(5)]
         silent, trickling_headers, trickling_body, idle, second = socks
-        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         trickling_body.sendall(head + b"Content-Length: 100\r\n\r\n{")
         idle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         second.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")  # answered; then a second request trickles

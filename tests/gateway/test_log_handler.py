@@ -62,3 +62,36 @@ def test_install_replaces_only_basic_config_handlers() -> None:
                 root.removeHandler(h)
         other.close()
         root.setLevel(level)
+
+
+def test_a_full_disk_never_leaves_half_a_line(tmp_path, monkeypatch) -> None:
+    """Issue 49: a disk that filled in the middle of a request-log line left its first half glued to the next
+    line. The disk here takes the first 20 bytes of one line, then says ENOSPC (as a full tmpfs does)."""
+    import errno
+    import json
+    import os
+
+    from stack.gateway import log_health
+
+    real_write, full = os.write, {"on": False}
+
+    def write(fd: int, data: bytes) -> int:
+        if full["on"]:
+            if len(data) > 20:
+                return real_write(fd, data[:20])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(log_health.os, "write", write)
+    path = tmp_path / "gateway.log"
+    with path.open("a") as stream:
+        handler = WatchedLogHandler(stream)
+        handler.emit(_record(json.dumps({"path": "/v1/chat/completions", "n": 1})))
+        full["on"] = True
+        handler.emit(_record(json.dumps({"path": "/v1/chat/completions", "n": 2})))
+        full["on"] = False
+        handler.emit(_record(json.dumps({"path": "/v1/chat/completions", "n": 3})))
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["n"] for line in (lines[0], lines[2])] == [1, 3]
+    assert lines[1].startswith("1 log lines were lost since") and "No space left on device" in lines[1]
+    assert len(lines) == 3

@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 
+from stack.manager.client import admin_headers
 from tests.models.conftest import ROOT, smollm2_dir
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -79,7 +80,9 @@ def test_up_serves_a_folder_and_models_add_makes_a_hub_id_switchable(tmp_path: P
                                                messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert "Paris" in reply.choices[0].message.content.split(".")[0]
         # The Hub id is switchable (planned from the cached snapshot, not started: it was not asked for yet).
-        admin = httpx.get(f"{url.removesuffix('/v1')}/admin/models", timeout=10).json()
+        gateway = url.removesuffix("/v1")  # /admin with the admin token `vstack up` wrote (no admin key here)
+        admin = httpx.get(f"{gateway}/admin/models", timeout=10,
+                          headers=admin_headers(gateway, tmp_path / "state")).json()  # fmt: skip
         models = {m["model"]: m for m in admin["models"]}
         assert models[HUB_ID]["manager"]["state"] == "stopped"
         # Planned once, by `vstack up` (adr/0010): the inferred Hub id is said there, not planned again by the gateway.

@@ -18,6 +18,7 @@ import jsonschema
 import openai
 import pytest
 
+from stack.manager.client import admin_headers
 from tests.models.conftest import API_KEY, ROOT, Stack, run_stack, smollm2_dir
 
 pytestmark = pytest.mark.e2e
@@ -121,7 +122,8 @@ def test_each_adapter_answers_differently_and_stably_with_lru(client: openai.Ope
 
 
 def test_adapter_added_at_runtime_serves_without_restart(client: openai.OpenAI, stack: Stack, adapters: Path) -> None:
-    admin = httpx.Client(base_url=stack.url, timeout=60)  # loopback: /admin needs no key without VSTACK_ADMIN_KEY
+    # no admin key: /admin takes the admin token `vstack up` wrote to state_dir (adr/0039), as `vstack` sends it
+    admin = httpx.Client(base_url=stack.url, timeout=60, headers=admin_headers(stack.url, stack.state_dir))
     starts = stack.engine_log(BASE).count("non-default args")
     added = admin.post("/admin/adapters", json={"name": "smol-a4", "base": BASE, "path": str(adapters / "smol-a4")})
     assert added.status_code == 201, added.text
@@ -142,7 +144,8 @@ def test_adapter_added_at_runtime_serves_without_restart(client: openai.OpenAI, 
 ])  # fmt: skip
 def test_bad_adapters_are_refused_with_the_reason(client, stack: Stack, adapters: Path, folder, reason) -> None:
     resp = httpx.post(f"{stack.url}/admin/adapters", json={"name": f"bad-{folder}", "base": BASE,
-                                                           "path": str(adapters / folder)})  # fmt: skip
+                                                           "path": str(adapters / folder)},
+                      headers=admin_headers(stack.url, stack.state_dir))  # fmt: skip
     assert resp.status_code == 400, resp.text
     assert reason in resp.json()["error"]["message"]
     assert f"bad-{folder}" not in {m.id for m in client.models.list().data}

@@ -160,6 +160,17 @@ class GatewayConfig(_Strict):
                                        "/metrics/engines/* only (Prometheus' bearer token); client and admin keys "
                                        "open them too. With no key of any kind configured they are open")
     cors_origins: list[str] = Field(default_factory=list, description="CORS is off unless origins are listed")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="host names (the `Host` header) /admin and /ui answer besides loopback names, IP addresses, "
+        "this machine's name and `host`: e.g. the name a Compose gateway is published as; `.example.com` for "
+        "its subdomains, `*` for any (turns off the DNS-rebinding check); others get 421",
+    )
+    trusted_proxies: list[str] = Field(
+        default_factory=list,
+        description="addresses or CIDRs of reverse proxies whose X-Forwarded-For (the request log's client) and "
+        "X-Forwarded-Proto (the console cookie's Secure flag) are believed; from any other client they are ignored",
+    )
     connect_timeout_s: float = Field(5, gt=0, description="to open a connection to a deployment")
     request_timeout_s: float = Field(600, gt=0, description="per attempt, first byte to last")
     num_retries: int = Field(1, ge=0, le=10, description="retries of one deployment before falling back")
@@ -207,6 +218,27 @@ class GatewayConfig(_Strict):
                     raise ValueError(f"internal_networks: {entry!r} is not a network ({exc})") from None
             elif not re.fullmatch(r"[A-Za-z0-9.:_-]+", entry):
                 raise ValueError(f"internal_networks: {entry!r} is neither a CIDR nor a host name")
+        return v
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for entry in v:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"trusted_proxies: {entry!r} is not an address or a CIDR ({exc})") from None
+        return v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: list[str]) -> list[str]:
+        for entry in v:
+            if entry != "*" and not re.fullmatch(r"\.?[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]", entry):
+                raise ValueError(f"allowed_hosts: {entry!r} is not a host name (no scheme, port or path): "
+                                 "e.g. gateway.example.com, .example.com or *")
         return v
 
     @model_validator(mode="after")

@@ -27,7 +27,7 @@ class TooManyStreams(Exception):
 
 class Client:
     def __init__(self, owner: str, topics: set[str], size: int) -> None:
-        self.owner, self.topics = owner, topics
+        self.owner, self.topics, self.role = owner, topics, "viewer"
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(size)
         self.dropped = 0
 
@@ -45,20 +45,24 @@ def frame(topic: str, data: Any) -> bytes:
 
 
 class Hub:
-    def __init__(self, tick: Callable[[Hub], Awaitable[None]], max_streams: int = 32, per_session: int = 6,
-                 queue_size: int = 256, interval_s: float = 1.0) -> None:  # fmt: skip
+    def __init__(self, tick: Callable[[Hub], Awaitable[None]], max_streams: dict[str, int] | None = None,
+                 per_session: int = 6, queue_size: int = 256, interval_s: float = 1.0) -> None:  # fmt: skip
         self.tick, self.interval_s = tick, interval_s
-        self.max_streams, self.per_session, self.queue_size = max_streams, per_session, queue_size
+        # a budget per role: pages opened with client keys never take the streams the admin's pages need
+        self.max_streams = max_streams or {"admin": 16, "viewer": 32}
+        self.per_session, self.queue_size = per_session, queue_size
         self.clients: set[Client] = set()
         self._ticker: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def open(self, owner: str, topics: set[str]) -> Client:
-        if len(self.clients) >= self.max_streams:
-            raise TooManyStreams(f"the console has {self.max_streams} live pages open; close one")
+    def open(self, owner: str, topics: set[str], role: str = "viewer") -> Client:
+        budget = self.max_streams.get(role, 0)
+        if sum(c.role == role for c in self.clients) >= budget:
+            raise TooManyStreams(f"the console has {budget} live pages open for the {role} role; close one")
         if sum(c.owner == owner for c in self.clients) >= self.per_session:
             raise TooManyStreams(f"this browser has {self.per_session} live pages open; close one")
         client = Client(owner, topics & TOPICS, self.queue_size)
+        client.role = role
         self.clients.add(client)
         self._loop = asyncio.get_running_loop()
         if self._ticker is None or self._ticker.done():

@@ -12,6 +12,7 @@ Who may do what (adr/0018):
 from __future__ import annotations
 
 import asyncio
+import hmac
 import html
 import logging
 import time
@@ -29,8 +30,10 @@ from stack.gateway.console.live import Series, engine_row, gateway_row
 from stack.gateway.console.logs import GatewayLog, follow, tail
 from stack.gateway.console.sessions import COOKIE, Session, Sessions
 from stack.gateway.console.sources import ConsoleSources, with_bus_floor
+from stack.gateway.console.throttle import LoginThrottle
 from stack.gateway.http.admin_routes import Action, models_view, run_model_action
-from stack.gateway.http.auth import is_loopback
+from stack.gateway.http.auth import local_client
+from stack.gateway.http.openai_routes import too_many_tokens
 from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
@@ -57,6 +60,7 @@ class Console:
     def __init__(self, state: GatewayState, sources: ConsoleSources) -> None:
         self.state, self.sources = state, sources
         self.sessions = Sessions()
+        self.throttle = LoginThrottle()
         self.hub = Hub(self.tick)
         self.gateway_log = GatewayLog()
         self.series: dict[str, Series] = {}
@@ -171,13 +175,14 @@ def console_of(request: Request) -> Console:
 
 
 def login_needed(state: GatewayState) -> bool:
-    return state.keys.enabled or state.admin_keys.enabled
+    return state.keys.enabled or state.admin_keys.enabled or state.admin_token is not None
 
 
 def open_role(state: GatewayState, request: Request) -> str:
-    """The role a browser gets without logging in (no key configured for what it asks)."""
-    client = request.client.host if request.client else None
-    return "admin" if not state.admin_keys.enabled and is_loopback(client) else "viewer"
+    """The role a browser gets without logging in (no key configured for what it asks): admin only where
+    /admin/* would answer it without a key or a token (a gateway built in-process, a local client)."""
+    local = local_client(request.client.host if request.client else None, request.headers)
+    return "admin" if not state.admin_keys.enabled and state.admin_token is None and local else "viewer"
 
 
 def session_of(request: Request) -> Session | None:
@@ -209,8 +214,11 @@ def check_origin(request: Request) -> None:
         raise Forbidden("cross-site request refused", code="cross_site")
 
 
-def set_cookie(response: Response, token: str, ttl_s: float) -> None:
-    response.set_cookie(COOKIE, token, max_age=int(ttl_s), path="/ui", httponly=True, samesite="strict")
+def set_cookie(response: Response, request: Request, token: str, ttl_s: float) -> None:
+    # Secure over TLS: the request's scheme is https when uvicorn serves TLS, or when a proxy listed in
+    # gateway.trusted_proxies says X-Forwarded-Proto: https (uvicorn believes no one else's header).
+    response.set_cookie(COOKIE, token, max_age=int(ttl_s), path="/ui", httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
 
 
 def page_html(name: str, session: Session, state: GatewayState) -> str:
@@ -249,16 +257,26 @@ async def login(body: Login, request: Request) -> JSONResponse:
     check_origin(request)
     state, console = get_state(request), console_of(request)
     client = request.client.host if request.client else None
+    wait_s = console.throttle.wait_s(client)
+    if wait_s:
+        return JSONResponse({"error": {"message": f"too many wrong keys from {client}: try again in {wait_s} s",
+                                       "type": "rate_limit_error", "param": None, "code": "login_throttled"}},
+                            429, headers={"Retry-After": str(wait_s)})  # fmt: skip
+    local = local_client(client, request.headers)
     if (name := state.admin_keys.check(body.key)) is not None:
         role = "admin"
+    elif state.admin_token is not None and local and hmac.compare_digest(body.key.encode(),
+                                                                         state.admin_token.encode()):
+        name, role = "admin-token", "admin"  # no admin key: the token `vstack` reads opens the console too
     elif (name := state.keys.check(body.key)) is not None:
-        role = "admin" if not state.admin_keys.enabled and is_loopback(client) else "viewer"
+        role = "admin" if not state.admin_keys.enabled and state.admin_token is None and local else "viewer"
     else:
+        console.throttle.failed(client)
         raise Unauthorized("Incorrect key: give the admin key or an API key of this gateway", code="invalid_api_key")
     token, _ = console.sessions.create(role, name)  # type: ignore[arg-type]
     log.info("console: key %r logged in as %s from %s", name, role, client)  # the key's name, never the key
     response = JSONResponse({"role": role, "key_name": name})
-    set_cookie(response, token, console.sessions.ttl_s)
+    set_cookie(response, request, token, console.sessions.ttl_s)
     return response
 
 
@@ -285,7 +303,7 @@ async def page(page: str, request: Request) -> Response:
         token, session = console.sessions.create(open_role(state, request), "none")  # type: ignore[arg-type]
     response = HTMLResponse(page_html(page, session, state), headers=HEADERS)
     if token:
-        set_cookie(response, token, console.sessions.ttl_s)
+        set_cookie(response, request, token, console.sessions.ttl_s)
     return response
 
 
@@ -394,9 +412,9 @@ async def api_chat(req: ChatCompletionRequest, request: Request) -> Response:
     """The playground: the gateway's own dispatcher answers (the request shows in Activity like any other)."""
     need_post(request)
     state = get_state(request)
-    limit = state.settings.max_tokens_limit
-    if req.max_tokens is not None and req.max_tokens > limit:
-        raise InvalidRequest(f"'max_tokens' is too large: {req.max_tokens} (at most {limit})", param="max_tokens")
+    refusal = too_many_tokens(state, req)  # the same limits as /v1 (max_tokens and max_completion_tokens)
+    if refusal is not None:
+        raise refusal
     return respond(await state.dispatcher.handle("chat", await request.json()))
 
 
@@ -405,7 +423,7 @@ async def api_events(request: Request, topics: str = "models") -> Response:
     session = need_session(request)
     hub = console_of(request).hub
     try:
-        client = hub.open(request.cookies.get(COOKIE, ""), set(topics.split(",")))
+        client = hub.open(request.cookies.get(COOKIE, ""), set(topics.split(",")), session.role)
     except TooManyStreams as exc:
         return JSONResponse({"error": {"message": str(exc), "type": "rate_limit_error", "code": "too_many_streams"}},
                             429, headers={"Retry-After": "5"})  # fmt: skip

@@ -29,18 +29,24 @@ class Session:
 
 
 class Sessions:
-    """In memory (a gateway restart logs everyone out), bounded: the oldest session goes first."""
+    """In memory (a gateway restart logs everyone out), bounded per role: when a role's sessions are full its
+    oldest session goes, so logins with a client key never log an admin out (adr/0039)."""
 
-    def __init__(self, ttl_s: float = 12 * 3600, limit: int = 256) -> None:
-        self.ttl_s, self.limit = ttl_s, limit
-        self._by_token: OrderedDict[str, Session] = OrderedDict()
+    def __init__(self, ttl_s: float = 12 * 3600, limits: dict[str, int] | None = None) -> None:
+        self.ttl_s = ttl_s
+        self.limits = limits or {"admin": 64, "viewer": 256}
+        self._by_token: dict[str, Session] = {}
+        self._order: dict[str, OrderedDict[str, None]] = {role: OrderedDict() for role in self.limits}
 
     def create(self, role: Role, key_name: str) -> tuple[str, Session]:
         token = secrets.token_urlsafe(32)
         session = Session(role, key_name, secrets.token_urlsafe(24), time.time() + self.ttl_s)
         self._by_token[token] = session
-        while len(self._by_token) > self.limit:
-            self._by_token.popitem(last=False)
+        order = self._order[role]
+        order[token] = None
+        while len(order) > self.limits[role]:
+            oldest, _ = order.popitem(last=False)
+            self._by_token.pop(oldest, None)
         return token, session
 
     def get(self, token: str | None) -> Session | None:
@@ -48,9 +54,14 @@ class Sessions:
         if session is None:
             return None
         if session.expires < time.time():
-            self._by_token.pop(token or "", None)
+            self.drop(token)
             return None
         return session
 
     def drop(self, token: str | None) -> None:
-        self._by_token.pop(token or "", None)
+        session = self._by_token.pop(token or "", None)
+        if session is not None:
+            self._order[session.role].pop(token or "", None)
+
+    def count(self, role: Role) -> int:
+        return len(self._order[role])

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stack.config.model_extras import AdapterEntry
 from stack.errors import StackError
-from stack.gateway.http.admin_routes import admin_key, unsaved
+from stack.gateway.http.admin_routes import admin_key, require_text, unsaved
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import GatewayError, InvalidRequest, ModelNotFound
 from stack.gateway.routing.adapters import Adapter
@@ -84,6 +84,7 @@ async def register_adapter(state: GatewayState, spec: NewAdapter) -> Adapter:
     """Check and add an adapter (the admin call, and its replay at start: stack.gateway.http.runtime_state)."""
     from stack.gateway.routing.adapters import adapter_from_info
 
+    require_text(spec.model_dump(mode="python"))
     book = _book(state)
     group = state.routing.resolve(spec.base) if spec.base not in book.bases else spec.base
     base = book.bases.get(group)
@@ -129,6 +130,9 @@ async def remove_adapter(name: str, request: Request) -> dict[str, Any]:
     state = get_state(request)
     book = _book(state)
     adapter = book.adapters.get(name)
+    kept = state.runtime.key_of(state.runtime.adapters, name)
+    if adapter is None and kept is not None:  # in runtime.json but skipped at start: only the entry goes
+        return {"removed": name, **unsaved(state, state.runtime.set_adapter(kept, None))}
     if adapter is None:
         raise ModelNotFound(f"no adapter `{name}`", param="name", code="adapter_not_found")
     if adapter.in_flight:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -18,11 +19,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from stack.config.litellm_providers import ProviderError, destination
 from stack.config.sections.gateway import CloudDeployment
 from stack.errors import StackError
-from stack.gateway.http.auth import is_loopback, require_admin
+from stack.gateway.http.auth import is_loopback, local_client, require_admin
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import InvalidRequest, ModelNotFound
 from stack.gateway.registry import Deployment
 from stack.gateway.upstreams.provider_keys import KeyPolicy
+
+log = logging.getLogger("stack.gateway.admin")
 
 
 async def admin_key(
@@ -30,8 +33,11 @@ async def admin_key(
     authorization: str | None = Header(None, include_in_schema=False),
     x_api_key: str | None = Header(None, include_in_schema=False),
 ) -> str:
-    client = request.client.host if request.client else None
-    return require_admin(get_state(request).admin_keys, authorization, x_api_key, client)
+    state = get_state(request)
+    local = local_client(request.client.host if request.client else None, request.headers)
+    name = require_admin(state.admin_keys, authorization, x_api_key, local, state.admin_token)
+    request.state.key_name = name  # the request log names who changed what (the name, never the key)
+    return name
 
 
 router = APIRouter(prefix="/admin", dependencies=[Depends(admin_key)])
@@ -77,7 +83,7 @@ def models_view(state: GatewayState) -> dict[str, Any]:
                 "aliases": sorted(a for a in state.routing.aliases if state.routing.aliases[a] == group),
                 "fallbacks": state.settings.fallbacks.get(group, []),
                 "context_window_fallbacks": state.settings.context_window_fallbacks.get(group, []),
-                "deployments": [{**d.public(), "cooling_down": d.id in cooling} for d in deps],
+                "deployments": [listed(d, cooling) for d in deps],
             }
         )
     manager = state.manager
@@ -90,6 +96,23 @@ def models_view(state: GatewayState) -> dict[str, Any]:
         return {"default": state.routing.default_group, "models": out, "gateway": gateway,
                 "manager": {k: v for k, v in status.items() if k != "models"}}  # fmt: skip
     return {"default": state.routing.default_group, "models": out, "gateway": gateway}
+
+
+def listed(dep: Deployment, cooling: Any) -> dict[str, Any]:
+    """A deployment as /admin shows it; one that cannot be shown (a bug, a bad entry) is an error entry that
+    says why and how to remove it, never a 500 for the whole list."""
+    try:
+        shown = {**dep.public(), "cooling_down": dep.id in cooling}
+        bad = not_text(shown)
+        if bad is None:
+            return shown
+        why = f"{bad} is not valid text"
+    except Exception as exc:
+        why = f"{type(exc).__name__}: {exc}".encode("utf-8", "replace").decode()
+    dep_id = str(dep.id).encode("utf-8", "backslashreplace").decode()
+    log.error("deployment %s cannot be listed (%s): remove it with `vstack deployments rm %s`", dep_id, why, dep_id)
+    return {"id": dep_id, "state": "error", "error": f"cannot be listed: {why}; remove it with DELETE "
+            f"/admin/deployments/{dep_id} (`vstack deployments rm {dep_id}`)"}
 
 
 Action = Literal["load", "unload", "switch", "sleep"]
@@ -149,7 +172,8 @@ async def reload(request: Request, body: ReloadBody | None = None) -> dict[str, 
 async def engines(request: Request) -> dict[str, Any]:
     state = get_state(request)
     local = [d for d in state.registry.all() if d.kind == "local"]
-    return {"engines": [{**d.public(), "metrics_path": f"/metrics/engines/{d.id}"} for d in local]}
+    return {"engines": [{**shown, "metrics_path": f"/metrics/engines/{d.id}"} if "error" not in shown else shown
+                        for d in local for shown in [listed(d, ())]]}
 
 
 @router.post("/deployments", status_code=201)
@@ -166,8 +190,41 @@ def unsaved(state: Any, persisted: bool) -> dict[str, str]:
     return {} if persisted else {"warning": f"applied, but not persisted: {state.runtime.write_error}"}
 
 
+def not_text(value: Any, where: str = "") -> str | None:
+    """The first place in `value` (a body, a file's entry) holding a string that is not text: JSON lets a lone
+    UTF-16 surrogate (\\ud800, or its raw bytes ED A0 80, which Python's json decodes) through, and any later
+    answer that shows it fails to encode. None when every string is text."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "the value"
+        return None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        here = f"{where}.{key}" if where else str(key)
+        found = not_text(key, here + " (the key)") if isinstance(key, str) else None
+        found = found or not_text(item, here)
+        if found:
+            return found
+    return None
+
+
+def require_text(body: dict[str, Any]) -> None:
+    bad = not_text(body)
+    if bad is not None:
+        raise InvalidRequest(f"{bad} is not valid text (a lone UTF-16 surrogate): send UTF-8 text; nothing was "
+                             "added", param=bad, code="invalid_text")
+
+
 def register_deployment(state: Any, spec: NewDeployment) -> Deployment:
     """Check and register a deployment (the admin call, and its replay at start: stack.gateway.http.runtime_state)."""
+    require_text(spec.model_dump(mode="python"))
     check_name(state, spec)
     if spec.kind == "local":
         if not spec.api_base:
@@ -256,6 +313,10 @@ def check_cloud(c: CloudDeployment, policy: KeyPolicy | None) -> None:
 async def remove_deployment(dep_id: str, request: Request) -> dict[str, Any]:
     state = get_state(request)
     dep = state.registry.get(dep_id)
+    kept = state.runtime.key_of(state.runtime.deployments, dep_id)
+    if dep is None and kept is not None:  # kept in runtime.json but skipped at start (its reason in /admin/models)
+        persisted = state.runtime.set_deployment(kept, None)
+        return {"removed": dep_id, **unsaved(state, persisted)}
     if dep is None:
         raise ModelNotFound(f"no deployment {dep_id!r}", param="id", code="deployment_not_found")
     if dep.labels.get("managed") == "1":

@@ -1,7 +1,8 @@
 """API keys: compared as SHA-256 digests in constant time; only the key's *name* is ever logged.
 
 Keys come from the config as hashes or from environment variables (hashed on load, the clear value is
-dropped). With no client key configured /v1/* is open; /admin/* then answers loopback clients only.
+dropped). With no client key configured /v1/* is open. Without an admin key /admin/* answers local clients
+only, with the admin token where the gateway drew one (stack.manager.admin_token).
 """
 
 from __future__ import annotations
@@ -105,6 +106,15 @@ def require_client_key(ring: KeyRing, authorization: str | None, api_key_header:
     return name
 
 
+FORWARDED = ("x-forwarded-for", "forwarded", "x-real-ip")
+
+
+def local_client(client_host: str | None, headers: Mapping[str, str] | None = None) -> bool:
+    """A loopback peer that does not forward for someone else: a reverse proxy on this machine (not listed in
+    gateway.trusted_proxies) relays remote clients from 127.0.0.1, and they are not local."""
+    return is_loopback(client_host) and not any(h in (headers or {}) for h in FORWARDED)
+
+
 def is_loopback(host: str | None) -> bool:
     if not host:
         return False
@@ -114,11 +124,28 @@ def is_loopback(host: str | None) -> bool:
         return host == "localhost"
 
 
-def require_admin(ring: KeyRing, authorization: str | None, api_key_header: str | None, client_host: str | None) -> str:
+def require_admin(
+    ring: KeyRing, authorization: str | None, api_key_header: str | None, local: bool, token: str | None = None
+) -> str:
+    """The admin key's name; without an admin key, a local client (`local_client`) that sends the admin token
+    (stack.manager.admin_token) when this gateway drew one, else any local client (a gateway built in-process)."""
     if not ring.enabled:
-        if is_loopback(client_host):
+        if not local:
+            raise Forbidden(
+                "the admin API answers clients on this machine only unless gateway.admin_key is "
+                "configured (VSTACK_ADMIN_KEY)"
+            )
+        if token is None:
             return "loopback"
-        raise Forbidden("the admin API answers loopback clients only unless gateway.admin_key is configured")
+        presented = bearer(authorization, api_key_header)
+        if presented is not None and hmac.compare_digest(presented.encode(), token.encode()):
+            return "admin-token"
+        raise Unauthorized(
+            "admin token required: `vstack` sends it from STATE_DIR/admin-token (this user's "
+            'state_dir); with curl: -H "Authorization: Bearer $(cat STATE_DIR/admin-token)", or '
+            "set VSTACK_ADMIN_KEY",
+            code="admin_token_required",
+        )
     presented = bearer(authorization, api_key_header)
     name = ring.check(presented)
     if name is None:

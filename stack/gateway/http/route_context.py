@@ -40,6 +40,7 @@ class GatewayState:
     # composition root of a gateway that owns its engines; stack.assemble.Reloader)
     reload: Callable[[], Awaitable[dict[str, Any]]] | None = None
     runtime: RuntimeState = field(default_factory=lambda: RuntimeState(None))  # /admin changes, persisted
+    admin_token: str | None = None  # without an admin key: what /admin/* needs (stack.manager.admin_token)
     log_handler: WatchedLogHandler | None = None  # the process's log, watched for lost lines (set by `watch_log`)
 
     def watch_log(self, handler: WatchedLogHandler) -> None:

@@ -11,6 +11,7 @@ from stack.errors import StackError
 from stack.gateway.http.adapter_routes import NewAdapter, register_adapter
 from stack.gateway.http.admin_routes import NewDeployment, register_deployment
 from stack.gateway.http.route_context import GatewayState
+from stack.gateway.http.runtime_state import shown
 
 log = logging.getLogger("stack.gateway.runtime_state")
 
@@ -22,15 +23,17 @@ async def replay(state: GatewayState) -> None:
     for dep_id, body in deployments.items():
         try:
             register_deployment(state, NewDeployment.model_validate(body))
-            runtime.restored.append(f"deployment {dep_id}")
-        except (StackError, ValidationError) as exc:
-            runtime.skipped.append({"what": f"deployment {dep_id}", "why": _why(exc)})
+            runtime.restored.append(f"deployment {shown(dep_id)}")
+        except Exception as exc:  # any entry, however broken, is skipped with its reason: the others load
+            runtime.skipped.append({"what": f"deployment {shown(dep_id)}", "why": _why(exc),
+                                    "remove": f"vstack deployments rm {shown(dep_id)}"})  # fmt: skip
     for name, body in adapters.items():
         try:
             await register_adapter(state, NewAdapter.model_validate(body))
-            runtime.restored.append(f"adapter {name}")
-        except (StackError, ValidationError) as exc:
-            runtime.skipped.append({"what": f"adapter {name}", "why": _why(exc)})
+            runtime.restored.append(f"adapter {shown(name)}")
+        except Exception as exc:
+            runtime.skipped.append({"what": f"adapter {shown(name)}", "why": _why(exc),
+                                    "remove": f"DELETE /admin/adapters/{shown(name)}"})  # fmt: skip
     if runtime.restored:
         log.warning("restored %d runtime change(s) from %s: %s", len(runtime.restored), runtime.path,
                     ", ".join(runtime.restored))  # fmt: skip
@@ -41,5 +44,7 @@ async def replay(state: GatewayState) -> None:
 def _why(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         first = exc.errors()[0]
-        return f"{'.'.join(str(p) for p in first.get('loc', ()))}: {first.get('msg')}"
-    return str(getattr(exc, "message", exc))
+        return shown(f"{'.'.join(str(p) for p in first.get('loc', ()))}: {first.get('msg')}")
+    if isinstance(exc, StackError):
+        return shown(str(getattr(exc, "message", exc)))
+    return shown(f"{type(exc).__name__}: {exc}")

@@ -35,6 +35,10 @@ def uvicorn_config(
         timeout_graceful_shutdown=int(drain_grace_s) or None,
         # Clients keep connections open between requests; the default 5 s makes them reconnect.
         timeout_keep_alive=max(1, round(limits.keep_alive_s)),
+        # uvicorn believes X-Forwarded-For/-Proto from 127.0.0.1 by default: any local process could then name
+        # the request log's client. Only the proxies gateway.trusted_proxies lists are believed (adr/0039).
+        proxy_headers=bool(limits.trusted_proxies),
+        forwarded_allow_ips=",".join(limits.trusted_proxies) or None,
     )
 
 
