@@ -232,8 +232,11 @@ def _choose(inp: FitInput) -> _Fit:
     length was asked for, one that holds at least MIN_CONTEXT tokens."""
     length, concurrency = _target_length(inp), inp.request.concurrency
     if length > inp.shape.max_context:
-        raise FitError(f"{inp.model_label} has a context of {inp.shape.max_context} tokens; "
-                       f"{length} was asked for", hint=f"ask for at most {inp.shape.max_context}")
+        # Where the length was asked for: the file and key (or the command line), so that it can be fixed there.
+        origin = "--context" if inp.request.context else inp.origins.get("max_model_len") or "max_model_len"
+        raise FitError(f"{inp.model_label} has a context of {inp.shape.max_context} tokens; {length} was asked for "
+                       f"({origin})", hint=f"ask for at most {inp.shape.max_context}: set max_model_len to "
+                       f"{inp.shape.max_context} or less there, or remove it (the planner picks one)")  # fmt: skip
     seqs = _default_seqs(inp)
     fits = [_Fit(inp, tp, kv_dtype, seqs) for tp in _tp_candidates(inp) for kv_dtype in _kv_dtypes(inp)]
     targets = [length] if _explicit_length(inp) else [length, MIN_CONTEXT]
