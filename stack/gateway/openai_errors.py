@@ -18,6 +18,7 @@ class GatewayError(StackError):
     status = 500
     type = "server_error"
     code: str | None = None
+    in_activity = False  # the console's Activity has it already (the dispatcher recorded it): not twice
 
     def __init__(
         self,

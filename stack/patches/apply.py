@@ -75,8 +75,12 @@ class Patcher:
         if not patch.covers(self.inst.dist, self.inst.version):
             return Row(patch, State.NOT_NEEDED, patch.why_not_needed(self.inst.dist, self.inst.version))
         forward = applies(diff, contents)
-        if forward is None:
-            return Row(patch, State.NOT_APPLIED, f"{len(diff.files)} file(s), +{diff.added} -{diff.removed}")
+        if forward is None:  # why it is not there, and the one command that puts it there
+            size = f"{len(diff.files)} file(s), +{diff.added} -{diff.removed}"
+            installed = f"{self.inst.dist} {self.inst.version}"
+            why = (f"{installed} was reinstalled since vstack applied it on {record['applied_at']}" if record
+                   else f"{installed}'s files lack it (installed without `vstack patches apply`)")  # fmt: skip
+            return Row(patch, State.NOT_APPLIED, f"{why}; it applies cleanly ({size}): run `vstack patches apply`")
         if applies(diff, contents, reverse=True) is None:
             return Row(patch, State.UPSTREAM, f"{self.inst.dist} {self.inst.version} already contains it")
         return Row(patch, State.CONFLICT, forward)

@@ -153,25 +153,52 @@ def _with(inp: FitInput, **engine: Any) -> FitInput:
                     inp.env, inp.request, inp.model_label, inp.alternatives)
 
 
+def _gpu_counts(inp: FitInput, fit: _Fit) -> list[tuple[int, int, str]]:
+    """Every larger GPU count (one node: at most 8) the weights fit on, each with the longest context it holds
+    and why: (GPUs, max_model_len, the reason in figures per GPU)."""
+    length, concurrency, heads = _target_length(inp), inp.request.concurrency, inp.shape.num_attention_heads
+    out = []
+    for tp in (t for t in TP_CHOICES if fit.tp < t <= 8 and heads % t == 0):
+        wider = next((w for kv in _kv_dtypes(inp) if (w := _Fit(inp, tp, kv, fit.num_seqs)).holds(MIN_CONTEXT, 1)),
+                     None)  # fmt: skip
+        if wider is None:
+            continue
+        longest = min(wider.longest(concurrency), inp.shape.max_context)
+        if not _explicit_length(inp):  # nothing asked: the longest it holds, up to the model's own context
+            whole = longest == inp.shape.max_context
+            context, held = longest, ("the model's whole context" if whole else
+                                      f"the longest it holds for {concurrency} request(s) at once")  # fmt: skip
+        elif wider.holds(length, concurrency):
+            context, held = length, f"holds the {length} asked for"
+        else:
+            context, held = longest, f"short of the {length} asked for"
+        fp8 = ", fp8 KV cache" if wider.kv_dtype.startswith("fp8") else ""
+        out.append((tp, context, f"{gib(wider.budget.weights)} of weights per GPU leaves {gib(wider.kv_bytes)} of "
+                                 f"KV cache per GPU{fp8}: {held}"))  # fmt: skip
+    return out
+
+
 def _refuse_weights(inp: FitInput, fit: _Fit) -> FitError:
-    """Not even the weights (plus vLLM's overhead) fit: say by how much, and what would."""
+    """Not even the weights (plus vLLM's overhead) fit: say by how much, and every GPU count that would, each
+    with the context it holds (issue 50: it said only the smallest count that holds the asked context)."""
     length = _target_length(inp)
     options = list(inp.alternatives)
-    heads = inp.shape.num_attention_heads
-    more = next((tp for tp in TP_CHOICES if tp > fit.tp and heads % tp == 0
-                 and _Fit(inp, tp, fit.kv_dtype, fit.num_seqs).holds(length, 1)), None)
-    if more:
-        options.append(f"{more} GPUs" if not inp.given("tensor_parallel_size") else f"tensor_parallel_size {more}")
+    counts = _gpu_counts(inp, fit)
+    gpus = (lambda n: f"tensor_parallel_size {n}") if inp.given("tensor_parallel_size") else (lambda n: f"{n} GPUs")
+    options += [f"{gpus(tp)} (max_model_len {longest})" for tp, longest, _ in counts]
     if inp.hardware.fp8 and not inp.engine.get("quantization") and inp.shape.quantization.bits >= 16:
         fp8 = _with(inp, quantization="fp8")
         if _Fit(fp8, fit.tp, fit.kv_dtype, fit.num_seqs).holds(length, 1):
             options.append("quantization fp8 (weights quantized on load)")
-    advice = " or ".join(options) if options else "a larger GPU"
+    advice = ", ".join(options[:-1]) + " or " + options[-1] if len(options) > 1 else (options or ["a larger GPU"])[0]
     overhead = fit.budget.non_kv - fit.budget.weights
+    where = "on one GPU" if fit.tp == 1 else f"per GPU over {fit.tp} GPUs"
+    lines = [f"{gpus(tp)}: max_model_len {longest} ({why})" for tp, longest, why in counts]
+    flag = " (`vstack plan ... --gpus N` shows each plan)" if counts else ""
     return FitError(f"weights need {gib(fit.weights)}; {inp.machine.describe(fit.tp)}: use {advice}",
-                    hint=f"{inp.model_label} needs {gib(fit.budget.weights)} of weights per GPU plus about "
-                    f"{gib(overhead)} of vLLM overhead before any KV cache; "
-                    f"{gib(fit.budget.requested)} is available per GPU")
+                    hint=f"{inp.model_label} needs {gib(fit.budget.weights)} of weights {where} plus about "
+                    f"{gib(overhead)} of vLLM overhead before any KV cache; {gib(fit.budget.requested)} is available "
+                    f"per GPU" + (f". The GPU counts that fit{flag}:\n  " + "\n  ".join(lines) if lines else ""))
 
 
 def _refuse_context(inp: FitInput, fit: _Fit, length: int, concurrency: int) -> FitError:
@@ -205,8 +232,11 @@ def _choose(inp: FitInput) -> _Fit:
     length was asked for, one that holds at least MIN_CONTEXT tokens."""
     length, concurrency = _target_length(inp), inp.request.concurrency
     if length > inp.shape.max_context:
-        raise FitError(f"{inp.model_label} has a context of {inp.shape.max_context} tokens; "
-                       f"{length} was asked for", hint=f"ask for at most {inp.shape.max_context}")
+        # Where the length was asked for: the file and key (or the command line), so that it can be fixed there.
+        origin = "--context" if inp.request.context else inp.origins.get("max_model_len") or "max_model_len"
+        raise FitError(f"{inp.model_label} has a context of {inp.shape.max_context} tokens; {length} was asked for "
+                       f"({origin})", hint=f"ask for at most {inp.shape.max_context}: set max_model_len to "
+                       f"{inp.shape.max_context} or less there, or remove it (the planner picks one)")  # fmt: skip
     seqs = _default_seqs(inp)
     fits = [_Fit(inp, tp, kv_dtype, seqs) for tp in _tp_candidates(inp) for kv_dtype in _kv_dtypes(inp)]
     targets = [length] if _explicit_length(inp) else [length, MIN_CONTEXT]

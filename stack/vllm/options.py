@@ -15,7 +15,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -28,6 +29,9 @@ from stack.errors import StackError, VllmNotInstalledError
 from stack.files import replace_file
 from stack.vllm import introspect
 
+# Around each wait on a child that imports vLLM (10-20 s idle, minutes on a busy machine): a command says what it
+# waits for (stack.cli.config_cmd prints it and its time). Only when the answer is not cached already.
+Waiting = Callable[[str], AbstractContextManager[object]]
 SWITCH_ACTIONS = {"BooleanOptionalAction", "EnableDisableAction"}
 JSON_TYPES = {"loads", "parse_dataclass", "_parse_type", "union_dict_and_str", "parse_reasoning_parser"}
 
@@ -246,7 +250,7 @@ def check_torch_builds(python: str, found: dict[str, Any]) -> None:
                          "./install.sh (--loadtest, --cluster, --dev), which removes them again")
 
 
-def installed_catalog(python: str, cache_dir: Path) -> VllmCatalog:
+def installed_catalog(python: str, cache_dir: Path, waiting: Waiting | None = None) -> VllmCatalog:
     """The serve options of the vLLM in `python`, cached per distribution and version."""
     dist, version = installed_version(python)
     cache = cache_dir / "vllm-options" / f"{dist}-{version}.json"
@@ -255,31 +259,41 @@ def installed_catalog(python: str, cache_dir: Path) -> VllmCatalog:
             return VllmCatalog.load(cache)
         except (ValueError, KeyError):
             cache.unlink()  # a broken cache file is rebuilt, never trusted
-    data = _run_introspect(python, "options")
+    with (waiting or _quiet)(f"reading the options of {dist} {version} (once per vLLM version: a child process "
+                             f"imports vLLM; cached in {cache.parent})"):  # fmt: skip
+        data = _run_introspect(python, "options")
     replace_file(cache, json.dumps(data))  # another vstack command may fill the same cache meanwhile
     return VllmCatalog.from_dump(data)
 
 
+def _quiet(_what: str) -> AbstractContextManager[object]:
+    return contextlib.nullcontext()
+
+
 def check_with_vllm(python: str, argv: list[str], cache: VllmCatalog | None = None,
-                    cache_dir: Path | None = None) -> str | None:  # fmt: skip
+                    cache_dir: Path | None = None, waiting: Waiting | None = None) -> str | None:  # fmt: skip
     """Parse the argv with vLLM's own serve parser; the error message, or None when it parses.
 
     With `cache`/`cache_dir`, a command this vLLM accepted before is not parsed again: that parse imports
     vLLM's CLI in a child process (10-20 s), on every repeat start of the same profile. The key is the
     distribution, its version, our checker's source and the argv with the port left out (any free port is
     taken per start); only acceptances are kept, so a rejection is always said afresh."""
-    return check_many_with_vllm(python, [argv], cache, cache_dir)[0]
+    return check_many_with_vllm(python, [argv], cache, cache_dir, waiting)[0]
 
 
 def check_many_with_vllm(python: str, argvs: list[list[str]], cache: VllmCatalog | None = None,
-                         cache_dir: Path | None = None) -> list[str | None]:
+                         cache_dir: Path | None = None,
+                         waiting: Waiting | None = None) -> list[str | None]:  # fmt: skip
     """check_with_vllm for several commands in one child process (one import of vLLM's CLI for all)."""
     markers = [_check_marker(python, argv, cache, cache_dir) for argv in argvs]
     todo = [i for i, m in enumerate(markers) if m is None or not m.is_file()]
     answers: list[str | None] = [None] * len(argvs)
     if not todo:
         return answers
-    with tempfile.TemporaryDirectory(prefix="vstack-check-") as tmp:
+    who = f"{cache.distribution} {cache.version}" if cache is not None else "vLLM"
+    with (waiting or _quiet)(f"checking the command with {who}'s own parser (a child process imports vLLM's CLI; "
+                             "a command it accepts is remembered)"), \
+            tempfile.TemporaryDirectory(prefix="vstack-check-") as tmp:  # fmt: skip
         request = Path(tmp) / "argvs.json"
         request.write_text(json.dumps([argvs[i] for i in todo]))
         results = _run_introspect(python, "check-many", str(request))

@@ -163,6 +163,10 @@ ROWS = [
         ("source.path",), code=4, cmd=("up",)),
     Row("up-context-beyond-model", cfg("engine:\n  max_model_len: 100000\n"), ("8192",), code=6,
         cmd=("up",)),
+    # issue 50: refused with exit 6, but the message named neither the file nor the key
+    Row("up-context-ten-million", cfg("engine:\n  max_model_len: 10000000\n"),
+        ("cfg.yaml: engine.max_model_len", "has a context of 8192 tokens; 10000000 was asked for"), code=6,
+        cmd=("up",)),
     # -- issue 34, item 10: a model the manager cannot know, a state_dir nobody can write ----------------------
     Row("manager-unknown-model", cfg("manager:\n  models: [smollm2-135m-instruct, ghost-7b]\n"),
         ("cfg.yaml", "manager.models.1", "ghost-7b")),

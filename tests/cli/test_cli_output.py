@@ -75,3 +75,33 @@ def test_completion_of_names(tmp_path: Path, words: str, expected: str) -> None:
                           env={**os.environ, "VSTACK_STATE_DIR": str(tmp_path), **env}, text=True,
                           capture_output=True, timeout=120, check=False)
     assert expected in proc.stdout.split(), proc.stdout + proc.stderr
+
+
+def test_vstack_models_keeps_its_detail_column_and_right_border_at_80_columns(monkeypatch) -> None:
+    """Issue 50: at 80 columns the table lost its detail column and its right border (the docs promise 80)."""
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    import stack.cli.every_command as every_command
+    import stack.manager.client as client
+    from stack.cli.root import app
+
+    detail = "engine pid 12345 on 127.0.0.1:41234, ready after 14.2 s"
+    mgr = {"state": "ready", "tier": "cold", "detail": detail, "need_gib": 1.53, "in_flight": 0, "queued": 0,
+           "idle_s": 12.0, "restarts": 0, "last_switch": {"kind": "cold", "seconds": 14.2}}  # fmt: skip
+    stopped = {**mgr, "state": "stopped", "detail": "not started", "last_switch": None}
+    body = {"models": [{"model": "smollm2-135m-instruct", "state": "ready", "manager": mgr},
+                       {"model": "all-minilm-l6-v2", "state": "stopped", "manager": stopped}]}  # fmt: skip
+    monkeypatch.setattr(client, "admin", lambda *a, **k: body)
+    # The CLI's console reads COLUMNS when it is made (at import): one made under COLUMNS=80, as a terminal's.
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(every_command, "out", Console())
+    result = CliRunner().invoke(app, ["models"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.rstrip("\n").splitlines()
+    assert max(len(line) for line in lines) <= 80
+    table = [line for line in lines if line[:1] in "┏┃┡│└"]
+    assert all(line.endswith(("┓", "┃", "┩", "│", "┘")) for line in table), "\n".join(table)  # the right border
+    assert "detail" in lines[2]
+    shown = "".join(line.split("│")[-2] for line in table if line.startswith("│")).replace(" ", "")
+    assert detail.replace(" ", "") in shown

@@ -26,9 +26,11 @@ CLOUD = {"model_name": "gpt-4o-mini", "litellm_params": {"model": "openai/gpt-4o
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[str]:
-    """Two local models (smol ready at start, b asleep in the wings) and a cloud fallback for smol."""
-    smol, b = StandIn("smol", need=GIB), StandIn("b", need=GIB, start_s=1.5)
-    engines = [ManagedEngine(smol, "smol", "smol", need=GIB), ManagedEngine(b, "b", "b", need=GIB, preload=False)]
+    """Two local models (smol ready at start, b asleep in the wings) and a cloud fallback for b; an embedding
+    model listed before them all (`a-embed`), as a newcomer's gateway listed all-minilm-l6-v2 first."""
+    smol, b, embed = StandIn("smol", need=GIB), StandIn("b", need=GIB, start_s=1.5), StandIn("a-embed", need=GIB)
+    engines = [ManagedEngine(smol, "smol", "smol", need=GIB), ManagedEngine(b, "b", "b", need=GIB, preload=False),
+               ManagedEngine(embed, "a-embed", "a-embed", need=GIB, preload=False, task="embed")]  # fmt: skip
     sup = EngineSupervisor(engines, 60, 5, ManagerConfig(min_residency_s=0, quiet_s=0))
     settings = GatewayConfig(cloud=[CLOUD], fallbacks={"b": ["gpt-4o-mini"]})
     with gateway_with(sup, "smol", settings) as gw:
@@ -104,6 +106,39 @@ def test_bench_load_refuses_a_model_that_falls_back_to_a_cloud_provider(gateway:
     assert spill.returncode == ExitCode.LOAD_TEST and "b falls back to gpt-4o-mini" in spill.stderr
     typo = vstack(tmp_path, "bench", "load", "--url", gateway, "--model", "smoll", "--duration", "5")
     assert typo.returncode == ExitCode.LOAD_TEST and "did you mean 'smol'" in typo.stderr
+
+
+def test_bench_load_refuses_an_embedding_model_and_a_cloud_fallback_by_their_real_reason(gateway: str,
+                                                                                         tmp_path: Path) -> None:
+    """Issue 50: `--model smollm2-135m-instruct` was refused with "fix: name a local model with --model"
+    although one was named; the reason was its cloud fallback. Each refusal says its own reason."""
+    from stack.errors import ExitCode
+
+    embed = vstack(tmp_path, "bench", "load", "--url", gateway, "--model", "a-embed", "--duration", "5")
+    assert embed.returncode == ExitCode.LOAD_TEST, embed.stdout + embed.stderr
+    text = " ".join(embed.stderr.split())  # rich folds long lines at 80 columns
+    assert "--model a-embed: a-embed is an embedding model (task: embed)" in text
+    assert "fix: name a chat model: --model smol" in text
+    spill = vstack(tmp_path, "bench", "load", "--url", gateway, "--model", "b", "--duration", "5")
+    text = " ".join(spill.stderr.split())
+    assert "a cloud provider may answer (and bill) its requests" in text
+    assert "pass --allow-cloud to send to it anyway" in text and "--model smol" in text
+    assert "name a local model with --model" not in text
+
+
+def test_no_model_named_picks_a_local_chat_model_never_the_embedding_model_listed_first(gateway: str) -> None:
+    from stack.load.scenario import find_scenario, load_scenario_file
+    from stack.load.target import decide_target
+
+    scenario = load_scenario_file(find_scenario("smoke"))
+    target = decide_target(gateway, scenario, None, allow_cloud=False)
+    assert target.models == {"smol": 1.0}
+    # What `vstack bench load` prints before the first request (it prints describe()).
+    assert target.describe().endswith("picked smol: the first local chat model listed (a-embed is an embedding model "
+                                      "(task: embed): it serves /v1/embeddings, and every scenario sends "
+                                      "/v1/chat/completions; b falls back to gpt-4o-mini (openai/gpt-4o-mini): a cloud "
+                                      "provider may answer (and bill) its requests; gpt-4o-mini is served by "
+                                      "openai/gpt-4o-mini: a cloud provider may answer (and bill) its requests)")  # fmt: skip
 
 
 def test_the_load_target_is_decided_and_shown_before_any_request(gateway: str) -> None:

@@ -71,3 +71,30 @@ def test_requests_show_in_activity_live_with_route_tokens_and_no_body_or_key(clo
         assert len(csv.splitlines()) == 3 and ",cloud,200," in csv
         for text in (json.dumps(rows), csv):
             assert QUESTION not in text and PROVIDER_KEY not in text and "Paris" not in text
+
+
+def test_requests_refused_before_routing_show_in_activity_with_their_reason() -> None:
+    """Issue 50: a load test at an embedding model failed 4,642 times and none showed in Activity. A wrong key,
+    a body that does not parse, an unknown model and a model of another task are listed, route `refused`."""
+    from stack.gateway.registry import Deployment
+    from tests.console.test_console_access import USER, login
+
+    settings = GatewayConfig.model_validate({"api_keys": [{"name": "team", "env": "K"}]})
+    embedder = Deployment(id="engine-emb", model_group="emb", kind="local", upstream_model="emb",
+                          api_base=f"http://127.0.0.1:{free_port()}", labels={"task": "embed"})  # fmt: skip
+    with run_gateway(settings, default_model="emb", deployments=[embedder], environ={"K": USER}) as gw:
+        chat = f"{gw.url}/v1/chat/completions"
+        asked = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 4}
+        key = {"Authorization": f"Bearer {USER}"}
+        assert httpx.post(chat, json={"model": "emb", **asked}).status_code == 401
+        assert httpx.post(chat, json={"model": "ghost", **asked}, headers=key).status_code == 404
+        assert httpx.post(chat, json={"model": "emb", **asked}, headers=key).status_code == 400
+        assert httpx.post(chat, json={"model": "emb"}, headers=key).status_code == 400  # no messages
+        page, _ = login(gw.url, USER)
+        rows = page.get("/ui/api/activity").json()["requests"][::-1]  # oldest first
+    seen = [(r["model"], r["status"], r["route"], r["why"], r["endpoint"]) for r in rows]
+    assert seen == [("-", "401", "refused", "missing_api_key", "chat"),
+                    ("ghost", "404", "refused", "model_not_found", "chat"),
+                    ("emb", "400", "refused", "model_task_mismatch", "chat"),
+                    ("-", "400", "refused", "invalid_body", "chat")]  # fmt: skip
+    assert USER not in str(rows) and QUESTION not in str(rows)

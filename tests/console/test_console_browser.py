@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -150,8 +151,21 @@ def test_models_shows_smollm2_ready_and_a_viewer_cannot_press_the_buttons(consol
         row = tab.page.locator(f'#models tr[data-model="{SMOL}"]')
         assert row.get_attribute("data-state") == "ready"
         assert row.locator(".state").inner_text() == "ready"
-        for action in ("load", "sleep", "unload", "switch"):
+        # Offered where it can work: a ready model is not loaded again, and the CPU build has no sleep mode.
+        offered = [b.get_attribute("data-action") for b in row.locator("button[data-action]").all()]
+        assert offered == ["unload", "switch"]
+        for action in offered:
             assert row.locator(f'button[data-action="{action}"]').is_disabled()
+        stopped = tab.page.locator(f'#models tr[data-model="{TINY}"] button[data-action]').all()
+        assert [b.get_attribute("data-action") for b in stopped] == ["load", "switch"]
+        assert "level 1" not in tab.page.inner_text("#models")  # no sleep levels where nothing sleeps
+        # Names and counts whole, on one line each (not broken mid-word at 1280 pixels): their text's line boxes.
+        lines = "e => { const r = document.createRange(); r.selectNodeContents(e); return r.getClientRects().length }"
+        assert row.locator("strong.name").evaluate(lines) == 1
+        deployments = row.locator("td", has_text="deployment").first
+        assert deployments.inner_text() == "1 deployment" and deployments.evaluate(lines) == 1
+        # A viewer logged in with a key: "log out" only (no "log in" beside it).
+        assert tab.page.is_visible("#logout") and not tab.page.is_visible("#login-link")
         # Pressed anyway (a crafted request from the page): without the CSRF token, then with it.
         no_token = tab.page.evaluate(f"fetch('/ui/api/models/{SMOL}/unload', {{method: 'POST'}})"
                                      ".then(async r => [r.status, (await r.json()).error.code])")  # fmt: skip
@@ -228,6 +242,11 @@ def test_the_playground_answers_paris_and_activity_shows_it_live(console: str, b
         tab.page.click("#pg-send")
         answer = tab.page.wait_for_selector('.msg.assistant[data-done="1"]', timeout=120_000)
         assert "Paris" in answer.inner_text().split(".")[0], answer.inner_text()
+        # As in a chat: the question moved into the conversation, the input (below it) is empty for the next.
+        assert tab.page.input_value("#pg-prompt") == ""
+        assert tab.page.inner_text(".msg.user") == "What is the capital of France?"
+        chat, prompt = tab.page.locator("#pg-chat").bounding_box(), tab.page.locator("#pg-prompt").bounding_box()
+        assert chat and prompt and prompt["y"] >= chat["y"] + chat["height"]
         tab.page.screenshot(path=str(shots / "playground-answer.png"))
         assert tab.errors == []
         # The Activity page, open all along, got the request over its stream (no reload).
@@ -243,6 +262,79 @@ def test_the_playground_answers_paris_and_activity_shows_it_live(console: str, b
     finally:
         tab.close()
         activity.close()
+
+
+def chat_traffic(gateway: str, seconds: float, users: int = 2) -> list[threading.Thread]:
+    """`users` clients chatting with SmolLM2 back to back for `seconds`, as a load test would."""
+    import httpx
+
+    asked = {"model": SMOL, "max_tokens": 24, "stream": True, "messages": [{"role": "user", "content": "Count."}]}
+
+    def user() -> None:
+        deadline = time.monotonic() + seconds
+        with httpx.Client(base_url=gateway, headers={"Authorization": f"Bearer {USER}"}, timeout=60) as c:
+            while time.monotonic() < deadline:
+                c.post("/v1/chat/completions", json=asked)
+
+    threads = [threading.Thread(target=user, daemon=True) for _ in range(users)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_live_shows_the_engines_figures_and_charts_under_traffic(console: str, browser, shots: Path) -> None:
+    """Issue 50: under steady traffic the engine's tiles read "–" and its charts stayed empty (the sampler
+    scraped the engine without its key). Tokens/s, TTFT, queue and KV show numbers; the charts draw points,
+    with time ticks in whole seconds and a y axis."""
+    tab = Tab(browser, console, USER)
+    engine = f'.engine[data-engine="engine-{SMOL}"]'
+    try:
+        tab.open("live")
+        threads = chat_traffic(console.removesuffix("/ui"), 20)
+
+        def shown(key: str) -> str:
+            return tab.page.inner_text(f'{engine} .figure[data-figure="{key}"] b')
+
+        def number(key: str) -> bool:
+            return re.fullmatch(r"\d+(\.\d+)?( ms| %)?", shown(key)) is not None
+
+        until(lambda: all(number(k) for k in ("tokens_s", "ttft_p50_ms", "waiting", "running", "kv_use_pct")), 45)
+        until(lambda: float(shown("tokens_s")) > 0, 30)
+        for chart in ("tokens", "ttft", "queue"):
+            until(lambda c=chart: int(tab.page.get_attribute(f'{engine} [data-chart="{c}"]', "data-points") or 0) >= 3,
+                  30)  # fmt: skip
+        axes = tab.page.evaluate(f"document.querySelector('{engine} [data-chart=\"tokens\"]').plot.axes"
+                                 ".map(a => [a._show, a._values || []])")  # fmt: skip
+        (x_shown, x_ticks), (y_shown, y_ticks) = axes
+        assert x_shown and x_ticks and all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in x_ticks), x_ticks
+        assert y_shown and len(y_ticks) >= 2, y_ticks
+        tab.page.screenshot(path=str(shots / "live-traffic.png"), full_page=True)
+        for t in threads:
+            t.join(timeout=60)
+        assert tab.errors == []
+    finally:
+        tab.close()
+
+
+def test_plan_shows_the_real_port_hardware_as_a_table_and_why_a_patch_is_not_applied(console: str, browser) -> None:
+    tab = Tab(browser, console, USER)
+    try:
+        tab.open("plan")
+        command = tab.page.inner_text("pre.command")
+        port = tab.page.request.get(f"{console}/api/models").json()["models"]
+        base = next(d["api_base"] for m in port if m["model"] == SMOL for d in m["deployments"])
+        assert "--port 0" not in command and f"--port {base.rsplit(':', 1)[1]} " in command, command
+        cpu = tab.page.locator('#hardware tr[data-hardware="cpu"] td').all_inner_texts()
+        assert cpu[:2] == ["cpu", "cpu"], cpu
+        assert not tab.page.is_visible("#config")  # the rest of the configuration: folded, not one long dump
+        assert "hardware" not in json.loads(tab.page.text_content("#config"))  # shown as the table above
+        for row in tab.page.locator("section", has_text="Patch ledger").locator("tbody tr").all():
+            cells = row.locator("td").all_inner_texts()
+            if cells[2] == "not applied":
+                assert "run `vstack patches apply`" in cells[3], cells
+        assert tab.errors == []
+    finally:
+        tab.close()
 
 
 def test_logs_streams_a_new_line(console: str, browser, shots: Path) -> None:
@@ -289,7 +381,7 @@ def test_a_switch_clicked_in_the_page_shows_the_state_change_live(console: str, 
         tab.page.click("#confirm-ok")
         tab.page.wait_for_selector(f'#models tr[data-model="{TINY}"][data-state="starting"]', timeout=30_000)
         # A second change while the switch runs: refused with a clear message, nothing done.
-        tab.page.click(f'button[data-action="load"][data-model="{SMOL}"]')
+        tab.page.click(f'button[data-action="load"][data-model="{BROKEN}"]')
         tab.page.click("#confirm-ok")
         tab.page.wait_for_selector("#notice.error", timeout=10_000)
         assert f"a switch to `{TINY}` is running" in tab.page.inner_text("#notice")

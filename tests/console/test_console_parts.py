@@ -93,3 +93,60 @@ def test_every_file_the_pages_name_ships_in_the_package_with_the_vendored_licenc
         assert (root / "static" / "pages" / f"{page}.js").is_file(), page
     vendored = (root / "static" / "vendor" / "VENDORED.md").read_text()
     assert "uPlot | 1.6.32" in vendored and (root / "static" / "vendor" / "uPlot.LICENSE").is_file()
+
+
+def test_the_live_sampler_scrapes_each_engine_with_its_key_even_one_drawn_after_the_console_started() -> None:
+    """Issue 50: the Live page showed "–" for every engine figure, as its sampler scraped without the engine's
+    key (the engine's log: `GET /metrics 401`). The engine here answers 401 without its key, as vLLM does."""
+    import asyncio
+    from types import SimpleNamespace
+
+    import aiohttp
+    from aiohttp import web
+
+    from stack.gateway.console.routes import Console
+    from stack.gateway.console.sources import ConsoleSources
+    from stack.gateway.metrics import GatewayMetrics
+    from stack.gateway.registry import Deployment, DeploymentRegistry
+
+    r, ttft, gen, kv = engine_metrics()
+    key, refused = "engine-key-0f3a9c", []
+
+    async def metrics(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {key}":
+            refused.append(request.path)
+            return web.Response(status=401)
+        gen.labels("m").inc(40)
+        ttft.labels("m").observe(0.03)
+        kv.labels("m").set(0.125)
+        return web.Response(body=generate_latest(r), content_type="text/plain")
+
+    async def run() -> dict:
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        registry = DeploymentRegistry()
+        registry.add(Deployment(id="engine-m", model_group="m", kind="local", upstream_model="m", state="stopped"))
+        try:
+            async with aiohttp.ClientSession() as session:
+                state = SimpleNamespace(registry=registry, metrics=GatewayMetrics(), manager=None,
+                                        dispatcher=SimpleNamespace(local=SimpleNamespace(session=session)))  # fmt: skip
+                console = Console(state, ConsoleSources())  # type: ignore[arg-type]
+                # The engine starts after the console: its port and key come with its state (stack.gateway.engines)
+                registry.update("engine-m", api_base=f"http://127.0.0.1:{port}", engine_key=key)
+                registry.set_state("engine-m", "ready")
+                await console.sample()
+                await asyncio.sleep(0.2)
+                return await console.sample()
+        finally:
+            await runner.cleanup()
+
+    row = asyncio.run(run())["engines"][0]
+    assert refused == []
+    assert row["tokens_s"] is not None and 40 / 0.5 < row["tokens_s"] < 40 / 0.15
+    assert row["ttft_p50_ms"] is not None and 10 <= row["ttft_p50_ms"] <= 50
+    assert row["kv_use_pct"] == 12.5

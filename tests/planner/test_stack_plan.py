@@ -137,3 +137,16 @@ def test_an_operators_cpu_kv_cache_size_in_the_environment_is_the_plans(tmp_path
             plan_stack(cfg, None, CPU, load_catalog("0.32"))
         assert f"VLLM_CPU_KVCACHE_SPACE={bad!r} in the environment is not a whole number of GiB" in err.value.message
         assert "export VLLM_CPU_KVCACHE_SPACE=4" in (err.value.hint or "")
+
+
+def test_the_consoles_plan_page_shows_the_engines_real_port_never_port_0(tmp_path: Path) -> None:
+    """Issue 50: Plan & config showed `vllm serve ... --port 0` (0 only means: a free port at each start)."""
+    from stack.assemble import console_sources
+
+    cfg = load_config(text=f"models:\n  tiny: {{source: {{path: {tiny_model(tmp_path)}}}}}\nserve: tiny\n")
+    plan = plan_stack(cfg, None, CPU, load_catalog("0.32"))
+    assert plan.default.port == 0
+    running = console_sources(plan, port_of=lambda name: 41234 if name == "tiny" else None).engines()  # type: ignore[misc]
+    assert " --port 41234 " in running[0]["command"] and "--port 0" not in running[0]["command"]
+    stopped = console_sources(plan).engines()  # type: ignore[misc]
+    assert " --port <a free port, picked at start> " in stopped[0]["command"]

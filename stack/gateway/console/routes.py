@@ -38,6 +38,7 @@ from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
 from stack.gateway.prom_text import parse
+from stack.gateway.registry import Deployment
 from stack.gateway.routing.activity import to_csv
 from stack.gateway.schemas import ChatCompletionRequest
 
@@ -88,7 +89,7 @@ class Console:
     async def sample(self) -> dict[str, Any]:
         state = self.state
         engines = [d for d in state.registry.all() if d.kind == "local" and d.api_base and d.state in SCRAPABLE]
-        texts = await asyncio.gather(*(self._scrape(d.api_base) for d in engines))
+        texts = await asyncio.gather(*(self._scrape(d) for d in engines))
         rows = []
         for dep, text in zip(engines, texts, strict=True):
             series = self.series.setdefault(dep.id, Series())
@@ -101,9 +102,11 @@ class Console:
         return {"engines": rows, "gateway": gateway_row(gateway),
                 "gpu_used_gib": None if used is None else round(used / 2**30, 2)}  # fmt: skip
 
-    async def _scrape(self, base: str) -> str | None:
+    async def _scrape(self, dep: Deployment) -> str | None:
+        """An engine's /metrics with its key (an engine we started answers 401 without it), read from the
+        registry at each sample: a cold start draws a new key and port after the console started."""
         try:
-            async with self.state.dispatcher.local.session.get(f"{base}/metrics") as resp:
+            async with self.state.dispatcher.local.session.get(f"{dep.api_base}/metrics", headers=dep.auth()) as resp:
                 return (await resp.read()).decode(errors="replace") if resp.status == 200 else None
         except Exception:
             return None

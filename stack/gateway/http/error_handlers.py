@@ -4,6 +4,7 @@ error envelope with its status. Messages never echo the input; 4xx the gateway a
 from __future__ import annotations
 
 import logging
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -58,15 +59,29 @@ def count_rejection(metrics: GatewayMetrics | None, status: int, reason: str) ->
         metrics.rejected.labels(str(status), reason).inc()
 
 
-def _count_rejection(request: Request, status: int, reason: str) -> None:
-    count_rejection(getattr(getattr(request.app.state, "gateway", None), "metrics", None), status, reason)
+# The OpenAI routes whose refusals the console's Activity lists (stack.gateway.routing.activity), by endpoint.
+ACTIVITY_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
+                   "/v1/responses": "responses", "/v1/messages": "messages",
+                   "/v1/messages/count_tokens": "count_tokens"}  # fmt: skip
+
+
+def _count_rejection(request: Request, status: int, reason: str, listed: bool = False) -> None:
+    """Counted for /metrics; listed in Activity too unless it is there already (`listed`)."""
+    gateway = getattr(request.app.state, "gateway", None)
+    count_rejection(getattr(gateway, "metrics", None), status, reason)
+    endpoint = ACTIVITY_ROUTES.get(request.url.path)
+    if gateway is not None and endpoint is not None and request.method == "POST" and not listed:
+        # Refused before the dispatcher saw it (a missing or wrong key, a body that does not parse): a user
+        # looking for their request in Activity finds it there with its status and reason.
+        gateway.dispatcher.activity.add(endpoint=endpoint, model="-", deployment="-", route="refused",
+                                        status=str(status), started=time.perf_counter(), why=reason)  # fmt: skip
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway(request: Request, exc: GatewayError) -> Response:
         if not isinstance(exc, UpstreamError):
-            _count_rejection(request, exc.status, exc.code or exc.type)
+            _count_rejection(request, exc.status, exc.code or exc.type, listed=exc.in_activity)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)

@@ -1,8 +1,10 @@
 """The last requests the gateway answered, for the console's Activity page: a bounded ring, no bodies, no keys.
 
-Fed by the dispatcher where it counts `vstack_gateway_requests` (stack.gateway.routing.dispatcher), so a request is in
-the ring exactly when it is in the metrics. Each record is built from a fixed list of fields, never from the
-request: model, route, status, TTFT, tokens in/out, duration.
+Fed by the dispatcher where it counts `vstack_gateway_requests` (stack.gateway.routing.dispatcher), and with the
+requests refused before routing (route `refused`: a wrong key, a body that does not parse, an unknown model, a
+model of another task; stack.gateway.http.error_handlers and the dispatcher), which `vstack_gateway_rejected_requests`
+counts: a user looking for a request they sent finds it. Each record is built from a fixed list of fields, never
+from the request: model, route, status, TTFT, tokens in/out, duration, why (the refusal's code).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class Activity:
     endpoint: str
     model: str
     deployment: str
-    route: str  # local, replica, cloud, fallback:<reason>, spilled (switching), spilled:slo, or - (none answered)
+    route: str  # local, replica, cloud, fallback:<reason>, spilled (switching), spilled:slo, - (none answered), refused
     status: str
     ttft_ms: float | None
     tokens_in: int | None

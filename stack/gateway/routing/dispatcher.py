@@ -23,9 +23,9 @@ import orjson
 
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.metrics import GatewayMetrics
-from stack.gateway.openai_errors import InvalidRequest, NoDeployment, RateLimited, UpstreamError
+from stack.gateway.openai_errors import GatewayError, InvalidRequest, NoDeployment, RateLimited, UpstreamError
 from stack.gateway.routing.activity import ActivityRing
-from stack.gateway.routing.adapters import AdapterBook
+from stack.gateway.routing.adapters import Adapter, AdapterBook
 from stack.gateway.routing.answer import SSE_HEADERS, Answer
 from stack.gateway.routing.attempt import Attempt, RoutedRequest
 from stack.gateway.routing.deployment_choice import Routing
@@ -81,19 +81,14 @@ class Dispatcher:
         routing.registry.subscribe(self.spill.on_change)
 
     async def handle(self, endpoint: str, body: dict[str, Any]) -> Answer:
-        try:  # JSON may carry lone surrogates (\ud800) that no UTF-8 body can: refuse them here, once
-            orjson.dumps(body)
-        except orjson.JSONEncodeError as exc:
-            raise InvalidRequest(f"The request body cannot be forwarded: {exc}. Send valid Unicode text.") from None
-        model = str(body["model"])
-        adapter = self.adapters.lookup(model) if self.adapters is not None else None
-        group = adapter.base if adapter is not None else self.routing.resolve(body["model"])
-        check_task(self.routing.registry, group, endpoint, model)
-        if self.in_flight >= self.settings.max_in_flight:
-            raise RateLimited(
-                "the gateway is at its concurrent request limit; retry shortly", headers={"Retry-After": "1"}
-            )
-        started = time.perf_counter()
+        started, model = time.perf_counter(), str(body.get("model", "-"))
+        try:
+            adapter, group = self._admissible(endpoint, body, model)
+        except GatewayError as err:  # refused before routing (unknown model, wrong task, at the limit): shown too
+            self.activity.add(endpoint=endpoint, model=model, deployment="-", route="refused",
+                              status=str(err.status), started=started, why=err.code or err.type)  # fmt: skip
+            err.in_activity = True
+            raise
         async with contextlib.AsyncExitStack() as held:
             held.enter_context(self._slot(group))
             try:
@@ -123,6 +118,7 @@ class Dispatcher:
                 self.metrics.requests.labels(group, "-", str(err.status)).inc()
                 self.activity.add(endpoint=endpoint, model=model, deployment="-", route="-",
                                   status=str(err.status), started=started)  # fmt: skip
+                err.in_activity = True
                 raise
             except asyncio.CancelledError:  # the client went away before its answer (stack.gateway.http.client_aborts)
                 self.metrics.requests.labels(group, "-", "499").inc()
@@ -130,6 +126,21 @@ class Dispatcher:
             if answer.stream is not None:  # what the request holds is given back when the stream ends
                 answer.stream = _closing(answer.stream, held.pop_all())
             return answer
+
+    def _admissible(self, endpoint: str, body: dict[str, Any], model: str) -> tuple[Adapter | None, str]:
+        """(its adapter, its model group) for a request the gateway may route; else the GatewayError why not."""
+        try:  # JSON may carry lone surrogates (\ud800) that no UTF-8 body can: refuse them here, once
+            orjson.dumps(body)
+        except orjson.JSONEncodeError as exc:
+            raise InvalidRequest(f"The request body cannot be forwarded: {exc}. Send valid Unicode text.") from None
+        adapter = self.adapters.lookup(model) if self.adapters is not None else None
+        group = adapter.base if adapter is not None else self.routing.resolve(body["model"])
+        check_task(self.routing.registry, group, endpoint, model)
+        if self.in_flight >= self.settings.max_in_flight:
+            raise RateLimited(
+                "the gateway is at its concurrent request limit; retry shortly", headers={"Retry-After": "1"}
+            )
+        return adapter, group
 
     @contextlib.contextmanager
     def _slot(self, group: str) -> Iterator[None]:

@@ -91,8 +91,11 @@ const VS = (() => {
     const login = document.getElementById("login-link");
     const logout = document.getElementById("logout");
     if (!login) return;
-    login.hidden = !(meta("console-login") && role !== "admin");
-    logout.hidden = !who || who === "none";
+    // One of the two, never both: a session with a key logs out (then logs in with another key, the admin
+    // key for the buttons); a page without one logs in.
+    const loggedIn = Boolean(who) && who !== "none";
+    login.hidden = loggedIn || !(meta("console-login") && role !== "admin");
+    logout.hidden = !loggedIn;
     logout.addEventListener("click", async () => {
       await post("/ui/logout");
       location.assign("/ui/login");

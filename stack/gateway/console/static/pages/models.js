@@ -20,18 +20,29 @@
     notice(`${ACTIONS[action]} ${model}: accepted; the state below follows it live`, "ok");
   }
 
-  function memory(m) {
+  // Level 1 keeps the weights in host RAM while asleep: said only where the model can sleep at all.
+  function memory(m, sleeps) {
     const parts = [];
     if (m.need_gib !== null && m.need_gib !== undefined) parts.push(`${fmt(m.need_gib, 2)} GiB awake`);
-    if (m.weights_gib) parts.push(`${fmt(m.weights_gib, 2)} GiB weights (host copy when asleep at level 1)`);
+    if (m.weights_gib) parts.push(`${fmt(m.weights_gib, 2)} GiB weights` + (sleeps ? " (host copy when asleep at level 1)" : ""));
     return parts.join("; ") || "–";
   }
 
-  function row(entry) {
+  // The actions that can work in this state: Load when it is not loaded, Sleep only with sleep mode (never on
+  // the CPU build), Unload while it holds (or is getting) an engine; Switch always.
+  function offered(state, sleeps) {
+    const loaded = state === "ready" || state === "starting";
+    return Object.keys(ACTIONS).filter((a) =>
+      (a === "load" && !loaded) || (a === "sleep" && sleeps && state === "ready") ||
+      (a === "unload" && ["ready", "starting", "sleeping", "failed"].includes(state)) || a === "switch");
+  }
+
+  function row(entry, mgr) {
     const m = entry.manager || {};
     const state = m.state || entry.state;
+    const sleeps = Boolean(mgr && mgr.sleep_mode && m.can_sleep);
     const replicas = entry.deployments.filter((d) => d.labels && d.labels.replica);
-    const buttons = Object.keys(ACTIONS).map((a) => el("button", {
+    const buttons = offered(state, sleeps).map((a) => el("button", {
       type: "button", "data-action": a, "data-model": entry.model, disabled: role !== "admin" || !entry.manager,
       title: role !== "admin" ? "admin only: log in with the admin key" : WHAT[a], onclick: () => act(entry.model, a),
     }, ACTIONS[a]));
@@ -41,21 +52,21 @@
         el("pre", {class: "log-tail", text: m.log_tail})));
     }
     return el("tr", {"data-model": entry.model, "data-state": state},
-      el("td", {}, el("strong", {text: entry.model}), entry.aliases.length ? el("div", {class: "muted", text: `aliases: ${entry.aliases.join(", ")}`}) : null),
+      el("td", {}, el("strong", {class: "name", text: entry.model}), entry.aliases.length ? el("div", {class: "muted", text: `aliases: ${entry.aliases.join(", ")}`}) : null),
       el("td", {}, el("span", {class: `badge state state-${state}`, text: state}),
         m.for_s !== undefined ? el("div", {class: "muted", text: `for ${fmt(m.for_s, 0)} s`}) : null),
       el("td", {}, m.tier || "–", m.tier_reason ? el("div", {class: "muted", text: m.tier_reason}) : null),
-      el("td", {text: memory(m)}),
-      el("td", {text: replicas.length ? replicas.map((d) => `r${d.labels.replica}@${d.labels.node} ${d.state}`).join(", ")
-        : `${entry.deployments.length} deployment(s)`}),
+      el("td", {text: memory(m, sleeps)}),
+      el("td", {class: replicas.length ? "" : "nowrap", text: replicas.length ? replicas.map((d) => `r${d.labels.replica}@${d.labels.node} ${d.state}`).join(", ")
+        : `${entry.deployments.length} deployment${entry.deployments.length === 1 ? "" : "s"}`}),
       el("td", {class: "num", text: `${m.in_flight ?? 0} / ${m.queued ?? 0}`}),
       el("td", {}, detail),
       el("td", {}, el("div", {class: "actions"}, buttons)));
   }
 
   function render(view) {
-    const rows = view.models.map(row);
     const mgr = view.manager;
+    const rows = view.models.map((entry) => row(entry, mgr));
     app.replaceChildren(
       section("Models",
         el("p", {class: "muted"}, `default: ${view.default}`, mgr ? ` · capacity ${fmt(mgr.capacity_gib, 2)} GiB · sleep mode ${mgr.sleep_mode ? "on" : "off"}` +

@@ -34,6 +34,25 @@
       el("tr", {}, el("td", {text: r.id}), el("td", {text: r.kind}), el("td", {text: r.state}), el("td", {text: r.detail}))))];
   }
 
+  // configs/hardware as a table, one profile a row; the rest of the configuration stays JSON below it.
+  function hardware(profiles) {
+    const rows = Object.entries(profiles || {}).map(([name, h]) => el("tr", {"data-hardware": name},
+      el("td", {}, el("strong", {class: "name", text: name})), el("td", {text: h.accelerator}),
+      el("td", {class: "num", text: h.accelerator === "gpu" ? String(h.gpu_count) : "–"}),
+      el("td", {class: "num", text: h.memory_gib ? `${fmt(h.memory_gib, 0)} GiB` : "–"}),
+      el("td", {class: "num", text: h.bandwidth_gbps ? `${fmt(h.bandwidth_gbps, 0)} GB/s` : "–"}),
+      el("td", {text: (h.match || []).join(", ") || "–"}), el("td", {text: h.description || ""})));
+    if (!rows.length) return el("p", {class: "muted", text: "No hardware profile configured."});
+    return table(["profile", "device", "GPUs", "memory per GPU", "bandwidth", "matches", "description"], rows, {id: "hardware"});
+  }
+
+  function configuration(config) {
+    if (!config) return missing("configuration");
+    const {hardware: _hardware, ...rest} = config;
+    return el("details", {}, el("summary", {text: "the rest of the configuration (JSON: models, profiles, gateway, manager, ...)"}),
+      el("pre", {id: "config", text: JSON.stringify(rest, null, 2)}));
+  }
+
   function reports(list) {
     if (!list) return missing("reports");
     if (!list.length) return el("p", {class: "muted", text: "No tune or load report found (vstack tune / vstack bench write them under results/)."});
@@ -51,6 +70,7 @@
         d.decisions.length ? el("details", {}, el("summary", {text: "the manager's last decisions"}), el("pre", {text: JSON.stringify(d.decisions, null, 2)})) : null),
       section("Patch ledger", patches(d.patches)),
       section("Latest tune and load reports", reports(d.reports)),
-      section("Effective configuration (secrets masked)", d.config ? el("pre", {id: "config", text: JSON.stringify(d.config, null, 2)}) : missing("configuration")));
+      section("Hardware profiles", d.config ? hardware(d.config.hardware) : missing("hardware profiles")),
+      section("Effective configuration (secrets masked)", configuration(d.config)));
   }).catch((e) => notice(e.message, "error"));
 })();

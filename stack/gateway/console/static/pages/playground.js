@@ -14,11 +14,11 @@
   const chat = el("div", {class: "chat", id: "pg-chat"});
   const stats = el("p", {class: "muted", id: "pg-stats"});
   let history = [];
-  const form = el("form", {id: "pg-form"},
-    el("div", {class: "row"}, el("label", {}, "model", model), el("label", {}, "temperature", temperature),
-      el("label", {}, "max tokens", maxTokens), el("label", {}, "system", system)),
-    prompt, el("div", {class: "row"}, send, tool, clear));
-  app.replaceChildren(section("Playground", form, stats, chat));
+  // As in a chat: the settings on top, the conversation, then the input below it.
+  const settings = el("div", {class: "row", id: "pg-settings"}, el("label", {}, "model", model),
+    el("label", {}, "temperature", temperature), el("label", {}, "max tokens", maxTokens), el("label", {}, "system", system));
+  const form = el("form", {id: "pg-form"}, prompt, el("div", {class: "row"}, send, tool, clear));
+  app.replaceChildren(section("Playground", settings, chat, stats, form));
 
   const WEATHER = [{type: "function", function: {name: "get_weather", description: "The weather in a city now",
     parameters: {type: "object", properties: {city: {type: "string"}}, required: ["city"]}}}];
@@ -83,7 +83,13 @@
     }
   }
 
-  form.addEventListener("submit", (ev) => { ev.preventDefault(); if (prompt.value.trim()) stream({}, prompt.value.trim()); });
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const text = prompt.value.trim();
+    if (!text) return;
+    prompt.value = "";  // sent: it shows in the chat above, the box is free for the next message
+    stream({}, text);
+  });
   tool.addEventListener("click", () => stream({tools: WEATHER,
     tool_choice: {type: "function", function: {name: "get_weather"}}}, "What is the weather in Paris?"));
   clear.addEventListener("click", () => { history = []; chat.replaceChildren(); stats.textContent = ""; });
