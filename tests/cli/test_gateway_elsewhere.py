@@ -138,7 +138,8 @@ def test_no_model_named_picks_a_local_chat_model_never_the_embedding_model_liste
                                       "(task: embed): it serves /v1/embeddings, and every scenario sends "
                                       "/v1/chat/completions; b falls back to gpt-4o-mini (openai/gpt-4o-mini): a cloud "
                                       "provider may answer (and bill) its requests; gpt-4o-mini is served by "
-                                      "openai/gpt-4o-mini: a cloud provider may answer (and bill) its requests)")  # fmt: skip
+                                      "openai/gpt-4o-mini: a cloud provider may answer (and bill) its "
+                                      "requests)")  # fmt: skip
 
 
 def test_the_load_target_is_decided_and_shown_before_any_request(gateway: str) -> None:
