@@ -247,6 +247,16 @@ class Bench:
             self.broker.stop()
 
 
+def spread(xs: list[float]) -> dict[str, float]:
+    """The rounds' range and, from four rounds on, their middle half: what a rerun may expect around the median."""
+    xs = sorted(xs)
+    out = {"min": round(xs[0], 3), "max": round(xs[-1], 3), "n": len(xs)}
+    if len(xs) >= 4:
+        q = statistics.quantiles(xs, n=4)
+        out.update(p25=round(q[0], 3), p75=round(q[2], 3))
+    return out
+
+
 def median(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return round(statistics.median(xs), 3) if xs else None
@@ -367,6 +377,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     for row in out.values():
         row["runs"] = max(len(row[side]) for side in SIDES)
         row["max"] = {side: max(row[side]) for side in SIDES if row[side]}
+        row["spread"] = {side: spread(row[side]) for side in SIDES if row[side]}
         for side in SIDES:
             row[side] = median(row[side])
         ours = [row[side] for side in ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap")
@@ -374,6 +385,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         row["best_vstack"] = min(ours) if ours else None
         row["ratio_vstack_to_raw"] = round(row["vstack"] / row["raw"], 3) if row["vstack"] and row["raw"] else None
         row["ratio_best_to_raw"] = round(row["best_vstack"] / row["raw"], 3) if ours and row["raw"] else None
+        # Against the floor too: the weights moved over the bus, both ways at once (issue 58: <= 1.2x).
+        floor = (row.get("bus") or {}).get("overlapped_s")
+        row["ratio_to_overlapped_bus"] = {side: round(row[side] / floor, 3) for side in SIDES
+                                          if row[side] and floor}  # fmt: skip
     # The first switch of each side after its engines started (issue 37: 7.0 s against 0.50-0.70 s steady on an
     # H100, its sleep allocating the pinned host buffers), beside the steady median of the same direction.
     first: dict[str, Any] = {}

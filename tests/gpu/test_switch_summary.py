@@ -37,3 +37,14 @@ def test_the_overlapped_handoff_is_a_side_of_its_own_and_the_best_of_ours_counts
     row = summarize(result)["8b->3b"]
     assert row["vstack-handoff"] == 0.62 and row["vstack-handoff-overlap"] == 0.47
     assert row["best_vstack"] == 0.47 and row["ratio_best_to_raw"] == round(0.47 / 0.96, 3)
+
+
+def test_each_side_has_its_spread_and_its_ratio_to_the_overlapped_bus() -> None:
+    rounds = [0.52, 0.46, 0.50, 0.48, 0.61]
+    result = {"switches": [switch("vstack-handoff-overlap", 0, 4.0), switch("raw", 0, 5.0)]
+              + [switch("vstack-handoff-overlap", i + 1, t) for i, t in enumerate(rounds)]
+              + [switch("raw", i + 1, 1.0) for i in range(5)]}  # fmt: skip
+    row = summarize(result)["8b->3b"]
+    assert row["vstack-handoff-overlap"] == 0.50  # the median of the five steady rounds
+    assert row["spread"]["vstack-handoff-overlap"] == {"min": 0.46, "max": 0.61, "n": 5, "p25": 0.47, "p75": 0.565}
+    assert row["ratio_to_overlapped_bus"] == {"vstack-handoff-overlap": round(0.50 / 0.3, 3), "raw": round(1.0 / 0.3, 3)}
