@@ -47,4 +47,5 @@ def test_each_side_has_its_spread_and_its_ratio_to_the_overlapped_bus() -> None:
     row = summarize(result)["8b->3b"]
     assert row["vstack-handoff-overlap"] == 0.50  # the median of the five steady rounds
     assert row["spread"]["vstack-handoff-overlap"] == {"min": 0.46, "max": 0.61, "n": 5, "p25": 0.47, "p75": 0.565}
-    assert row["ratio_to_overlapped_bus"] == {"vstack-handoff-overlap": round(0.50 / 0.3, 3), "raw": round(1.0 / 0.3, 3)}
+    assert row["ratio_to_overlapped_bus"] == {"vstack-handoff-overlap": round(0.50 / 0.3, 3),
+                                              "raw": round(1.0 / 0.3, 3)}
