@@ -335,6 +335,30 @@ async def api_activity(request: Request, model: str | None = None, status: str |
     return JSONResponse({"requests": rows})
 
 
+@router.get("/api/trace/{request_id}")
+async def api_trace(request_id: str, request: Request) -> dict[str, Any]:
+    """One request's spans for the Activity page's waterfall: by the Activity log's request id or its trace id
+    (kept in memory for the last observability.tracing.keep requests; adr/0042)."""
+    need_session(request)
+    tracer = get_state(request).dispatcher.tracer
+    if tracer is None or tracer.buffer is None:
+        raise ModelNotFound("request timelines are off: observability.tracing.keep is 0; set it to the number of "
+                            "requests to keep (500 by default)", code="tracing_off")  # fmt: skip
+    trace = tracer.buffer.get(request_id)
+    if trace is None:
+        raise ModelNotFound(f"no timeline kept for request {request_id}: the gateway keeps the last "
+                            f"{tracer.buffer.size}; raise observability.tracing.keep to keep more",
+                            code="trace_not_found")  # fmt: skip
+    view = trace.view()
+    switch = next((s["attributes"].get("vstack.switch.trace_id") for s in view["spans"]
+                   if s["attributes"].get("vstack.switch.trace_id")), None)  # fmt: skip
+    kept = tracer.buffer.get(switch) if switch else None
+    if kept is not None:  # the switch it waited for: a trace of its own, placed on this request's clock
+        offset = (kept.root.start - trace.root.start) / 1e6
+        view["switch"] = [{**s, "start_ms": round(s["start_ms"] + offset, 3)} for s in kept.view()["spans"]]
+    return view
+
+
 @router.get("/api/logs")
 async def api_logs(request: Request, source: str = "gateway", lines: int = 200) -> dict[str, Any]:
     need_session(request)

@@ -36,8 +36,13 @@ from stack.gateway.routing.slo_spill import SpillGuard
 from stack.gateway.routing.ttft_estimate import Verdict
 from stack.gateway.upstreams import cloud_client, fast_path
 from stack.manager.unavailable import ModelUnavailable
+from stack.tracing.record import CLIENT, RequestTrace, clock
+from stack.tracing.tracer import Tracer
 
 USAGE_OPTION = {"chat", "completions"}  # endpoints whose streams take stream_options.include_usage
+# gen_ai.operation.name (OpenTelemetry's GenAI semantic conventions) of each endpoint
+OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings", "messages": "chat",
+              "responses": "chat"}  # fmt: skip
 
 
 class Ticket(Protocol):
@@ -79,8 +84,32 @@ class Dispatcher:
         self.activity = ActivityRing()  # the last requests, for the console (no bodies, no keys)
         self.spill = SpillGuard(settings.spill, metrics.registry)  # TTFT estimates against each model's SLO
         routing.registry.subscribe(self.spill.on_change)
+        self.tracer: Tracer | None = None  # the request's spans (stack.tracing; adr/0042); None: no tracing call
 
-    async def handle(self, endpoint: str, body: dict[str, Any]) -> Answer:
+    def trace(self, endpoint: str, start: int, traceparent: str | None) -> RequestTrace | None:
+        """A request's trace, begun at `start` (the entry's clock), or None when tracing is off."""
+        if self.tracer is None:
+            return None
+        path = "/v1/chat/completions" if endpoint == "chat" else f"/v1/{endpoint}"
+        return self.tracer.start(f"POST {path}", start, traceparent, **{
+            "http.request.method": "POST", "http.route": path,
+            "gen_ai.operation.name": OPERATIONS.get(endpoint, endpoint)})  # fmt: skip
+
+    async def handle(self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None = None) -> Answer:
+        """trace: the request's spans (self.trace), finished here however the request ends."""
+        if trace is None:
+            return await self._handle(endpoint, body, None)
+        try:
+            return await self._handle(endpoint, body, trace)
+        except BaseException as exc:
+            if trace.root.end is None:  # not ended by an attempt: refused, failed or the client gone here
+                status = 499 if isinstance(exc, asyncio.CancelledError) else getattr(exc, "status", 500)
+                trace.root.close(error=getattr(exc, "reason", None) or type(exc).__name__,
+                                 **{"http.response.status_code": status})  # fmt: skip
+                self.tracer.finish(trace)  # type: ignore[union-attr]
+            raise
+
+    async def _handle(self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None) -> Answer:
         try:  # JSON may carry lone surrogates (\ud800) that no UTF-8 body can: refuse them here, once
             orjson.dumps(body)
         except orjson.JSONEncodeError as exc:
@@ -89,6 +118,8 @@ class Dispatcher:
         adapter = self.adapters.lookup(model) if self.adapters is not None else None
         group = adapter.base if adapter is not None else self.routing.resolve(body["model"])
         check_task(self.routing.registry, group, endpoint, model)
+        if trace is not None:
+            _request_attrs(trace, body, model, group)
         if self.in_flight >= self.settings.max_in_flight:
             raise RateLimited(
                 "the gateway is at its concurrent request limit; retry shortly", headers={"Retry-After": "1"}
@@ -97,32 +128,36 @@ class Dispatcher:
         async with contextlib.AsyncExitStack() as held:
             held.enter_context(self._slot(group))
             try:
-                verdict = self._judge(group, body) if adapter is None else None
+                verdict = self._judge(group, body, trace) if adapter is None else None
                 slo_spill, ticket = verdict is not None and verdict.spill, None
                 if self.admission is not None and not (slo_spill and self.routing.registry.ready(group)):
-                    ticket = await self._admit(group, verdict)
+                    ticket = await self._admit(group, verdict, trace)
                     slo_spill = slo_spill and ticket is None  # a ticket: the model got ready meanwhile, served here
                 if ticket is not None:
                     held.callback(ticket.release)
                 request = RoutedRequest(endpoint, body, model, group, adapter, verdict=verdict, slo_spill=slo_spill,
-                                        spilled=self.admission is not None and ticket is None)  # fmt: skip
+                                        spilled=self.admission is not None and ticket is None,
+                                        trace=trace)  # fmt: skip
                 try:
                     answer = await self._route(request, held)
                 except (UpstreamError, NoDeployment, RateLimited):
                     if not slo_spill:
                         raise
                     # Its fallbacks failed: the local engines answer after all, late rather than not at all.
-                    ticket = await self._admit(group) if self.admission is not None else None
+                    ticket = await self._admit(group, trace=trace) if self.admission is not None else None
                     if ticket is not None:
                         held.callback(ticket.release)
                     late = dataclasses.replace(verdict, why=f"{verdict.why}; the fallbacks failed: answered here")  # type: ignore[arg-type]
                     request = RoutedRequest(endpoint, body, model, group, adapter, spilled=False, verdict=late,
-                                            local_only=True)  # fmt: skip
+                                            local_only=True, trace=trace)  # fmt: skip
                     answer = await self._route(request, held)
             except (UpstreamError, NoDeployment, RateLimited) as err:
                 self.metrics.requests.labels(group, "-", str(err.status)).inc()
-                self.activity.add(endpoint=endpoint, model=model, deployment="-", route="-",
-                                  status=str(err.status), started=started)  # fmt: skip
+                rec = self.activity.add(endpoint=endpoint, model=model, deployment="-", route="-",
+                                        status=str(err.status), started=started,
+                                        trace_id=trace.id if trace is not None else "")  # fmt: skip
+                if trace is not None:
+                    trace.activity_id = rec.id
                 raise
             except asyncio.CancelledError:  # the client went away before its answer (stack.gateway.http.client_aborts)
                 self.metrics.requests.labels(group, "-", "499").inc()
@@ -143,25 +178,55 @@ class Dispatcher:
             self.in_flight -= 1
             gauge.dec()
 
-    def _judge(self, group: str, body: dict[str, Any]) -> Verdict | None:
+    def _judge(self, group: str, body: dict[str, Any], trace: RequestTrace | None = None) -> Verdict | None:
         """The SLO verdict for a group with a TTFT objective: its local engines, each with what its switch
         still takes (0 awake; the manager's expectation for one asleep or stopped)."""
         if not self.spill.watches(group):
             return None
+        if trace is not None:
+            span = trace.span("gateway.spill_decision")
+            verdict = self._verdict(group, body)
+            if verdict is not None:
+                est = verdict.estimate
+                span.close(**{"vstack.spill": verdict.spill, "vstack.spill.reason": verdict.reason,
+                              "vstack.spill.why": verdict.why,
+                              **({"vstack.spill.estimate_s": est.seconds} if est is not None else {})})
+            else:
+                span.close()
+            return verdict
+        return self._verdict(group, body)
+
+    def _verdict(self, group: str, body: dict[str, Any]) -> Verdict | None:
         deps = [d for d in self.routing.registry.groups().get(group, []) if d.kind == "local" and d.routable]
         ready = {d.id for d in self.routing.registry.ready(group)}
         switch = (lambda: self.admission.expected_switch_s(group)) if self.admission is not None else (lambda: None)
         engines = [(d, 0.0 if d.id in ready else switch()) for d in deps]
         return self.spill.judge(group, engines, body, has_fallback=len(self.routing.plan(group)) > 1)
 
-    async def _admit(self, group: str, verdict: Verdict | None = None) -> Ticket | None:
+    async def _admit(self, group: str, verdict: Verdict | None = None,
+                     trace: RequestTrace | None = None) -> Ticket | None:  # fmt: skip
         can_spill = len(self.routing.plan(group)) > 1 or self._bridged(group)
         if verdict is not None and verdict.reason in ("within_slo", "over_slo"):
             can_spill = verdict.spill  # the switch ends in time: wait for it; or it does not: spill meanwhile
+        span = None
+        if trace is not None:
+            expected = self.admission.expected_switch_s(group)  # type: ignore[union-attr]
+            span = trace.span("gateway.admission", **{"vstack.model_group": group, "vstack.can_spill": can_spill,
+                                                       "vstack.switch.expected_s": -1.0 if expected is None
+                                                       else float(expected)})  # fmt: skip
         try:
-            return await self.admission.admit(group, can_spill=can_spill)  # type: ignore[union-attr]
+            ticket = await self.admission.admit(group, can_spill=can_spill)  # type: ignore[union-attr]
         except ModelUnavailable as exc:  # the manager's refusal, rendered here once: 503 + Retry-After
+            if span is not None:
+                span.close(error="unavailable")
             raise NoDeployment(exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
+        except BaseException:
+            if span is not None:
+                span.close(error="cancelled")
+            raise
+        if span is not None:
+            span.close(**{"vstack.admitted": ticket is not None, **_switch_attrs(self.admission, group, span.start)})
+        return ticket
 
     def _bridged(self, group: str) -> bool:
         """A bridge (a ready deployment of the group itself added at runtime: `vstack upgrade apply`) serves the
@@ -201,6 +266,8 @@ class Dispatcher:
                 try:
                     async with contextlib.AsyncExitStack() as attempt_held:
                         attempt = await attempt_held.enter_async_context(Attempt(self, request, dep, reason))
+                        if request.trace is not None:
+                            attempt.span = _attempt_span(request, dep, reason, retry, sum(fails.values()) + 1)
                         answer = await self._try(attempt)
                         if answer.stream is not None:
                             held.push_async_exit(attempt_held.pop_all())  # it ends with its stream
@@ -224,7 +291,10 @@ class Dispatcher:
                     if gone or lost_replica or fails[dep.id] > self.settings.num_retries:
                         excluded.add(dep.id)
                     else:
+                        wait = request.trace.span("gateway.retry_backoff") if request.trace is not None else None
                         await asyncio.sleep(self.settings.retry_backoff_s * 2 ** (fails[dep.id] - 1))
+                        if wait is not None:
+                            wait.close()
         raise self._nothing_serves(group, last)
 
     def _nothing_serves(self, group: str, last: UpstreamError | None) -> RateLimited | NoDeployment:
@@ -259,8 +329,9 @@ class Dispatcher:
         at.track_load(out, stream)
         # Guarded until the answer starts: an engine found unresponsive meanwhile raises EngineStalled, which
         # falls back like any failed attempt (nothing was sent to the client yet).
+        parent = req.trace.traceparent(at.span) if at.span is not None else None  # type: ignore[union-attr]
         async with live.guard(dep_id):
-            resp = await self.local.open(at.dep, PATHS[req.endpoint], orjson.dumps(out))
+            resp = await self.local.open(at.dep, PATHS[req.endpoint], orjson.dumps(out), parent)
         if not stream or not resp.content_type.startswith("text/event-stream"):
             async with live.guard(dep_id):
                 raw = await self.local.read(resp, at.dep)
@@ -286,7 +357,8 @@ class Dispatcher:
 
     async def _cloud(self, at: Attempt) -> Answer:
         req = at.request
-        result = await self.cloud.call(at.dep, req.endpoint, req.body)
+        parent = req.trace.traceparent(at.span) if at.span is not None else None  # type: ignore[union-attr]
+        result = await self.cloud.call(at.dep, req.endpoint, req.body, parent)
         events = req.endpoint in cloud_client.EVENT_STREAMS
         if not req.body.get("stream") or (req.endpoint == "embeddings" and not events):
             usage = getattr(result, "usage", None)
@@ -325,3 +397,43 @@ def _usage(raw: bytes) -> dict | None:
         return None
     usage = obj.get("usage") if isinstance(obj, dict) else None
     return usage if isinstance(usage, dict) else None
+
+
+# -- the request's spans (adr/0042) ------------------------------------------------------------------------------
+def _request_attrs(trace: RequestTrace, body: dict[str, Any], model: str, group: str) -> None:
+    attrs = trace.root.attrs
+    attrs["gen_ai.request.model"] = model
+    attrs["vstack.model_group"] = group
+    attrs["vstack.stream"] = bool(body.get("stream"))
+    for key, attr in (("max_tokens", "gen_ai.request.max_tokens"), ("temperature", "gen_ai.request.temperature"),
+                      ("top_p", "gen_ai.request.top_p")):  # fmt: skip
+        value = body.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            attrs[attr] = value
+
+
+def _attempt_span(request: RoutedRequest, dep: Any, reason: str | None, retry: bool, n: int) -> Any:
+    """One try of one deployment: a GenAI client span ("chat <model>"), the parent of the engine's spans."""
+    local = dep.kind == "local"
+    attrs: dict[str, Any] = {
+        "gen_ai.operation.name": OPERATIONS.get(request.endpoint, request.endpoint),
+        "gen_ai.request.model": dep.upstream_model,
+        "gen_ai.system": "vllm" if local else dep.upstream_model.partition("/")[0] or "cloud",
+        "vstack.deployment": dep.id, "vstack.deployment.kind": dep.kind, "vstack.attempt": n, "vstack.retry": retry,
+    }
+    if reason:
+        attrs["vstack.fallback_reason"] = reason
+    if local and dep.api_base:
+        attrs["server.address"] = dep.api_base
+    return request.trace.span(f"{attrs['gen_ai.operation.name']} {dep.upstream_model}",  # type: ignore[union-attr]
+                              start=clock(), kind=CLIENT, **attrs)
+
+
+def _switch_attrs(admission: Any, group: str, since: int) -> dict[str, Any]:
+    """The switch the request waited for, when one ended while it waited: its kind, seconds and trace id (the
+    switch is a trace of its own, its phases its spans: the manager's)."""
+    last = getattr(admission, "last_switch", None)
+    info = last(group) if callable(last) else None
+    if not info or (info.get("ended_ns") or 0) < since:
+        return {}
+    return {f"vstack.switch.{k}": v for k, v in info.items() if k != "ended_ns"}

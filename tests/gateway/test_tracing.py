@@ -1,0 +1,116 @@
+"""OpenTelemetry traces of requests through the gateway (stack.tracing; adr/0042).
+
+The collector is outside this machine in a deployment: bench/harness/otlp_receiver.py stands in for it, a real
+OTLP/HTTP receiver decoding the gateway's `ExportTraceServiceRequest`s with opentelemetry-proto. The engines
+are the local OpenAI-compatible stand-in (bench/harness/mock_upstream.py), which records the W3C traceparent
+of every request it gets; the cloud fallback is the same stand-in reached through LiteLLM's OpenAI provider.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from bench.harness.otlp_receiver import otlp_receiver
+from stack.config.sections.gateway import GatewayConfig
+from stack.config.sections.observability import TracingConfig
+from stack.tracing.settings import resolve
+
+from .conftest import local, run_gateway, start_mock, stop
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tracing")
+    good, bad = start_mock(tmp, "good", "--chunks", "3"), start_mock(tmp, "bad", "--chunks", "3")
+    yield good, bad
+    stop(good.proc)
+    stop(bad.proc)
+
+
+@pytest.fixture(scope="module")
+def collector():
+    with otlp_receiver() as (url, received):
+        yield url, received
+
+
+def seen(url: str) -> list[str]:
+    return httpx.get(f"{url}/traceparents", timeout=5).json()
+
+
+def names(spans) -> list[str]:
+    return sorted(s.name for s in spans)
+
+
+def test_a_streamed_request_is_one_trace_from_the_gateway_to_the_engine(engines, collector) -> None:
+    url, received = collector
+    good, _ = engines
+    tracing = resolve(TracingConfig(endpoint=url, service_name="gw-under-test"), environ={})
+    with run_gateway(GatewayConfig(), default_model="m", deployments=[local("engine", good.url, group="m")],
+                     tracing=tracing) as gw:  # fmt: skip
+        resp = httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=10)
+        assert resp.status_code == 200 and "data: [DONE]" in resp.text
+        trace_id = resp.headers["x-vstack-trace-id"]
+        assert gw.state.dispatcher.tracer.flush()
+        spans = received.wait_for(trace_id, count=4)
+        activity = gw.state.dispatcher.activity.last()[0]
+    assert names(spans) == ["POST /v1/chat/completions", "chat m", "gateway.receive", "gateway.stream"]
+    assert {s.trace_id for s in spans} == {trace_id} and {s.service for s in spans} == {"gw-under-test"}
+    by = {s.name: s for s in spans}
+    root, attempt = by["POST /v1/chat/completions"], by["chat m"]
+    assert root.parent_id == "" and attempt.parent_id == root.span_id
+    assert by["gateway.stream"].parent_id == attempt.span_id
+    # GenAI semantic conventions: what was asked, what answered, the tokens the engine counted
+    assert root.attributes["gen_ai.operation.name"] == "chat"
+    assert root.attributes["gen_ai.request.model"] == "m" and root.attributes["gen_ai.request.max_tokens"] == 3
+    assert root.attributes["gen_ai.usage.input_tokens"] == 5 and root.attributes["gen_ai.usage.output_tokens"] == 3
+    assert root.attributes["http.response.status_code"] == 200 and root.attributes["vstack.route"] == "local"
+    assert attempt.attributes["gen_ai.system"] == "vllm" and attempt.attributes["gen_ai.response.model"] == "m"
+    assert attempt.kind == 3 and "gen_ai.first_token" in attempt.events  # SPAN_KIND_CLIENT
+    assert root.start_ns <= attempt.start_ns < attempt.end_ns <= root.end_ns
+    # the engine got the attempt's span as its parent: its own spans join this trace
+    assert seen(good.url)[-1] == f"00-{trace_id}-{attempt.span_id}-01"
+    # the Activity row names the trace the console's waterfall opens
+    assert activity["trace_id"] == trace_id
+
+
+def test_a_retry_and_a_fallback_stay_in_the_clients_trace(engines, collector) -> None:
+    url, received = collector
+    good, bad = engines
+    tracing = resolve(TracingConfig(endpoint=url), environ={})
+    deps = [local("bad", bad.url, group="m", upstream="status-503"), local("good", good.url, group="m", order=2)]
+    client_trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with run_gateway(GatewayConfig(num_retries=1, retry_backoff_s=0.01), default_model="m", deployments=deps,
+                     tracing=tracing) as gw:  # fmt: skip
+        resp = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, timeout=10,
+                          headers={"traceparent": f"00-{client_trace}-{client_span}-01"})  # fmt: skip
+        assert resp.status_code == 200, resp.text
+        assert gw.state.dispatcher.tracer.flush()
+        spans = received.wait_for(client_trace, count=6)
+    assert resp.headers["x-vstack-trace-id"] == client_trace
+    by_name: dict[str, list] = {}
+    for s in spans:
+        by_name.setdefault(s.name, []).append(s)
+    tries = sorted(by_name["chat status-503"], key=lambda s: s.start_ns)
+    assert len(tries) == 2 and [t.attributes["vstack.retry"] for t in tries] == [False, True]
+    assert all(t.attributes["error.type"] == "error" and t.status_code == 2 for t in tries)  # STATUS_CODE_ERROR
+    assert len(by_name["gateway.retry_backoff"]) == 1
+    (served,) = by_name["chat m"]
+    assert served.attributes["vstack.deployment"] == "good" and "error.type" not in served.attributes
+    (root,) = by_name["POST /v1/chat/completions"]
+    assert root.parent_id == client_span  # the client's span is the gateway's parent
+    # every try told its engine which span it was
+    assert seen(bad.url)[-2:] == [f"00-{client_trace}-{t.span_id}-01" for t in tries]
+    assert seen(good.url)[-1] == f"00-{client_trace}-{served.span_id}-01"
+
+
+def test_tracing_off_sends_no_traceparent_and_keeps_nothing(engines) -> None:
+    good, _ = engines
+    with run_gateway(GatewayConfig(), default_model="m", deployments=[local("engine", good.url, group="m")]) as gw:
+        resp = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, timeout=10)
+        assert resp.status_code == 200
+        assert gw.state.dispatcher.tracer is None
+    assert "x-vstack-trace-id" not in resp.headers
+    assert seen(good.url)[-1] == ""
