@@ -88,7 +88,7 @@ def otlp_receiver() -> Iterator[tuple[str, Receiver]]:
     received = Receiver()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             if self.path != "/v1/traces":
                 self.send_error(404)

@@ -12,11 +12,12 @@ import httpx
 import pytest
 
 from bench.harness.otlp_receiver import otlp_receiver
+from bench.harness.waiting import free_port
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.observability import TracingConfig
 from stack.tracing.settings import resolve
 
-from .conftest import local, run_gateway, start_mock, stop
+from .conftest import cloud_entry, local, run_gateway, start_mock, stop
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 
@@ -56,6 +57,10 @@ def test_a_streamed_request_is_one_trace_from_the_gateway_to_the_engine(engines,
         assert gw.state.dispatcher.tracer.flush()
         spans = received.wait_for(trace_id, count=4)
         activity = gw.state.dispatcher.activity.last()[0]
+        with httpx.Client(base_url=gw.url, timeout=10) as console:
+            console.get("/ui/activity")  # a loopback browser without keys: its session
+            timeline = console.get(f"/ui/api/trace/{activity['id']}").json()
+            missing = console.get("/ui/api/trace/999999")
     assert names(spans) == ["POST /v1/chat/completions", "chat m", "gateway.receive", "gateway.stream"]
     assert {s.trace_id for s in spans} == {trace_id} and {s.service for s in spans} == {"gw-under-test"}
     by = {s.name: s for s in spans}
@@ -72,8 +77,13 @@ def test_a_streamed_request_is_one_trace_from_the_gateway_to_the_engine(engines,
     assert root.start_ns <= attempt.start_ns < attempt.end_ns <= root.end_ns
     # the engine got the attempt's span as its parent: its own spans join this trace
     assert seen(good.url)[-1] == f"00-{trace_id}-{attempt.span_id}-01"
-    # the Activity row names the trace the console's waterfall opens
-    assert activity["trace_id"] == trace_id
+    # the Activity row names the trace the console's waterfall opens: the same spans, on the request's clock
+    assert activity["trace_id"] == trace_id == timeline["trace_id"] and timeline["activity_id"] == activity["id"]
+    phases = {s["name"]: s for s in timeline["spans"]}
+    assert sorted(phases) == names(spans) and phases["POST /v1/chat/completions"]["start_ms"] == 0
+    assert phases["chat m"]["events"][0]["name"] == "gen_ai.first_token"
+    assert abs(phases["POST /v1/chat/completions"]["duration_ms"] - (root.end_ns - root.start_ns) / 1e6) < 0.01
+    assert missing.status_code == 404 and "keeps the last 500" in missing.json()["error"]["message"]
 
 
 def test_a_retry_and_a_fallback_stay_in_the_clients_trace(engines, collector) -> None:
@@ -114,3 +124,23 @@ def test_tracing_off_sends_no_traceparent_and_keeps_nothing(engines) -> None:
         assert gw.state.dispatcher.tracer is None
     assert "x-vstack-trace-id" not in resp.headers
     assert seen(good.url)[-1] == ""
+
+
+def test_a_cloud_fallback_through_litellm_carries_the_trace(cloud_mock, collector, monkeypatch) -> None:
+    monkeypatch.setenv("VSTACK_TEST_CLOUD_KEY", "sk-test-cloud-key-123456")
+    url, received = collector
+    dead = f"http://127.0.0.1:{free_port()}"
+    settings = GatewayConfig(cloud=[cloud_entry(cloud_mock.url)], fallbacks={"m": ["cloud-small"]})
+    with run_gateway(settings, default_model="m", deployments=[local("local-a", dead, "m")],
+                     tracing=resolve(TracingConfig(endpoint=url), environ={})) as gw:  # fmt: skip
+        resp = httpx.post(f"{gw.url}/v1/chat/completions", json={**CHAT, "stream": True}, timeout=60)
+        assert resp.status_code == 200 and resp.headers["x-vstack-fallback"] == "connect"
+        trace_id = resp.headers["x-vstack-trace-id"]
+        assert gw.state.dispatcher.tracer.flush()
+        spans = received.wait_for(trace_id, count=5)
+    by = {s.name: s for s in spans}
+    assert by["chat m"].attributes["error.type"] == "connect"  # the dead engine's try, then the provider's
+    cloud = by["chat openai/cloud-small"]
+    assert cloud.attributes["gen_ai.system"] == "openai" and cloud.attributes["vstack.fallback_reason"] == "connect"
+    assert by["POST /v1/chat/completions"].attributes["vstack.route"] == "fallback:connect"
+    assert seen(cloud_mock.url)[-1] == f"00-{trace_id}-{cloud.span_id}-01"  # through LiteLLM's extra_headers
