@@ -83,11 +83,19 @@ class Receiver:
 
 
 @contextlib.contextmanager
-def otlp_receiver() -> Iterator[tuple[str, Receiver]]:
-    """Yields (its base URL, http://127.0.0.1:PORT, and what it received)."""
+def otlp_receiver(port: int = 0) -> Iterator[tuple[str, Receiver]]:
+    """Yields (its base URL, http://127.0.0.1:PORT, and what it received); port 0: a free one."""
     received = Receiver()
 
     class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f'{{"spans": {len(received.spans)}}}'.encode()  # /health: alive, and how many it got
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length") or 0))
             if self.path != "/v1/traces":
@@ -104,7 +112,7 @@ def otlp_receiver() -> Iterator[tuple[str, Receiver]]:
         def log_message(self, *_args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -112,3 +120,17 @@ def otlp_receiver() -> Iterator[tuple[str, Receiver]]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def main() -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--port", type=int, required=True)
+    args = ap.parse_args()
+    with otlp_receiver(args.port):
+        threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -36,6 +36,7 @@ from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
 from stack.gateway.prom_text import parse
 from stack.gateway.routing.activity import to_csv
+from stack.tracing.record import clock
 from stack.gateway.schemas import ChatCompletionRequest
 
 HERE = Path(__file__).parent
@@ -421,7 +422,9 @@ async def api_chat(req: ChatCompletionRequest, request: Request) -> Response:
     limit = state.settings.max_tokens_limit
     if req.max_tokens is not None and req.max_tokens > limit:
         raise InvalidRequest(f"'max_tokens' is too large: {req.max_tokens} (at most {limit})", param="max_tokens")
-    return respond(await state.dispatcher.handle("chat", await request.json()))
+    dispatcher = state.dispatcher
+    trace = dispatcher.trace("chat", clock(), None) if dispatcher.tracer is not None else None
+    return respond(await dispatcher.handle("chat", await request.json(), trace))
 
 
 @router.get("/api/events")
