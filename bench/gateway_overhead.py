@@ -15,10 +15,10 @@ machine before any HTTP work, so the gateway's added latency reads against the f
 "http-floor" too (bench/harness/http_floor.py): a bare ASGI proxy on the gateway's own libraries (uvicorn,
 httptools, uvloop, aiohttp) with no checks, routing or counting: the floor under any gateway built on them.
 
-`--tracing` adds two targets (adr/0042): "untraced", a gateway of this tree with observability.tracing.keep: 0
-(no tracer at all: the request path as it was before tracing), and "traced", one exporting every request's
+`--tracing` adds two targets (adr/0042): "kept", a gateway of this tree keeping its last 500 requests' spans for
+the console (observability.tracing.keep: 500, nothing exported), and "traced", one exporting every request's
 spans (sample ratio 1.0) over OTLP/HTTP to a receiver in its own process (bench/harness/otlp_receiver.py, the
-stand-in for a collector). "vstack" is the default: the spans kept in memory for the console, nothing exported.
+stand-in for a collector). "vstack" is the default: tracing off, no tracer at all.
 
 `--open-loop` adds the same latency rows with open-loop arrivals, the way serving benchmarks measure latency
 (vLLM's `bench serve`, Poisson arrivals): requests arrive at random (exponential gaps, one seeded schedule for
@@ -115,9 +115,9 @@ async def run(args: argparse.Namespace) -> dict:
         gateway = procs.start("gateway", gw_argv)
         tracing_ports = (free_port(), free_port(), free_port()) if args.tracing else None
         if tracing_ports:
-            untraced, traced, receiver = tracing_ports
+            kept, traced, receiver = tracing_ports
             otlp = procs.start("otlp-receiver", [PY, "bench/harness/otlp_receiver.py", "--port", str(receiver)])
-            for name, port, tracing in (("untraced", untraced, {"keep": 0}),
+            for name, port, tracing in (("kept", kept, {"keep": 500}),
                                         ("traced", traced, {"endpoint": f"http://127.0.0.1:{receiver}",
                                                             "sample_ratio": 1.0})):  # fmt: skip
                 cfg_file = procs.logs / f"{name}.yaml"
@@ -168,7 +168,7 @@ async def run(args: argparse.Namespace) -> dict:
                 *([Target("floor", f"http://127.0.0.1:{floor}", served)] if floor and model == "paced" else []),
                 *([Target("http-floor", f"http://127.0.0.1:{http_floor}", served)]
                   if http_floor and model == "paced" else []),
-                *([Target("untraced", f"http://127.0.0.1:{tracing_ports[0]}", model)] if tracing_ports else []),
+                *([Target("kept", f"http://127.0.0.1:{tracing_ports[0]}", model)] if tracing_ports else []),
                 Target("vstack", f"http://127.0.0.1:{gw}", model),
                 *([Target("traced", f"http://127.0.0.1:{tracing_ports[1]}", model)] if tracing_ports else []),
                 *([Target("console", f"http://127.0.0.1:{watched}", model)] if watched else []),
@@ -272,7 +272,7 @@ class ConsolePages:
         return self.events
 
 
-PROXIES = ("floor", "http-floor", "untraced", "vstack", "traced", "console", "before", "litellm")
+PROXIES = ("floor", "http-floor", "vstack", "kept", "traced", "console", "before", "litellm")
 
 
 def summarise_latency(c: int, per: dict[str, Sample]) -> dict:

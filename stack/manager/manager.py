@@ -259,22 +259,22 @@ class ModelManager:
             except BaseException as exc:
                 if trace is not None:
                     trace.root.close(error=type(exc).__name__)
+                    self.tracer.finish(trace)  # type: ignore[union-attr]
                 raise
             finally:
                 for other in self.slots.values():
                     other.closing = False
                 self.bump()
                 self._trace = None
-                if trace is not None:
-                    self.tracer.finish(trace)  # type: ignore[union-attr]
             seconds = self.clock() - t0
             slot.last_switch = {"kind": str(kind), "seconds": round(seconds, 3), "reason": plan.reason,
                                 "tier": str(slot.tier), "overlap": order.overlap, "order": order.reason,
                                 "phases": phases}  # fmt: skip
             if trace is not None:  # the requests that waited for it name it (the gateway's admission span)
-                trace.root.attrs.update({"vstack.switch.kind": str(kind), "vstack.switch.reason": plan.reason,
-                                         "vstack.switch.tier": str(slot.tier), "vstack.switch.overlap": order.overlap})
+                trace.root.close(**{"vstack.switch.kind": str(kind), "vstack.switch.reason": plan.reason,
+                                    "vstack.switch.tier": str(slot.tier), "vstack.switch.overlap": order.overlap})
                 slot.last_switch.update(trace_id=trace.id, ended_ns=trace.root.end)
+                self.tracer.finish(trace)  # type: ignore[union-attr]
             weights = None if slot.weights_gpu is None else round(slot.weights_gpu / 2**30, 3)
             self.history.append({"model": name, "at": time.time(), **slot.last_switch, "weights_gib": weights})
             self.metrics.switches.labels(name, str(kind)).inc()

@@ -43,15 +43,6 @@ class Span:
     def event(self, name: str) -> None:
         self.events.append((name, clock()))
 
-    def view(self, origin: int) -> dict[str, Any]:
-        """As the console's waterfall reads it: milliseconds from the request's start."""
-        end = self.end if self.end is not None else clock()
-        return {"name": self.name, "span_id": f"{self.span_id:016x}",
-                "parent_id": f"{self.parent_id:016x}" if self.parent_id else None, "kind": self.kind,
-                "start_ms": round((self.start - origin) / 1e6, 3), "duration_ms": round((end - self.start) / 1e6, 3),
-                "attributes": dict(self.attrs), "error": self.error,
-                "events": [{"name": n, "at_ms": round((t - origin) / 1e6, 3)} for n, t in self.events]}  # fmt: skip
-
 
 class RequestTrace:
     """One request's spans; the first is the root (the request as the gateway served it)."""
@@ -86,10 +77,34 @@ class RequestTrace:
     def id(self) -> str:
         return f"{self.trace_id:032x}"
 
+    def freeze(self) -> Frozen:
+        """The finished trace as nested tuples of plain values: what the console's buffer keeps. The garbage
+        collector stops tracking such tuples, so hundreds of kept traces add nothing to its passes (as
+        objects they did: +0.04 ms of CPU per request at 500 kept, bench/gateway_cpu.py)."""
+        spans = tuple((s.name, s.span_id, s.parent_id, s.start, s.end, s.kind, s.error, tuple(s.attrs.items()),
+                       tuple(s.events)) for s in self.spans)  # fmt: skip
+        return (self.id, self.activity_id, self.sampled, spans)
+
     def view(self) -> dict[str, Any]:
-        origin = self.root.start
-        return {"trace_id": self.id, "activity_id": self.activity_id, "sampled": self.sampled,
-                "spans": [s.view(origin) for s in self.spans]}  # fmt: skip
+        return view(self.freeze())
+
+
+Frozen = tuple  # (trace id, activity id, sampled, spans: (name, id, parent, start, end, kind, error, attrs, events))
+
+
+def view(frozen: Frozen) -> dict[str, Any]:
+    """As the console's waterfall reads it: milliseconds from the request's start (`start_ns`: that start)."""
+    trace_id, activity_id, sampled, spans = frozen
+    origin = spans[0][3]
+    now = clock()
+    out = []
+    for name, span_id, parent_id, start, end, kind, error, attrs, events in spans:
+        end = end if end is not None else now
+        out.append({"name": name, "span_id": f"{span_id:016x}", "parent_id": f"{parent_id:016x}" if parent_id else None,
+                    "kind": kind, "start_ms": round((start - origin) / 1e6, 3),
+                    "duration_ms": round((end - start) / 1e6, 3), "attributes": dict(attrs), "error": error,
+                    "events": [{"name": n, "at_ms": round((t - origin) / 1e6, 3)} for n, t in events]})  # fmt: skip
+    return {"trace_id": trace_id, "activity_id": activity_id, "sampled": sampled, "start_ns": origin, "spans": out}
 
 
 def _span_id() -> int:

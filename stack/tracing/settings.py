@@ -64,7 +64,8 @@ def resolve(cfg: TracingConfig, environ: Mapping[str, str] | None = None) -> Tra
             hint=f"export {cfg.headers_env}='key=value' or remove headers_env",
         )
     name = cfg.service_name or env.get("OTEL_SERVICE_NAME") or "vstack-gateway"
-    return Tracing(exporting, endpoint, protocol, ratio, _headers(raw), name, cfg.keep, cfg.engines)
+    keep = cfg.keep if cfg.keep is not None else (500 if exporting else 0)  # measured, not free: adr/0042
+    return Tracing(exporting, endpoint, protocol, ratio, _headers(raw), name, keep, cfg.engines)
 
 
 def _traces_url(base: str) -> str:

@@ -8,35 +8,41 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-from stack.tracing.record import RequestTrace
+from stack.tracing.record import Frozen, RequestTrace, view
 from stack.tracing.settings import Tracing
 
 log = logging.getLogger("stack.tracing")
 
 
 class TraceBuffer:
-    """The last `size` finished traces by trace id (oldest dropped first), and their activity ids."""
+    """The last `size` finished traces by trace id (oldest dropped first), and their activity ids; each kept
+    frozen (RequestTrace.freeze: plain tuples the garbage collector does not walk)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._traces: OrderedDict[str, RequestTrace] = OrderedDict()
+        self._traces: OrderedDict[str, Frozen] = OrderedDict()
         self._by_activity: dict[int, str] = {}
 
     def add(self, trace: RequestTrace) -> None:
         key = trace.id
-        self._traces[key] = trace
+        self._traces[key] = trace.freeze()
         if trace.activity_id is not None:
             self._by_activity[trace.activity_id] = key
         while len(self._traces) > self.size:
             _, old = self._traces.popitem(last=False)
-            if old.activity_id is not None:
-                self._by_activity.pop(old.activity_id, None)
+            if old[1] is not None:
+                self._by_activity.pop(old[1], None)
 
-    def get(self, key: str) -> RequestTrace | None:
-        """By trace id (32 hex digits) or by the Activity log's request id."""
+    def get(self, key: str) -> dict | None:
+        """Its view (record.view) by trace id (32 hex digits) or by the Activity log's request id."""
         if key.isdigit() and len(key) < 32:
             key = self._by_activity.get(int(key), "")
-        return self._traces.get(key.lower())
+        frozen = self._traces.get(key.lower())
+        return view(frozen) if frozen is not None else None
+
+    def views(self) -> list[dict]:
+        """Every kept trace, oldest first."""
+        return [view(f) for f in self._traces.values()]
 
     def __len__(self) -> int:
         return len(self._traces)

@@ -67,7 +67,8 @@ def console(tmp_path_factory: pytest.TempPathFactory):
                       "  memory_budget_gib: 12\n")  # fmt: skip
     env = {"VSTACK_PORT": "0", "VSTACK_GATEWAY__PORT": "0", "VSTACK_GATEWAY__HOST": "127.0.0.1",
            "VSTACK_API_KEY": USER, "VSTACK_ADMIN_KEY": ADMIN, "HF_HUB_OFFLINE": "1",
-           "VSTACK_ENGINE__ENFORCE_EAGER": "true"}  # fmt: skip  (eager: the quick start keeps the compile)
+           "VSTACK_ENGINE__ENFORCE_EAGER": "true",  # eager: the quick start keeps the compile
+           "VSTACK_OBSERVABILITY__TRACING__KEEP": "100"}  # fmt: skip  (the Activity rows' timelines, no collector)
     vstack = Vstack(root / "state", env)
     up = vstack("--config", str(config), "up", timeout=600)
     assert up.returncode == 0, up.stdout + up.stderr

@@ -18,10 +18,13 @@ from tests.conftest import load_catalog
 
 def test_off_by_default_and_on_with_one_endpoint() -> None:
     off = resolve(TracingConfig(), environ={})
-    assert not off.exporting and off.keep == 500  # the console's waterfall keeps working without a collector
+    assert not off.exporting and off.keep == 0 and tracer_for(off) is None  # off: no tracer, no tracing call
+    kept = resolve(TracingConfig(keep=200), environ={})  # the console's waterfall alone, without a collector
+    assert not kept.exporting and kept.keep == 200
     on = resolve(TracingConfig(endpoint="http://collector:4318"), environ={})
     assert on.exporting and on.endpoint == "http://collector:4318/v1/traces" and on.protocol == "http/protobuf"
     assert on.ratio == 1.0 and on.service_name == "vstack-gateway" and on.engine_service == "vstack-engine"
+    assert on.keep == 500  # exporting: the console keeps the last requests too
     grpc = resolve(TracingConfig(endpoint="http://collector:4317", protocol="grpc"), environ={})
     assert grpc.endpoint == "http://collector:4317"  # grpc takes the address as given
 
@@ -74,15 +77,15 @@ def test_the_buffer_keeps_the_last_traces_by_trace_and_by_request_id() -> None:
         buffer.add(trace)
         traces.append(trace)
     assert len(buffer) == 2 and buffer.get("1") is None and buffer.get(traces[0].id) is None
-    assert buffer.get("3") is traces[2] and buffer.get(traces[1].id.upper()) is traces[1]
+    assert buffer.get("3")["trace_id"] == traces[2].id and buffer.get(traces[1].id.upper())["activity_id"] == 2
 
 
 def test_a_ratio_of_zero_is_not_sampled_but_still_kept_for_the_console() -> None:
-    tracer = tracer_for(resolve(TracingConfig(), environ={}))
+    tracer = tracer_for(resolve(TracingConfig(keep=500), environ={}))
     assert tracer is not None and tracer.exporter is None  # the SDK is not even imported for it
     trace = tracer.start("POST /v1/completions", clock())
     attempt = trace.span("completion m")
     assert trace.traceparent(attempt).endswith("-00")  # the engine records nothing for an unsampled trace
     tracer.finish(trace)
-    assert tracer.buffer.get(trace.id) is trace
-    assert tracer_for(resolve(TracingConfig(keep=0), environ={})) is None  # nothing to do: no tracer at all
+    assert tracer.buffer.get(trace.id)["spans"][1]["name"] == "completion m"
+    assert tracer_for(resolve(TracingConfig(keep=0, enabled=False), environ={})) is None  # nothing to do

@@ -36,8 +36,8 @@ from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
 from stack.gateway.prom_text import parse
 from stack.gateway.routing.activity import to_csv
-from stack.tracing.record import clock
 from stack.gateway.schemas import ChatCompletionRequest
+from stack.tracing.record import clock
 
 HERE = Path(__file__).parent
 log = logging.getLogger("stack.gateway.console")
@@ -343,21 +343,21 @@ async def api_trace(request_id: str, request: Request) -> dict[str, Any]:
     need_session(request)
     tracer = get_state(request).dispatcher.tracer
     if tracer is None or tracer.buffer is None:
-        raise ModelNotFound("request timelines are off: observability.tracing.keep is 0; set it to the number of "
-                            "requests to keep (500 by default)", code="tracing_off")  # fmt: skip
-    trace = tracer.buffer.get(request_id)
-    if trace is None:
+        raise ModelNotFound("request timelines are off: set observability.tracing.keep to the number of requests "
+                            "to keep (e.g. 500), or turn tracing on (observability.tracing.endpoint)",
+                            code="tracing_off")  # fmt: skip
+    found = tracer.buffer.get(request_id)
+    if found is None:
         raise ModelNotFound(f"no timeline kept for request {request_id}: the gateway keeps the last "
                             f"{tracer.buffer.size}; raise observability.tracing.keep to keep more",
                             code="trace_not_found")  # fmt: skip
-    view = trace.view()
-    switch = next((s["attributes"].get("vstack.switch.trace_id") for s in view["spans"]
+    switch = next((s["attributes"].get("vstack.switch.trace_id") for s in found["spans"]
                    if s["attributes"].get("vstack.switch.trace_id")), None)  # fmt: skip
     kept = tracer.buffer.get(switch) if switch else None
     if kept is not None:  # the switch it waited for: a trace of its own, placed on this request's clock
-        offset = (kept.root.start - trace.root.start) / 1e6
-        view["switch"] = [{**s, "start_ms": round(s["start_ms"] + offset, 3)} for s in kept.view()["spans"]]
-    return view
+        offset = (kept["start_ns"] - found["start_ns"]) / 1e6
+        found["switch"] = [{**s, "start_ms": round(s["start_ms"] + offset, 3)} for s in kept["spans"]]
+    return found
 
 
 @router.get("/api/logs")
