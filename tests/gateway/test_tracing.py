@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from bench.harness.otlp_receiver import otlp_receiver
-from bench.harness.waiting import free_port
+from bench.harness.waiting import free_port, wait_for
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.observability import TracingConfig
 from stack.tracing.settings import resolve
@@ -144,3 +144,41 @@ def test_a_cloud_fallback_through_litellm_carries_the_trace(cloud_mock, collecto
     assert cloud.attributes["gen_ai.system"] == "openai" and cloud.attributes["vstack.fallback_reason"] == "connect"
     assert by["POST /v1/chat/completions"].attributes["vstack.route"] == "fallback:connect"
     assert seen(cloud_mock.url)[-1] == f"00-{trace_id}-{cloud.span_id}-01"  # through LiteLLM's extra_headers
+
+
+def test_a_request_that_waits_for_a_start_names_the_switch_and_its_phases(tmp_path) -> None:
+    """The model manager's switch is a trace of its own; the request that waited for it names it in its
+    admission span, and the console's timeline shows its phases on the request's clock. The engine is the
+    stand-in with vLLM's sleep endpoints (bench/harness/mock_upstream.py), spawned as an engine is."""
+    from stack.config.sections.manager import ManagerConfig
+    from stack.gateway.engines import EngineSupervisor, ManagedEngine
+    from stack.manager.policy import Capacity
+    from tests.manager.conftest import GIB
+    from tests.manager.test_kept_asleep import WEIGHTS, engine
+
+    runtime = engine(tmp_path)
+    managed = ManagedEngine(runtime, "m", "m", need=GIB, can_sleep=True, weights_gpu=WEIGHTS, weights_host=WEIGHTS)
+    sup = EngineSupervisor([managed], startup_timeout_s=30, stop_grace_s=5,
+                           settings=ManagerConfig(min_residency_s=0, quiet_s=0),
+                           capacity=Capacity(100 * GIB, True, 8 * GIB))  # fmt: skip
+    with run_gateway(GatewayConfig(), default_model="m", manager=sup.manager,
+                     tracing=resolve(TracingConfig(keep=50), environ={})) as gw:  # fmt: skip
+        try:
+            gw.call(sup.start(gw.state), timeout=30)
+            wait_for(lambda: httpx.get(f"{gw.url}/ready").status_code == 200, 30, "the engine ready")
+            gw.call(sup.manager.unload("m"), timeout=30)  # stopped: the next request waits for its start
+            resp = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, timeout=30)
+            assert resp.status_code == 200, resp.text
+            with httpx.Client(base_url=gw.url, timeout=10) as console:
+                console.get("/ui/activity")
+                timeline = console.get(f"/ui/api/trace/{resp.headers['x-vstack-trace-id']}").json()
+        finally:
+            gw.call(sup.stop(gw.state), timeout=30)
+    admission = next(s for s in timeline["spans"] if s["name"] == "gateway.admission")
+    assert admission["attributes"]["vstack.switch.kind"] == "cold" and admission["attributes"]["vstack.admitted"]
+    assert [s["name"] for s in timeline["switch"]] == ["manager.switch m", "manager.start m", "manager.wait_ready m"]
+    first = timeline["switch"][0]
+    assert first["attributes"]["vstack.switch.kind"] == "cold"
+    assert admission["attributes"]["vstack.switch.trace_id"] != timeline["trace_id"]  # a trace of its own
+    # the switch ran while the request waited: placed inside its admission on the request's clock
+    assert admission["start_ms"] - 1 <= first["start_ms"] <= admission["start_ms"] + admission["duration_ms"]
