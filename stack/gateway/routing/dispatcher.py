@@ -32,17 +32,15 @@ from stack.gateway.routing.deployment_choice import Routing
 from stack.gateway.routing.liveness import UNRESPONSIVE, Liveness
 from stack.gateway.routing.model_tasks import PATHS, check_task
 from stack.gateway.routing.replicas import is_replica
+from stack.gateway.routing.request_spans import OPERATIONS, attempt_span, request_attrs, switch_attrs
 from stack.gateway.routing.slo_spill import SpillGuard
 from stack.gateway.routing.ttft_estimate import Verdict
 from stack.gateway.upstreams import cloud_client, fast_path
 from stack.manager.unavailable import ModelUnavailable
-from stack.tracing.record import CLIENT, RequestTrace, clock
+from stack.tracing.record import RequestTrace
 from stack.tracing.tracer import Tracer
 
 USAGE_OPTION = {"chat", "completions"}  # endpoints whose streams take stream_options.include_usage
-# gen_ai.operation.name (OpenTelemetry's GenAI semantic conventions) of each endpoint
-OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings", "messages": "chat",
-              "responses": "chat"}  # fmt: skip
 
 
 class Ticket(Protocol):
@@ -119,7 +117,7 @@ class Dispatcher:
         group = adapter.base if adapter is not None else self.routing.resolve(body["model"])
         check_task(self.routing.registry, group, endpoint, model)
         if trace is not None:
-            _request_attrs(trace, body, model, group)
+            request_attrs(trace, body, model, group)
         if self.in_flight >= self.settings.max_in_flight:
             raise RateLimited(
                 "the gateway is at its concurrent request limit; retry shortly", headers={"Retry-After": "1"}
@@ -225,7 +223,7 @@ class Dispatcher:
                 span.close(error="cancelled")
             raise
         if span is not None:
-            span.close(**{"vstack.admitted": ticket is not None, **_switch_attrs(self.admission, group, span.start)})
+            span.close(**{"vstack.admitted": ticket is not None, **switch_attrs(self.admission, group, span.start)})
         return ticket
 
     def _bridged(self, group: str) -> bool:
@@ -267,7 +265,7 @@ class Dispatcher:
                     async with contextlib.AsyncExitStack() as attempt_held:
                         attempt = await attempt_held.enter_async_context(Attempt(self, request, dep, reason))
                         if request.trace is not None:
-                            attempt.span = _attempt_span(request, dep, reason, retry, sum(fails.values()) + 1)
+                            attempt.span = attempt_span(request, dep, reason, retry, sum(fails.values()) + 1)
                         answer = await self._try(attempt)
                         if answer.stream is not None:
                             held.push_async_exit(attempt_held.pop_all())  # it ends with its stream
@@ -398,42 +396,3 @@ def _usage(raw: bytes) -> dict | None:
     usage = obj.get("usage") if isinstance(obj, dict) else None
     return usage if isinstance(usage, dict) else None
 
-
-# -- the request's spans (adr/0042) ------------------------------------------------------------------------------
-def _request_attrs(trace: RequestTrace, body: dict[str, Any], model: str, group: str) -> None:
-    attrs = trace.root.attrs
-    attrs["gen_ai.request.model"] = model
-    attrs["vstack.model_group"] = group
-    attrs["vstack.stream"] = bool(body.get("stream"))
-    for key, attr in (("max_tokens", "gen_ai.request.max_tokens"), ("temperature", "gen_ai.request.temperature"),
-                      ("top_p", "gen_ai.request.top_p")):  # fmt: skip
-        value = body.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            attrs[attr] = value
-
-
-def _attempt_span(request: RoutedRequest, dep: Any, reason: str | None, retry: bool, n: int) -> Any:
-    """One try of one deployment: a GenAI client span ("chat <model>"), the parent of the engine's spans."""
-    local = dep.kind == "local"
-    attrs: dict[str, Any] = {
-        "gen_ai.operation.name": OPERATIONS.get(request.endpoint, request.endpoint),
-        "gen_ai.request.model": dep.upstream_model,
-        "gen_ai.system": "vllm" if local else dep.upstream_model.partition("/")[0] or "cloud",
-        "vstack.deployment": dep.id, "vstack.deployment.kind": dep.kind, "vstack.attempt": n, "vstack.retry": retry,
-    }
-    if reason:
-        attrs["vstack.fallback_reason"] = reason
-    if local and dep.api_base:
-        attrs["server.address"] = dep.api_base
-    return request.trace.span(f"{attrs['gen_ai.operation.name']} {dep.upstream_model}",  # type: ignore[union-attr]
-                              start=clock(), kind=CLIENT, **attrs)
-
-
-def _switch_attrs(admission: Any, group: str, since: int) -> dict[str, Any]:
-    """The switch the request waited for, when one ended while it waited: its kind, seconds and trace id (the
-    switch is a trace of its own, its phases its spans: the manager's)."""
-    last = getattr(admission, "last_switch", None)
-    info = last(group) if callable(last) else None
-    if not info or (info.get("ended_ns") or 0) < since:
-        return {}
-    return {f"vstack.switch.{k}": v for k, v in info.items() if k != "ended_ns"}
