@@ -116,6 +116,21 @@ def test_a_retry_and_a_fallback_stay_in_the_clients_trace(engines, collector) ->
     assert seen(good.url)[-1] == f"00-{client_trace}-{served.span_id}-01"
 
 
+def test_a_model_with_a_ttft_objective_records_its_spill_decision(engines) -> None:
+    good, _ = engines
+    settings = GatewayConfig(spill={"slo": {"m": "p95_ttft_ms<30000"}, "min_samples": 50})
+    with run_gateway(settings, default_model="m", deployments=[local("engine", good.url, group="m")],
+                     tracing=resolve(TracingConfig(keep=10), environ={})) as gw:  # fmt: skip
+        resp = httpx.post(f"{gw.url}/v1/chat/completions", json=CHAT, timeout=10)
+        assert resp.status_code == 200
+        kept = gw.state.dispatcher.tracer.buffer.get(resp.headers["x-vstack-trace-id"])
+    decision = next(s for s in kept["spans"] if s["name"] == "gateway.spill_decision")
+    assert decision["attributes"]["vstack.spill"] is False
+    assert decision["attributes"]["vstack.spill.reason"] == "no_estimate"  # fewer samples than min_samples
+    assert "p95_ttft_ms<30000" in decision["attributes"]["vstack.spill.why"]
+    assert not kept["sampled"]  # kept for the console only: nothing exported, the engine told not to record
+
+
 def test_tracing_off_sends_no_traceparent_and_keeps_nothing(engines) -> None:
     good, _ = engines
     with run_gateway(GatewayConfig(), default_model="m", deployments=[local("engine", good.url, group="m")]) as gw:
