@@ -131,6 +131,17 @@ def test_a_model_with_a_ttft_objective_records_its_spill_decision(engines) -> No
     assert not kept["sampled"]  # kept for the console only: nothing exported, the engine told not to record
 
 
+def test_the_agents_apis_are_traced_too(engines) -> None:
+    good, _ = engines
+    with run_gateway(GatewayConfig(), default_model="m", deployments=[local("engine", good.url, group="m")],
+                     tracing=resolve(TracingConfig(keep=10), environ={})) as gw:  # fmt: skip
+        resp = httpx.post(f"{gw.url}/v1/responses", json={"model": "m", "input": "hi"}, timeout=10)
+        assert resp.status_code == 200, resp.text
+        kept = gw.state.dispatcher.tracer.buffer.get(resp.headers["x-vstack-trace-id"])
+    assert [s["name"] for s in kept["spans"]] == ["POST /v1/responses", "chat m"]
+    assert kept["spans"][0]["attributes"]["http.response.status_code"] == 200
+
+
 def test_tracing_off_sends_no_traceparent_and_keeps_nothing(engines) -> None:
     good, _ = engines
     with run_gateway(GatewayConfig(), default_model="m", deployments=[local("engine", good.url, group="m")]) as gw:
