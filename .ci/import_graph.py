@@ -16,7 +16,7 @@ import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ["errors", "engine_env", "model_convert", "counts",
-         "config", "hardware", "models", "vllm", "planner", "engine",
+         "config", "hardware", "models", "vllm", "tracing", "planner", "engine",
          "manager", "gateway", "assemble", "load", "patches", "tune", "upgrade", "cli", "entrypoints"]
 
 

@@ -15,6 +15,11 @@ machine before any HTTP work, so the gateway's added latency reads against the f
 "http-floor" too (bench/harness/http_floor.py): a bare ASGI proxy on the gateway's own libraries (uvicorn,
 httptools, uvloop, aiohttp) with no checks, routing or counting: the floor under any gateway built on them.
 
+`--tracing` adds two targets (adr/0042): "kept", a gateway of this tree keeping its last 500 requests' spans for
+the console (observability.tracing.keep: 500, nothing exported), and "traced", one exporting every request's
+spans (sample ratio 1.0) over OTLP/HTTP to a receiver in its own process (bench/harness/otlp_receiver.py, the
+stand-in for a collector). "vstack" is the default: tracing off, no tracer at all.
+
 `--open-loop` adds the same latency rows with open-loop arrivals, the way serving benchmarks measure latency
 (vLLM's `bench serve`, Poisson arrivals): requests arrive at random (exponential gaps, one seeded schedule for
 every target of a round) at the rate that keeps c streams in flight on average (c / the paced stream's length),
@@ -108,6 +113,16 @@ async def run(args: argparse.Namespace) -> dict:
         for model, (url, served) in upstreams.items():
             gw_argv += ["--upstream", f"{model}={url}@{served}"]
         gateway = procs.start("gateway", gw_argv)
+        tracing_ports = (free_port(), free_port(), free_port()) if args.tracing else None
+        if tracing_ports:
+            kept, traced, receiver = tracing_ports
+            otlp = procs.start("otlp-receiver", [PY, "bench/harness/otlp_receiver.py", "--port", str(receiver)])
+            for name, port, tracing in (("kept", kept, {"keep": 500}),
+                                        ("traced", traced, {"endpoint": f"http://127.0.0.1:{receiver}",
+                                                            "sample_ratio": 1.0})):  # fmt: skip
+                cfg_file = procs.logs / f"{name}.yaml"
+                cfg_file.write_text(json.dumps({"observability": {"tracing": tracing}}))
+                procs.start(f"gateway-{name}", [*gw_argv[:4], str(port), "--config", str(cfg_file), *gw_argv[5:]])
         watched = free_port() if args.console else None
         gateway_console = (procs.start("gateway-console", [*gw_argv[:4], str(watched), *gw_argv[5:]])
                            if watched else None)  # fmt: skip
@@ -135,6 +150,10 @@ async def run(args: argparse.Namespace) -> dict:
         if http_floor:
             http_floor_proc.wait_http(f"http://127.0.0.1:{http_floor}/health", 60, interval=0.25)
         gateway.wait_http(f"http://127.0.0.1:{gw}/health", 60, interval=0.25)
+        if tracing_ports:
+            otlp.wait_http(f"http://127.0.0.1:{tracing_ports[2]}/health", 30, interval=0.25)
+            for port in tracing_ports[:2]:
+                gateway.wait_http(f"http://127.0.0.1:{port}/health", 60, interval=0.25)
         if before:
             gateway_before.wait_http(f"http://127.0.0.1:{before}/health", 60, interval=0.25)
         if gateway_console is not None:
@@ -149,7 +168,9 @@ async def run(args: argparse.Namespace) -> dict:
                 *([Target("floor", f"http://127.0.0.1:{floor}", served)] if floor and model == "paced" else []),
                 *([Target("http-floor", f"http://127.0.0.1:{http_floor}", served)]
                   if http_floor and model == "paced" else []),
+                *([Target("kept", f"http://127.0.0.1:{tracing_ports[0]}", model)] if tracing_ports else []),
                 Target("vstack", f"http://127.0.0.1:{gw}", model),
+                *([Target("traced", f"http://127.0.0.1:{tracing_ports[1]}", model)] if tracing_ports else []),
                 *([Target("console", f"http://127.0.0.1:{watched}", model)] if watched else []),
                 *([Target("before", f"http://127.0.0.1:{before}", model)] if before else []),
                 *([Target("litellm", f"http://127.0.0.1:{lt}", model, auth)] if args.litellm else []),
@@ -251,6 +272,9 @@ class ConsolePages:
         return self.events
 
 
+PROXIES = ("floor", "http-floor", "vstack", "kept", "traced", "console", "before", "litellm")
+
+
 def summarise_latency(c: int, per: dict[str, Sample]) -> dict:
     d = per["direct"]
     row: dict = {
@@ -259,7 +283,7 @@ def summarise_latency(c: int, per: dict[str, Sample]) -> dict:
         "direct_p50_ms": pct(d.e2e, 50) * 1e3,
         "direct_p99_ms": pct(d.e2e, 99) * 1e3,
     }
-    for name in ("floor", "http-floor", "vstack", "console", "before", "litellm"):
+    for name in PROXIES:
         if name not in per:
             continue
         s = per[name]
@@ -276,7 +300,7 @@ def print_row_latency(r: dict, label: str = "paced mock") -> None:
         f"{label:10} c={r['concurrency']:<3} "
         f"direct p50 {r['direct_p50_ms']:8.2f} ms p99 {r['direct_p99_ms']:8.2f} | "
         + " | ".join(f"{name} +{r[f'{name}_added_p50_ms']:6.2f} / +{r[f'{name}_added_p99_ms']:6.2f} ms"
-                     for name in ("floor", "http-floor", "vstack", "console", "before", "litellm")
+                     for name in PROXIES
                      if f"{name}_added_p50_ms" in r)
         + " (p50 / p99 added)",
         flush=True,
@@ -286,8 +310,7 @@ def print_row_latency(r: dict, label: str = "paced mock") -> None:
 def print_throughput(tp: dict, c: int) -> None:
     print(
         f"max req/s (fast mock, c={c}): "
-        + ", ".join(f"{name} {tp[name]:.0f}" for name in ("direct", "vstack", "console", "before", "litellm")
-                    if name in tp)
+        + ", ".join(f"{name} {tp[name]:.0f}" for name in ("direct", *PROXIES) if name in tp)
         + (f" -> vstack/litellm = {tp['vstack_over_litellm']:.1f}x" if "vstack_over_litellm" in tp else ""),
         flush=True,
     )
@@ -368,6 +391,8 @@ def main() -> None:
     ap.add_argument("--floor", action="store_true", help="add a byte-forwarding TCP proxy: the floor under any proxy")
     ap.add_argument("--console", action="store_true", help="add a gateway with the browser console open and streaming")
     ap.add_argument("--console-pages", type=int, default=4, help="--console: how many open pages (event streams)")
+    ap.add_argument("--tracing", action="store_true", help="add gateways with no tracer and with every request "
+                    "exported over OTLP: what tracing costs, side by side")
     ap.add_argument("--open-loop", action="store_true",
                     help="add latency rows with open-loop (Poisson) arrivals at c streams in flight on average")
     ap.add_argument("--no-litellm", dest="litellm", action="store_false", help="leave LiteLLM's proxy out")

@@ -44,6 +44,8 @@ from stack.hardware import HardwareInfo, detect
 from stack.models import pull
 from stack.planner.stack_plan import ContainerSite, ModelPlan, StackPlan
 from stack.planner.stack_planning import plan_stack, ray_demand
+from stack.tracing.settings import Tracing
+from stack.tracing.settings import resolve as resolve_tracing
 from stack.vllm.plugins.handoff import HandoffBroker
 
 if TYPE_CHECKING:  # the gateway's modules (FastAPI, LiteLLM: seconds) load only once the engine has started
@@ -465,7 +467,8 @@ def build_gateway(launch: Launch, on_startup: list | None = None,
                      on_shutdown=shutdown_hooks(sup),
                      manager=sup.manager, state_file=launch.cfg.state_dir / "runtime.json",
                      console=console_sources(launch.plan, console, lambda name: engine_port(sup, name)),
-                     admin_token_file=admin_token_file)  # fmt: skip
+                     admin_token_file=admin_token_file,
+                     tracing=resolve_tracing(launch.cfg.observability.tracing))  # fmt: skip
     if reload_from is not None and launch.site is None and launch.plan.cluster is None:
         app.state.gateway.reload = Reloader(launch, sup, *reload_from)
     return app, sup
@@ -605,7 +608,8 @@ def fetches_models(site: Site | None) -> bool:
 
 def build_front_gateway(settings: GatewayConfig, manager: ManagerConfig, upstreams: list[tuple[str, str, str]],
                         manage: bool, state_file: Path | None = None,
-                        admin_token_file: Path | None = None) -> FastAPI:  # fmt: skip
+                        admin_token_file: Path | None = None, *,
+                        tracing: Tracing | None = None) -> FastAPI:  # fmt: skip
     """A gateway in front of servers already running (`python -m stack.entrypoints.gateway`): each upstream
     (model, base URL, served name) a fixed deployment, or (manage) an attached engine of the model manager.
     state_file: where /admin changes are kept (with --config: state_dir/runtime.json); admin_token_file:
@@ -617,13 +621,14 @@ def build_front_gateway(settings: GatewayConfig, manager: ManagerConfig, upstrea
     if manage:
         sup = attached_supervisor(upstreams, manager, settings.retry_after_s)
         return create_app(settings, default_model=default, on_startup=[sup.start], on_shutdown=[sup.stop],
-                          manager=sup.manager, state_file=state_file, admin_token_file=admin_token_file)
+                          manager=sup.manager, state_file=state_file, admin_token_file=admin_token_file,
+                          tracing=tracing)
     registry = DeploymentRegistry()
     for i, (model, url, served) in enumerate(upstreams):
         registry.add(Deployment(id=f"local-{i + 1}", model_group=model, kind="local", upstream_model=served,
                                 api_base=url))  # fmt: skip
     return create_app(settings, default_model=default, registry=registry, state_file=state_file,
-                      admin_token_file=admin_token_file)
+                      admin_token_file=admin_token_file, tracing=tracing)
 
 
 def attached_supervisor(upstreams: list[tuple[str, str, str]], manager: ManagerConfig,

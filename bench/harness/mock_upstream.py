@@ -44,6 +44,7 @@ class Mock:
         self.in_flight = 0  # non-streamed requests being "generated" now
         self.aborted = 0  # ... and those whose client went away first
         self.asleep = 0  # the sleep level it was put to (0: awake)
+        self.traceparents: list[str] = []  # the W3C traceparent of each completion request (tracing tests)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
@@ -52,6 +53,7 @@ class Mock:
         return await self._complete(request, chat=False)
 
     async def _complete(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        self.traceparents = [*self.traceparents[-99:], request.headers.get("traceparent", "")]
         if self.asleep:
             return _error(503, f"the engine is sleeping (level {self.asleep})")
         try:
@@ -206,6 +208,9 @@ class Mock:
     async def is_sleeping(self, _: web.Request) -> web.Response:
         return web.json_response({"is_sleeping": bool(self.asleep)})
 
+    async def seen_traceparents(self, _: web.Request) -> web.Response:
+        return web.json_response(self.traceparents)
+
     async def health(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -256,6 +261,7 @@ def build(name: str = "mock", chunks: int = 20, delay_ms: float = 0) -> web.Appl
     app.router.add_post("/v1/responses", mock.responses)
     app.router.add_get("/v1/models", mock.models)
     app.router.add_get("/health", mock.health)
+    app.router.add_get("/traceparents", mock.seen_traceparents)
     app.router.add_get("/metrics", mock.metrics)
     app.router.add_post("/sleep", mock.sleep)
     app.router.add_post("/wake_up", mock.wake_up)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field
 from stack.config.model_extras import AdapterEntry, LoraLimits, ServingFacts, Task
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
+from stack.config.sections.observability import ObservabilityConfig
 from stack.config.slo import parse_slo
 
 EngineOptions = dict[str, Any]
@@ -215,6 +216,8 @@ class StackConfig(_Strict):
     profiles: dict[str, Profile] = Field(default_factory=dict, description="configs/profiles/")
     gateway: GatewayConfig = Field(default_factory=GatewayConfig, description="the public endpoint (stack.gateway)")
     manager: ManagerConfig = Field(default_factory=ManagerConfig, description="model switching (stack.manager)")
+    observability: ObservabilityConfig = Field(default_factory=ObservabilityConfig,
+                                               description="OpenTelemetry traces (stack.tracing)")
 
     _keys = _engine_keys()
     # Where each key path was set (file, environment variable, command line): for error messages.

@@ -17,7 +17,9 @@ import argparse
 from stack.assemble import build_front_gateway
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
+from stack.config.sections.observability import TracingConfig
 from stack.gateway.http.serve import run
+from stack.tracing.settings import resolve
 
 
 def main() -> None:
@@ -28,7 +30,7 @@ def main() -> None:
     ap.add_argument("--config", help="a vstack config file; its `gateway:` (and `manager:`) sections are used")
     ap.add_argument("--manage", action="store_true", help="sleep idle upstreams and wake them on a request")
     args = ap.parse_args()
-    manager = ManagerConfig()
+    manager, tracing = ManagerConfig(), TracingConfig()
     state_file = token_file = None  # without a config, /admin changes are not kept across restarts (/admin/models
     if args.config:  # says so), and /admin answers local clients without a token, as a gateway in a test does
         from stack.config import load_config
@@ -37,11 +39,13 @@ def main() -> None:
         cfg = load_config(args.config)
         settings, manager, state_file = cfg.gateway, cfg.manager, cfg.state_dir / "runtime.json"
         token_file = token_path(cfg.state_dir)
+        tracing = cfg.observability.tracing
     else:
         settings = GatewayConfig()
     settings = settings.model_copy(update={"host": args.host})  # the names /admin and /ui answer to include it
     upstreams = [parse_upstream(spec) for spec in args.upstream]
-    app = build_front_gateway(settings, manager, upstreams, args.manage, state_file, token_file)
+    app = build_front_gateway(settings, manager, upstreams, args.manage, state_file, token_file,
+                              tracing=resolve(tracing))
     run(app, args.host, args.port, settings.drain_grace_s, limits=settings)
 
 

@@ -38,6 +38,8 @@ from stack.gateway.upstreams.fast_path import LocalUpstream
 from stack.gateway.upstreams.provider_keys import KeyPolicy
 from stack.manager import admin_token
 from stack.manager.manager import ModelManager
+from stack.tracing.settings import Tracing
+from stack.tracing.tracer import tracer_for
 
 log = logging.getLogger("stack.gateway")
 Hook = Callable[[GatewayState], Awaitable[None]]
@@ -55,6 +57,7 @@ def create_app(
     state_file: Path | None = None,
     console: ConsoleSources | None = None,
     admin_token_file: Path | None = None,
+    tracing: Tracing | None = None,
 ) -> FastAPI:
     """default_model: the model group `default` (and /ready) refers to; registry: deployments known
     so far (engines register theirs as they become ready); hooks: start and stop engines; manager: the
@@ -62,7 +65,8 @@ def create_app(
     state_file: where deployments and adapters added through /admin are kept across restarts (none: not kept);
     console: what the console's Plan & config page shows (stack.gateway.console.sources); admin_token_file:
     without an admin key, where the token /admin/* then needs is written (`vstack up`: state_dir/admin-token;
-    none: any local client is admin, for gateways built inside a test or a benchmark)."""
+    none: any local client is admin, for gateways built inside a test or a benchmark); tracing:
+    observability.tracing resolved (stack.tracing.settings; None: no spans at all, as tests' apps)."""
     registry = registry or DeploymentRegistry()
     keys = KeyRing.from_refs(settings.api_keys, environ)
     admin_keys = KeyRing.from_refs([settings.admin_key] if settings.admin_key else [], environ)
@@ -82,6 +86,9 @@ def create_app(
     cloud.after_import = gc_freeze.refreeze  # a server process that froze its start freezes LiteLLM's objects too
     dispatcher = Dispatcher(settings, routing, metrics, local, cloud, manager)
     dispatcher.adapters = AdapterBook(registry, metrics.registry)
+    dispatcher.tracer = tracer_for(tracing)
+    if manager is not None and dispatcher.tracer is not None:
+        manager.tracer = dispatcher.tracer  # switches, starts and sleeps get traces of their own
 
     async def restart_engine(dep: Deployment, why: str) -> None:
         # An engine whose base model an adapter changed: the manager starts a fresh one (its own engines only).
@@ -147,6 +154,8 @@ def create_app(
             await live.close()
             await local.close()
             await state.adapters.close()
+            if dispatcher.tracer is not None:
+                await asyncio.to_thread(dispatcher.tracer.close)  # the last spans flushed to the collector
 
     app = FastAPI(
         title="vllm-stack gateway",

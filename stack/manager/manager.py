@@ -43,6 +43,8 @@ from stack.manager.switch_cost import expected_switch_s, room_wait_s, typical_sw
 from stack.manager.tiers import Order, Tier, TierModel, assign_tiers, switch_order
 from stack.manager.unavailable import ModelUnavailable
 from stack.planner.fit_decisions import gib
+from stack.tracing.record import RequestTrace, clock
+from stack.tracing.tracer import Tracer
 from stack.vllm.plugins.handoff import HandoffBroker
 
 log = logging.getLogger("stack.manager")
@@ -93,6 +95,8 @@ class ModelManager:
         self.history: deque[dict] = deque(maxlen=100)  # every finished switch with its phases (the console's)
         self.stopping = False
         self.handoff: HandoffBroker | None = None  # manager.sleep_handoff: set by the composition root
+        self.tracer: Tracer | None = None  # each switch a trace of its own, its phases its spans (adr/0042)
+        self._trace: RequestTrace | None = None  # the switch in progress (one at a time: self._lock)
         self.assign_tiers()
 
     def assign_tiers(self) -> None:
@@ -235,6 +239,8 @@ class ModelManager:
             t0 = self.clock()
             phases: dict[str, float] = {}
             order = Order(False, "")
+            trace = self._trace = (self.tracer.start(f"manager.switch {name}", clock(), **{"vstack.model": name})
+                                   if self.tracer is not None else None)  # fmt: skip
             try:
                 plan = await self._make_room(slot)
                 phases["wait_room_s"] = round(self.clock() - t0, 3)  # waited for the models it evicts
@@ -250,14 +256,25 @@ class ModelManager:
                     t = self.clock()
                     await self._cold_start(slot)
                     phases["cold_start_s"] = round(self.clock() - t, 3)
+            except BaseException as exc:
+                if trace is not None:
+                    trace.root.close(error=type(exc).__name__)
+                    self.tracer.finish(trace)  # type: ignore[union-attr]
+                raise
             finally:
                 for other in self.slots.values():
                     other.closing = False
                 self.bump()
+                self._trace = None
             seconds = self.clock() - t0
             slot.last_switch = {"kind": str(kind), "seconds": round(seconds, 3), "reason": plan.reason,
                                 "tier": str(slot.tier), "overlap": order.overlap, "order": order.reason,
                                 "phases": phases}  # fmt: skip
+            if trace is not None:  # the requests that waited for it name it (the gateway's admission span)
+                trace.root.close(**{"vstack.switch.kind": str(kind), "vstack.switch.reason": plan.reason,
+                                    "vstack.switch.tier": str(slot.tier), "vstack.switch.overlap": order.overlap})
+                slot.last_switch.update(trace_id=trace.id, ended_ns=trace.root.end)
+                self.tracer.finish(trace)  # type: ignore[union-attr]
             weights = None if slot.weights_gpu is None else round(slot.weights_gpu / 2**30, 3)
             self.history.append({"model": name, "at": time.time(), **slot.last_switch, "weights_gib": weights})
             self.metrics.switches.labels(name, str(kind)).inc()
@@ -352,7 +369,8 @@ class ModelManager:
             level = victim.tier.sleep_level or 1
             self.move(victim, S.SLEEPING, f"sleep level {level}")
             try:
-                await asyncio.to_thread(victim.runtime.sleep, level)
+                with self._phase(f"manager.sleep {victim.name}", **{"vstack.sleep_level": level}):
+                    await asyncio.to_thread(victim.runtime.sleep, level)
                 self._slept(victim, level)
                 # Memory this sleep handed over for the next wake is still in use on the GPU, but not this engine's.
                 if self._verify_sleep(victim, before, self.probe.used(), self._held() - held):
@@ -391,14 +409,37 @@ class ModelManager:
     async def stop_engine(self, slot: Slot, why: str) -> None:
         self.move(slot, S.STOPPING, why)
         slot.host_copy_held = False  # a new engine process starts without one
-        await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
+        with self._phase(f"manager.stop {slot.name}"):
+            await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
         slot.residue = 0
         self.move(slot, S.STOPPED, why)
 
     async def _timed(self, phases: dict[str, float], key: str, fn, *args) -> None:
         t = self.clock()
-        await asyncio.to_thread(fn, *args)
+        with self._phase(f"manager.{key.removesuffix('_s')}"):
+            await asyncio.to_thread(fn, *args)
         phases[key] = round(self.clock() - t, 3)
+
+    @contextlib.contextmanager
+    def _phase(self, name: str, **attrs: object):
+        """A span of the switch in progress for what the block does (nothing outside a traced switch)."""
+        span = self._trace.span(name, **attrs) if self._trace is not None else None
+        try:
+            yield
+        except BaseException as exc:
+            if span is not None:
+                span.close(error=type(exc).__name__)
+            raise
+        if span is not None:
+            span.close()
+
+    def last_switch(self, group: str) -> dict | None:
+        """The last switch of `group`'s model as span attributes: its kind, seconds, trace id and end."""
+        slot = self.slots.get(group)
+        last = slot.last_switch if slot is not None else None
+        if not last or "trace_id" not in last:
+            return None
+        return {k: last[k] for k in ("kind", "seconds", "reason", "trace_id", "ended_ns")}
 
     async def _wake_weights(self, slot: Slot, phases: dict[str, float]) -> None:
         """The weights back on the GPU: mapped and copied from host RAM (level 1), or mapped and reloaded
@@ -482,9 +523,11 @@ class ModelManager:
         slot.host_copy_held = False  # a new engine process: its first sleep copies
         self.move(slot, S.STARTING, "cold start")
         try:
-            pid = await asyncio.to_thread(slot.runtime.start)
+            with self._phase(f"manager.start {slot.name}"):
+                pid = await asyncio.to_thread(slot.runtime.start)
             self.move(slot, S.STARTING, f"cold start, pid {pid}")
-            seconds = await asyncio.to_thread(slot.runtime.wait_ready, self.startup_timeout_s)
+            with self._phase(f"manager.wait_ready {slot.name}"):
+                seconds = await asyncio.to_thread(slot.runtime.wait_ready, self.startup_timeout_s)
         except EngineError as exc:
             slot.log_tail = exc.log_tail or logs_of(slot.runtime)
             slot.failed_at = self.clock()

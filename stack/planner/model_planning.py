@@ -24,6 +24,7 @@ from stack.planner.fit import Fit
 from stack.planner.host_copy import KEEP_ENV, keep_host_copy
 from stack.planner.serving import LOOK_UP, apply_model_serving
 from stack.planner.stack_plan import ModelPlan, VllmBuild
+from stack.planner.tracing_args import apply_tracing
 from stack.vllm import cpu, kv_offload
 from stack.vllm.args import render_engine_args
 from stack.vllm.cache_root import CACHE_ENV, candidate_cache_root
@@ -81,6 +82,7 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
             resolved.env.setdefault(KEEP_ENV, "1")
         notes.append(f"sleep: {why}")
     apply_prefix_keep(cfg, resolved, catalog, fit, notes)
+    apply_tracing(cfg, resolved, catalog, notes)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
     cache_root = candidate_cache_root(python, cfg.cache_dir, {**os.environ, **env})

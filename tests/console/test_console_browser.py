@@ -68,7 +68,8 @@ def console(tmp_path_factory: pytest.TempPathFactory):
                       "  memory_budget_gib: 12\n")  # fmt: skip
     env = {"VSTACK_PORT": "0", "VSTACK_GATEWAY__PORT": "0", "VSTACK_GATEWAY__HOST": "127.0.0.1",
            "VSTACK_API_KEY": USER, "VSTACK_ADMIN_KEY": ADMIN, "HF_HUB_OFFLINE": "1",
-           "VSTACK_ENGINE__ENFORCE_EAGER": "true"}  # fmt: skip  (eager: the quick start keeps the compile)
+           "VSTACK_ENGINE__ENFORCE_EAGER": "true",  # eager: the quick start keeps the compile
+           "VSTACK_OBSERVABILITY__TRACING__KEEP": "100"}  # fmt: skip  (the Activity rows' timelines, no collector)
     vstack = Vstack(root / "state", env)
     up = vstack("--config", str(config), "up", timeout=600)
     assert up.returncode == 0, up.stdout + up.stderr
@@ -258,7 +259,18 @@ def test_the_playground_answers_paris_and_activity_shows_it_live(console: str, b
         href = activity.page.get_attribute("#export-csv", "href")
         csv = activity.page.request.get(console.removesuffix("/ui") + href).text()
         assert csv.startswith("id,ts,endpoint,model") and f",chat,{SMOL},engine-{SMOL},local,200," in csv
-        assert activity.errors == []
+        # The row opens the request's timeline: the gateway's spans as a waterfall, no tracing backend needed
+        activity.page.locator(f'#activity tr[data-model="{SMOL}"][data-trace]').first.click()
+        activity.page.wait_for_selector("#waterfall tr[data-span]", timeout=10_000)
+        phases = activity.page.locator("#waterfall tr[data-span]")
+        names = [phases.nth(i).get_attribute("data-span") for i in range(phases.count())]
+        assert names[0] == "POST /v1/chat/completions" and f"chat {SMOL}" in names and "gateway.stream" in names
+        bar = activity.page.locator(f'#waterfall tr[data-span="chat {SMOL}"] .bar').bounding_box()
+        track = activity.page.locator(f'#waterfall tr[data-span="chat {SMOL}"] .track').bounding_box()
+        assert bar and track and 0 < bar["width"] <= track["width"]  # placed by CSSOM under the page's CSP
+        assert "ms" in activity.page.locator("#timeline h2").inner_text()
+        activity.page.screenshot(path=str(shots / "activity-waterfall.png"), full_page=True)
+        assert activity.errors == []  # a CSP violation (an inline style or script) would be a console error
     finally:
         tab.close()
         activity.close()

@@ -70,7 +70,8 @@ def smollm2_dir() -> Path:
 
 
 @contextlib.contextmanager
-def run_gateway(settings, *, default_model: str, deployments=(), environ=None, manager=None) -> Iterator[Gateway]:
+def run_gateway(settings, *, default_model: str, deployments=(), environ=None, manager=None,
+                tracing=None) -> Iterator[Gateway]:  # fmt: skip
     from stack.gateway.app import create_app
     from stack.gateway.registry import DeploymentRegistry
 
@@ -78,7 +79,7 @@ def run_gateway(settings, *, default_model: str, deployments=(), environ=None, m
     for dep in deployments:
         registry.add(dep)
     app = create_app(settings, default_model=default_model, registry=registry, environ=environ or {},
-                     manager=manager)
+                     manager=manager, tracing=tracing)
     with app_in_thread(app) as (url, loop):
         yield Gateway(url, app, loop)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
 import time
 
 import httpx
@@ -11,10 +13,14 @@ import jsonschema
 import openai
 import pytest
 
-from bench.harness.waiting import wait_for
+from bench.harness.otlp_receiver import otlp_receiver
+from bench.harness.stack_engine import rendered_engine
+from bench.harness.waiting import free_port, wait_for, wait_http
 from stack.config.sections.gateway import GatewayConfig
+from stack.config.sections.observability import TracingConfig
+from stack.tracing.settings import resolve
 
-from .conftest import SERVED, cloud_entry, local, run_gateway
+from .conftest import ROOT, SERVED, cloud_entry, local, run_gateway, smollm2_dir, stop
 
 pytestmark = pytest.mark.e2e
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -160,3 +166,37 @@ def test_metrics_count_tokens_and_engine_metrics_are_reachable(gw) -> None:
     assert "vstack_gateway_time_to_first_token_seconds_bucket" in ours
     assert "vllm:num_requests_running" in httpx.get(f"{gw.url}/metrics/engines/engine").text
     assert httpx.get(f"{gw.url}/ready").json()["status"] == "ready"
+
+
+def test_the_engine_exports_its_spans_into_the_gateways_trace(tmp_path) -> None:
+    """observability.tracing on: the engine the stack renders gets --otlp-traces-endpoint, and its spans of a
+    request carry the gateway's trace id, under the gateway's attempt span. The collector is the OTLP/HTTP
+    receiver of bench/harness (a stand-in for Jaeger, Tempo or an OTel Collector). This module's one engine of
+    its own: the shared engine runs without tracing."""
+    with otlp_receiver() as (otlp, received):
+        port = free_port()
+        argv, env = rendered_engine(smollm2_dir(), SERVED, port, max_model_len=512, max_num_seqs=4,
+                                    config={"observability": {"tracing": {"endpoint": otlp}}})  # fmt: skip
+        assert argv[argv.index("--otlp-traces-endpoint") + 1] == f"{otlp}/v1/traces"
+        log = tmp_path / "traced-engine.log"
+        proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env}, stdout=log.open("wb"),
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            wait_http(f"http://127.0.0.1:{port}/health", 420, proc, log)
+            tracing = resolve(TracingConfig(endpoint=otlp), environ={})
+            with run_gateway(GatewayConfig(), default_model=SERVED, tracing=tracing,
+                             deployments=[local("traced", f"http://127.0.0.1:{port}")]) as gw:  # fmt: skip
+                resp = httpx.post(f"{gw.url}/v1/chat/completions", timeout=120,
+                                  json={"model": SERVED, "messages": ASK, "max_tokens": 5})  # fmt: skip
+                assert resp.status_code == 200, resp.text
+                trace_id = resp.headers["x-vstack-trace-id"]
+                assert gw.state.dispatcher.tracer.flush()
+            engine = received.wait_for(trace_id, service="vstack-engine", timeout_s=90)  # its batch: every 5 s
+        finally:
+            stop(proc)
+    gateway = {s.name: s for s in received.of_trace(trace_id) if s.service == "vstack-gateway"}
+    attempt = gateway[f"chat {SERVED}"]
+    assert engine, f"no span of the engine reached the collector; the engine's log: {log}"
+    assert {s.trace_id for s in engine} == {trace_id}
+    assert any(s.parent_id == attempt.span_id for s in engine)  # the engine's request span, under our attempt
+    assert attempt.start_ns <= min(s.start_ns for s in engine)

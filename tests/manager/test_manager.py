@@ -315,3 +315,32 @@ def test_a_model_alone_stages_nothing_its_only_sleep_is_the_one_down_asks_for() 
 
     run(body())
     assert a.staged == 0 and not mgr.slots["a"].host_copy_held
+
+
+def test_each_switch_is_a_trace_whose_phases_are_its_spans() -> None:
+    from stack.config.sections.observability import TracingConfig
+    from stack.tracing.settings import resolve
+    from stack.tracing.tracer import tracer_for
+
+    gpu = FakeGpu()
+    a, b = StandIn("a", need=70 * GIB, gpu=gpu), StandIn("b", need=70 * GIB, gpu=gpu)
+    mgr = build([a, b], capacity_gib=80, sleep=True, gpu=gpu)
+    mgr.tracer = tracer_for(resolve(TracingConfig(keep=10), environ={}))  # kept for the console, not exported
+
+    async def body() -> None:
+        for name in "aba":
+            await serve(mgr, name)
+
+    run(body())
+    traces = mgr.tracer.buffer.views()
+    assert [t["spans"][0]["name"] for t in traces] == ["manager.switch a", "manager.switch b", "manager.switch a"]
+    phases = [sorted(s["name"] for s in t["spans"][1:]) for t in traces]
+    assert phases[0] == ["manager.start a", "manager.wait_ready a"]  # a cold start
+    assert phases[1] == ["manager.sleep a", "manager.start b", "manager.wait_ready b"]  # a put to sleep for b
+    # b put to sleep, a woken back: its weights, their reload (level 2 here), its KV cache, ready
+    assert phases[2] == ["manager.ready", "manager.reload_weights", "manager.sleep b", "manager.wake_kv_cache",
+                         "manager.wake_weights"]  # fmt: skip
+    woke = traces[2]
+    assert woke["spans"][0]["attributes"]["vstack.switch.kind"] == "sleeping"
+    # what a request that waited for it reads (the gateway's admission span): its kind and trace
+    assert mgr.last_switch("a")["trace_id"] == woke["trace_id"] and mgr.last_switch("a")["kind"] == "sleeping"

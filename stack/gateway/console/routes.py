@@ -41,6 +41,7 @@ from stack.gateway.prom_text import parse
 from stack.gateway.registry import Deployment
 from stack.gateway.routing.activity import to_csv
 from stack.gateway.schemas import ChatCompletionRequest
+from stack.tracing.record import clock
 
 HERE = Path(__file__).parent
 log = logging.getLogger("stack.gateway.console")
@@ -356,6 +357,30 @@ async def api_activity(request: Request, model: str | None = None, status: str |
     return JSONResponse({"requests": rows})
 
 
+@router.get("/api/trace/{request_id}")
+async def api_trace(request_id: str, request: Request) -> dict[str, Any]:
+    """One request's spans for the Activity page's waterfall: by the Activity log's request id or its trace id
+    (kept in memory for the last observability.tracing.keep requests; adr/0042)."""
+    need_session(request)
+    tracer = get_state(request).dispatcher.tracer
+    if tracer is None or tracer.buffer is None:
+        raise ModelNotFound("request timelines are off: set observability.tracing.keep to the number of requests "
+                            "to keep (e.g. 500), or turn tracing on (observability.tracing.endpoint)",
+                            code="tracing_off")  # fmt: skip
+    found = tracer.buffer.get(request_id)
+    if found is None:
+        raise ModelNotFound(f"no timeline kept for request {request_id}: the gateway keeps the last "
+                            f"{tracer.buffer.size}; raise observability.tracing.keep to keep more",
+                            code="trace_not_found")  # fmt: skip
+    switch = next((s["attributes"].get("vstack.switch.trace_id") for s in found["spans"]
+                   if s["attributes"].get("vstack.switch.trace_id")), None)  # fmt: skip
+    kept = tracer.buffer.get(switch) if switch else None
+    if kept is not None:  # the switch it waited for: a trace of its own, placed on this request's clock
+        offset = (kept["start_ns"] - found["start_ns"]) / 1e6
+        found["switch"] = [{**s, "start_ms": round(s["start_ms"] + offset, 3)} for s in kept["spans"]]
+    return found
+
+
 @router.get("/api/logs")
 async def api_logs(request: Request, source: str = "gateway", lines: int = 200) -> dict[str, Any]:
     need_session(request)
@@ -418,7 +443,9 @@ async def api_chat(req: ChatCompletionRequest, request: Request) -> Response:
     refusal = too_many_tokens(state, req)  # the same limits as /v1 (max_tokens and max_completion_tokens)
     if refusal is not None:
         raise refusal
-    return respond(await state.dispatcher.handle("chat", await request.json()))
+    dispatcher = state.dispatcher
+    trace = dispatcher.trace("chat", clock(), None) if dispatcher.tracer is not None else None
+    return respond(await dispatcher.handle("chat", await request.json(), trace))
 
 
 @router.get("/api/events")

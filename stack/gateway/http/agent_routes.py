@@ -22,6 +22,7 @@ from stack.gateway.http.openai_routes import client_key
 from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import get_state
 from stack.gateway.openai_errors import GatewayError, InvalidRequest
+from stack.tracing.record import clock
 
 
 class _Named(BaseModel):
@@ -66,7 +67,11 @@ async def _forward(request: Request, endpoint: str) -> Response:
         if isinstance(asked, int) and asked > limit:
             raise InvalidRequest(f"'max_tokens' is too large: {asked} (this gateway allows at most {limit})",
                                  param="max_tokens")  # fmt: skip
-    return respond(await state.dispatcher.handle(endpoint, body))
+    dispatcher = state.dispatcher
+    trace = None
+    if dispatcher.tracer is not None:
+        trace = dispatcher.trace(endpoint, clock(), request.headers.get("traceparent"))
+    return respond(await dispatcher.handle(endpoint, body, trace))
 
 
 @router.post("/v1/responses")

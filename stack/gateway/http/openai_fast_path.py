@@ -29,6 +29,7 @@ from stack.gateway.http.relay_response import respond, send_stream, until_the_cl
 from stack.gateway.http.route_context import GatewayState
 from stack.gateway.openai_errors import GatewayError, UpstreamError, envelope
 from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from stack.tracing.record import RequestTrace, clock
 
 log = logging.getLogger("stack.gateway")
 ROUTES: dict[str, tuple[str, type[BaseModel]]] = {
@@ -50,6 +51,8 @@ class OpenAIFastPath:
         headers = _plain_headers(scope, self.state.settings.max_body_bytes) if route is not None else None
         if route is None or headers is None:
             return await self.app(scope, receive, send)
+        dispatcher = self.state.dispatcher
+        entered = clock() if dispatcher.tracer is not None else 0  # tracing off: not even the clock (adr/0042)
         body, gone = await _read_body(receive)
         if gone:
             scope.setdefault("state", {})["client_gone"] = True
@@ -58,7 +61,11 @@ class OpenAIFastPath:
         if checked is None:  # refused by a check: the route answers it as it always has
             return await self.app(scope, replay(body, receive), send)
         scope.setdefault("state", {})["key_name"] = checked[1]
-        await self._serve(scope, receive, send, route[0], checked[0])
+        trace = None
+        if entered:
+            trace = dispatcher.trace(route[0], entered, _text(headers.get(b"traceparent")))
+            trace.span("gateway.receive", start=entered).close(**{"vstack.key_name": checked[1] or "-"})  # type: ignore[union-attr]
+        await self._serve(scope, receive, send, route[0], checked[0], trace)
 
     def _check(self, route: tuple[str, type[BaseModel]], headers: dict[bytes, bytes],
                body: bytes) -> tuple[dict, str | None] | None:  # fmt: skip
@@ -73,14 +80,15 @@ class OpenAIFastPath:
             return None
         return parsed, name
 
-    async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str, body: dict) -> None:
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str, body: dict,
+                     trace: RequestTrace | None = None) -> None:  # fmt: skip
         def gone() -> None:
             scope["state"]["client_gone"] = True
 
         async with until_the_client_leaves(receive, gone) as done:
             stream = None
             try:
-                answer = await self.state.dispatcher.handle(endpoint, body)
+                answer = await self.state.dispatcher.handle(endpoint, body, trace)
                 response, stream = respond(answer), answer.stream
             except GatewayError as exc:  # as the route's error handler renders it
                 if not isinstance(exc, UpstreamError):

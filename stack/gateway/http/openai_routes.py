@@ -11,6 +11,7 @@ from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import InvalidRequest, ModelNotFound
 from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from stack.tracing.record import clock
 
 
 async def client_key(request: Request) -> str | None:
@@ -45,7 +46,11 @@ async def _forward(request: Request, endpoint: str) -> Response:
     # FastAPI parsed the JSON once (and cached it); forward that dict, not the validated model, so
     # fields pass through exactly as the client sent them.
     body = await request.json()
-    return respond(await get_state(request).dispatcher.handle(endpoint, body))
+    dispatcher = get_state(request).dispatcher
+    trace = None
+    if dispatcher.tracer is not None:  # a request the fast path did not take (a browser's, a chunked body...)
+        trace = dispatcher.trace(endpoint, clock(), request.headers.get("traceparent"))
+    return respond(await dispatcher.handle(endpoint, body, trace))
 
 
 @router.post("/chat/completions")

@@ -25,6 +25,8 @@ from stack.gateway.routing.liveness import Liveness
 from stack.gateway.routing.replicas import is_replica
 from stack.gateway.routing.slo_spill import SpillGuard
 from stack.gateway.routing.ttft_estimate import Verdict
+from stack.tracing.record import RequestTrace, Span
+from stack.tracing.tracer import Tracer
 
 
 @dataclass
@@ -39,6 +41,7 @@ class RoutedRequest:
     verdict: Verdict | None = None  # its TTFT estimate against the model's SLO (stack.gateway.routing.slo_spill)
     slo_spill: bool = False  # ... which broke it: straight to the fallbacks
     local_only: bool = False  # the fallbacks failed a spilled request: the local engines answer after all
+    trace: RequestTrace | None = None  # its spans, when tracing is on (stack.tracing; adr/0042)
 
 
 class Books(Protocol):
@@ -50,6 +53,7 @@ class Books(Protocol):
     routing: Routing
     adapters: AdapterBook | None
     spill: SpillGuard
+    tracer: Tracer | None
 
 
 class Attempt:
@@ -64,6 +68,8 @@ class Attempt:
         self.stream_status = "200"
         self._relayed: Any = None  # the local stream being relayed (liveness may cut it)
         self._load: Any = None  # its place in the engine's load, for later TTFT estimates (routing.engine_load)
+        self.span: Span | None = None  # its client span, when the request is traced (the dispatcher opens it)
+        self._stream_span: Span | None = None
 
     async def __aenter__(self) -> Attempt:
         gw, dep_id = self.gateway, self.dep.id
@@ -84,6 +90,8 @@ class Attempt:
             gw.spill.book.end(self._load, self.usage_seen)
         if self.streaming:
             self.status = "499" if exc_type is not None else self.stream_status
+        if self.span is not None:
+            self._end_spans(exc)
         if self.status is not None:
             self._count()
         if self.adapter is not None and gw.adapters is not None:
@@ -95,6 +103,8 @@ class Attempt:
         headers = {"x-vstack-deployment": self.dep.id}
         if self.fallback_reason:
             headers["x-vstack-fallback"] = self.fallback_reason
+        if self.request.trace is not None:  # the client can look its request up (console, collector)
+            headers["x-vstack-trace-id"] = self.request.trace.id
         return headers
 
     def track_load(self, body: dict[str, Any], stream: bool) -> None:
@@ -121,10 +131,16 @@ class Attempt:
         m.requests.labels(req.group, dep.id, self.status).inc()
         m.latency.labels(req.group, dep.id).observe(seconds)
         m.usage(req.group, dep.id, self.usage_seen)
-        gw.activity.add(endpoint=req.endpoint, model=req.model or req.group, deployment=dep.id, route=self.route,
-                        status=self.status, started=req.started, ttft_s=self.ttft_s, usage=self.usage_seen,
-                        why=req.verdict.why if req.verdict else "")
+        trace = req.trace
+        rec = gw.activity.add(endpoint=req.endpoint, model=req.model or req.group, deployment=dep.id,
+                              route=self.route, status=self.status, started=req.started, ttft_s=self.ttft_s,
+                              usage=self.usage_seen, why=req.verdict.why if req.verdict else "",
+                              trace_id=trace.id if trace is not None else "")  # fmt: skip
         gw.routing.answered(dep, seconds, self.usage_seen)
+        if trace is not None and gw.tracer is not None:
+            trace.activity_id = rec.id
+            self._end_root(trace)
+            gw.tracer.finish(trace)
 
     @property
     def route(self) -> str:
@@ -139,9 +155,42 @@ class Attempt:
             return "cloud"
         return "replica" if is_replica(self.dep) else "local"
 
+    # -- its spans (adr/0042) ------------------------------------------------------------------------------
+    def _end_spans(self, exc: BaseException | None) -> None:
+        error = None
+        if exc is not None:
+            error = getattr(exc, "reason", None) or type(exc).__name__
+        elif self.status not in (None, "200"):
+            error = self.status
+        if self._stream_span is not None:
+            self._stream_span.close(error=error if self.streaming else None)
+        self.span.close(error=error, **self._usage_attrs())  # type: ignore[union-attr]
+
+    def _usage_attrs(self) -> dict[str, Any]:
+        usage = self.usage_seen or {}
+        tin = usage.get("prompt_tokens", usage.get("input_tokens"))
+        tout = usage.get("completion_tokens", usage.get("output_tokens"))
+        attrs: dict[str, Any] = {"gen_ai.response.model": self.dep.upstream_model}
+        if isinstance(tin, int):
+            attrs["gen_ai.usage.input_tokens"] = tin
+        if isinstance(tout, int):
+            attrs["gen_ai.usage.output_tokens"] = tout
+        return attrs
+
+    def _end_root(self, trace: RequestTrace) -> None:
+        status = self.status or "200"
+        attrs = {**self._usage_attrs(), "vstack.deployment": self.dep.id, "vstack.route": self.route,
+                 "http.response.status_code": int(status) if status.isdigit() else 200}
+        if self.ttft_s is not None:
+            attrs["vstack.ttft_ms"] = round(self.ttft_s * 1000, 3)
+        trace.root.close(error=None if status == "200" else status, **attrs)
+
     # -- the relays' listener -------------------------------------------------------------------------------
     def first_token(self) -> None:
         self.ttft_s = time.perf_counter() - self.request.started
+        if self.span is not None:
+            self.span.event("gen_ai.first_token")
+            self._stream_span = self.request.trace.span("gateway.stream", parent=self.span)  # type: ignore[union-attr]
         if self._load is not None:
             self.gateway.spill.book.first(self._load)
         self.gateway.metrics.ttft.labels(self.request.group, self.dep.id).observe(self.ttft_s)

@@ -32,10 +32,13 @@ from stack.gateway.routing.deployment_choice import Routing
 from stack.gateway.routing.liveness import UNRESPONSIVE, Liveness
 from stack.gateway.routing.model_tasks import PATHS, check_task
 from stack.gateway.routing.replicas import is_replica
+from stack.gateway.routing.request_spans import OPERATIONS, attempt_span, request_attrs, switch_attrs
 from stack.gateway.routing.slo_spill import SpillGuard
 from stack.gateway.routing.ttft_estimate import Verdict
 from stack.gateway.upstreams import cloud_client, fast_path
 from stack.manager.unavailable import ModelUnavailable
+from stack.tracing.record import RequestTrace
+from stack.tracing.tracer import Tracer
 
 USAGE_OPTION = {"chat", "completions"}  # endpoints whose streams take stream_options.include_usage
 
@@ -79,45 +82,78 @@ class Dispatcher:
         self.activity = ActivityRing()  # the last requests, for the console (no bodies, no keys)
         self.spill = SpillGuard(settings.spill, metrics.registry)  # TTFT estimates against each model's SLO
         routing.registry.subscribe(self.spill.on_change)
+        self.tracer: Tracer | None = None  # the request's spans (stack.tracing; adr/0042); None: no tracing call
 
-    async def handle(self, endpoint: str, body: dict[str, Any]) -> Answer:
+    def trace(self, endpoint: str, start: int, traceparent: str | None) -> RequestTrace | None:
+        """A request's trace, begun at `start` (the entry's clock), or None when tracing is off."""
+        if self.tracer is None:
+            return None
+        path = "/v1/chat/completions" if endpoint == "chat" else f"/v1/{endpoint}"
+        return self.tracer.start(f"POST {path}", start, traceparent, **{
+            "http.request.method": "POST", "http.route": path,
+            "gen_ai.operation.name": OPERATIONS.get(endpoint, endpoint)})  # fmt: skip
+
+    async def handle(self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None = None) -> Answer:
+        """trace: the request's spans (self.trace), finished here however the request ends."""
+        if trace is None:
+            return await self._handle(endpoint, body, None)
+        try:
+            return await self._handle(endpoint, body, trace)
+        except BaseException as exc:
+            if trace.root.end is None:  # not ended by an attempt: refused, failed or the client gone here
+                status = 499 if isinstance(exc, asyncio.CancelledError) else getattr(exc, "status", 500)
+                trace.root.close(error=getattr(exc, "reason", None) or type(exc).__name__,
+                                 **{"http.response.status_code": status})  # fmt: skip
+                self.tracer.finish(trace)  # type: ignore[union-attr]
+            raise
+
+    async def _handle(self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None) -> Answer:
         started, model = time.perf_counter(), str(body.get("model", "-"))
         try:
             adapter, group = self._admissible(endpoint, body, model)
         except GatewayError as err:  # refused before routing (unknown model, wrong task, at the limit): shown too
-            self.activity.add(endpoint=endpoint, model=model, deployment="-", route="refused",
-                              status=str(err.status), started=started, why=err.code or err.type)  # fmt: skip
+            rec = self.activity.add(endpoint=endpoint, model=model, deployment="-", route="refused",
+                                    status=str(err.status), started=started, why=err.code or err.type,
+                                    trace_id=trace.id if trace is not None else "")  # fmt: skip
+            if trace is not None:
+                trace.activity_id = rec.id
             err.in_activity = True
             raise
+        if trace is not None:
+            request_attrs(trace, body, model, group)
         async with contextlib.AsyncExitStack() as held:
             held.enter_context(self._slot(group))
             try:
-                verdict = self._judge(group, body) if adapter is None else None
+                verdict = self._judge(group, body, trace) if adapter is None else None
                 slo_spill, ticket = verdict is not None and verdict.spill, None
                 if self.admission is not None and not (slo_spill and self.routing.registry.ready(group)):
-                    ticket = await self._admit(group, verdict)
+                    ticket = await self._admit(group, verdict, trace)
                     slo_spill = slo_spill and ticket is None  # a ticket: the model got ready meanwhile, served here
                 if ticket is not None:
                     held.callback(ticket.release)
                 request = RoutedRequest(endpoint, body, model, group, adapter, verdict=verdict, slo_spill=slo_spill,
-                                        spilled=self.admission is not None and ticket is None)  # fmt: skip
+                                        spilled=self.admission is not None and ticket is None,
+                                        trace=trace)  # fmt: skip
                 try:
                     answer = await self._route(request, held)
                 except (UpstreamError, NoDeployment, RateLimited):
                     if not slo_spill:
                         raise
                     # Its fallbacks failed: the local engines answer after all, late rather than not at all.
-                    ticket = await self._admit(group) if self.admission is not None else None
+                    ticket = await self._admit(group, trace=trace) if self.admission is not None else None
                     if ticket is not None:
                         held.callback(ticket.release)
                     late = dataclasses.replace(verdict, why=f"{verdict.why}; the fallbacks failed: answered here")  # type: ignore[arg-type]
                     request = RoutedRequest(endpoint, body, model, group, adapter, spilled=False, verdict=late,
-                                            local_only=True)  # fmt: skip
+                                            local_only=True, trace=trace)  # fmt: skip
                     answer = await self._route(request, held)
             except (UpstreamError, NoDeployment, RateLimited) as err:
                 self.metrics.requests.labels(group, "-", str(err.status)).inc()
-                self.activity.add(endpoint=endpoint, model=model, deployment="-", route="-",
-                                  status=str(err.status), started=started)  # fmt: skip
+                rec = self.activity.add(endpoint=endpoint, model=model, deployment="-", route="-",
+                                        status=str(err.status), started=started,
+                                        trace_id=trace.id if trace is not None else "")  # fmt: skip
+                if trace is not None:
+                    trace.activity_id = rec.id
                 err.in_activity = True
                 raise
             except asyncio.CancelledError:  # the client went away before its answer (stack.gateway.http.client_aborts)
@@ -154,25 +190,55 @@ class Dispatcher:
             self.in_flight -= 1
             gauge.dec()
 
-    def _judge(self, group: str, body: dict[str, Any]) -> Verdict | None:
+    def _judge(self, group: str, body: dict[str, Any], trace: RequestTrace | None = None) -> Verdict | None:
         """The SLO verdict for a group with a TTFT objective: its local engines, each with what its switch
         still takes (0 awake; the manager's expectation for one asleep or stopped)."""
         if not self.spill.watches(group):
             return None
+        if trace is not None:
+            span = trace.span("gateway.spill_decision")
+            verdict = self._verdict(group, body)
+            if verdict is not None:
+                est = verdict.estimate
+                span.close(**{"vstack.spill": verdict.spill, "vstack.spill.reason": verdict.reason,
+                              "vstack.spill.why": verdict.why,
+                              **({"vstack.spill.estimate_s": est.seconds} if est is not None else {})})
+            else:
+                span.close()
+            return verdict
+        return self._verdict(group, body)
+
+    def _verdict(self, group: str, body: dict[str, Any]) -> Verdict | None:
         deps = [d for d in self.routing.registry.groups().get(group, []) if d.kind == "local" and d.routable]
         ready = {d.id for d in self.routing.registry.ready(group)}
         switch = (lambda: self.admission.expected_switch_s(group)) if self.admission is not None else (lambda: None)
         engines = [(d, 0.0 if d.id in ready else switch()) for d in deps]
         return self.spill.judge(group, engines, body, has_fallback=len(self.routing.plan(group)) > 1)
 
-    async def _admit(self, group: str, verdict: Verdict | None = None) -> Ticket | None:
+    async def _admit(self, group: str, verdict: Verdict | None = None,
+                     trace: RequestTrace | None = None) -> Ticket | None:  # fmt: skip
         can_spill = len(self.routing.plan(group)) > 1 or self._bridged(group)
         if verdict is not None and verdict.reason in ("within_slo", "over_slo"):
             can_spill = verdict.spill  # the switch ends in time: wait for it; or it does not: spill meanwhile
+        span = None
+        if trace is not None:
+            expected = self.admission.expected_switch_s(group)  # type: ignore[union-attr]
+            span = trace.span("gateway.admission", **{"vstack.model_group": group, "vstack.can_spill": can_spill,
+                                                       "vstack.switch.expected_s": -1.0 if expected is None
+                                                       else float(expected)})  # fmt: skip
         try:
-            return await self.admission.admit(group, can_spill=can_spill)  # type: ignore[union-attr]
+            ticket = await self.admission.admit(group, can_spill=can_spill)  # type: ignore[union-attr]
         except ModelUnavailable as exc:  # the manager's refusal, rendered here once: 503 + Retry-After
+            if span is not None:
+                span.close(error="unavailable")
             raise NoDeployment(exc.message, headers={"Retry-After": str(exc.retry_after)}) from None
+        except BaseException:
+            if span is not None:
+                span.close(error="cancelled")
+            raise
+        if span is not None:
+            span.close(**{"vstack.admitted": ticket is not None, **switch_attrs(self.admission, group, span.start)})
+        return ticket
 
     def _bridged(self, group: str) -> bool:
         """A bridge (a ready deployment of the group itself added at runtime: `vstack upgrade apply`) serves the
@@ -212,6 +278,8 @@ class Dispatcher:
                 try:
                     async with contextlib.AsyncExitStack() as attempt_held:
                         attempt = await attempt_held.enter_async_context(Attempt(self, request, dep, reason))
+                        if request.trace is not None:
+                            attempt.span = attempt_span(request, dep, reason, retry, sum(fails.values()) + 1)
                         answer = await self._try(attempt)
                         if answer.stream is not None:
                             held.push_async_exit(attempt_held.pop_all())  # it ends with its stream
@@ -235,7 +303,10 @@ class Dispatcher:
                     if gone or lost_replica or fails[dep.id] > self.settings.num_retries:
                         excluded.add(dep.id)
                     else:
+                        wait = request.trace.span("gateway.retry_backoff") if request.trace is not None else None
                         await asyncio.sleep(self.settings.retry_backoff_s * 2 ** (fails[dep.id] - 1))
+                        if wait is not None:
+                            wait.close()
         raise self._nothing_serves(group, last)
 
     def _nothing_serves(self, group: str, last: UpstreamError | None) -> RateLimited | NoDeployment:
@@ -270,8 +341,9 @@ class Dispatcher:
         at.track_load(out, stream)
         # Guarded until the answer starts: an engine found unresponsive meanwhile raises EngineStalled, which
         # falls back like any failed attempt (nothing was sent to the client yet).
+        parent = req.trace.traceparent(at.span) if at.span is not None else None  # type: ignore[union-attr]
         async with live.guard(dep_id):
-            resp = await self.local.open(at.dep, PATHS[req.endpoint], orjson.dumps(out))
+            resp = await self.local.open(at.dep, PATHS[req.endpoint], orjson.dumps(out), parent)
         if not stream or not resp.content_type.startswith("text/event-stream"):
             async with live.guard(dep_id):
                 raw = await self.local.read(resp, at.dep)
@@ -297,7 +369,8 @@ class Dispatcher:
 
     async def _cloud(self, at: Attempt) -> Answer:
         req = at.request
-        result = await self.cloud.call(at.dep, req.endpoint, req.body)
+        parent = req.trace.traceparent(at.span) if at.span is not None else None  # type: ignore[union-attr]
+        result = await self.cloud.call(at.dep, req.endpoint, req.body, parent)
         events = req.endpoint in cloud_client.EVENT_STREAMS
         if not req.body.get("stream") or (req.endpoint == "embeddings" and not events):
             usage = getattr(result, "usage", None)
@@ -336,3 +409,4 @@ def _usage(raw: bytes) -> dict | None:
         return None
     usage = obj.get("usage") if isinstance(obj, dict) else None
     return usage if isinstance(usage, dict) else None
+

@@ -105,7 +105,9 @@ class CloudUpstream:
             kwargs["api_key"] = secret
         return _CALLS[endpoint], kwargs, secret
 
-    async def call(self, dep: Deployment, endpoint: str, body: dict[str, Any]) -> Any:
+    async def call(self, dep: Deployment, endpoint: str, body: dict[str, Any],
+                   traceparent: str | None = None) -> Any:  # fmt: skip
+        """traceparent: the W3C header for the provider (the attempt's span; adr/0042)."""
         import litellm
 
         if endpoint not in _CALLS:
@@ -116,6 +118,8 @@ class CloudUpstream:
         fn, kwargs, secret = self._kwargs(dep, endpoint, body)
         if endpoint == "chat":
             _check_messages(dep, kwargs.get("messages"))
+        if traceparent is not None:  # never a client's extra_headers (only_api_fields drops them): ours alone
+            kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), "traceparent": traceparent}
         call = litellm.anthropic.messages.acreate if endpoint == "messages" else getattr(litellm, fn)
         try:
             return await call(**kwargs)

@@ -87,15 +87,20 @@ class LocalUpstream:
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session
 
-    async def open(self, dep: Deployment, path: str, payload: bytes) -> aiohttp.ClientResponse:
+    async def open(self, dep: Deployment, path: str, payload: bytes,
+                   traceparent: str | None = None) -> aiohttp.ClientResponse:  # fmt: skip
+        """traceparent: the W3C header vLLM continues the trace from (the attempt's span; adr/0042)."""
         timeout = aiohttp.ClientTimeout(
             total=dep.timeout_s or self.request_timeout_s, connect=self.connect_timeout_s, sock_read=None
         )
+        headers = {"Content-Type": "application/json", **dep.auth()}
+        if traceparent is not None:
+            headers["traceparent"] = traceparent
         try:
             resp = await self.session.post(
                 f"{dep.api_base}{path}",
                 data=payload,
-                headers={"Content-Type": "application/json", **dep.auth()},
+                headers=headers,
                 timeout=timeout,
             )
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
