@@ -66,7 +66,7 @@ async def _forward(request: Request, endpoint: str) -> Response:
         if isinstance(asked, int) and asked > limit:
             raise InvalidRequest(f"'max_tokens' is too large: {asked} (this gateway allows at most {limit})",
                                  param="max_tokens")  # fmt: skip
-    return respond(await state.dispatcher.handle(endpoint, body))
+    return respond(await state.dispatcher.handle(endpoint, body, getattr(request.state, "caller", None)))
 
 
 @router.post("/v1/responses")

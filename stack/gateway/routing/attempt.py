@@ -25,6 +25,7 @@ from stack.gateway.routing.liveness import Liveness
 from stack.gateway.routing.replicas import is_replica
 from stack.gateway.routing.slo_spill import SpillGuard
 from stack.gateway.routing.ttft_estimate import Verdict
+from stack.gateway.tenants.gate import Gate, Quota
 
 
 @dataclass
@@ -39,6 +40,13 @@ class RoutedRequest:
     verdict: Verdict | None = None  # its TTFT estimate against the model's SLO (stack.gateway.routing.slo_spill)
     slo_spill: bool = False  # ... which broke it: straight to the fallbacks
     local_only: bool = False  # the fallbacks failed a spilled request: the local engines answer after all
+    quota: Quota | None = None  # its named key's pass (stack.gateway.tenants.gate)
+    tenant: str = ""  # the named key's name, for Activity
+
+    @property
+    def quota_spill(self) -> bool:
+        """Its key is over a limit and may spill: straight to the fallbacks."""
+        return self.quota is not None and bool(self.quota.over_limit)
 
 
 class Books(Protocol):
@@ -50,6 +58,7 @@ class Books(Protocol):
     routing: Routing
     adapters: AdapterBook | None
     spill: SpillGuard
+    tenants: Gate
 
 
 class Attempt:
@@ -121,9 +130,10 @@ class Attempt:
         m.requests.labels(req.group, dep.id, self.status).inc()
         m.latency.labels(req.group, dep.id).observe(seconds)
         m.usage(req.group, dep.id, self.usage_seen)
+        gw.tenants.answered(req.quota, req.group, dep, self.status or "", self.usage_seen)
         gw.activity.add(endpoint=req.endpoint, model=req.model or req.group, deployment=dep.id, route=self.route,
                         status=self.status, started=req.started, ttft_s=self.ttft_s, usage=self.usage_seen,
-                        why=req.verdict.why if req.verdict else "")
+                        why=req.verdict.why if req.verdict else "", tenant=req.tenant)
         gw.routing.answered(dep, seconds, self.usage_seen)
 
     @property
@@ -133,6 +143,8 @@ class Attempt:
             return "spilled"
         if self.fallback_reason == "slo":
             return "spilled:slo"
+        if self.fallback_reason == "quota":
+            return "spilled:quota"
         if self.fallback_reason:
             return f"fallback:{self.fallback_reason}"
         if self.dep.kind == "cloud":

@@ -1,0 +1,320 @@
+"""Named keys (tenants), their limits and the fair admission queue, against the real gateway (adr/0043).
+
+Each gateway runs in a thread of this process in front of the paced stand-in engine (bench/harness/
+paced_engine.py: `slots` sequences at once, a token every `token_ms`, the others in its own queue), whose
+/stats says in which order requests got a sequence; that order is what fair admission is about. The cloud is
+the mock provider reached through LiteLLM (tests/gateway/conftest.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.harness.gateway_thread import app_in_thread
+from bench.harness.paced_engine import PacedEngine, serving
+from stack.config.sections.gateway import GatewayConfig
+from stack.gateway.registry import Deployment
+
+from .conftest import cloud_entry, run_gateway
+
+MODEL = "smol"
+KEYS = {"alice": "alice-key-0001", "bob": "bob-key-0002", "victor": "victor-key-0003", "admin": "admin-key-0004"}
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def tenant(name: str, **extra) -> dict:
+    return {"name": name, "sha256": sha(KEYS[name]), **extra}
+
+
+def engine_dep(url: str, **labels: str) -> Deployment:
+    return Deployment(id="engine", model_group=MODEL, kind="local", upstream_model=MODEL, api_base=url,
+                      labels=dict(labels))  # fmt: skip
+
+
+def ask(url: str, who: str | None, *, tokens: int = 4, user: str = "-", stream: bool = False, model: str = MODEL,
+        content: str = "x" * 40, timeout: float = 30, **extra) -> httpx.Response:  # fmt: skip
+    headers = {"Authorization": f"Bearer {KEYS.get(who, who)}"} if who else {}
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": tokens,
+            "user": user, "stream": stream, **extra}  # fmt: skip
+    return httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers, timeout=timeout)
+
+
+def started(engine_url: str) -> list[dict]:
+    return httpx.get(f"{engine_url}/stats").json()["started"]
+
+
+def settings(*tenants: dict, **gateway) -> GatewayConfig:
+    return GatewayConfig(tenants=list(tenants), liveness={"enabled": False}, spill={"enabled": False}, **gateway)
+
+
+def test_named_keys_open_v1_by_role_and_the_existing_keys_still_work() -> None:
+    cfg = settings(tenant("alice"), tenant("victor", role="viewer"), tenant("bob", models=["other-model"]),
+                   api_keys=[{"name": "legacy", "env": "LEGACY_KEY"}])  # fmt: skip
+    with serving(PacedEngine(2, 1)) as eng, run_gateway(cfg, default_model=MODEL, deployments=[engine_dep(eng)],
+                                                        environ={"LEGACY_KEY": "legacy-0005"}) as gw:  # fmt: skip
+        assert ask(gw.url, None).status_code == 401
+        wrong = ask(gw.url, "not-a-key")
+        assert wrong.status_code == 401 and "not-a-key" not in wrong.text
+        viewer = ask(gw.url, "victor")
+        assert viewer.status_code == 403 and viewer.json()["error"]["code"] == "viewer_key"
+        assert "console" in viewer.json()["error"]["message"]
+        assert ask(gw.url, "alice").status_code == 200
+        assert ask(gw.url, "legacy-0005").status_code == 200  # gateway.api_keys as before
+        refused = ask(gw.url, "bob")
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "model_not_allowed"
+        assert "vstack keys add bob --replace" in refused.json()["error"]["message"]
+        # /metrics: any named key reads it, and named keys alone do not leave it open
+        assert httpx.get(f"{gw.url}/metrics").status_code == 401
+        assert httpx.get(f"{gw.url}/metrics", headers={"Authorization": f"Bearer {KEYS['victor']}"}).status_code == 200
+
+
+def test_each_limit_answers_429_with_its_name_and_retry_after() -> None:
+    cfg = settings(
+        tenant("alice", limits={"rpm": 2}),
+        tenant("bob", limits={"tpm": 100}),
+        tenant("victor", limits={"token_budget": 50}),
+        tenant("admin", limits={"concurrent": 1}),
+    )
+    with serving(PacedEngine(4, 10)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                         deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+        # rpm: the third request of the minute
+        assert [ask(gw.url, "alice").status_code for _ in range(2)] == [200, 200]
+        over = ask(gw.url, "alice")
+        err = over.json()["error"]
+        assert over.status_code == 429 and err["code"] == "rpm_exceeded" and err["type"] == "rate_limit_error"
+        assert over.headers["x-vstack-limit"] == "rpm" and 55 <= int(over.headers["Retry-After"]) <= 60
+        assert "2 requests per minute" in err["message"]
+        # tpm: 40 characters (10 tokens) + max_tokens 30 = 40 tokens a request: two fit in 100, a third does not
+        assert [ask(gw.url, "bob", tokens=30).status_code for _ in range(2)] == [200, 200]
+        over = ask(gw.url, "bob", tokens=30)
+        assert over.status_code == 429 and over.json()["error"]["code"] == "tpm_exceeded"
+        assert "80 used or reserved, this request counts 40" in over.json()["error"]["message"]
+        assert ask(gw.url, "bob", tokens=10).status_code == 200  # 20 more still fit: the window is exact
+        # a request larger than the whole tpm can never pass: said so, and no Retry-After
+        huge = ask(gw.url, "bob", tokens=500)
+        assert huge.status_code == 429 and "Retry-After" not in huge.headers and "lower max_tokens" in huge.text
+        # token budget: spent, no Retry-After (waiting does not help)
+        assert ask(gw.url, "victor", tokens=30).status_code == 200
+        spent = ask(gw.url, "victor", tokens=30)
+        assert spent.status_code == 429 and spent.json()["error"]["code"] == "token_budget_exceeded"
+        assert "Retry-After" not in spent.headers
+        # concurrent: a second request while the first (40 tokens x 10 ms) runs
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(ask, gw.url, "admin", tokens=40)
+            time.sleep(0.15)
+            second = ask(gw.url, "admin")
+            assert first.result().status_code == 200
+        assert second.status_code == 429 and second.json()["error"]["code"] == "concurrent_exceeded"
+        assert second.headers["Retry-After"] == "1"
+        # the engine never saw a refused request
+        assert len(started(eng)) == 2 + 3 + 1 + 1
+
+
+def test_a_key_over_its_limit_spills_to_the_cloud_when_it_may(cloud_mock, monkeypatch) -> None:
+    monkeypatch.setenv("VSTACK_TEST_CLOUD_KEY", "sk-test-cloud-key-123456")
+    cfg = settings(tenant("alice", spill=True, limits={"rpm": 1}), tenant("bob", limits={"rpm": 1}),
+                   cloud=[cloud_entry(cloud_mock.url)], fallbacks={MODEL: ["cloud-small"]})  # fmt: skip
+    with serving(PacedEngine(2, 1)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                        deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+        assert ask(gw.url, "alice").headers["x-vstack-deployment"] == "engine"
+        spilled = ask(gw.url, "alice")
+        assert spilled.status_code == 200 and spilled.headers["x-vstack-fallback"] == "quota"
+        assert spilled.headers["x-vstack-deployment"].startswith("cloud-")
+        assert ask(gw.url, "bob").status_code == 200
+        assert ask(gw.url, "bob").status_code == 429  # bob's key does not allow the spill
+        usage = {(r["tenant"], r["model"]): r for r in gw.state.dispatcher.tenants.usage.table()}
+        assert usage[("alice", MODEL)]["spilled"] == 1 and usage[("alice", MODEL)]["requests"] == 2
+        assert usage[("bob", MODEL)]["refused"] == 1
+        route = [r["route"] for r in gw.state.dispatcher.activity.last() if r["tenant"] == "alice"]
+        assert route[0] == "spilled:quota"
+
+
+def admission(**extra) -> dict:
+    return {"enabled": True, "max_in_engine": 1, **extra}
+
+
+def flood(url: str, who: str, n: int, user: str, pool, **kw) -> list:
+    return [pool.submit(ask, url, who, user=f"{user}{i}", **kw) for i in range(n)]
+
+
+def test_admission_orders_by_class_then_fairly_between_tenants() -> None:
+    cfg = settings(tenant("alice", priority="low"), tenant("bob", priority="low"), tenant("victor", priority="high"),
+                   admission=admission())  # fmt: skip
+    with serving(PacedEngine(4, 100)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                          deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futures = flood(gw.url, "alice", 6, "a", pool)  # alice floods first: one runs (0.4 s), five wait
+            time.sleep(0.1)
+            futures += flood(gw.url, "bob", 2, "b", pool)  # bob, same class, comes later
+            time.sleep(0.1)
+            futures += flood(gw.url, "victor", 1, "v", pool)  # victor, high class, last
+            assert all(f.result().status_code == 200 for f in futures)
+        order = [s["user"][0] for s in started(eng)]
+        # one place (max_in_engine 1): victor goes first of those waiting; bob's two are interleaved with alice's
+        # queue instead of waiting behind all of it
+        assert order[0] == "a" and order[1] == "v", order
+        assert order[2:6].count("b") == 2, order
+        assert httpx.get(f"{eng}/stats").json()["max_running"] == 1  # the engine never held two at once
+
+
+def test_fifo_without_admission_lets_a_flood_go_first() -> None:
+    """The same arrivals with admission off (today's default): the engine's own queue, first come first served."""
+    cfg = settings(tenant("alice"), tenant("bob"))
+    with serving(PacedEngine(1, 40)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                         deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futures = flood(gw.url, "alice", 5, "a", pool)
+            time.sleep(0.3)
+            futures += flood(gw.url, "bob", 1, "b", pool)
+            assert all(f.result().status_code == 200 for f in futures)
+        assert [s["user"][0] for s in started(eng)] == ["a"] * 5 + ["b"]
+
+
+def test_the_reserve_keeps_a_place_for_a_tenant_with_nothing_in_the_engine() -> None:
+    cfg = settings(tenant("alice"), tenant("bob"), admission=admission(max_in_engine=3, reserve=1))
+    with serving(PacedEngine(8, 40)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                         deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futures = flood(gw.url, "alice", 6, "a", pool)
+            time.sleep(0.2)
+            assert httpx.get(f"{eng}/stats").json()["running"] == 2  # alice fills max_in_engine - reserve
+            t0 = time.perf_counter()
+            assert ask(gw.url, "bob", user="b").status_code == 200
+            waited = time.perf_counter() - t0
+            assert all(f.result().status_code == 200 for f in futures)
+        assert waited < 4 * 0.04 + 0.3  # its own 4 tokens: it waited for none of alice's answers
+
+
+def test_a_tenants_queue_is_bounded_and_a_wait_times_out() -> None:
+    cfg = settings(tenant("alice"), tenant("bob"),
+                   admission=admission(max_queued_per_tenant=2, queue_timeout_s=0.5))  # fmt: skip
+    with serving(PacedEngine(1, 200)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                          deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = flood(gw.url, "alice", 3, "a", pool, tokens=10)  # 1 runs (2 s), 2 wait
+            time.sleep(0.2)
+            full = ask(gw.url, "alice")
+            codes = sorted(f.result().status_code for f in futures)
+        assert full.status_code == 429 and full.json()["error"]["code"] == "queue_exceeded"
+        assert "max_queued_per_tenant" in full.json()["error"]["message"]
+        assert codes == [200, 429, 429]  # the two waiting gave up after queue_timeout_s, with 429 + Retry-After
+
+
+def test_the_class_is_handed_to_an_engine_that_schedules_by_priority() -> None:
+    cfg = settings(tenant("alice", priority="high"), tenant("bob", priority="low"))
+    with serving(PacedEngine(2, 1, policy="priority")) as prio, serving(PacedEngine(2, 1)) as fcfs:
+        deps = [
+            engine_dep(prio, scheduling="priority"),
+            Deployment(id="plain", model_group="plain", kind="local", upstream_model="plain", api_base=fcfs),
+        ]
+        with run_gateway(cfg, default_model=MODEL, deployments=deps) as gw:
+            assert ask(gw.url, "alice", user="a").status_code == 200
+            # a client's own `priority` is replaced by its key's class: nobody jumps the queue by asking
+            assert ask(gw.url, "bob", user="b", priority=-100).status_code == 200
+            assert [(s["user"], s["priority"]) for s in started(prio)] == [("a", -1), ("b", 1)]
+            assert ask(gw.url, "alice", user="p", model="plain").status_code == 200  # nothing sent to a FCFS engine
+            assert started(fcfs)[0]["priority"] == 0
+
+
+def test_usage_in_metrics_activity_and_export() -> None:
+    cfg = settings(tenant("alice"), tenant("bob", limits={"rpm": 1}), api_keys=[{"name": "legacy", "env": "LK"}])
+    with serving(PacedEngine(2, 1)) as eng, run_gateway(cfg, default_model=MODEL, deployments=[engine_dep(eng)],
+                                                        environ={"LK": "legacy-0005"}) as gw:  # fmt: skip
+        assert ask(gw.url, "alice", tokens=5, stream=True).status_code == 200
+        assert ask(gw.url, "alice", tokens=7).status_code == 200
+        assert ask(gw.url, "bob").status_code == 200
+        assert ask(gw.url, "bob").status_code == 429
+        assert ask(gw.url, "legacy-0005", tokens=3).status_code == 200
+        text = httpx.get(f"{gw.url}/metrics", headers={"Authorization": "Bearer legacy-0005"}).text
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                   for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+
+        def value(name: str, **labels: str) -> float:
+            return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+        assert value("vstack_gateway_tenant_tokens_total", tenant="alice", model=MODEL, direction="completion") == 12
+        assert value("vstack_gateway_tenant_tokens_total", tenant="alice", model=MODEL, direction="prompt") == 20
+        assert value("vstack_gateway_tenant_requests_total", tenant="bob", model=MODEL, outcome="refused") == 1
+        assert value("vstack_gateway_tenant_requests_total", tenant="other", model=MODEL, outcome="ok") == 1
+        assert not any("legacy" in str(k) for k in samples if k[0].startswith("vstack_gateway_tenant"))
+        tenants = [r["tenant"] for r in gw.state.dispatcher.activity.last()]
+        assert tenants == ["", "bob", "bob", "alice", "alice"]
+        csv = httpx.get(f"{gw.url}/admin/usage", params={"format": "csv"}).text.splitlines()
+        assert csv[0] == "tenant,model,requests,errors,refused,spilled,tokens_in,tokens_out,cost_usd"
+        assert f"alice,{MODEL},2,0,0,0,20,12,0.0" in csv and f"bob,{MODEL},1,0,1,0,10,4,0.0" in csv
+        series = httpx.get(f"{gw.url}/admin/usage").json()["per_minute"]
+        assert sum(series["tenants"]["alice"]) == 32 and len(series["t"]) == 60
+
+
+def test_keys_added_at_run_time_are_kept_hashed_and_survive_a_restart(tmp_path) -> None:
+    from stack.gateway.app import create_app
+    from stack.gateway.registry import DeploymentRegistry
+
+    state_file = tmp_path / "runtime.json"
+    cfg = settings(tenant("alice"), api_keys=[{"name": "legacy", "env": "LK"}])
+
+    def gateway(eng: str):
+        registry = DeploymentRegistry()
+        registry.add(engine_dep(eng))
+        return app_in_thread(create_app(cfg, default_model=MODEL, registry=registry, environ={"LK": "legacy-0005"},
+                                        state_file=state_file))  # fmt: skip
+
+    with serving(PacedEngine(2, 1)) as eng:
+        with gateway(eng) as (url, _):
+            added = httpx.post(f"{url}/admin/keys", json={"name": "carol", "priority": "high", "limits": {"rpm": 5}})
+            assert added.status_code == 201, added.text
+            key = added.json()["key"]
+            assert key.startswith("vsk-") and len(key) > 40
+            assert ask(url, key).status_code == 200
+            listed = httpx.get(f"{url}/admin/keys").json()["keys"]
+            assert [k["name"] for k in listed] == ["alice", "carol"] and key not in json.dumps(listed)
+            assert sha(key) not in json.dumps(listed)
+            again = httpx.post(f"{url}/admin/keys", json={"name": "carol"})
+            assert again.status_code == 409 and "--replace" in again.json()["error"]["message"]
+            legacy = httpx.post(f"{url}/admin/keys", json={"name": "x", "sha256": sha("legacy-0005")})
+            assert legacy.status_code == 409 and legacy.json()["error"]["code"] == "key_taken"
+            bad = httpx.post(f"{url}/admin/keys", content=b'{"name": "ok", "models": ["\\ud800"]}',
+                             headers={"Content-Type": "application/json"})  # fmt: skip
+            assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_text"
+            assert httpx.delete(f"{url}/admin/keys/alice").status_code == 200  # a configured key, revoked
+            assert ask(url, "alice").status_code == 401
+        kept = state_file.read_text()
+        assert key not in kept and sha(key) in kept and '"revoked": true' in kept
+        with gateway(eng) as (url, _):  # the next start: carol still opens /v1, alice stays revoked
+            assert ask(url, key).status_code == 200
+            assert ask(url, "alice").status_code == 401
+            assert httpx.delete(f"{url}/admin/keys/carol").status_code == 200
+            assert ask(url, key).status_code == 401
+
+
+def test_an_admin_key_opens_admin_and_a_client_key_does_not() -> None:
+    cfg = settings(tenant("admin", role="admin"), tenant("alice"), admin_key={"name": "root", "env": "AK"})
+    with serving(PacedEngine(2, 1)) as eng, run_gateway(cfg, default_model=MODEL, deployments=[engine_dep(eng)],
+                                                        environ={"AK": "root-0006"}) as gw:  # fmt: skip
+
+        def keys(who: str) -> int:
+            auth = {"Authorization": f"Bearer {KEYS.get(who, who)}"}
+            return httpx.get(f"{gw.url}/admin/keys", headers=auth).status_code
+
+        assert keys("admin") == 200 and keys("root-0006") == 200
+        assert keys("alice") == 401
+        assert ask(gw.url, "admin").status_code == 200  # an admin key also calls /v1
+
+
+def test_a_config_whose_named_key_is_the_admin_key_is_refused() -> None:
+    with pytest.raises(ValueError, match="same key as admin_key"):
+        GatewayConfig(admin_key={"name": "root", "sha256": sha("x")}, tenants=[{"name": "a", "sha256": sha("x")}])
+    with pytest.raises(ValueError, match="is taken"):
+        GatewayConfig(tenants=[tenant("alice"), {"name": "alice", "sha256": sha("y")}])
+    with pytest.raises(ValueError, match="never written in a config"):
+        GatewayConfig(tenants=[{"name": "a"}])
