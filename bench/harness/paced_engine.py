@@ -8,7 +8,8 @@ Its capacity in requests/s is slots / (tokens x token_ms). For the gateway's ten
 bench/tenant_fairness.py: what matters there is who waits where, not what is generated. Like vLLM, a request
 with a `priority` other than 0 is refused (400) unless the policy is `priority`. Usage is reported as the
 gateway estimates it (prompt characters / 4, rounded up) so a limit's arithmetic can be checked exactly.
-GET /stats: the order requests got a sequence (`user` field or "-", and the priority each carried).
+GET /stats: the order requests got a sequence (`user` field or "-", and the priority each carried). A request
+whose `user` starts with `hold` keeps its sequence until POST /release (tests: a queue that stays full).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class PacedEngine:
         self.seq = itertools.count()
         self.started: list[dict] = []  # who got a sequence, in order
         self.max_running = 0
+        self.held: asyncio.Event | None = None  # made on the server's loop
 
     async def _enter(self, priority: int) -> None:
         if self.running < self.slots and not self.waiting:
@@ -87,6 +89,9 @@ class PacedEngine:
         try:
             self.max_running = max(self.max_running, self.running)
             self.started.append({"user": body.get("user", "-"), "priority": priority, "t": time.time()})
+            if str(body.get("user", "")).startswith("hold"):
+                self.held = self.held or asyncio.Event()
+                await self.held.wait()
             return await self._answer(request, body, n, usage)
         finally:
             self._leave()
@@ -118,6 +123,11 @@ class PacedEngine:
         return web.json_response({"started": self.started, "running": self.running, "waiting": len(self.waiting),
                                   "max_running": self.max_running})  # fmt: skip
 
+    async def release(self, _: web.Request) -> web.Response:
+        self.held = self.held or asyncio.Event()
+        self.held.set()
+        return web.json_response({"released": True})
+
     async def health(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -125,6 +135,7 @@ class PacedEngine:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_get("/stats", self.stats)
+        app.router.add_post("/release", self.release)
         app.router.add_get("/health", self.health)
         return app
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
-import time
 
 import httpx
 import pytest
@@ -19,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.gateway_thread import app_in_thread
 from bench.harness.paced_engine import PacedEngine, serving
+from bench.harness.waiting import wait_for
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.registry import Deployment
 
@@ -108,11 +108,12 @@ def test_each_limit_answers_429_with_its_name_and_retry_after() -> None:
         spent = ask(gw.url, "victor", tokens=30)
         assert spent.status_code == 429 and spent.json()["error"]["code"] == "token_budget_exceeded"
         assert "Retry-After" not in spent.headers
-        # concurrent: a second request while the first (40 tokens x 10 ms) runs
+        # concurrent: a second request while the first runs (held by the engine until released)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            first = pool.submit(ask, gw.url, "admin", tokens=40)
-            time.sleep(0.15)
+            first = pool.submit(ask, gw.url, "admin", user="hold")
+            running(eng, 1)
             second = ask(gw.url, "admin")
+            httpx.post(f"{eng}/release")
             assert first.result().status_code == 200
         assert second.status_code == 429 and second.json()["error"]["code"] == "concurrent_exceeded"
         assert second.headers["Retry-After"] == "1"
@@ -147,67 +148,89 @@ def flood(url: str, who: str, n: int, user: str, pool, **kw) -> list:
     return [pool.submit(ask, url, who, user=f"{user}{i}", **kw) for i in range(n)]
 
 
+def waiting(gw, n: int) -> None:
+    """Until `n` requests wait in the gateway's admission queue (what the test arranged has arrived)."""
+    queue = gw.state.dispatcher.tenants.admission.queue(MODEL)
+    wait_for(lambda: queue.waiting() == n, 30, f"{n} requests waiting")
+
+
+def running(eng: str, n: int) -> None:
+    wait_for(lambda: httpx.get(f"{eng}/stats").json()["running"] == n, 30, f"{n} running in the engine")
+
+
 def test_admission_orders_by_class_then_fairly_between_tenants() -> None:
     cfg = settings(tenant("alice", priority="low"), tenant("bob", priority="low"), tenant("victor", priority="high"),
                    admission=admission())  # fmt: skip
-    with serving(PacedEngine(4, 100)) as eng, run_gateway(cfg, default_model=MODEL,
-                                                          deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+    with serving(PacedEngine(4, 1)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                        deployments=[engine_dep(eng)]) as gw:  # fmt: skip
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            futures = flood(gw.url, "alice", 6, "a", pool)  # alice floods first: one runs (0.4 s), five wait
-            time.sleep(0.1)
+            futures = flood(gw.url, "alice", 1, "hold", pool)  # alice's first holds the one place
+            running(eng, 1)
+            futures += flood(gw.url, "alice", 5, "a", pool)  # alice floods: five wait
+            waiting(gw, 5)
             futures += flood(gw.url, "bob", 2, "b", pool)  # bob, same class, comes later
-            time.sleep(0.1)
+            waiting(gw, 7)
             futures += flood(gw.url, "victor", 1, "v", pool)  # victor, high class, last
+            waiting(gw, 8)
+            httpx.post(f"{eng}/release")
             assert all(f.result().status_code == 200 for f in futures)
-        order = [s["user"][0] for s in started(eng)]
-        # one place (max_in_engine 1): victor goes first of those waiting; bob's two are interleaved with alice's
-        # queue instead of waiting behind all of it
-        assert order[0] == "a" and order[1] == "v", order
-        assert order[2:6].count("b") == 2, order
+        order = [s["user"][0] for s in started(eng)][1:]
+        # victor goes first of those waiting; bob's two are interleaved with alice's queue, not behind all of it
+        assert order[0] == "v" and order[1:5].count("b") == 2, order
         assert httpx.get(f"{eng}/stats").json()["max_running"] == 1  # the engine never held two at once
 
 
 def test_fifo_without_admission_lets_a_flood_go_first() -> None:
     """The same arrivals with admission off (today's default): the engine's own queue, first come first served."""
     cfg = settings(tenant("alice"), tenant("bob"))
-    with serving(PacedEngine(1, 40)) as eng, run_gateway(cfg, default_model=MODEL,
-                                                         deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+    with serving(PacedEngine(1, 1)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                        deployments=[engine_dep(eng)]) as gw:  # fmt: skip
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            futures = flood(gw.url, "alice", 5, "a", pool)
-            time.sleep(0.3)
+            futures = flood(gw.url, "alice", 1, "hold", pool)
+            running(eng, 1)
+            futures += flood(gw.url, "alice", 4, "a", pool)
+            wait_for(lambda: httpx.get(f"{eng}/stats").json()["waiting"] == 4, 30, "4 waiting in the engine")
             futures += flood(gw.url, "bob", 1, "b", pool)
+            wait_for(lambda: httpx.get(f"{eng}/stats").json()["waiting"] == 5, 30, "5 waiting in the engine")
+            httpx.post(f"{eng}/release")
             assert all(f.result().status_code == 200 for f in futures)
-        assert [s["user"][0] for s in started(eng)] == ["a"] * 5 + ["b"]
+        assert [s["user"][0] for s in started(eng)] == ["h"] + ["a"] * 4 + ["b"]
 
 
 def test_the_reserve_keeps_a_place_for_a_tenant_with_nothing_in_the_engine() -> None:
     cfg = settings(tenant("alice"), tenant("bob"), admission=admission(max_in_engine=3, reserve=1))
-    with serving(PacedEngine(8, 40)) as eng, run_gateway(cfg, default_model=MODEL,
-                                                         deployments=[engine_dep(eng)]) as gw:  # fmt: skip
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            futures = flood(gw.url, "alice", 6, "a", pool)
-            time.sleep(0.2)
-            assert httpx.get(f"{eng}/stats").json()["running"] == 2  # alice fills max_in_engine - reserve
-            t0 = time.perf_counter()
-            assert ask(gw.url, "bob", user="b").status_code == 200
-            waited = time.perf_counter() - t0
-            assert all(f.result().status_code == 200 for f in futures)
-        assert waited < 4 * 0.04 + 0.3  # its own 4 tokens: it waited for none of alice's answers
+    engine = PacedEngine(8, 1)
+    pool = concurrent.futures.ThreadPoolExecutor(16)
+    with serving(engine) as eng, run_gateway(cfg, default_model=MODEL, deployments=[engine_dep(eng)]) as gw, pool:
+        futures = flood(gw.url, "alice", 6, "hold", pool)  # never end until released
+        waiting(gw, 4)
+        assert httpx.get(f"{eng}/stats").json()["running"] == 2  # alice fills max_in_engine - reserve
+        # bob is answered while every one of alice's requests still runs or waits: he waited for none of them
+        assert ask(gw.url, "bob", user="b").status_code == 200
+        assert [s["user"][0] for s in started(eng)] == ["h", "h", "b"]
+        httpx.post(f"{eng}/release")
+        assert all(f.result().status_code == 200 for f in futures)
 
 
 def test_a_tenants_queue_is_bounded_and_a_wait_times_out() -> None:
     cfg = settings(tenant("alice"), tenant("bob"),
-                   admission=admission(max_queued_per_tenant=2, queue_timeout_s=0.5))  # fmt: skip
-    with serving(PacedEngine(1, 200)) as eng, run_gateway(cfg, default_model=MODEL,
-                                                          deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+                   admission=admission(max_queued_per_tenant=2, queue_timeout_s=3))  # fmt: skip
+    with serving(PacedEngine(1, 1)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                        deployments=[engine_dep(eng)]) as gw:  # fmt: skip
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            futures = flood(gw.url, "alice", 3, "a", pool, tokens=10)  # 1 runs (2 s), 2 wait
-            time.sleep(0.2)
+            futures = flood(gw.url, "alice", 1, "hold", pool)  # holds the place
+            running(eng, 1)
+            futures += flood(gw.url, "alice", 2, "a", pool)  # 2 wait
+            waiting(gw, 2)
             full = ask(gw.url, "alice")
-            codes = sorted(f.result().status_code for f in futures)
+            late = [f.result() for f in futures[1:]]
+            httpx.post(f"{eng}/release")
+            assert futures[0].result().status_code == 200
         assert full.status_code == 429 and full.json()["error"]["code"] == "queue_exceeded"
         assert "max_queued_per_tenant" in full.json()["error"]["message"]
-        assert codes == [200, 429, 429]  # the two waiting gave up after queue_timeout_s, with 429 + Retry-After
+        # the two waiting gave up after queue_timeout_s, with 429, Retry-After and the setting named
+        assert [r.json()["error"]["code"] for r in late] == ["queue_timeout_exceeded"] * 2
+        assert all(r.headers["Retry-After"] == "5" and "queue_timeout_s" in r.text for r in late)
 
 
 def test_the_class_is_handed_to_an_engine_that_schedules_by_priority() -> None:
