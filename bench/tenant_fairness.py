@@ -196,7 +196,7 @@ class Metered:
         self.refused = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-        self.t0 = 0.0
+        self.t0 = self.t1 = 0.0
 
     async def _run(self) -> None:
         self.t0 = time.time()
@@ -213,9 +213,9 @@ class Metered:
                         usage = [json.loads(line[6:]).get("usage") for line in text.splitlines()
                                  if line.startswith("data: {") and '"usage"' in line]  # fmt: skip
                         self.admitted.append((sent, usage[-1]["total_tokens"] if usage and usage[-1] else 0))
-                    else:
+                    else:  # waits as told, to the millisecond (OpenAI's clients read retry-after-ms too)
                         self.refused += 1
-                        await asyncio.sleep(0.05)
+                        await asyncio.sleep(min(1.0, int(r.headers.get("retry-after-ms", "50")) / 1000))
 
             await asyncio.gather(*(loop() for _ in range(4)))
 
@@ -223,11 +223,11 @@ class Metered:
         """Tokens admitted in each 60 s window starting 60 s after the first request, 1 s apart."""
         if not self.admitted:
             return {"windows": 0}
-        end = max(t for t, _ in self.admitted)
+        end = self.t1
         sums = []
         start = self.t0 + 60
-        while start + 60 <= end + 1:
-            sums.append(sum(n for t, n in self.admitted if start <= t < start + 60))
+        while start + 60 <= end:
+            sums.append(sum(n for t, n in self.admitted if start <= t < start + 60 and t < end))
             start += 1
         if not sums:
             return {"windows": 0}
@@ -291,6 +291,7 @@ def main() -> None:
             # the window needs a minute of history beside the phases: wait for it if the phases were short
             while time.time() - metered.t0 < args.meter_s:
                 time.sleep(1)
+            metered.t1 = time.time()  # the windows end here (a request sent later is not counted)
             metered.stop.set()
             metered.thread.join(30)
         results["limit_exactness"] = metered.windows(args.tpm)

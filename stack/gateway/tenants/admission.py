@@ -6,8 +6,8 @@ the highest class with a request that may go is served, and within it the tenant
 smallest finish tag: self-clocked fair queueing (Golestani 1994), a request's tag = max(the class's virtual
 time, its tenant's last tag) + its tokens / the tenant's weight. A tenant that floods only lengthens its own
 queue; a quiet one's next request carries a tag near the virtual time and goes next. `reserve` keeps places
-for tenants with nothing in the engine: one that already has requests there fills at most
-max_in_engine - reserve, so a newcomer's first token waits for nobody's answer.
+for light tenants: one that holds an equal share or more (counting a newcomer) fills at most
+max_in_engine - reserve, so a quiet tenant's first token waits for nobody's answer.
 """
 
 from __future__ import annotations
@@ -54,8 +54,15 @@ class ModelQueue:
         return sum(len(f.waiting) for flows in self.flows for f in flows.values())
 
     def _may_enter(self, flow: Flow) -> bool:
-        limit = self.cap if flow.in_engine == 0 else self.cap - self.reserve
-        return self.in_engine < limit
+        """A free place, outside the reserve; or inside it for a tenant with nothing in the engine, or holding
+        less than an equal share among the active tenants and one newcomer (a quiet tenant whose previous
+        answer is still running, never the one that fills the rest)."""
+        if self.in_engine >= self.cap:
+            return False
+        if self.in_engine < self.cap - self.reserve or flow.in_engine == 0:
+            return True
+        active = sum(len(flows) for flows in self.flows)
+        return flow.in_engine < self.cap / (active + 1)
 
     def _flow(self, klass: int, tenant: str) -> Flow:
         flows = self.flows[klass]

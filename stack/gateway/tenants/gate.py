@@ -170,4 +170,5 @@ def refusal(breach: OverLimit) -> RateLimited:
     headers = {"x-vstack-limit": breach.limit}
     if breach.retry_after is not None:
         headers["Retry-After"] = str(breach.retry_after)
+        headers["retry-after-ms"] = str(breach.retry_after_ms)
     return RateLimited(breach.message, param=breach.limit, code=f"{breach.limit}_exceeded", headers=headers)

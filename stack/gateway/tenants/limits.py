@@ -29,6 +29,9 @@ class OverLimit(Exception):
         super().__init__(message)
         self.limit, self.message = limit, message
         self.retry_after = None if retry_after_s is None else max(1, math.ceil(retry_after_s))
+        # OpenAI's clients read `retry-after-ms` before Retry-After: to the millisecond, a client that waits
+        # as told is admitted as the window frees (what keeps a tenant at its limit, not 1 s below it)
+        self.retry_after_ms = None if retry_after_s is None else max(1, math.ceil(retry_after_s * 1000))
 
 
 @dataclass
