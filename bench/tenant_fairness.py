@@ -332,11 +332,14 @@ def write(results: dict, args: argparse.Namespace) -> None:
         Figure(name="tpm limit: max admitted / limit", value=lim.get("max_ratio", 0), unit="x",
                meaning="the most tokens admitted in a 60 s window against the limit (goal <= 1.0)"),
     ]  # fmt: skip
-    fair = ph["fair-reserve"]
-    summary = (f"quiet tenant beside a noisy one at {args.noisy_x:g}x capacity: p95 TTFT fifo "
-               f"{ph['fifo']['quiet_p95_ttft_ms']} ms, vllm-priority {ph['vllm-priority']['quiet_p95_ttft_ms']} ms, "
-               f"fair {ph['fair']['quiet_p95_ttft_ms']} ms, fair+reserve {fair['quiet_p95_ttft_ms']} ms vs "
-               f"{alone['quiet_p95_ttft_ms']} ms alone; tpm windows {lim.get('min_ratio')}-{lim.get('max_ratio')}x "
+    def p95(name: str) -> str:
+        p = ph[name]
+        return f"{p['quiet_p95_ttft_ms']} ms" if p["quiet_p95_ttft_ms"] is not None else \
+            f"unanswered ({p['quiet_unanswered']} of {p['quiet_sent']} got no first token)"  # fmt: skip
+
+    summary = (f"quiet tenant beside a noisy one at {args.noisy_x:g}x capacity: p95 TTFT fifo {p95('fifo')}, "
+               f"vllm-priority {p95('vllm-priority')}, fair {p95('fair')}, fair+reserve {p95('fair-reserve')} vs "
+               f"{p95('alone')} alone; tpm windows {lim.get('min_ratio')}-{lim.get('max_ratio')}x "
                "the limit")  # fmt: skip
     folder = record("tenant-fairness", summary, figures, raw=results)
     print(f"results: {folder}")

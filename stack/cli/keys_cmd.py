@@ -97,7 +97,7 @@ def keys_list(
                           f"{k['tokens_total']} tok, ${k['cost_usd']:.4f}", k["source"])  # fmt: skip
         out.print(table)
         for name in answer.get("revoked", []):
-            out.print(f"[yellow]revoked:[/] {name} (declared in the configuration; remove it there)")
+            out.print(f"[yellow]revoked:[/] {name}")
 
     run(body)
 

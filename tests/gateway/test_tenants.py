@@ -318,6 +318,8 @@ def test_keys_added_at_run_time_are_kept_hashed_and_survive_a_restart(tmp_path) 
             assert ask(url, "alice").status_code == 401
             assert httpx.delete(f"{url}/admin/keys/carol").status_code == 200
             assert ask(url, key).status_code == 401
+            # the last named key revoked: /v1 still asks for a key (revoking a leaked key never opens it)
+            assert ask(url, None).json()["error"]["code"] == "missing_api_key"
 
 
 def test_an_admin_key_opens_admin_and_a_client_key_does_not() -> None:

@@ -121,7 +121,7 @@ def require_caller(ring: KeyRing, book: TenantBook, authorization: str | None,
             return Caller(require_client_key(ring, authorization, api_key_header))
         if presented is None:
             raise Unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY` (this "
-                               "gateway has named keys: an admin gives one with `vstack keys add NAME`).",
+                               "gateway uses named keys: an admin gives one with `vstack keys add NAME`).",
                                code="missing_api_key")  # fmt: skip
         raise Unauthorized("Incorrect API key provided.")
     if tenant.role == "viewer":

@@ -139,15 +139,15 @@ async def revoke_key(name: str, request: Request) -> dict[str, Any]:
     state = get_state(request)
     gate = state.dispatcher.tenants
     tenant = gate.book.remove(name)
-    if tenant is None and name in state.runtime.keys:  # kept in runtime.json but skipped at start
-        return {"revoked": name, **unsaved(state, state.runtime.set_key(name, None))}
+    if tenant is None and name in state.runtime.keys and not state.runtime.keys[name].get("revoked"):
+        # kept in runtime.json but skipped at start
+        return {"revoked": name, **unsaved(state, state.runtime.set_key(name, {"name": name, "revoked": True}))}
     if tenant is None:
         raise ModelNotFound(f"no named key {name!r} (vstack keys list)", param="name", code="key_not_found")
     gate.usage.forget(name)
-    if tenant.source == "config":  # kept revoked across restarts until the configuration drops it
-        persisted = state.runtime.set_key(name, {"name": name, "revoked": True})
-    else:
-        persisted = state.runtime.set_key(name, None)
+    # Kept as revoked: a configured key stays revoked across restarts (until the configuration drops it), and
+    # the gateway goes on asking for a key once the last named key is gone (stack.gateway.tenants.book).
+    persisted = state.runtime.set_key(name, {"name": name, "revoked": True})
     return {"revoked": name, **unsaved(state, persisted)}
 
 

@@ -37,8 +37,10 @@ async def replay(state: GatewayState) -> None:
                                     "remove": f"DELETE /admin/adapters/{shown(name)}"})  # fmt: skip
     for name, body in dict(runtime.keys).items():  # read() filled them
         try:
-            if body.get("revoked"):  # a key of the configuration, revoked through /admin
-                if state.dispatcher.tenants.book.remove(name) is not None:
+            if body.get("revoked"):  # revoked through /admin: a configured key stays out, and keys stay required
+                book = state.dispatcher.tenants.book
+                book.required = True
+                if book.remove(name) is not None:
                     runtime.restored.append(f"key {shown(name)} revoked")
                 continue
             register_key(state, NewKey.model_validate({**body, "replace": True}))

@@ -77,6 +77,9 @@ class TenantBook:
     def __init__(self) -> None:
         self._by_digest: dict[bytes, Tenant] = {}
         self.by_name: dict[str, Tenant] = {}
+        # Once named keys are in use, /v1 needs a key even when the last one is revoked: revoking a leaked key
+        # must never open the gateway to everyone (runtime.json keeps the revoked names, so across restarts too).
+        self.required = False
 
     @classmethod
     def from_config(cls, configs: list[TenantConfig], environ: Mapping[str, str] | None = None) -> TenantBook:
@@ -98,7 +101,7 @@ class TenantBook:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.by_name)
+        return bool(self.by_name) or self.required
 
     def identify(self, presented: str | None) -> Tenant | None:
         return self._by_digest.get(digest_of(presented)) if presented else None
@@ -109,6 +112,7 @@ class TenantBook:
     def add(self, tenant: Tenant) -> None:
         """Add or replace (by name). A key another tenant holds is refused by the caller first (`has_digest`)."""
         self.remove(tenant.name)
+        self.required = True
         self.by_name[tenant.name] = tenant
         self._by_digest[tenant.digest] = tenant
 
