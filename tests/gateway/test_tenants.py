@@ -9,6 +9,7 @@ the mock provider reached through LiteLLM (tests/gateway/conftest.py).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 
@@ -343,3 +344,29 @@ def test_a_config_whose_named_key_is_the_admin_key_is_refused() -> None:
         GatewayConfig(tenants=[tenant("alice"), {"name": "alice", "sha256": sha("y")}])
     with pytest.raises(ValueError, match="never written in a config"):
         GatewayConfig(tenants=[{"name": "a"}])
+
+
+def test_the_console_usage_page_shows_a_client_key_its_own_rows_and_a_viewer_key_all() -> None:
+    cfg = settings(tenant("alice"), tenant("bob"), tenant("victor", role="viewer"))
+    with serving(PacedEngine(2, 1)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                        deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+        assert ask(gw.url, "alice", tokens=5).status_code == 200
+        assert ask(gw.url, "bob", tokens=6).status_code == 200
+
+        def console(who: str) -> httpx.Client:
+            c = httpx.Client(base_url=gw.url)
+            login = c.post("/ui/login", json={"key": KEYS[who]})
+            assert login.status_code == 200 and login.json()["role"] == "viewer", login.text
+            return c
+
+        with contextlib.closing(console("alice")) as c:
+            page = c.get("/ui/usage")
+            assert page.status_code == 200 and "/ui/static/pages/usage.js" in page.text
+            assert "script-src 'self'" in page.headers["content-security-policy"]
+            assert [r["tenant"] for r in c.get("/ui/api/usage").json()["usage"]] == ["alice"]
+            assert c.get("/ui/api/usage", params={"format": "csv"}).text.splitlines()[1].startswith("alice,")
+            assert c.get("/ui/static/pages/usage.js").status_code == 200
+        with contextlib.closing(console("victor")) as c:
+            rows = c.get("/ui/api/usage").json()
+            assert [(r["tenant"], r["tokens_out"]) for r in rows["usage"]] == [("alice", 5), ("bob", 6)]
+            assert sum(rows["per_minute"]["tenants"]["bob"]) == 16

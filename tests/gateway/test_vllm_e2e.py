@@ -169,7 +169,7 @@ def _waiting(engine_url: str) -> float:
 
 def test_a_keys_class_is_handed_to_vllm_priority_scheduling(vllm_engine) -> None:
     """The shared engine runs --scheduling-policy priority (tests/support/shared_engine.py): a high-class key's
-    request sent after 24 low-class ones, 8 of them waiting for one of the engine's 16 sequences, gets its first
+    request sent after 20 low-class ones, some of them waiting for one of the engine's 16 sequences, gets its first
     token before those waiting ones do. Requests without a key's class still work (priority 0)."""
     import concurrent.futures
     import hashlib
@@ -199,8 +199,8 @@ def test_a_keys_class_is_handed_to_vllm_priority_scheduling(vllm_engine) -> None
                       "max_tokens": 2}).status_code == 200  # no priority field: still served  # fmt: skip
     with run_gateway(settings, default_model=SERVED, deployments=[dep]) as gw, \
             concurrent.futures.ThreadPoolExecutor(32) as pool:  # fmt: skip
-        lows = [pool.submit(first_token, "batch", 96) for _ in range(24)]
-        wait_for(lambda: _waiting(vllm_engine.url) >= 4, 60, "low-class requests waiting in the engine")
-        high = first_token("chat", 4)
+        lows = [pool.submit(first_token, "batch", 32) for _ in range(20)]
+        wait_for(lambda: _waiting(vllm_engine.url) >= 2, 60, "low-class requests waiting in the engine")
+        high = first_token("chat", 2)
         later = [f.result() for f in lows if f.result() > high]
-    assert len(later) >= 4, f"only {len(later)} of the low-class requests got their first token after the high one"
+    assert len(later) >= 2, f"only {len(later)} of the low-class requests got their first token after the high one"
