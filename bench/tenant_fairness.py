@@ -313,7 +313,7 @@ def write(results: dict, args: argparse.Namespace) -> None:
             Figure(
                 name=f"{name}: quiet p95 TTFT",
                 value=p95 if p95 is not None else "unanswered",
-                unit="ms",
+                unit="ms" if p95 is not None else "",
                 meaning=f"the quiet tenant's p95 time to first token ({name}); lower is "
                 "better; 'unanswered' when some of its requests got no first token in the phase",
             )
