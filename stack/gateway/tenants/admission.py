@@ -111,20 +111,21 @@ class ModelQueue:
     def dispatch(self) -> None:
         """Send waiting requests into the free places: highest class first, smallest tag within it."""
         while self.in_engine < self.cap:
-            best: tuple[float, int, int, Flow] | None = None
+            best: tuple[float, int, int, int, Flow] | None = None
             for klass, flows in enumerate(self.flows):
                 for flow in flows.values():
                     while flow.waiting and flow.waiting[0].future.done():  # cancelled: its client left
                         flow.waiting.popleft()
                     if flow.waiting and self._may_enter(flow):
                         head = flow.waiting[0]
-                        if best is None or (head.tag, head.seq) < (best[0], best[1]):
-                            best = (head.tag, head.seq, klass, flow)
+                        # equal tags (a newcomer's and the flood's next): the one with less in the engine
+                        if best is None or (head.tag, flow.in_engine, head.seq) < best[:3]:
+                            best = (head.tag, flow.in_engine, head.seq, klass, flow)
                 if best is not None:
                     break  # a higher class that can go goes first
             if best is None:
                 return
-            tag, _, klass, flow = best
+            tag, _, _, klass, flow = best
             waiter = flow.waiting.popleft()
             flow.in_engine += 1
             self.in_engine += 1
