@@ -370,3 +370,25 @@ def test_the_console_usage_page_shows_a_client_key_its_own_rows_and_a_viewer_key
             rows = c.get("/ui/api/usage").json()
             assert [(r["tenant"], r["tokens_out"]) for r in rows["usage"]] == [("alice", 5), ("bob", 6)]
             assert sum(rows["per_minute"]["tenants"]["bob"]) == 16
+
+
+def test_a_token_budget_counts_across_restarts(tmp_path) -> None:
+    from stack.gateway.app import create_app
+    from stack.gateway.registry import DeploymentRegistry
+
+    cfg = settings(tenant("alice", limits={"token_budget": 60}))
+
+    def gateway(eng: str):
+        registry = DeploymentRegistry()
+        registry.add(engine_dep(eng))
+        return app_in_thread(create_app(cfg, default_model=MODEL, registry=registry, environ={},
+                                        state_file=tmp_path / "runtime.json"))  # fmt: skip
+
+    with serving(PacedEngine(2, 1)) as eng:
+        with gateway(eng) as (url, _):
+            assert ask(url, "alice", tokens=30).status_code == 200  # 10 + 30 = 40 of 60
+        assert json.loads((tmp_path / "usage.json").read_text())["tenants"]["alice"]["total_tokens"] == 40
+        with gateway(eng) as (url, _):
+            spent = ask(url, "alice", tokens=30)
+            assert spent.status_code == 429 and spent.json()["error"]["code"] == "token_budget_exceeded"
+            assert "used 40 of its token budget of 60" in spent.json()["error"]["message"]
