@@ -232,6 +232,8 @@ def test_a_tenants_queue_is_bounded_and_a_wait_times_out() -> None:
         # the two waiting gave up after queue_timeout_s, with 429, Retry-After and the setting named
         assert [r.json()["error"]["code"] for r in late] == ["queue_timeout_exceeded"] * 2
         assert all(r.headers["Retry-After"] == "5" and "queue_timeout_s" in r.text for r in late)
+        row = gw.state.dispatcher.tenants.usage.table("alice")[0]
+        assert (row["requests"], row["refused"], row["errors"]) == (1, 3, 0)  # refusals, not errors
 
 
 def test_the_class_is_handed_to_an_engine_that_schedules_by_priority() -> None:

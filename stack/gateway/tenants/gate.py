@@ -47,7 +47,7 @@ class Quota:
     meter: Meter | None = None  # its tenant's (spilled requests count in its totals, not its windows)
     over_limit: str = ""  # the limit it broke: spilled to the model's fallbacks
     waited_s: float = 0.0  # in the admission queue
-    done: bool = field(default=False, repr=False)
+    refused: bool = field(default=False, repr=False)  # by the admission queue: counted there, not as an error
 
     def release(self) -> None:
         if self.hold is not None:
@@ -114,7 +114,11 @@ class Gate:
                 gauge.dec()
                 quota.waited_s = waited
                 yield
-        except OverLimit as exc:
+        except OverLimit as exc:  # its queue is full, or it waited too long: it used nothing of its limits
+            quota.refused = True
+            if quota.hold is not None:
+                quota.hold.settle(0)
+            self.usage.count(quota.label, group, "refused")
             raise refusal(exc) from None
         finally:
             if not entered:
@@ -138,7 +142,7 @@ class Gate:
         self.totals.dirty = True
 
     def failed(self, quota: Quota | None, group: str) -> None:
-        if quota is not None:
+        if quota is not None and not quota.refused:
             self.usage.count(quota.label, group, "error")
 
     def price(self, dep: Any, tin: int, tout: int) -> float:
