@@ -34,7 +34,7 @@ def group(module: str) -> str | None:
 
 
 # The gateway's rooms (adr/0028), bottom up; the floor's modules drawn as one box.
-ROOMS = ["floor", "request_fields", "upstreams", "routing", "http", "console", "engines", "app"]
+ROOMS = ["floor", "request_fields", "upstreams", "tenants", "routing", "http", "console", "engines", "app"]
 FLOOR = {"registry", "openai_errors", "metrics", "schemas", "log_health"}
 
 

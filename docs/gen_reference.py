@@ -290,11 +290,13 @@ def metrics_page() -> str:
     from stack.gateway.metrics import GatewayMetrics
     from stack.gateway.routing.adapters import AdapterMetrics
     from stack.gateway.routing.slo_spill import SpillGuard
+    from stack.gateway.tenants.usage import UsageBook
     from stack.manager.metrics import ManagerMetrics
 
     gateway = GatewayMetrics()
     AdapterMetrics(gateway.registry)
     SpillGuard(SpillSettings(), gateway.registry)
+    UsageBook(gateway.registry)
     rows = ["| metric | type | labels | what it counts | from |", "| --- | --- | --- | --- | --- |"]
     entries = []
     for source, registry in (("gateway", gateway.registry), ("model manager", ManagerMetrics().registry)):
@@ -305,7 +307,8 @@ def metrics_page() -> str:
             entries.append(f"| `{name}` | {metric.type} | {labels} | {metric.documentation} | {source} |")
     head = ("# Metrics\n\n" + HEADER
             + "What `GET /metrics` on the gateway exports (Prometheus text), from its registries "
-            "(`stack/gateway/metrics.py`, `stack/gateway/routing/adapters.py`, `stack/manager/metrics.py`; the model "
+            "(`stack/gateway/metrics.py`, `stack/gateway/routing/adapters.py`, `stack/gateway/tenants/usage.py`, "
+            "`stack/manager/metrics.py`; the model "
             "manager's are there when the gateway switches models, as under `vstack up`). Histograms also "
             "export `_bucket`, `_sum` and `_count`. The engines' own `vllm:*` metrics are served unchanged at "
             "`/metrics/engines/{id}`, and `/metrics/targets` lists them for Prometheus' HTTP service discovery.\n\n")

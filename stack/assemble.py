@@ -235,7 +235,8 @@ def managed(launch: Launch, plan: ModelPlan, preload: bool,
                          can_sleep=plan.can_sleep, weights_gpu=weights_gpu, weights_host=weights_host,
                          preload=preload, task=plan.model.task, lora=lora, adapters=adapters,
                          keeps_host_copy=plan.keeps_host_copy, slo=list(plan.slo),
-                         prefix_cache_bytes=plan.prefix_cache_bytes)  # fmt: skip
+                         prefix_cache_bytes=plan.prefix_cache_bytes,
+                         scheduling=str(plan.engine.get("scheduling_policy") or ""))  # fmt: skip
 
 
 def lora_of(plan: ModelPlan) -> tuple[Base | None, list[Adapter]]:
@@ -592,7 +593,8 @@ def warn_if_open(cfg: StackConfig) -> None:
     """A gateway on a public address without client keys serves anyone who can reach it: say so loudly."""
     from stack.gateway.http.auth import KeyRing, is_loopback
 
-    if not is_loopback(cfg.gateway.host) and not KeyRing.from_refs(cfg.gateway.api_keys).enabled:
+    if not is_loopback(cfg.gateway.host) and not KeyRing.from_refs(cfg.gateway.api_keys).enabled \
+            and not cfg.gateway.tenants:
         logging.getLogger("stack.gateway").warning(
             "listening on %s without API keys: anyone who can reach it can use the models; set VSTACK_API_KEY",
             cfg.gateway.host,

@@ -15,6 +15,7 @@ from stack.cli.bench_cmd import app as bench_app
 from stack.cli.config_cmd import config_app
 from stack.cli.deployments_cmd import deployments_app
 from stack.cli.every_command import ConfigOpt, UrlOpt, cli_config, out, run
+from stack.cli.keys_cmd import keys_app
 from stack.cli.lifecycle import down, reload, status, up
 from stack.cli.logs_cmd import logs
 from stack.cli.models_cmd import load, models_app, switch, unload
@@ -31,6 +32,7 @@ for command in (up, down, reload, status, logs, switch, load, unload):
 app.add_typer(config_app, name="config")
 app.add_typer(models_app, name="models")
 app.add_typer(deployments_app, name="deployments")
+app.add_typer(keys_app, name="keys")
 app.add_typer(patches_app, name="patches")
 app.command("plan")(plan_command)
 app.add_typer(bench_app, name="bench")

@@ -15,7 +15,15 @@ from stack.config.sections.gateway import GatewayConfig
 from stack.errors import ConfigError
 from stack.gateway.console.routes import install as install_console
 from stack.gateway.console.sources import ConsoleSources
-from stack.gateway.http import adapter_routes, admin_routes, agent_routes, gc_freeze, openai_routes, ops_routes
+from stack.gateway.http import (
+    adapter_routes,
+    admin_routes,
+    agent_routes,
+    gc_freeze,
+    key_routes,
+    openai_routes,
+    ops_routes,
+)
 from stack.gateway.http.admin_routes import cloud_deployment
 from stack.gateway.http.auth import KeyRing
 from stack.gateway.http.body_limit import BodyLimit
@@ -33,6 +41,7 @@ from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.routing.adapters import AdapterBook
 from stack.gateway.routing.deployment_choice import Routing
 from stack.gateway.routing.dispatcher import Dispatcher
+from stack.gateway.tenants.gate import Gate
 from stack.gateway.upstreams.cloud_client import CloudUpstream
 from stack.gateway.upstreams.fast_path import LocalUpstream
 from stack.gateway.upstreams.provider_keys import KeyPolicy
@@ -43,6 +52,14 @@ from stack.tracing.tracer import tracer_for
 
 log = logging.getLogger("stack.gateway")
 Hook = Callable[[GatewayState], Awaitable[None]]
+USAGE_SAVE_S = 10.0
+
+
+async def save_usage(tenants: Gate) -> None:
+    """The budgets' totals to state_dir/usage.json every few seconds while they change (and at shutdown)."""
+    while True:
+        await asyncio.sleep(USAGE_SAVE_S)
+        await tenants.save_soon()
 
 
 def create_app(
@@ -89,6 +106,11 @@ def create_app(
     dispatcher.tracer = tracer_for(tracing)
     if manager is not None and dispatcher.tracer is not None:
         manager.tracer = dispatcher.tracer  # switches, starts and sleeps get traces of their own
+    tenants = dispatcher.tenants
+    tenants.configure(settings.tenants, environ, state_file.with_name("usage.json") if state_file else None)
+    if admin_keys.shared_with(KeyRing(tenants.book.digests())) or keys.shared_with(KeyRing(tenants.book.digests())):
+        raise ConfigError("a gateway.tenants key has the same value as gateway.admin_key or an api_keys entry",
+                          hint="give each named key a value of its own (`vstack keys add NAME` draws one)")
 
     async def restart_engine(dep: Deployment, why: str) -> None:
         # An engine whose base model an adapter changed: the manager starts a fresh one (its own engines only).
@@ -137,6 +159,7 @@ def create_app(
         for hook in on_startup or []:
             await hook(state)
         await replay(state)  # the /admin changes of the last run, once the engines (and adapter bases) are known
+        saver = asyncio.create_task(save_usage(tenants), name="usage totals")
         live = dispatcher.liveness
         watch = asyncio.create_task(live.run(), name="engine liveness") if settings.liveness.enabled else None
         spill = dispatcher.spill
@@ -145,7 +168,7 @@ def create_app(
         try:
             yield
         finally:
-            for task in (watch, loads):
+            for task in (watch, loads, saver):
                 if task is not None:
                     task.cancel()
             await spill.book.close()
@@ -154,6 +177,7 @@ def create_app(
             await live.close()
             await local.close()
             await state.adapters.close()
+            tenants.save()
             if dispatcher.tracer is not None:
                 await asyncio.to_thread(dispatcher.tracer.close)  # the last spans flushed to the collector
 
@@ -178,6 +202,7 @@ def create_app(
         on_shutdown.append(install_console(app, state, console).close)
     app.include_router(agent_routes.router)
     app.include_router(adapter_routes.router)
+    app.include_router(key_routes.router)
     # last: OpenAI's 404 JSON for every path no route serves, behind the /v1 keys (its text lists endpoints)
     app.include_router(agent_routes.unknown, dependencies=[Depends(openai_routes.client_key)])
     if settings.cors_origins:
@@ -193,7 +218,7 @@ def create_app(
     app.add_middleware(OpenAIFastPath, state=state)  # the plain POSTs of /v1 without the layers above (adr/0032)
     # before the fast path: a page's form post or a rebinding Host never reaches a route (adr/0039)
     names = HostNames(settings.host, settings.allowed_hosts)
-    app.add_middleware(CrossSiteGuard, names=names, open_api=not keys.enabled)
+    app.add_middleware(CrossSiteGuard, names=names, open_api=not keys.enabled and not tenants.book.enabled)
     if settings.log_requests:
         app.add_middleware(RequestLog)  # outermost: sees every answer, 413s included
     return app

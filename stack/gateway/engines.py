@@ -48,6 +48,7 @@ class ManagedEngine:
     keeps_host_copy: bool = False  # a later sleep only releases memory (stack.engine.sleep_copy)
     prefix_cache_bytes: int = 0  # its prefix cache's CPU tier across sleep (stack.vllm.kv_offload)
     slo: list[str] = field(default_factory=list)  # its objectives (models.*.slo or its profile's): the spill's
+    scheduling: str = ""  # its engine's scheduling_policy: `priority` takes each request's class (adr/0043)
 
 
 # Without manager settings the supervisor behaves as it always did: every engine starts at once, shares
@@ -87,6 +88,8 @@ class EngineSupervisor:
         for m in self.engines:
             spec = m.engine.spec
             role = {"role": "set"} if has_replicas(m.engine) else {}
+            if m.scheduling == "priority":
+                role["scheduling"] = "priority"
             state.registry.add(Deployment(
                 id=m.deployment_id, model_group=m.model_group, kind="local", upstream_model=m.served_name,
                 api_base=spec.base_url, engine_key=engine_key(m.engine), state="stopped",

@@ -64,12 +64,12 @@ def admin_headers(url: str | None = None, state_dir: Any = None) -> dict[str, st
 
 
 def admin(state_dir: Any, method: str, path: str, timeout: float = 10, url: str | None = None,
-          **params: Any) -> dict[str, Any]:
+          body: Any = None, **params: Any) -> dict[str, Any]:
     base = gateway_url(state_dir, url)
     url = base + path
     try:
         resp = httpx.request(method, url, headers=admin_headers(base, state_dir), params=params or None,
-                             timeout=timeout)
+                             json=body, timeout=timeout)
     except httpx.TimeoutException as exc:
         raise EngineError(
             f"the gateway did not answer {path} within {timeout:.0f} s",

@@ -172,7 +172,7 @@ def secret_env_names(cfg: StackConfig) -> tuple[str, ...]:
     """The variables the config names for a key (gateway keys, provider keys): kept out of every engine."""
     gw = cfg.gateway
     refs = [*gw.api_keys, *([gw.admin_key] if gw.admin_key else []), *([gw.metrics_key] if gw.metrics_key else [])]
-    names = {r.env for r in refs if r.env} | {c.api_key_env for c in gw.cloud if c.api_key_env}
+    names = {r.env for r in [*refs, *gw.tenants] if r.env} | {c.api_key_env for c in gw.cloud if c.api_key_env}
     return tuple(sorted(names | set(gw.provider_key_envs)))
 
 

@@ -32,6 +32,7 @@ READY = {  # what shows that each page has its data
     "models": f'#models tr[data-model="{SMOL}"]',
     "live": ".engine[data-engine] .figure",
     "activity": "#activity",
+    "usage": "#usage",
     "logs": "#log-source option",
     "playground": "#pg-model option",
     "plan": "pre.command",
@@ -138,7 +139,7 @@ def test_every_page_loads_without_a_javascript_error(console: str, browser, shot
             assert tab.errors == [], f"{name}: {tab.errors}"
         # Every page's source and every answer of the console's API: no key, anywhere.
         for path in [*(f"/ui/{n}" for n in READY), "/ui/api/models", "/ui/api/plan", "/ui/api/activity",
-                     "/ui/api/logs", f"/ui/api/logs?source={SMOL}", "/ui/api/live"]:  # fmt: skip
+                     "/ui/api/usage", "/ui/api/logs", f"/ui/api/logs?source={SMOL}", "/ui/api/live"]:  # fmt: skip
             body = tab.page.request.get(console.removesuffix("/ui") + path).text()
             assert USER not in body and ADMIN not in body, path
     finally:
@@ -254,7 +255,8 @@ def test_the_playground_answers_paris_and_activity_shows_it_live(console: str, b
         rows = activity.page.locator(f'#activity tr[data-model="{SMOL}"][data-status="200"]')
         rows.nth(before).wait_for(state="attached", timeout=15_000)
         cells = activity.page.locator(f'#activity tr[data-model="{SMOL}"]').first.locator("td").all_inner_texts()
-        assert cells[2] == "local" and cells[5] != "–" and cells[6] != "–"  # route, tokens in, tokens out
+        # tenant (none: an API key, not a named key), route, tokens in, tokens out
+        assert cells[1] == "–" and cells[3] == "local" and cells[6] != "–" and cells[7] != "–"
         activity.page.screenshot(path=str(shots / "activity.png"))
         href = activity.page.get_attribute("#export-csv", "href")
         csv = activity.page.request.get(console.removesuffix("/ui") + href).text()
@@ -274,6 +276,26 @@ def test_the_playground_answers_paris_and_activity_shows_it_live(console: str, b
     finally:
         tab.close()
         activity.close()
+
+
+def test_usage_shows_the_requests_per_key_and_model_with_a_chart(console: str, browser, shots: Path) -> None:
+    """After the playground's answer: the Usage page counts it for `other` (an API key, not a named key), with its
+    tokens, and draws tokens per minute; its CSV export says the same."""
+    tab = Tab(browser, console, USER)
+    try:
+        tab.open("usage")
+        row = tab.page.wait_for_selector(f'#usage tr[data-tenant="other"][data-model="{SMOL}"]', timeout=15_000)
+        cells = row.query_selector_all("td")
+        assert int(cells[2].inner_text()) >= 1 and int(cells[6].inner_text().replace(",", "")) > 0
+        until(lambda: int(tab.page.get_attribute("#usage-chart", "data-points") or 0) > 0, 15)
+        assert tab.page.locator("#usage-chart canvas").count() == 1
+        tab.page.screenshot(path=str(shots / "usage.png"))
+        href = tab.page.get_attribute("#usage-csv", "href")
+        csv = tab.page.request.get(console.removesuffix("/ui") + href).text()
+        assert csv.splitlines()[0].startswith("tenant,model,requests") and f"other,{SMOL}," in csv
+        assert tab.errors == []
+    finally:
+        tab.close()
 
 
 def chat_traffic(gateway: str, seconds: float, users: int = 2) -> list[threading.Thread]:

@@ -57,7 +57,7 @@ def test_the_activity_ring_is_bounded_filtered_and_exported_without_bodies() -> 
     assert [r["id"] for r in ring.since(2)] == [3, 4]  # what the console's stream sends next, oldest first
     assert ring.before(time.time() + 1) == 4 and ring.before(0) == 0
     text = to_csv(rows)
-    header = "id,ts,endpoint,model,deployment,route,status,ttft_ms,tokens_in,tokens_out,duration_ms,why"
+    header = "id,ts,endpoint,model,deployment,route,status,ttft_ms,tokens_in,tokens_out,duration_ms,why,tenant"
     assert text.splitlines()[0] == header
     assert len(text.splitlines()) == 4
 

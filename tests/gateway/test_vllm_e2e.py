@@ -200,3 +200,48 @@ def test_the_engine_exports_its_spans_into_the_gateways_trace(tmp_path) -> None:
     assert {s.trace_id for s in engine} == {trace_id}
     assert any(s.parent_id == attempt.span_id for s in engine)  # the engine's request span, under our attempt
     assert attempt.start_ns <= min(s.start_ns for s in engine)
+
+
+def _waiting(engine_url: str) -> float:
+    text = httpx.get(f"{engine_url}/metrics").text
+    return sum(float(v) for v in re.findall(r"^vllm:num_requests_waiting\{[^}]*\} ([0-9.]+)", text, re.M))
+
+
+def test_a_keys_class_is_handed_to_vllm_priority_scheduling(vllm_engine) -> None:
+    """The shared engine runs --scheduling-policy priority (tests/support/shared_engine.py): a high-class key's
+    request sent after 20 low-class ones, some of them waiting for one of the engine's 16 sequences, gets its first
+    token before those waiting ones do. Requests without a key's class still work (priority 0)."""
+    import concurrent.futures
+    import hashlib
+
+    from stack.gateway.registry import Deployment
+
+    keys = {"batch": "batch-key-e2e-0001", "chat": "chat-key-e2e-0002"}
+    tenants = [{"name": n, "sha256": hashlib.sha256(k.encode()).hexdigest(), "priority": p}
+               for (n, k), p in zip(keys.items(), ("low", "high"), strict=True)]  # fmt: skip
+    dep = Deployment(id="engine", model_group=SERVED, kind="local", upstream_model=SERVED, api_base=vllm_engine.url,
+                     labels={"scheduling": "priority"})  # fmt: skip
+    settings = GatewayConfig(tenants=tenants, liveness={"enabled": False}, spill={"enabled": False})
+
+    def first_token(who: str, max_tokens: int) -> float:
+        body = {"model": SERVED, "messages": ASK, "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
+        with httpx.stream("POST", f"{gw.url}/v1/chat/completions", json=body, timeout=180,
+                          headers={"Authorization": f"Bearer {keys[who]}"}) as r:  # fmt: skip
+            assert r.status_code == 200, r.read()
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: {"))
+            at = time.monotonic()
+            for _ in lines:
+                pass
+            return at
+
+    assert httpx.post(f"{vllm_engine.url}/v1/chat/completions", json={"model": SERVED, "messages": ASK,
+                      "max_tokens": 2}).status_code == 200  # no priority field: still served  # fmt: skip
+    with run_gateway(settings, default_model=SERVED, deployments=[dep]) as gw, \
+            concurrent.futures.ThreadPoolExecutor(32) as pool:  # fmt: skip
+        lows = [pool.submit(first_token, "batch", 32) for _ in range(20)]
+        wait_for(lambda: _waiting(vllm_engine.url) >= 2, 60, "low-class requests waiting in the engine")
+        high = first_token("chat", 2)
+        later = [f.result() for f in lows if f.result() > high]
+    # first come first served, the high one would wait behind every low one still waiting: none would be later
+    assert later, "every low-class request got its first token before the later high-class one"

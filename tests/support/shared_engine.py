@@ -105,7 +105,10 @@ def _start(log_dir: Path) -> Server:
     port = free_port()
     log = log_dir / f"vllm-{port}.log"
     # Rendered by the stack, as `vstack up` would (dtype from this CPU's flags): no hand-written argv.
-    argv, engine_env = rendered_engine(model, SERVED, port, max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS)
+    # scheduling_policy priority: the gateway hands a named key's class over as `priority` (adr/0043); a request
+    # without one is priority 0, served first come first served as before.
+    argv, engine_env = rendered_engine(model, SERVED, port, max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS,
+                                       scheduling_policy="priority")
     popen = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **engine_env}, stdout=log.open("wb"),
                              stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from stack.config.sections.tenants import AdmissionSettings, TenantConfig
+
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 # litellm_params keys that would carry a secret in clear text; the environment carries them instead.
 _SECRET_PARAMS = ("api_key", "aws_secret_access_key", "aws_session_token", "vertex_credentials")
@@ -155,6 +157,12 @@ class GatewayConfig(_Strict):
     api_keys: list[KeyRef] = Field(
         default_factory=list, description="keys accepted on /v1/*; none configured means no key is required"
     )
+    tenants: list[TenantConfig] = Field(
+        default_factory=list, description="named keys: a role, allowed models, a priority class and limits each "
+        "(docs/guides/teams-and-quotas.md); with any, /v1 needs a key. More are added at run time (`vstack keys add`)",
+    )
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings, description="priority and fair "
+                                         "admission in front of the local engines")
     admin_key: KeyRef | None = Field(None, description="key for /admin/*; without one, only loopback clients")
     metrics_key: KeyRef | None = Field(None, description="a key for /metrics, /metrics/targets and "
                                        "/metrics/engines/* only (Prometheus' bearer token); client and admin keys "
@@ -254,10 +262,30 @@ class GatewayConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _tenants_are_apart(self) -> GatewayConfig:
+        # A tenant's key opening /admin (the admin key's hash or variable), or two tenants of one name or key.
+        names: set[str] = {r.name for r in self.api_keys} | ({self.admin_key.name} if self.admin_key else set())
+        keys = {("sha256", r.sha256) if r.sha256 else ("env", r.env): f"api_keys {r.name!r}" for r in self.api_keys}
+        if self.admin_key is not None:
+            ref = self.admin_key
+            keys[("sha256", ref.sha256) if ref.sha256 else ("env", ref.env)] = "admin_key"
+        for i, t in enumerate(self.tenants):
+            if t.name in names:
+                raise ValueError(f"tenants.{i}: the name {t.name!r} is taken (by another tenant, an api_keys entry or "
+                                 "the admin key); give each tenant a name of its own")
+            names.add(t.name)
+            key = ("sha256", t.sha256) if t.sha256 else ("env", t.env)
+            if key in keys:
+                raise ValueError(f"tenants.{i} ({t.name!r}) has the same key as {keys[key]}: give each tenant a key "
+                                 "of its own (`vstack keys add NAME` draws one)")
+            keys[key] = f"tenants {t.name!r}"
+        return self
+
+    @model_validator(mode="after")
     def _provider_keys_are_not_ours(self) -> GatewayConfig:
         # The gateway's own keys must never be handed to a provider (that is, sent to another host).
         refs = [*self.api_keys, *([self.admin_key] if self.admin_key else []),
-                *([self.metrics_key] if self.metrics_key else [])]  # fmt: skip
+                *([self.metrics_key] if self.metrics_key else []), *self.tenants]  # fmt: skip
         ours = {ref.env for ref in refs if ref.env}
         for i, c in enumerate(self.cloud):
             if c.api_key_env in ours:

@@ -33,6 +33,7 @@ from stack.gateway.console.sources import ConsoleSources, with_bus_floor
 from stack.gateway.console.throttle import LoginThrottle
 from stack.gateway.http.admin_routes import Action, models_view, run_model_action
 from stack.gateway.http.auth import local_client
+from stack.gateway.http.key_routes import usage_answer
 from stack.gateway.http.openai_routes import too_many_tokens
 from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
@@ -41,12 +42,13 @@ from stack.gateway.prom_text import parse
 from stack.gateway.registry import Deployment
 from stack.gateway.routing.activity import to_csv
 from stack.gateway.schemas import ChatCompletionRequest
+from stack.gateway.tenants.gate import Caller
 from stack.tracing.record import clock
 
 HERE = Path(__file__).parent
 log = logging.getLogger("stack.gateway.console")
-PAGES = {"models": "Models", "live": "Live", "activity": "Activity", "logs": "Logs", "playground": "Playground",
-         "plan": "Plan & config"}  # fmt: skip
+PAGES = {"models": "Models", "live": "Live", "activity": "Activity", "usage": "Usage", "logs": "Logs",
+         "playground": "Playground", "plan": "Plan & config"}  # fmt: skip
 SCRAPABLE = ("ready", "sleeping")
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -179,7 +181,8 @@ def console_of(request: Request) -> Console:
 
 
 def login_needed(state: GatewayState) -> bool:
-    return state.keys.enabled or state.admin_keys.enabled or state.admin_token is not None
+    return (state.keys.enabled or state.admin_keys.enabled or state.admin_token is not None
+            or state.dispatcher.tenants.book.enabled)  # fmt: skip
 
 
 def open_role(state: GatewayState, request: Request) -> str:
@@ -267,7 +270,10 @@ async def login(body: Login, request: Request) -> JSONResponse:
                                        "type": "rate_limit_error", "param": None, "code": "login_throttled"}},
                             429, headers={"Retry-After": str(wait_s)})  # fmt: skip
     local = local_client(client, request.headers)
-    if (name := state.admin_keys.check(body.key)) is not None:
+    tenant = state.dispatcher.tenants.book.identify(body.key)
+    if tenant is not None:  # a named key: its own role (client keys get the viewer role, as API keys do)
+        name, role = tenant.name, "admin" if tenant.role == "admin" else "viewer"
+    elif (name := state.admin_keys.check(body.key)) is not None:
         role = "admin"
     elif state.admin_token is not None and local and hmac.compare_digest(body.key.encode(),
                                                                          state.admin_token.encode()):
@@ -301,7 +307,7 @@ async def page(page: str, request: Request) -> Response:
     state, console = get_state(request), console_of(request)
     session, token = session_of(request), None
     if session is None:
-        if login_needed(state) and state.keys.enabled:
+        if login_needed(state) and (state.keys.enabled or state.dispatcher.tenants.book.enabled):
             return RedirectResponse(f"/ui/login?next=/ui/{page}", 303)
         # Nothing to log in with for reading: a session for this browser (admin only where /admin/* would be).
         token, session = console.sessions.create(open_role(state, request), "none")  # type: ignore[arg-type]
@@ -381,6 +387,16 @@ async def api_trace(request_id: str, request: Request) -> dict[str, Any]:
     return found
 
 
+@router.get("/api/usage")
+async def api_usage(request: Request, format: str = "json", minutes: int = 60) -> Response:
+    """The Usage page's data: every tenant for the admin role and viewer keys; a client key's own only."""
+    session = need_session(request)
+    state = get_state(request)
+    tenant = state.dispatcher.tenants.book.by_name.get(session.key_name)
+    only = tenant.name if tenant is not None and tenant.role == "client" else None
+    return usage_answer(state, format, only, minutes)
+
+
 @router.get("/api/logs")
 async def api_logs(request: Request, source: str = "gateway", lines: int = 200) -> dict[str, Any]:
     need_session(request)
@@ -438,14 +454,18 @@ async def api_report_file(index: int, name: str, request: Request) -> Response:
 @router.post("/api/chat")
 async def api_chat(req: ChatCompletionRequest, request: Request) -> Response:
     """The playground: the gateway's own dispatcher answers (the request shows in Activity like any other)."""
-    need_post(request)
+    session = need_post(request)
     state = get_state(request)
     refusal = too_many_tokens(state, req)  # the same limits as /v1 (max_tokens and max_completion_tokens)
     if refusal is not None:
         raise refusal
+    tenant = state.dispatcher.tenants.book.by_name.get(session.key_name)  # a named key's limits hold here too
+    if tenant is not None and tenant.role == "viewer":
+        raise Forbidden(f"key {tenant.name!r} is a viewer key: it reads the console, it does not send requests",
+                        code="viewer_key")
     dispatcher = state.dispatcher
     trace = dispatcher.trace("chat", clock(), None) if dispatcher.tracer is not None else None
-    return respond(await dispatcher.handle("chat", await request.json(), trace))
+    return respond(await dispatcher.handle("chat", await request.json(), trace, Caller(session.key_name, tenant)))
 
 
 @router.get("/api/events")

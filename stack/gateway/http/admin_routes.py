@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from stack.config.litellm_providers import ProviderError, destination
 from stack.config.sections.gateway import CloudDeployment
 from stack.errors import StackError
-from stack.gateway.http.auth import is_loopback, local_client, require_admin
+from stack.gateway.http.auth import bearer, is_loopback, local_client, require_admin
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import InvalidRequest, ModelNotFound
 from stack.gateway.registry import Deployment
@@ -34,6 +34,10 @@ async def admin_key(
     x_api_key: str | None = Header(None, include_in_schema=False),
 ) -> str:
     state = get_state(request)
+    tenant = state.dispatcher.tenants.book.identify(bearer(authorization, x_api_key))
+    if tenant is not None and tenant.role == "admin":  # a named key of the admin role (stack.gateway.tenants)
+        request.state.key_name = tenant.name
+        return tenant.name
     local = local_client(request.client.host if request.client else None, request.headers)
     name = require_admin(state.admin_keys, authorization, x_api_key, local, state.admin_token)
     request.state.key_name = name  # the request log names who changed what (the name, never the key)

@@ -71,7 +71,7 @@ async def _forward(request: Request, endpoint: str) -> Response:
     trace = None
     if dispatcher.tracer is not None:
         trace = dispatcher.trace(endpoint, clock(), request.headers.get("traceparent"))
-    return respond(await dispatcher.handle(endpoint, body, trace))
+    return respond(await dispatcher.handle(endpoint, body, trace, getattr(request.state, "caller", None)))
 
 
 @router.post("/v1/responses")

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from stack.config.sections.gateway import KeyRef
 from stack.errors import ConfigError
 from stack.gateway.openai_errors import Forbidden, Unauthorized
+from stack.gateway.tenants.book import TenantBook
+from stack.gateway.tenants.gate import Caller
 
 
 def hash_key(key: str) -> str:
@@ -104,6 +106,28 @@ def require_client_key(ring: KeyRing, authorization: str | None, api_key_header:
         # Never echo the presented key (OpenAI echoes a masked one; we do not even do that).
         raise Unauthorized("Incorrect API key provided.")
     return name
+
+
+def require_caller(ring: KeyRing, book: TenantBook, authorization: str | None,
+                   api_key_header: str | None) -> Caller:  # fmt: skip
+    """Who may call /v1: a named key (client or admin role; a viewer key is refused), or a gateway.api_keys key.
+    With named keys configured /v1 needs a key, as with api_keys: a quota that a missing key escapes is none."""
+    if not book.enabled:
+        return Caller(require_client_key(ring, authorization, api_key_header))
+    presented = bearer(authorization, api_key_header)
+    tenant = book.identify(presented)
+    if tenant is None:
+        if ring.enabled:
+            return Caller(require_client_key(ring, authorization, api_key_header))
+        if presented is None:
+            raise Unauthorized("You didn't provide an API key. Send it as `Authorization: Bearer YOUR_KEY` (this "
+                               "gateway uses named keys: an admin gives one with `vstack keys add NAME`).",
+                               code="missing_api_key")  # fmt: skip
+        raise Unauthorized("Incorrect API key provided.")
+    if tenant.role == "viewer":
+        raise Forbidden(f"key {tenant.name!r} is a viewer key: it opens the console and /metrics, not /v1; ask an "
+                        "admin for a client key (vstack keys add NAME --role client)", code="viewer_key")
+    return Caller(tenant.name, tenant)
 
 
 FORWARDED = ("x-forwarded-for", "forwarded", "x-real-ip")

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from stack.gateway.http.auth import require_client_key
+from stack.gateway.http.auth import require_caller
 from stack.gateway.http.body_limit import replay
 from stack.gateway.http.error_handlers import count_rejection, error_response
 from stack.gateway.http.openai_routes import too_many_tokens
@@ -29,6 +29,7 @@ from stack.gateway.http.relay_response import respond, send_stream, until_the_cl
 from stack.gateway.http.route_context import GatewayState
 from stack.gateway.openai_errors import GatewayError, UpstreamError, envelope
 from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from stack.gateway.tenants.gate import Caller
 from stack.tracing.record import RequestTrace, clock
 
 log = logging.getLogger("stack.gateway")
@@ -60,19 +61,19 @@ class OpenAIFastPath:
         checked = self._check(route, headers, body)
         if checked is None:  # refused by a check: the route answers it as it always has
             return await self.app(scope, replay(body, receive), send)
-        scope.setdefault("state", {})["key_name"] = checked[1]
+        scope.setdefault("state", {})["key_name"] = checked[1].key_name
         trace = None
         if entered:
             trace = dispatcher.trace(route[0], entered, _text(headers.get(b"traceparent")))
-            trace.span("gateway.receive", start=entered).close(**{"vstack.key_name": checked[1] or "-"})  # type: ignore[union-attr]
-        await self._serve(scope, receive, send, route[0], checked[0], trace)
+            trace.span("gateway.receive", start=entered).close(**{"vstack.key_name": checked[1].key_name or "-"})  # type: ignore[union-attr]
+        await self._serve(scope, receive, send, route[0], checked[0], checked[1], trace)
 
     def _check(self, route: tuple[str, type[BaseModel]], headers: dict[bytes, bytes],
-               body: bytes) -> tuple[dict, str | None] | None:  # fmt: skip
-        """(the parsed body, the client key's name), or None where a check refuses the request."""
+               body: bytes) -> tuple[dict, Caller] | None:  # fmt: skip
+        """(the parsed body, who sent it), or None where a check refuses the request."""
         try:
-            name = require_client_key(self.state.keys, _text(headers.get(b"authorization")),
-                                      _text(headers.get(b"x-api-key")))  # fmt: skip
+            name = require_caller(self.state.keys, self.state.dispatcher.tenants.book,
+                                  _text(headers.get(b"authorization")), _text(headers.get(b"x-api-key")))  # fmt: skip
             parsed = orjson.loads(body)
             if not isinstance(parsed, dict) or too_many_tokens(self.state, route[1].model_validate(parsed)):
                 return None
@@ -81,14 +82,14 @@ class OpenAIFastPath:
         return parsed, name
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str, body: dict,
-                     trace: RequestTrace | None = None) -> None:  # fmt: skip
+                     caller: Caller, trace: RequestTrace | None = None) -> None:  # fmt: skip
         def gone() -> None:
             scope["state"]["client_gone"] = True
 
         async with until_the_client_leaves(receive, gone) as done:
             stream = None
             try:
-                answer = await self.state.dispatcher.handle(endpoint, body, trace)
+                answer = await self.state.dispatcher.handle(endpoint, body, trace, caller)
                 response, stream = respond(answer), answer.stream
             except GatewayError as exc:  # as the route's error handler renders it
                 if not isinstance(exc, UpstreamError):

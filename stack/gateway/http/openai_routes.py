@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel
 from starlette.responses import Response
 
-from stack.gateway.http.auth import require_client_key
+from stack.gateway.http.auth import require_caller
 from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import InvalidRequest, ModelNotFound
@@ -17,10 +17,12 @@ from stack.tracing.record import clock
 async def client_key(request: Request) -> str | None:
     # async: a plain def runs in the thread pool, a hop per request. The two headers are read here, not declared
     # as FastAPI Header() parameters: resolving those took about half of the route's CPU per request (adr/0031).
-    headers = request.headers
-    name = require_client_key(get_state(request).keys, headers.get("authorization"), headers.get("x-api-key"))
-    request.state.key_name = name  # the key's name (never the key) for gateway.log_requests
-    return name
+    headers, state = request.headers, get_state(request)
+    caller = require_caller(state.keys, state.dispatcher.tenants.book, headers.get("authorization"),
+                            headers.get("x-api-key"))  # fmt: skip
+    request.state.key_name = caller.key_name  # the key's name (never the key) for gateway.log_requests
+    request.state.caller = caller  # its named key's limits and class (stack.gateway.tenants)
+    return caller.key_name
 
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(client_key)])
@@ -50,7 +52,7 @@ async def _forward(request: Request, endpoint: str) -> Response:
     trace = None
     if dispatcher.tracer is not None:  # a request the fast path did not take (a browser's, a chunked body...)
         trace = dispatcher.trace(endpoint, clock(), request.headers.get("traceparent"))
-    return respond(await dispatcher.handle(endpoint, body, trace))
+    return respond(await dispatcher.handle(endpoint, body, trace, getattr(request.state, "caller", None)))
 
 
 @router.post("/chat/completions")

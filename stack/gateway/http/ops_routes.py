@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import Response
 
-from stack.gateway.http.auth import require_client_key
+from stack.gateway.http.auth import KeyRing, bearer, require_client_key
 from stack.gateway.http.route_context import get_state
 from stack.gateway.openai_errors import ModelNotFound, UpstreamError
 
@@ -19,8 +19,15 @@ def metrics_key(
     authorization: str | None = Header(None, include_in_schema=False),
     x_api_key: str | None = Header(None, include_in_schema=False),
 ) -> str | None:
-    ring = get_state(request).metrics_keys
-    return require_client_key(ring, authorization, x_api_key) if ring is not None else None
+    state = get_state(request)
+    book = state.dispatcher.tenants.book
+    tenant = book.identify(bearer(authorization, x_api_key))
+    if tenant is not None:  # any named key reads the metrics (a viewer key is made for that)
+        return tenant.name
+    ring = state.metrics_keys if state.metrics_keys is not None else KeyRing({})
+    if book.enabled and not ring.enabled:  # named keys but no other: /metrics is not open either
+        ring = KeyRing({"-": b"\0" * 32})
+    return require_client_key(ring, authorization, x_api_key)
 
 
 router = APIRouter()

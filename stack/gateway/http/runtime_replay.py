@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from stack.errors import StackError
 from stack.gateway.http.adapter_routes import NewAdapter, register_adapter
 from stack.gateway.http.admin_routes import NewDeployment, register_deployment
+from stack.gateway.http.key_routes import NewKey, register_key
 from stack.gateway.http.route_context import GatewayState
 from stack.gateway.http.runtime_state import shown
 
@@ -34,6 +35,19 @@ async def replay(state: GatewayState) -> None:
         except Exception as exc:
             runtime.skipped.append({"what": f"adapter {shown(name)}", "why": _why(exc),
                                     "remove": f"DELETE /admin/adapters/{shown(name)}"})  # fmt: skip
+    for name, body in dict(runtime.keys).items():  # read() filled them
+        try:
+            if body.get("revoked"):  # revoked through /admin: a configured key stays out, and keys stay required
+                book = state.dispatcher.tenants.book
+                book.required = True
+                if book.remove(name) is not None:
+                    runtime.restored.append(f"key {shown(name)} revoked")
+                continue
+            register_key(state, NewKey.model_validate({**body, "replace": True}))
+            runtime.restored.append(f"key {shown(name)}")
+        except Exception as exc:
+            runtime.skipped.append({"what": f"key {shown(name)}", "why": _why(exc),
+                                    "remove": f"vstack keys revoke {shown(name)}"})  # fmt: skip
     if runtime.restored:
         log.warning("restored %d runtime change(s) from %s: %s", len(runtime.restored), runtime.path,
                     ", ".join(runtime.restored))  # fmt: skip

@@ -1,4 +1,4 @@
-"""Deployments and adapters added through /admin survive a gateway restart: kept in `state_dir/runtime.json`.
+"""Deployments, adapters and named keys added through /admin survive a restart: kept in `state_dir/runtime.json`.
 
 Each change through /admin/deployments or /admin/adapters rewrites the file (written beside it, then
 renamed over it: a crash or a full disk never leaves half a file). At start, once the engines are
@@ -30,6 +30,7 @@ class RuntimeState:
         self.path = path  # None: nothing is persisted (a gateway without a state_dir)
         self.deployments: dict[str, dict[str, Any]] = {}  # id -> the /admin/deployments body
         self.adapters: dict[str, dict[str, Any]] = {}  # name -> the /admin/adapters body
+        self.keys: dict[str, dict[str, Any]] = {}  # name -> a named key (its sha256, never the key), or revoked
         self.restored: list[str] = []
         self.skipped: list[dict[str, str]] = []
         self.write_error = ""
@@ -42,7 +43,9 @@ class RuntimeState:
             return {}, {}
         try:
             data = json.loads(self.path.read_text())
-            return dict(data.get("deployments") or {}), dict(data.get("adapters") or {})
+            deployments, adapters = dict(data.get("deployments") or {}), dict(data.get("adapters") or {})
+            self.keys = dict(data.get("keys") or {})
+            return deployments, adapters
         except (OSError, ValueError, AttributeError, TypeError) as exc:
             # Moved aside, never overwritten: the next /admin change writes a new file, the old content stays
             # for the operator to read (adr/0039).
@@ -60,6 +63,10 @@ class RuntimeState:
 
     def set_deployment(self, dep_id: str, spec: dict[str, Any] | None) -> bool:
         self._set(self.deployments, dep_id, spec)
+        return self.write()
+
+    def set_key(self, name: str, spec: dict[str, Any] | None) -> bool:
+        self._set(self.keys, name, spec)
         return self.write()
 
     def set_adapter(self, name: str, spec: dict[str, Any] | None) -> bool:
@@ -80,8 +87,8 @@ class RuntimeState:
         if self.stuck:
             log.error("runtime change not persisted: %s", self.write_error)
             return False
-        body = json.dumps({"version": VERSION, "deployments": self.deployments, "adapters": self.adapters},
-                          indent=1, sort_keys=True).encode()  # fmt: skip
+        body = json.dumps({"version": VERSION, "deployments": self.deployments, "adapters": self.adapters,
+                           "keys": self.keys}, indent=1, sort_keys=True).encode()  # fmt: skip
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".runtime-", dir=self.path.parent)
@@ -105,6 +112,7 @@ class RuntimeState:
     def report(self) -> dict[str, Any]:
         return {"path": str(self.path) if self.path else None, "persisted": self.path is not None,
                 "deployments": sorted(map(shown, self.deployments)), "adapters": sorted(map(shown, self.adapters)),
+                "keys": sorted(map(shown, self.keys)),
                 "restored": self.restored, "skipped": self.skipped, "write_error": self.write_error or None}
 
     def key_of(self, table: dict[str, dict[str, Any]], name: str) -> str | None:

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 FIELDS = ("id", "ts", "endpoint", "model", "deployment", "route", "status", "ttft_ms", "tokens_in", "tokens_out",
-          "duration_ms", "why")  # fmt: skip
+          "duration_ms", "why", "tenant")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Activity:
     duration_ms: float
     why: str = ""  # for a model with a TTFT objective: the estimate that sent it where it went
     trace_id: str = ""  # its spans (the console's waterfall, a collector), when tracing is on (adr/0042)
+    tenant: str = ""  # the named key that sent it (stack.gateway.tenants); "" for other keys
 
 
 class ActivityRing:
@@ -47,14 +48,14 @@ class ActivityRing:
 
     def add(self, *, endpoint: str, model: str, deployment: str, route: str, status: str, started: float,
             ttft_s: float | None = None, usage: dict | None = None, why: str = "",
-            trace_id: str = "") -> Activity:  # fmt: skip
+            trace_id: str = "", tenant: str = "") -> Activity:  # fmt: skip
         usage = usage or {}
         tin = usage.get("prompt_tokens", usage.get("input_tokens"))
         tout = usage.get("completion_tokens", usage.get("output_tokens"))
         rec = Activity(next(self._ids), round(time.time(), 3), endpoint, model, deployment, route, status,
                        None if ttft_s is None else round(ttft_s * 1000, 1),
                        tin if isinstance(tin, int) else None, tout if isinstance(tout, int) else None,
-                       round((time.perf_counter() - started) * 1000, 1), why, trace_id)  # fmt: skip
+                       round((time.perf_counter() - started) * 1000, 1), why, trace_id, tenant)  # fmt: skip
         self._ring.append(rec)
         self.latest = rec.id
         return rec

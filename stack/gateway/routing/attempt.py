@@ -25,6 +25,7 @@ from stack.gateway.routing.liveness import Liveness
 from stack.gateway.routing.replicas import is_replica
 from stack.gateway.routing.slo_spill import SpillGuard
 from stack.gateway.routing.ttft_estimate import Verdict
+from stack.gateway.tenants.gate import Gate, Quota
 from stack.tracing.record import RequestTrace, Span
 from stack.tracing.tracer import Tracer
 
@@ -42,6 +43,13 @@ class RoutedRequest:
     slo_spill: bool = False  # ... which broke it: straight to the fallbacks
     local_only: bool = False  # the fallbacks failed a spilled request: the local engines answer after all
     trace: RequestTrace | None = None  # its spans, when tracing is on (stack.tracing; adr/0042)
+    quota: Quota | None = None  # its named key's pass (stack.gateway.tenants.gate)
+    tenant: str = ""  # the named key's name, for Activity
+
+    @property
+    def quota_spill(self) -> bool:
+        """Its key is over a limit and may spill: straight to the fallbacks."""
+        return self.quota is not None and bool(self.quota.over_limit)
 
 
 class Books(Protocol):
@@ -54,6 +62,7 @@ class Books(Protocol):
     adapters: AdapterBook | None
     spill: SpillGuard
     tracer: Tracer | None
+    tenants: Gate
 
 
 class Attempt:
@@ -132,10 +141,11 @@ class Attempt:
         m.latency.labels(req.group, dep.id).observe(seconds)
         m.usage(req.group, dep.id, self.usage_seen)
         trace = req.trace
+        gw.tenants.answered(req.quota, req.group, dep, self.status or "", self.usage_seen)
         rec = gw.activity.add(endpoint=req.endpoint, model=req.model or req.group, deployment=dep.id,
                               route=self.route, status=self.status, started=req.started, ttft_s=self.ttft_s,
                               usage=self.usage_seen, why=req.verdict.why if req.verdict else "",
-                              trace_id=trace.id if trace is not None else "")  # fmt: skip
+                              trace_id=trace.id if trace is not None else "", tenant=req.tenant)  # fmt: skip
         gw.routing.answered(dep, seconds, self.usage_seen)
         if trace is not None and gw.tracer is not None:
             trace.activity_id = rec.id
@@ -149,6 +159,8 @@ class Attempt:
             return "spilled"
         if self.fallback_reason == "slo":
             return "spilled:slo"
+        if self.fallback_reason == "quota":
+            return "spilled:quota"
         if self.fallback_reason:
             return f"fallback:{self.fallback_reason}"
         if self.dep.kind == "cloud":

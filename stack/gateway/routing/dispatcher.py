@@ -35,6 +35,7 @@ from stack.gateway.routing.replicas import is_replica
 from stack.gateway.routing.request_spans import OPERATIONS, attempt_span, request_attrs, switch_attrs
 from stack.gateway.routing.slo_spill import SpillGuard
 from stack.gateway.routing.ttft_estimate import Verdict
+from stack.gateway.tenants.gate import Caller, Gate
 from stack.gateway.upstreams import cloud_client, fast_path
 from stack.manager.unavailable import ModelUnavailable
 from stack.tracing.record import RequestTrace
@@ -81,6 +82,7 @@ class Dispatcher:
                                  metrics.registry)  # fmt: skip
         self.activity = ActivityRing()  # the last requests, for the console (no bodies, no keys)
         self.spill = SpillGuard(settings.spill, metrics.registry)  # TTFT estimates against each model's SLO
+        self.tenants = Gate(settings.admission, metrics.registry)  # named keys: limits, fair admission, usage
         routing.registry.subscribe(self.spill.on_change)
         self.tracer: Tracer | None = None  # the request's spans (stack.tracing; adr/0042); None: no tracing call
 
@@ -93,12 +95,14 @@ class Dispatcher:
             "http.request.method": "POST", "http.route": path,
             "gen_ai.operation.name": OPERATIONS.get(endpoint, endpoint)})  # fmt: skip
 
-    async def handle(self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None = None) -> Answer:
-        """trace: the request's spans (self.trace), finished here however the request ends."""
+    async def handle(self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None = None,
+                     caller: Caller | None = None) -> Answer:
+        """trace: the request's spans (self.trace), finished here however the request ends; caller: who sent it
+        (its named key's limits, class and usage: stack.gateway.tenants)."""
         if trace is None:
-            return await self._handle(endpoint, body, None)
+            return await self._handle(endpoint, body, None, caller)
         try:
-            return await self._handle(endpoint, body, trace)
+            return await self._handle(endpoint, body, trace, caller)
         except BaseException as exc:
             if trace.root.end is None:  # not ended by an attempt: refused, failed or the client gone here
                 status = 499 if isinstance(exc, asyncio.CancelledError) else getattr(exc, "status", 500)
@@ -107,12 +111,15 @@ class Dispatcher:
                 self.tracer.finish(trace)  # type: ignore[union-attr]
             raise
 
-    async def _handle(self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None) -> Answer:
+    async def _handle(self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None,
+                      caller: Caller | None) -> Answer:
         started, model = time.perf_counter(), str(body.get("model", "-"))
+        who = caller.tenant.name if caller is not None and caller.tenant is not None else ""
         try:
             adapter, group = self._admissible(endpoint, body, model)
+            quota = self.tenants.check(caller, endpoint, body, model, group, len(self.routing.plan(group)) > 1)
         except GatewayError as err:  # refused before routing (unknown model, wrong task, at the limit): shown too
-            rec = self.activity.add(endpoint=endpoint, model=model, deployment="-", route="refused",
+            rec = self.activity.add(endpoint=endpoint, model=model, deployment="-", route="refused", tenant=who,
                                     status=str(err.status), started=started, why=err.code or err.type,
                                     trace_id=trace.id if trace is not None else "")  # fmt: skip
             if trace is not None:
@@ -123,17 +130,21 @@ class Dispatcher:
             request_attrs(trace, body, model, group)
         async with contextlib.AsyncExitStack() as held:
             held.enter_context(self._slot(group))
+            held.callback(quota.release)
             try:
-                verdict = self._judge(group, body, trace) if adapter is None else None
+                verdict = self._judge(group, body, trace) if adapter is None and not quota.over_limit else None
                 slo_spill, ticket = verdict is not None and verdict.spill, None
-                if self.admission is not None and not (slo_spill and self.routing.registry.ready(group)):
+                if not slo_spill and not quota.over_limit and self._has_local(group):
+                    await held.enter_async_context(self.tenants.place(group, quota))  # its turn for the engines
+                if (self.admission is not None and not quota.over_limit
+                        and not (slo_spill and self.routing.registry.ready(group))):  # fmt: skip
                     ticket = await self._admit(group, verdict, trace)
                     slo_spill = slo_spill and ticket is None  # a ticket: the model got ready meanwhile, served here
                 if ticket is not None:
                     held.callback(ticket.release)
                 request = RoutedRequest(endpoint, body, model, group, adapter, verdict=verdict, slo_spill=slo_spill,
-                                        spilled=self.admission is not None and ticket is None,
-                                        trace=trace)  # fmt: skip
+                                        spilled=self.admission is not None and ticket is None and not quota.over_limit,
+                                        quota=quota, tenant=who, trace=trace)  # fmt: skip
                 try:
                     answer = await self._route(request, held)
                 except (UpstreamError, NoDeployment, RateLimited):
@@ -145,12 +156,13 @@ class Dispatcher:
                         held.callback(ticket.release)
                     late = dataclasses.replace(verdict, why=f"{verdict.why}; the fallbacks failed: answered here")  # type: ignore[arg-type]
                     request = RoutedRequest(endpoint, body, model, group, adapter, spilled=False, verdict=late,
-                                            local_only=True, trace=trace)  # fmt: skip
+                                            local_only=True, quota=quota, tenant=who, trace=trace)  # fmt: skip
                     answer = await self._route(request, held)
             except (UpstreamError, NoDeployment, RateLimited) as err:
                 self.metrics.requests.labels(group, "-", str(err.status)).inc()
-                rec = self.activity.add(endpoint=endpoint, model=model, deployment="-", route="-",
-                                        status=str(err.status), started=started,
+                self.tenants.failed(quota, group)
+                rec = self.activity.add(endpoint=endpoint, model=model, deployment="-", route="-", tenant=who,
+                                        status=str(err.status), started=started, why=err.code or "",
                                         trace_id=trace.id if trace is not None else "")  # fmt: skip
                 if trace is not None:
                     trace.activity_id = rec.id
@@ -189,6 +201,11 @@ class Dispatcher:
         finally:
             self.in_flight -= 1
             gauge.dec()
+
+    def _has_local(self, group: str) -> bool:
+        """Whether the group has local engines: the admission queue stands in front of those only."""
+        return self.tenants.admission is not None and any(
+            d.kind == "local" for d in self.routing.registry.groups().get(group, []))
 
     def _judge(self, group: str, body: dict[str, Any], trace: RequestTrace | None = None) -> Verdict | None:
         """The SLO verdict for a group with a TTFT objective: its local engines, each with what its switch
@@ -248,7 +265,8 @@ class Dispatcher:
     async def _route(self, request: RoutedRequest, held: contextlib.AsyncExitStack) -> Answer:
         group, request.started = request.group, time.perf_counter()
         # Spilled before the SLO breaks: straight to the fallbacks, the local engines left to their queue.
-        steps = deque(s for s in self.routing.plan(group) if not (request.slo_spill and s.group == group)
+        steps = deque(s for s in self.routing.plan(group)
+                      if not ((request.slo_spill or request.quota_spill) and s.group == group)
                       and not (request.local_only and s.group != group))  # fmt: skip
         # An adapter lives on its base model's engines only: no cloud model answers in its name.
         excluded: set[str] = ({d.id for d in self.routing.registry.all() if d.kind == "cloud"}
@@ -269,7 +287,9 @@ class Dispatcher:
                     None if last is None or retry
                     else ("context_window" if step.reason == "context_window" else last.reason)
                 )
-                if reason is None and request.slo_spill:
+                if reason is None and request.quota_spill:
+                    reason = "quota"  # its key is over a limit and may spill (stack.gateway.tenants)
+                elif reason is None and request.slo_spill:
                     reason = "slo"  # its estimated TTFT locally would break the model's objective
                 elif reason is None and request.spilled and step.group != group:
                     reason = "switching"  # the model is being switched in; its fallback serves meanwhile
@@ -332,6 +352,8 @@ class Dispatcher:
     async def _local(self, at: Attempt) -> Answer:
         req, dep_id, live = at.request, at.dep.id, self.liveness
         out = dict(req.body, model=at.adapter.name if at.adapter else at.dep.upstream_model)
+        if at.dep.labels.get("scheduling") == "priority":  # the engine orders its queue by it: ours, never the client's
+            out["priority"] = req.quota.priority if req.quota is not None else 0
         stream, strip_usage = bool(req.body.get("stream")), False
         if stream and req.endpoint in USAGE_OPTION:
             opts = dict(out.get("stream_options") or {})

@@ -10,7 +10,7 @@
   const csv = el("a", {id: "export-csv", download: "activity.csv", text: "CSV"});
   const json = el("a", {id: "export-json", download: "activity.json", text: "JSON"});
   const body = el("tbody");
-  const tbl = table(["time", "model", "route", "status", "TTFT", "tokens in", "tokens out", "duration", "deployment", "endpoint"], []);
+  const tbl = table(["time", "tenant", "model", "route", "status", "TTFT", "tokens in", "tokens out", "duration", "deployment", "endpoint"], []);
   tbl.querySelector("table").id = "activity";
   tbl.querySelector("tbody").replaceWith(body);
   const timeline = el("div", {id: "timeline", hidden: true});
@@ -29,11 +29,11 @@
     (!status.value || (status.value === "ok") === r.status.startsWith("2"));
 
   function tr(r) {
-    return el("tr", {"data-id": r.id, "data-model": r.model, "data-status": r.status,
+    return el("tr", {"data-id": r.id, "data-model": r.model, "data-status": r.status, "data-tenant": r.tenant || "",
                      "data-trace": r.trace_id || null, class: r.trace_id ? "traced" : null,
                      title: r.trace_id ? "open this request's timeline" : null,
                      onclick: r.trace_id ? () => openTimeline(r) : null},
-      el("td", {text: time(r.ts)}), el("td", {text: r.model}), el("td", {text: r.route, title: r.why || ""}),
+      el("td", {text: time(r.ts)}), el("td", {text: r.tenant || "–"}), el("td", {text: r.model}), el("td", {text: r.route, title: r.why || ""}),
       el("td", {class: r.status.startsWith("2") ? "" : "error", text: r.status}),
       el("td", {class: "num", text: fmt(r.ttft_ms, 0, " ms")}), el("td", {class: "num", text: fmt(r.tokens_in, 0)}),
       el("td", {class: "num", text: fmt(r.tokens_out, 0)}), el("td", {class: "num", text: fmt(r.duration_ms, 0, " ms")}),
