@@ -19,21 +19,8 @@ import pytest
 from bench.gpu import real_rows
 from bench.harness.scrape import engine_metrics_text
 from stack.tune.knobs import NGRAM
+from tests.gpu.test_real_rows_cpu import CPU_ENGINE, MODEL, _config, _folder
 from tests.models.conftest import API_KEY, ROOT, run_stack, smollm2_dir
-
-MODEL = "smollm2-135m-instruct"
-CPU_ENGINE = {"enforce_eager": True, "max_model_len": 2048, "max_num_seqs": 8}
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-
-
-def _folder(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _config(**model: object) -> dict:
-    return {"serve": MODEL, "default_model": MODEL,
-            "models": {MODEL: {"name": MODEL, "source": {"path": str(smollm2_dir())}, "env": CPU_ENV, **model}}}
 
 
 @pytest.mark.e2e

