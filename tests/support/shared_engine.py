@@ -33,6 +33,11 @@ MAX_MODEL_LEN = 2048
 MAX_NUM_SEQS = 16
 
 
+def _spawning(environ: os._Environ[str]) -> dict[str, str]:
+    """The run's environment less the suite's fork start: the shared engine starts as `vllm serve` does."""
+    return {k: v for k, v in environ.items() if k != "VSTACK_VLLM_START_METHOD"}
+
+
 class Proc:
     """The engine's API server process as any worker sees it: its pid, and whether it has exited."""
 
@@ -109,7 +114,7 @@ def _start(log_dir: Path) -> Server:
     # without one is priority 0, served first come first served as before.
     argv, engine_env = rendered_engine(model, SERVED, port, max_model_len=MAX_MODEL_LEN, max_num_seqs=MAX_NUM_SEQS,
                                        scheduling_policy="priority")
-    popen = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **engine_env}, stdout=log.open("wb"),
+    popen = subprocess.Popen(argv, cwd=ROOT, env={**_spawning(os.environ), **engine_env}, stdout=log.open("wb"),
                              stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 420, popen, log)
