@@ -144,4 +144,3 @@ def main() -> None:
 
     sys.argv = ["vllm", *sys.argv[1:]]
     vllm_main()
-
