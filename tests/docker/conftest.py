@@ -107,14 +107,16 @@ class Compose:
     env_file: Path
     env: dict[str, str] = field(default_factory=dict)
     profile: str = "cpu"
+    overlays: tuple[Path, ...] = ()  # more compose files over docker/docker-compose.yml (`-f`, in order)
 
     def run(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
-        cmd = ["docker", "compose", "-f", str(COMPOSE_FILE), "-p", self.project, "--env-file", str(self.env_file),
+        files = [a for f in (COMPOSE_FILE, *self.overlays) for a in ("-f", str(f))]
+        cmd = ["docker", "compose", *files, "-p", self.project, "--env-file", str(self.env_file),
                "--profile", self.profile, *args]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
                               env={**os.environ, "COMPOSE_BAKE": "false", **self.env})
         if check and proc.returncode != 0:
-            raise AssertionError(f"{' '.join(cmd[3:])} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+            raise AssertionError(f"{' '.join(cmd[2:])} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                                  f"{proc.stderr[-3000:]}")
         return proc
 

@@ -3,7 +3,9 @@ runs each model's engine as a container, through the Docker socket), a chat answ
 the gateway with the official client, Prometheus having scraped the gateway and the engine (its HTTP API),
 every dashboard query evaluating there, Grafana healthy with the dashboard provisioned (where a Grafana
 image exists locally), a model switch through the admin API (a new engine container, the old one gone),
-then `down -v` leaving no container, network or volume behind.
+then `down -v` leaving no container, network or volume of the project behind. The models volume, which holds
+vLLM's compile cache, is one this machine keeps across runs (compose-kept-cache.yml): the first run compiles
+cold as a user's first `up` does, the next ones start from the cache as a user's next `up` does (adr/0038).
 
 Compose runs as the README says: no VSTACK_ENGINE__* or other variable a user would not set, so the engine
 compiles the model with torch.compile as it does on a user's CPU (the image carries g++ for it: adr/0022;
@@ -32,6 +34,9 @@ from tests.docker.test_files import dashboard_queries
 
 pytestmark = [pytest.mark.docker, pytest.mark.timeout(2400)]
 PROJECT = "vstack-test"
+# The models volume (the model copy, vLLM's compile cache) is kept across runs; `down -v` removes the rest.
+KEPT_OVERLAY = Path(__file__).with_name("compose-kept-cache.yml")
+KEPT_CACHE = "vstack-test-kept-cache"
 SERVICES_WITHOUT_GRAFANA = ["vstack-cpu", "prometheus"]
 SOCKET = "/var/run/docker.sock"
 ENGINE_PREFIX = f"{PROJECT}-engine-"  # the manager's engine containers: <project>-engine-<served name>
@@ -94,7 +99,8 @@ def deployment(built_images, docker_settings, docker_client, tmp_path_factory) -
              "CONFIG_DIR": str(configs), "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
              "VSTACK_MANAGER__MODELS": json.dumps([MODEL, OTHER]), "DOCKER_GID": str(os.stat(SOCKET).st_gid)}
     env = write_env_file(env_file, **extra)
-    compose = Compose(PROJECT, env_file, build_env(docker_settings, None))
+    docker_client.volumes.create(KEPT_CACHE)  # idempotent: the volume this machine keeps (KEPT_OVERLAY)
+    compose = Compose(PROJECT, env_file, build_env(docker_settings, None), overlays=(KEPT_OVERLAY,))
     grafana_image = compose.env.get("GRAFANA_IMAGE", "grafana/grafana-oss:12.2.1")
     grafana = _image_present(docker_client, grafana_image)
     _remove_leftover_engines(docker_client)  # a run of a version whose engines `down` could not see
@@ -278,6 +284,7 @@ def test_down_removes_the_engine_a_killed_gateway_left(deployment: Deployment, d
     assert docker_client.containers.list(all=True, filters=label) == []
     assert docker_client.networks.list(filters=label) == []
     assert docker_client.volumes.list(filters=label) == []
+    assert docker_client.volumes.get(KEPT_CACHE).name == KEPT_CACHE  # external: `down -v` leaves it
     leftovers = [c.name for c in docker_client.containers.list(all=True) if c.name.startswith(PROJECT)]
     assert leftovers == []
 
