@@ -122,6 +122,7 @@ def start_children_by(method: str) -> list[str]:
             return system_utils.get_mp_context()
         return multiprocessing.get_context(method)
 
+    os.register_at_fork(after_in_child=close_listening_sockets)
     patched = []
     for name in _MP_CONTEXT_USERS:
         try:
@@ -132,6 +133,32 @@ def start_children_by(method: str) -> list[str]:
             module.get_mp_context = get_mp_context  # type: ignore[attr-defined]
             patched.append(name)
     return patched
+
+
+def close_listening_sockets() -> list[int]:
+    """In a forked child, close the TCP server sockets it inherited: the API server binds its port before it
+    starts the engine (and listens on it after), so a child holding the socket would keep accepting connections
+    nobody answers once the API server is killed, and a client would hang instead of being refused. A server
+    socket here is a TCP stream socket with no peer (bound, listening or about to). The fds closed."""
+    import socket
+
+    closed = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+                    continue
+                try:
+                    sock.getpeername()
+                    continue  # a connection, not the server's socket
+                except OSError:
+                    pass
+        except OSError:
+            continue  # not a socket (or gone): a file, a pipe, an eventfd
+        os.close(fd)
+        closed.append(fd)
+    return closed
 
 
 def main() -> None:
