@@ -47,7 +47,7 @@ from stack.engine.launch import free_port  # noqa: E402
 from stack.engine.phases import phase_starts  # noqa: E402
 from stack.engine.process import stop_process_tree  # noqa: E402
 from stack.hardware import detect  # noqa: E402
-from stack.load.machine import describe, machine_facts  # noqa: E402
+from stack.load.provenance import describe, machine_facts  # noqa: E402
 
 
 def first_token(base_url: str, model: str, deadline: float) -> float:

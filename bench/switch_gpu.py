@@ -132,7 +132,7 @@ class Bench:
         from stack.manager.memory import NvmlProbe, host_budget_bytes
         from stack.manager.policy import Capacity
         from stack.manager.slot import Slot
-        from stack.planner.fitting import fit_model
+        from stack.planner.fit_planner import fit_model
 
         cfg, info = load_config(), detect()
         hw, _why = match_profile(info, cfg)

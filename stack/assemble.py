@@ -42,8 +42,8 @@ from stack.engine.runtime import LocalEngine, Runtime, logs_of, with_port
 from stack.errors import EngineError, StackError
 from stack.hardware import HardwareInfo, detect
 from stack.models import pull
-from stack.planner.stack_plan import ContainerSite, ModelPlan, StackPlan
-from stack.planner.stack_planning import plan_stack, ray_demand
+from stack.planner.plans import ContainerSite, ModelPlan, StackPlan
+from stack.planner.stack_planner import plan_stack, ray_demand
 from stack.tracing.settings import Tracing
 from stack.tracing.settings import resolve as resolve_tracing
 from stack.vllm.plugins.handoff import HandoffBroker
@@ -68,7 +68,7 @@ PLAN_SECRETS_ENV = "VSTACK_PLAN_SECRETS"  # an engine container's ModelPlan secr
 def plan_up(cfg: StackConfig, target: str | None, *, on_status: Status = print, hardware: HardwareInfo | None = None,
             catalog: VllmCatalog | None = None, fetch: bool = True, overrides: dict | None = None) -> StackPlan:
     """What `vstack up` will run: the inputs gathered once (the hardware, the installed vLLM's options, the
-    Docker site, the Ray cluster's nodes) and every model planned once (stack.planner.stack_planning).
+    Docker site, the Ray cluster's nodes) and every model planned once (stack.planner.stack_planner).
     fetch=False plans from the files at hand (`vstack plan`): nothing is downloaded. overrides: what the
     command line set (`cfg` has them already; the plan records them)."""
     from stack.vllm.families import registered_parsers
@@ -285,7 +285,7 @@ def supervisor(launch: Launch) -> EngineSupervisor:
 
 def handoff_broker(launch: Launch) -> HandoffBroker | None:
     """The broker through which a sleeping engine's GPU memory goes to the engine waking in its place, where
-    the plan decided it (stack.planner.stack_planning.decide_handoff); its socket goes into the environment
+    the plan decided it (stack.planner.stack_planner.decide_handoff); its socket goes into the environment
     of every engine planned with it."""
     handed = [p for p in launch.plan.models if p.handoff]
     if not handed:

@@ -41,7 +41,7 @@ from stack.engine.process import stop_process_tree
 from stack.engine.records import EngineRecord, RecordStore, engine_records
 from stack.engine_env import child_argv
 from stack.errors import AlreadyRunningError, EngineError, ExitCode, PortInUseError, ReportedError
-from stack.planner.stack_planning import unconfigured_line
+from stack.planner.stack_planner import unconfigured_line
 
 if TYPE_CHECKING:
     import psutil
@@ -195,7 +195,7 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool,
     return 0
 
 
-PLAN_FILE = "plan.json"  # what the last `vstack up` decided (stack.planner.stack_plan), mode 0600
+PLAN_FILE = "plan.json"  # what the last `vstack up` decided (stack.planner.plans), mode 0600
 
 
 def _console_login(cfg: StackConfig) -> str:

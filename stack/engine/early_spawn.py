@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from stack.config.schema import StackConfig
     from stack.engine.process import EngineSpec
-    from stack.planner.stack_plan import StackPlan
+    from stack.planner.plans import StackPlan
 
 KEY = "early_engine"  # where the payload goes in the JSON on the gateway's stdin
 

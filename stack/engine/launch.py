@@ -1,4 +1,4 @@
-"""From a ModelPlan (stack.planner.stack_plan) to a process to start: the EngineSpec, its port and its log.
+"""From a ModelPlan (stack.planner.plans) to a process to start: the EngineSpec, its port and its log.
 
 The plan decided everything the engine serves; a start only adds what belongs to that one start: a free
 loopback port (when the plan's port is 0), a fresh engine key only the gateway holds, and the sleep
@@ -13,7 +13,7 @@ from pathlib import Path
 from stack.config.schema import StackConfig
 from stack.engine.process import EngineSpec
 from stack.engine_env import new_engine_key
-from stack.planner.stack_plan import ModelPlan
+from stack.planner.plans import ModelPlan
 from stack.vllm.plugins.handoff import SOCKET_ENV
 
 

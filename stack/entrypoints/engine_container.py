@@ -32,7 +32,7 @@ def handed_plan(plan_json: str | None):  # -> ModelPlan | None
     """The gateway's ModelPlan, when this container can run it as it is; else None (said why)."""
     if not plan_json:
         return None
-    from stack.planner.stack_plan import ModelPlan
+    from stack.planner.plans import ModelPlan
     from stack.vllm.launcher import installed_vllm
 
     plan = ModelPlan.from_public(json.loads(plan_json), json.loads(os.environ.get(PLAN_SECRETS_ENV) or "{}"))

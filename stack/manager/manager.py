@@ -42,7 +42,7 @@ from stack.manager.states import ModelState
 from stack.manager.switch_cost import expected_switch_s, room_wait_s, typical_switch_s
 from stack.manager.tiers import Order, Tier, TierModel, assign_tiers, switch_order
 from stack.manager.unavailable import ModelUnavailable
-from stack.planner.fit_decisions import gib
+from stack.planner.sizing import gib
 from stack.tracing.record import RequestTrace, clock
 from stack.tracing.tracer import Tracer
 from stack.vllm.plugins.handoff import HandoffBroker

@@ -157,7 +157,7 @@ class UpgradeRecord(Strict):
     dist: Dist
     version: str
     date: str  # ISO 8601, UTC
-    device: str  # the machine it ran on (stack.load.machine.describe)
+    device: str  # the machine it ran on (stack.load.provenance.describe)
     passed: bool | None = None  # check: its verdict
     reasons: list[str] = Field(default_factory=list)  # check: why it failed; pin --force: why pinned anyway
     report: str | None = None  # check (and the pin it allowed): the report's JSON

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from stack.load.machine import describe
+from stack.load.provenance import describe
 from stack.tune.choose import meets
 from stack.tune.run import TuneOutcome
 

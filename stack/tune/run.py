@@ -34,10 +34,10 @@ from stack.load.load_test import choose_slo
 from stack.load.scenario import MIN_EXACT_MATCH, Scenario, find_scenario, load_scenario_file
 from stack.load.vllm_bench import BenchWorker
 from stack.models import pull
-from stack.planner.model_planning import plan_model
+from stack.planner.model_planner import plan_model
+from stack.planner.plans import ModelPlan
 from stack.planner.serving import LOOK_UP
-from stack.planner.stack_plan import ModelPlan
-from stack.planner.stack_planning import plan_fetched
+from stack.planner.stack_planner import plan_fetched
 from stack.tune.candidates import Candidate
 from stack.tune.choose import Choice, Measured, choose
 from stack.tune.knobs import Device, Skipped, device_candidates, model_quantization, numerics_change
@@ -517,7 +517,7 @@ def _run_measurement(req: TuneRequest, scenario: Scenario, scenario_path: Path, 
                      tick: Callable[[float], None], worker: BenchWorker | None = None) -> dict[str, Any]:
     if req.method == "locust":
         from stack.load.locust_run import run_locust
-        from stack.load.records import read_records
+        from stack.load.request_log import read_records
         from stack.load.summary import summarize
 
         scenario = scenario.model_copy(update={"models": {plan.served_name: 1.0}})

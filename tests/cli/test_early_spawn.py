@@ -28,7 +28,7 @@ from stack.engine import early_spawn
 from stack.engine.launch import free_port
 from stack.engine.records import engine_records
 from stack.hardware import HardwareInfo
-from stack.planner.stack_planning import plan_stack
+from stack.planner.stack_planner import plan_stack
 from tests.conftest import load_catalog
 from tests.support.processes import kill_strays
 

@@ -58,7 +58,7 @@ def test_one_up_loads_config_once_detects_once_and_plans_each_model_once(
     calls: Counter = Counter()
     count_calls(monkeypatch, calls, "load_config", stack.config.loader.load_config)
     count_calls(monkeypatch, calls, "detect", stack.hardware.detect)
-    count_calls(monkeypatch, calls, "plan", stack.planner.fitting.fit_profile,
+    count_calls(monkeypatch, calls, "plan", stack.planner.fit_planner.fit_profile,
                 lambda resolved, *a, **k: resolved.model.name)
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)  # no serving loop, no engines
     monkeypatch.setattr(stack.assemble, "start_early", lambda planned: None)  # the default's engine neither

@@ -110,9 +110,9 @@ def test_the_plan_decides_the_handoff_and_the_gateway_opens_it_only_there(tmp_pa
     from stack.config import load_config
     from stack.engine.launch import engine_spec
     from stack.hardware import detect
-    from stack.planner.model_planning import plan_model
-    from stack.planner.stack_plan import StackPlan, VllmBuild
-    from stack.planner.stack_planning import decide_handoff
+    from stack.planner.model_planner import plan_model
+    from stack.planner.plans import StackPlan, VllmBuild
+    from stack.planner.stack_planner import decide_handoff
     from tests.conftest import load_catalog
 
     catalog = load_catalog("0.32")

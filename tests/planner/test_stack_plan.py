@@ -16,8 +16,8 @@ from stack.config.redact import MASK
 from stack.errors import ConfigError
 from stack.hardware import GpuInfo, HardwareInfo
 from stack.models import ModelFiles
-from stack.planner.stack_plan import ModelPlan, StackPlan
-from stack.planner.stack_planning import REPLANNED, plan_fetched, plan_stack
+from stack.planner.plans import ModelPlan, StackPlan
+from stack.planner.stack_planner import REPLANNED, plan_fetched, plan_stack
 from tests.conftest import load_catalog
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,

@@ -1,4 +1,5 @@
-"""Decisions for what a profile leaves unset, each with its reason, or a refusal that gives the numbers.
+"""Sizing: the engine settings a profile leaves unset (GPU count, KV cache dtype, context length, concurrent
+sequences, memory share) decided, each with its reason, or a refusal that gives the numbers.
 
 Order matters and follows what constrains what: the GPU count (tensor_parallel_size) decides how much
 memory is left after the weights; the KV cache dtype decides how many tokens that memory holds; those two
@@ -12,11 +13,11 @@ from typing import Any
 
 from stack.config.schema import HardwareProfile
 from stack.planner.allocator import rounding_bytes
+from stack.planner.decisions import Decision, Fit, Request
 from stack.planner.errors import FitError
-from stack.planner.fit import Decision, Fit, Request
 from stack.planner.kv_layout import cache_dtype_bytes, in_flight_tokens
-from stack.planner.lora import describe as describe_lora
-from stack.planner.lora import lora_gpu_bytes
+from stack.planner.lora_memory import describe as describe_lora
+from stack.planner.lora_memory import lora_gpu_bytes
 from stack.planner.machine import Machine
 from stack.planner.memory import (
     GIB,

@@ -20,10 +20,10 @@ from stack.counts import count
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
-from stack.planner.fit import Fit
-from stack.planner.host_copy import KEEP_ENV, keep_host_copy
+from stack.planner.decisions import Fit
+from stack.planner.keep_host_copy import KEEP_ENV, keep_host_copy
+from stack.planner.plans import ModelPlan, VllmBuild
 from stack.planner.serving import LOOK_UP, apply_model_serving
-from stack.planner.stack_plan import ModelPlan, VllmBuild
 from stack.planner.tracing_args import apply_tracing
 from stack.vllm import cpu, kv_offload
 from stack.vllm.args import render_engine_args
@@ -224,7 +224,7 @@ def apply_fit(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInf
     A model that cannot fit is refused before anything starts (fit_check: refuse), unless asked to only warn.
     """
     from stack.planner.errors import FitError
-    from stack.planner.fitting import fit_profile
+    from stack.planner.fit_planner import fit_profile
 
     token = cfg.hf_token.get_secret_value() if cfg.hf_token else None
     try:

@@ -22,9 +22,9 @@ from stack.errors import StackError
 from stack.hardware import HardwareInfo
 from stack.models import ModelFiles
 from stack.planner.cluster import Demand, NodeRes, Placement, check, place
-from stack.planner.model_planning import plan_model, with_fingerprint
+from stack.planner.model_planner import plan_model, with_fingerprint
+from stack.planner.plans import ContainerSite, ModelPlan, RunsOn, StackPlan, VllmBuild
 from stack.planner.serving import LOOK_UP
-from stack.planner.stack_plan import ContainerSite, ModelPlan, RunsOn, StackPlan, VllmBuild
 from stack.vllm.families import Registered
 from stack.vllm.options import VllmCatalog
 
