@@ -37,6 +37,7 @@ from stack.engine.kept import (
     stop_leftovers,
     tree_pids,
 )
+from stack.engine.launch import early_payload
 from stack.engine.process import stop_process_tree
 from stack.engine.records import EngineRecord, RecordStore, engine_records
 from stack.engine_env import child_argv
@@ -164,7 +165,7 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool,
                                 start_new_session=True)
     # On its stdin, never in a file or its environment: the plan's secrets (key digests, the Hub token) and the
     # default engine's spec with its key, for the gateway to spawn before its imports (stack.engine.early_spawn).
-    handed = {"secrets": plan.secrets(), early_spawn.KEY: early_spawn.payload(plan, cfg)}
+    handed = {"secrets": plan.secrets(), early_spawn.KEY: early_payload(plan, cfg)}
     try:
         proc.stdin.write(json.dumps(handed).encode())  # type: ignore[union-attr]
         proc.stdin.close()  # type: ignore[union-attr]

@@ -24,7 +24,7 @@ import psutil
 
 from stack.engine.control_client import control_client
 from stack.engine.diagnose import disk_hint, exit_words, explain_failure, log_silence, log_tail
-from stack.engine.early_spawn import launch, open_log
+from stack.engine.popen import launch, open_log
 from stack.engine.records import EngineRecord, RecordStore
 from stack.engine_env import engine_environ
 from stack.errors import EngineError
