@@ -56,7 +56,8 @@ class VllmBuild(_Frozen):
 @dataclass(frozen=True)
 class ContainerSite:
     """Where engine containers go (manager.runtime: docker), as stack.engine.docker_site discovered it: an
-    input of the plan, without the Docker client (the gateway connects its own)."""
+    input of the plan, without the Docker client (the gateway connects its own: docker_site.Site is this with
+    the client, so the fields are declared here once)."""
 
     image: str
     network: str
@@ -68,8 +69,8 @@ class ContainerSite:
     shm_size: str | None
     pass_env: list[str]
     labels: dict[str, str] = field(default_factory=dict)
-    shares_cache: bool = False  # the gateway fetches models into the engines' /cache volume
-    warnings: list[str] = field(default_factory=list)
+    shares_cache: bool = False  # the gateway's cache dir is the engines' /cache volume: it fetches models for them
+    warnings: list[str] = field(default_factory=list)  # logged when the gateway starts
 
 
 class RunsOn(_Frozen):
