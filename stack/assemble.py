@@ -240,7 +240,7 @@ def managed(launch: Launch, plan: ModelPlan, preload: bool,
 
 
 def lora_of(plan: ModelPlan) -> tuple[Base | None, list[Adapter]]:
-    """The engine's LoRA limits and the adapters of its model config (stack.gateway.adapters)."""
+    """The engine's LoRA limits and the adapters of its model config (stack.gateway.routing.adapters)."""
     from stack.gateway.routing.adapters import Base, adapter_from_info
 
     engine = plan.engine

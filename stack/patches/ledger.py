@@ -150,7 +150,8 @@ class Target(Strict):
 
 
 class UpgradeRecord(Strict):
-    """One step of the upgrade gate (stack.upgrade.records): a check with its verdict, a pin, a rollback."""
+    """One step of the upgrade gate (written by stack.upgrade.pins and `vstack upgrade check`): a check with its
+    verdict, a pin, a rollback."""
 
     action: Literal["check", "pin", "rollback"]
     target: str  # cpu / gpu (a key of `targets`)
