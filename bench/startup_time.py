@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.harness.waiting import first_token as _first_token  # noqa: E402
-from stack.assemble import plan_up  # noqa: E402
+from stack.assemble.planning import plan_up  # noqa: E402
 from stack.config import load_config  # noqa: E402
 from stack.engine.launch import free_port  # noqa: E402
 from stack.engine.phases import phase_starts  # noqa: E402

@@ -112,7 +112,7 @@ def plan_command(
 def plan_up_command(cfg: Any, target: str | None, as_json: bool, console: Console) -> None:
     """The StackPlan `vstack up [target]` would run here, nothing fetched: its JSON (secrets masked) is what the
     gateway process receives."""
-    from stack.assemble import plan_up
+    from stack.assemble.planning import plan_up
 
     plan = plan_up(cfg, target, on_status=lambda s: None if as_json else console.print(f"[dim]{s}[/]"),
                    fetch=False)

@@ -5,7 +5,7 @@ schema, the planner and the engine runtime before it could spawn the engine (the
 process to engine spawn": 1.5-2.0 s on every GPU run). The CLI has all that loaded already: it draws the
 default engine's spec (its port, its key) and hands it over on the gateway's stdin with the plan's secrets
 (`payload`); the gateway process spawns it first thing (`spawn`: the standard library only), and the
-assembly adopts it as the engine it would have started (stack.assemble.start_early) once it has checked that
+assembly adopts it as the engine it would have started (stack.assemble.runtimes.start_early) once it has checked that
 the command is the plan's own; otherwise the early process is stopped and the engine started as before.
 
 Only for a local engine process with nothing to attach to: no container, no Ray replica, no sleep handoff

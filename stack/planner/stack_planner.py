@@ -2,7 +2,7 @@
 
     plan = plan_stack(cfg, target, hardware, catalog, fetch=..., site=..., nodes=...)
 
-The inputs are handed in by the composition root (stack.assemble.plan_up): the configuration (loaded once),
+The inputs are handed in by the composition root (stack.assemble.planning.plan_up): the configuration (loaded once),
 the hardware (detected once), the installed vLLM's option catalogue, where engine containers go (a
 ContainerSite, manager.runtime: docker) and the Ray cluster's live nodes (manager.runtime: ray). `fetch`
 makes a model's files local (stack.models.pull); without it, models are planned from the files at hand or

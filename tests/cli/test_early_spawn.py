@@ -167,7 +167,7 @@ def test_nothing_is_drawn_where_an_engine_of_that_name_runs_to_be_re_attached(tm
 
 def test_the_process_age_is_read_from_the_kernels_clocks_not_a_whole_second_boot_time() -> None:
     """The spawn line's "N s after the gateway process began": psutil's create_time read ~1 s too much here."""
-    code = "from stack.assemble import process_age; print(process_age())"
+    code = "from stack.assemble.runtimes import process_age; print(process_age())"
     t = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
