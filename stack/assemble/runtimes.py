@@ -29,10 +29,13 @@ from stack.planner.plans import ModelPlan
 from stack.planner.stack_planner import ray_demand
 from stack.vllm.plugins.handoff import HandoffBroker
 
-if TYPE_CHECKING:  # the gateway's modules (FastAPI, LiteLLM: seconds) load only once the engine has started
+if TYPE_CHECKING:
+    # the gateway's modules (FastAPI, LiteLLM: seconds) load only once the engine has started
     from stack.engine.early_spawn import EarlyEngine
     from stack.gateway.engines import EngineSupervisor, ManagedEngine
     from stack.gateway.routing.adapters import Adapter, Base
+    from stack.manager.memory import MemoryProbe
+    from stack.manager.policy import Capacity
 
 ATTACHED_READY_S = 900.0  # a restarted engine service compiling or loading a large model: minutes
 
@@ -155,8 +158,33 @@ def lora_of(plan: ModelPlan) -> tuple[Base | None, list[Adapter]]:
     return base, [adapter_from_info(info, served) for info in plan.adapters]
 
 
-def supervisor(launch: Launch) -> EngineSupervisor:
+# Without manager settings the supervisor behaves as it always did: every engine starts at once, shares
+# the machine, and one that dies is marked failed (no restarts, no idle unloading).
+PLAIN = ManagerConfig(restart_max=0, idle_ttl_s=0, sleep="off", spill_to_fallback=True)
+
+
+def engine_supervisor(engines: list[ManagedEngine], startup_timeout_s: float, stop_grace_s: float,
+                      settings: ManagerConfig | None = None, capacity: Capacity | None = None,
+                      probe: MemoryProbe | None = None, retry_after_s: int = 5) -> EngineSupervisor:  # fmt: skip
+    """The model manager of these engines (a slot each) and the gateway's supervisor of it, built here, in the
+    composition root: the gateway is handed the manager, it does not build one."""
     from stack.gateway.engines import EngineSupervisor
+    from stack.manager.manager import ModelManager
+    from stack.manager.policy import Capacity
+    from stack.manager.slot import Slot
+
+    slots = [Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep,
+                  weights_gpu=m.weights_gpu, weights_host=m.weights_host, keeps_host_copy=m.keeps_host_copy,
+                  prefix_cache_bytes=m.prefix_cache_bytes)
+             for m in engines]  # fmt: skip
+    manager = ModelManager(
+        slots, settings or PLAIN, capacity or Capacity(total=1 << 62, sleep_supported=False), probe=probe,
+        startup_timeout_s=startup_timeout_s, stop_grace_s=stop_grace_s, retry_after_s=retry_after_s,
+    )  # fmt: skip
+    return EngineSupervisor(engines, manager)
+
+
+def supervisor(launch: Launch) -> EngineSupervisor:
     from stack.manager.memory import NvmlProbe, capacity_bytes, host_budget_bytes
     from stack.manager.policy import Capacity
 
@@ -171,8 +199,8 @@ def supervisor(launch: Launch) -> EngineSupervisor:
     sleep = any(e.can_sleep for e in engines)
     capacity = Capacity(capacity_bytes(cfg.manager, hardware), sleep_supported=sleep,
                         host_budget=host_budget_bytes(cfg.manager, hardware, len(engines)))  # fmt: skip
-    sup = EngineSupervisor(engines, cfg.startup_timeout_s, cfg.stop_grace_s, cfg.manager, capacity,
-                           NvmlProbe() if hardware.gpus else None, cfg.gateway.retry_after_s)  # fmt: skip
+    sup = engine_supervisor(engines, cfg.startup_timeout_s, cfg.stop_grace_s, cfg.manager, capacity,
+                            NvmlProbe() if hardware.gpus else None, cfg.gateway.retry_after_s)  # fmt: skip
     sup.manager.handoff = launch.handoff
     sup.keep_engines = lambda: keep_requested(cfg.state_dir)
     sup.keep_asleep = lambda: keep_asleep_requested(cfg.state_dir)
@@ -190,7 +218,7 @@ def attached_supervisor(
 ) -> EngineSupervisor:
     """Each upstream an attached engine of the model manager; it may sleep if the engine says it can."""
     from stack.engine.attached import AttachedEngine, AttachedSpec
-    from stack.gateway.engines import EngineSupervisor, ManagedEngine
+    from stack.gateway.engines import ManagedEngine
     from stack.manager.policy import Capacity
 
     engines = []
@@ -200,7 +228,7 @@ def attached_supervisor(
                                      can_sleep=engine.supports_sleep()))  # fmt: skip
     sleep = any(e.can_sleep for e in engines)
     # Compose placed every engine already: memory is not the manager's to budget, only idleness.
-    return EngineSupervisor(
+    return engine_supervisor(
         engines, ATTACHED_READY_S, 0, manager, Capacity(1 << 62, sleep_supported=sleep), retry_after_s=retry_after_s
     )
 
