@@ -79,7 +79,8 @@ def tune_command(
     from stack.patches.plugin import would_run
     from stack.tune.candidates import Candidate, build_candidates
     from stack.tune.outputs import tuned_profile_name, write_outputs
-    from stack.tune.run import TuneEvent, TuneRequest, overlap_wanted, run_tune
+    from stack.tune.request import TuneEvent, TuneRequest
+    from stack.tune.run import overlap_wanted, run_tune
 
     def body() -> int:
         if method not in ("vllm-bench", "locust"):

@@ -26,7 +26,7 @@ from safetensors.numpy import save_file
 from bench.harness.gateway_thread import Gateway, app_in_thread
 from bench.harness.waiting import wait_for
 from stack.assemble.runtimes import engine_supervisor
-from stack.cli.lifecycle import _warnings
+from stack.cli.status_cmd import _warnings
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.engines import ManagedEngine
 from stack.gateway.registry import DeploymentRegistry
