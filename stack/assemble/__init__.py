@@ -13,5 +13,5 @@ so no entry point can choose settings the others would not.
 - planning.py: `plan_up`, and the `Launch` that serves a plan;
 - runtimes.py: each planned model's engine runtime and the supervisor of them all (the model manager's slots);
 - reloader.py: `vstack reload` inside the running gateway;
-- serving.py: `build_gateway`, `serve`, and the gateway in front of running servers (`build_front_gateway`).
+- gateways.py: `build_gateway`, `serve`, and the gateway in front of running servers (`build_front_gateway`).
 """

@@ -60,8 +60,8 @@ def main() -> None:
     early = None
     if isinstance(handed.get(KEY), dict):  # `vstack up` drew the default engine: spawn it before any import
         early = spawn(handed[KEY])
+    from stack.assemble.gateways import serve
     from stack.assemble.planning import Launch, plan_up
-    from stack.assemble.serving import serve
     from stack.cli.console_sources import console_sources
     from stack.cli.every_command import run
 

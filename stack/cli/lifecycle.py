@@ -110,8 +110,8 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool,
            overrides: dict | None = None) -> int:  # fmt: skip
     """The gateway on the public port, owning the engine (on a free loopback port). Planned here, once: the
     gateway process this starts (background) is handed the plan, and plans nothing itself."""
+    from stack.assemble.gateways import serve
     from stack.assemble.planning import Launch, plan_up
-    from stack.assemble.serving import serve
     from stack.engine.launch import free_port, port_is_free
 
     check_state_dir(cfg)  # before anything is written there: a clear error, not a traceback

@@ -1,7 +1,7 @@
 """What every concern of the model manager shares: its slots and settings, the one place a state changes (`move`:
 subscribers, metrics and waiters always agree), the switch scheduler chosen by `manager.scheduler`, and the
 trace of the switch in progress. ModelManager (stack.manager.manager) joins the concerns: admission
-(stack.manager.admission), switching (stack.manager.switching), lifecycle (stack.manager.lifecycle).
+(stack.manager.model_admission), switching (stack.manager.switching), lifecycle (stack.manager.engine_lifecycle).
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 Its concerns, one module each, joined here into the one object the gateway holds:
 
-- admission (stack.manager.admission): a ready model admits at once; others' requests wait in bounded queues
+- admission (stack.manager.model_admission): a ready model admits at once; others' requests wait in bounded queues
   or spill to fallbacks;
 - switching (stack.manager.switching): one switch at a time, its turn decided by the switch scheduler that
   `manager.scheduler` names (stack.config.switch_schedulers), its order (overlapped or sequential);
-- lifecycle (stack.manager.lifecycle): start, wake, sleep, stop an engine, adopt the kept ones, shut down;
+- lifecycle (stack.manager.engine_lifecycle): start, wake, sleep, stop an engine, adopt the kept ones, shut down;
 - what they share (stack.manager.base): the slots, the settings, the one place a state changes.
 
 Here: what an admin asks (/admin/models: load, unload, switch, restart) and the status it reads.
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import asyncio
 
-from stack.manager.admission import Admission
-from stack.manager.lifecycle import Lifecycle
+from stack.manager.engine_lifecycle import Lifecycle
+from stack.manager.model_admission import Admission
 from stack.manager.policy import Evict
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState

@@ -29,9 +29,9 @@ from stack.planner.memory import (
 from stack.planner.model_meta import ModelShape
 from stack.planner.weight_tensors import weight_tensor_sizes
 from stack.planner.weights import Weights, machete_zero_point_bytes
-from stack.vllm import cpu
-from stack.vllm.cpu import CPU_KV_ENV
+from stack.vllm import cpu_rules
 from stack.vllm.cpu_dtype import planned_cpu_dtype
+from stack.vllm.cpu_rules import CPU_KV_ENV
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default, 0.26 to 0.32 (config/cache.py; seen in its log)
 TP_CHOICES = (1, 2, 4, 8, 16)
@@ -118,7 +118,7 @@ def _cpu_kv_space(inp: FitInput) -> int:
         return int(inp.engine["kv_cache_memory_bytes"])
     rule = inp.hardware.cpu_kv_cache
     assert rule is not None  # a CPU profile always has one (schema default)
-    return cpu.kv_cache_gib(inp.machine.ram_available, rule) * GIB  # the launcher's own rule
+    return cpu_rules.kv_cache_gib(inp.machine.ram_available, rule) * GIB  # the launcher's own rule
 
 
 def _target_length(inp: FitInput) -> int:

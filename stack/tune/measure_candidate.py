@@ -178,7 +178,7 @@ def _run_measurement(
 ) -> dict[str, Any]:
     if req.method == "locust":
         from stack.load.locust_run import run_locust
-        from stack.load.request_log import read_records
+        from stack.load.measured_requests import read_records
         from stack.load.summary import summarize
 
         scenario = scenario.model_copy(update={"models": {plan.served_name: 1.0}})

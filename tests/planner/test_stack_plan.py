@@ -141,7 +141,7 @@ def test_an_operators_cpu_kv_cache_size_in_the_environment_is_the_plans(tmp_path
 
 def test_the_consoles_plan_page_shows_the_engines_real_port_never_port_0(tmp_path: Path) -> None:
     """Issue 50: Plan & config showed `vllm serve ... --port 0` (0 only means: a free port at each start)."""
-    from stack.assemble.serving import console_sources
+    from stack.assemble.gateways import console_sources
 
     cfg = load_config(text=f"models:\n  tiny: {{source: {{path: {tiny_model(tmp_path)}}}}}\nserve: tiny\n")
     plan = plan_stack(cfg, None, CPU, load_catalog("0.32"))
