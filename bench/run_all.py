@@ -141,7 +141,7 @@ ALIASES = {"gateway": "gateway_overhead", "switch": "switch_time", "startup": "s
 
 
 def markdown(summary: dict[str, Any]) -> str:
-    from stack.load.machine import describe
+    from stack.load.provenance import describe
 
     lines = [f"Machine: {describe(summary['machine'])}; {'quick' if summary['quick'] else 'full'} settings; "
              f"`python bench/run_all.py{' --quick' if summary['quick'] else ''}`", "",
@@ -158,7 +158,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated: gateway, switch, startup, load")
     ap.add_argument("--out", type=Path, default=RESULTS / "benchmarks.json")
     args = ap.parse_args()
-    from stack.load.machine import machine_facts
+    from stack.load.provenance import machine_facts
 
     wanted = [ALIASES.get(n.strip(), n.strip()) for n in args.only.split(",") if n.strip()] or list(BENCHMARKS)
     unknown = [n for n in wanted if n not in BENCHMARKS]

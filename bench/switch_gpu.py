@@ -132,7 +132,7 @@ class Bench:
         from stack.manager.memory import NvmlProbe, host_budget_bytes
         from stack.manager.policy import Capacity
         from stack.manager.slot import Slot
-        from stack.planner.fitting import fit_model
+        from stack.planner.fit_planner import fit_model
 
         cfg, info = load_config(), detect()
         hw, _why = match_profile(info, cfg)
@@ -147,7 +147,7 @@ class Bench:
                                               else {"VSTACK_RUNTIME_PATCHES": "0"})}  # fmt: skip
         tag = "handoff-" if handoff else "" if patched else "raw-"
         # manager.sleep_handoff (on by default for one-GPU engines, adr/0016): a broker here, its socket in the
-        # patched engines' environment, as stack.assemble.handoff_broker does for `vstack up`.
+        # patched engines' environment, as stack.assemble.runtimes.handoff_broker does for `vstack up`.
         self.broker = None
         if handoff:
             from stack.vllm.plugins.handoff import SOCKET_ENV, HandoffBroker

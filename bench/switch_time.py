@@ -149,13 +149,14 @@ class Ours:
     def _gateway(self, engines, settings, probe) -> None:
         import uvicorn
 
+        from stack.assemble.runtimes import engine_supervisor
         from stack.config.sections.gateway import GatewayConfig
         from stack.gateway.app import create_app
-        from stack.gateway.engines import EngineSupervisor, ManagedEngine
+        from stack.gateway.engines import ManagedEngine
 
         managed = [ManagedEngine(f(), n, n, factory=f, need=6 * GIB, can_sleep=self.capacity.sleep_supported,
                                  preload=n == "a") for n, _, f in engines]  # fmt: skip
-        self.sup = EngineSupervisor(managed, 900, 15, settings, self.capacity, probe)
+        self.sup = engine_supervisor(managed, 900, 15, settings, self.capacity, probe)
         app = create_app(GatewayConfig(), default_model="a", on_startup=[self.sup.start], on_shutdown=[self.sup.stop],
                          environ={}, manager=self.sup.manager)  # fmt: skip
         port = free_port()

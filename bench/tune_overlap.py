@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness.manifest import Figure  # noqa: E402
 from bench.harness.results import record  # noqa: E402
-from stack.load.machine import describe, machine_facts  # noqa: E402
+from stack.load.provenance import describe, machine_facts  # noqa: E402
 
 SCENARIO = """\
 name: overlap-bench

@@ -15,17 +15,19 @@ from tests.support import shared_engine, timing
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parent.parent
+# The dumps of `vllm serve`'s parser, kept once: the patch triage reads them too (stack.patches.triage.option_changes).
+VLLM_ARGS = REPO / "patches" / "vllm-args"
 VERSIONS = ("0.26", "0.32", "0.33")
 
 
 @pytest.fixture(params=VERSIONS)
 def catalog(request: pytest.FixtureRequest) -> VllmCatalog:
     """Every serve option of vLLM 0.26, 0.32 and 0.33 (dumped from the real packages)."""
-    return VllmCatalog.load(FIXTURES / "vllm-args" / f"engine_args_{request.param}.json")
+    return VllmCatalog.load(VLLM_ARGS / f"engine_args_{request.param}.json")
 
 
 def load_catalog(version: str) -> VllmCatalog:
-    return VllmCatalog.load(FIXTURES / "vllm-args" / f"engine_args_{version}.json")
+    return VllmCatalog.load(VLLM_ARGS / f"engine_args_{version}.json")
 
 
 def write(root: Path, rel: str, text: str) -> Path:

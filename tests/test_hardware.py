@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stack.config import load_config
 from stack.hardware import GIB, GpuInfo, HardwareInfo, detect, match_profile
-from stack.vllm.cpu import kv_cache_gib
+from stack.vllm.cpu_rules import kv_cache_gib
 
 
 def _gpus(name: str, count: int, mem_gib: float) -> HardwareInfo:

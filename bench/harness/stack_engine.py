@@ -1,5 +1,5 @@
 """Test and benchmark engines start the way `vstack up` starts them: argv and env rendered by the stack itself
-(stack.planner.model_planning.plan_model: the CPU dtype decision, the launcher, vLLM's own options),
+(stack.planner.model_planner.plan_model: the CPU dtype decision, the launcher, vLLM's own options),
 never a hand-written vLLM command line that could drift from what users run."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def rendered_engine(model_dir: Path | str, served: str, port: int, config: dict[
     config: more of the stack's configuration (observability: the engine's tracing)."""
     from stack.config import load_config
     from stack.hardware import detect
-    from stack.planner.model_planning import plan_model
+    from stack.planner.model_planner import plan_model
     from stack.vllm.options import engine_python, installed_catalog
 
     # Top-level engine/env: above any profile the configs ship for this model (as VSTACK_ENGINE__* would be).

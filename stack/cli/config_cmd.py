@@ -18,8 +18,8 @@ from stack.config.state_dir import check_state_dir
 from stack.engine.launch import free_port
 from stack.errors import ConfigError, StackError
 from stack.hardware import detect
-from stack.planner.model_planning import plan_model
-from stack.planner.stack_plan import ModelPlan
+from stack.planner.model_planner import plan_model
+from stack.planner.plans import ModelPlan
 from stack.vllm.options import VllmCatalog, check_with_vllm, engine_python, installed_catalog, one_child
 
 config_app = typer.Typer(help="Check and show configuration.", no_args_is_help=True)

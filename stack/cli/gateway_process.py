@@ -7,7 +7,7 @@ gateway on the public port, owning the engine(s) it starts on loopback.
 It lives with the CLI because `vstack up` starts it by module object (stack.engine_env.child_argv, from
 stack.cli.lifecycle), and the CLI imports nothing above itself (adr/0010).
 
-With --plan the gateway serves the StackPlan `vstack up` made (stack.planner.stack_plan): it loads neither
+With --plan the gateway serves the StackPlan `vstack up` made (stack.planner.plans): it loads neither
 the configuration nor the hardware, and plans nothing; the plan's secrets (key digests, the Hub token) come
 on stdin with --secrets-stdin, never in the file. Without it, it plans first, as `vstack up -f` does.
 
@@ -60,7 +60,8 @@ def main() -> None:
     early = None
     if isinstance(handed.get(KEY), dict):  # `vstack up` drew the default engine: spawn it before any import
         early = spawn(handed[KEY])
-    from stack.assemble import Launch, plan_up, serve
+    from stack.assemble.gateways import serve
+    from stack.assemble.planning import Launch, plan_up
     from stack.cli.console_sources import console_sources
     from stack.cli.every_command import run
 
@@ -73,7 +74,7 @@ def main() -> None:
 
     def serve_plan() -> int:
         if args.plan is not None:
-            from stack.planner.stack_plan import StackPlan
+            from stack.planner.plans import StackPlan
 
             # {"secrets": {pointer: value}, "early_engine": ...} from `vstack up`; a bare {pointer: value} too
             plan = StackPlan.load(args.plan, handed.get("secrets", handed))

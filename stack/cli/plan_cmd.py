@@ -1,5 +1,5 @@
 """`vstack plan MODEL`: will it fit, with which settings, and why; `vstack plan` (or `--up`): the whole plan
-`vstack up` would run (stack.planner.stack_plan), the object it hands its processes. Thin: parse, call the
+`vstack up` would run (stack.planner.plans), the object it hands its processes. Thin: parse, call the
 library, print.
 
 Mounted by stack/cli/root.py as `app.command("plan")(plan_command)`; also runs alone:
@@ -22,7 +22,7 @@ from rich.text import Text
 from stack.cli import complete
 from stack.cli.every_command import ConfigOpt, cli_config, report, run
 from stack.errors import ExitCode, StackError
-from stack.planner.fit import Fit, Request
+from stack.planner.decisions import Fit, Request
 from stack.planner.memory import GIB
 
 GPU_HELP = "hardware profile: rtx4090, a100-40gb, a100-80gb, h100-80gb, h200, l4, cpu, ... (default: detected)"
@@ -60,7 +60,7 @@ def plan_command(
 ) -> None:
     """Plan how MODEL fits: the memory budget, and each engine setting decided with its reason. Without MODEL
     (or with --up): what `vstack up` would run, as the plan it hands the gateway."""
-    from stack.planner.fitting import fit_model
+    from stack.planner.fit_planner import fit_model
 
     console = Console()
     if model is None and models is None:
@@ -112,7 +112,7 @@ def plan_command(
 def plan_up_command(cfg: Any, target: str | None, as_json: bool, console: Console) -> None:
     """The StackPlan `vstack up [target]` would run here, nothing fetched: its JSON (secrets masked) is what the
     gateway process receives."""
-    from stack.assemble import plan_up
+    from stack.assemble.planning import plan_up
 
     plan = plan_up(cfg, target, on_status=lambda s: None if as_json else console.print(f"[dim]{s}[/]"),
                    fetch=False)
@@ -141,7 +141,7 @@ def plan_several(cfg: Any, names: list[str], gpu: str | None, host_ram_gib: floa
     import psutil
 
     from stack.manager.switch_plan import HostRam, switch_plan
-    from stack.planner.fitting import fit_model
+    from stack.planner.fit_planner import fit_model
 
     if gpu is None or cfg.hardware.get(gpu) is None or cfg.hardware[gpu].accelerator != "gpu":
         gpus = ", ".join(sorted(n for n, h in cfg.hardware.items() if h.accelerator == "gpu"))

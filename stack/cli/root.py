@@ -1,6 +1,6 @@
 """`vstack`: a thin shell. It parses, calls the library, prints with rich, and picks the exit code.
 
-Each command group lives in its own module (config_cmd, models_cmd, lifecycle); this one assembles them."""
+Each command group lives in its own module (config_cmd, models_cmd, lifecycle, status_cmd); this one assembles them."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from stack.cli.config_cmd import config_app
 from stack.cli.deployments_cmd import deployments_app
 from stack.cli.every_command import ConfigOpt, UrlOpt, cli_config, out, run
 from stack.cli.keys_cmd import keys_app
-from stack.cli.lifecycle import down, reload, status, up
+from stack.cli.lifecycle import down, reload, up
 from stack.cli.logs_cmd import logs
 from stack.cli.models_cmd import load, models_app, switch, unload
 from stack.cli.patches_cmd import app as patches_app
 from stack.cli.plan_cmd import plan_command
+from stack.cli.status_cmd import status
 from stack.cli.tune_cmd import tune_command
 from stack.cli.upgrade_cmd import app as upgrade_app
 from stack.hardware import GIB, detect, match_profile

@@ -10,7 +10,8 @@ from rich.console import Console
 
 from stack.cli.every_command import command
 from stack.patches.ledger import load_ledger
-from stack.patches.triage import options as opts
+from stack.patches.triage import option_changes as opts
+from stack.patches.triage.change_sources import git_range, release_range
 from stack.patches.triage.report import (
     TRACKING_FILE,
     build,
@@ -20,7 +21,6 @@ from stack.patches.triage.report import (
     update_tracking,
 )
 from stack.patches.triage.rules import load_rules
-from stack.patches.triage.sources import git_range, release_range
 
 console = Console(stderr=True)
 

@@ -75,11 +75,12 @@ def tune_command(
     """
     from stack.errors import ConfigError
     from stack.hardware import detect, match_profile
-    from stack.load.machine import machine_facts
+    from stack.load.provenance import machine_facts
     from stack.patches.plugin import would_run
     from stack.tune.candidates import Candidate, build_candidates
     from stack.tune.outputs import tuned_profile_name, write_outputs
-    from stack.tune.run import TuneEvent, TuneRequest, overlap_wanted, run_tune
+    from stack.tune.request import TuneEvent, TuneRequest
+    from stack.tune.run import overlap_wanted, run_tune
 
     def body() -> int:
         if method not in ("vllm-bench", "locust"):

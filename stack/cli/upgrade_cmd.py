@@ -36,7 +36,7 @@ def _env_pairs(pairs: list[str] | None) -> dict[str, str]:
 
 
 def _device() -> str:
-    from stack.load.machine import describe, machine_facts
+    from stack.load.provenance import describe, machine_facts
 
     return describe(machine_facts())
 

@@ -22,6 +22,7 @@ from stack.config.sections.manager import DockerRuntimeConfig
 from stack.engine.docker_runtime import CACHE_MOUNT, CONFIG_MOUNT, ContainerSpec
 from stack.engine_env import is_secret, new_engine_key
 from stack.errors import EngineError
+from stack.planner.plans import ContainerSite
 
 if TYPE_CHECKING:
     from docker import DockerClient
@@ -36,23 +37,12 @@ CONFIG_HASH_LABEL = "com.docker.compose.config-hash"
 _CONTAINER_ID = re.compile(r"/containers/([0-9a-f]{64})/")
 
 
-@dataclass
-class Site:
-    """The resolved placement; `container_for` turns one planned model into a ContainerSpec."""
+@dataclass(frozen=True)
+class Site(ContainerSite):
+    """The resolved placement (the plan's ContainerSite, its fields) with this process's Docker client;
+    `container_for` turns one planned model into a ContainerSpec."""
 
-    image: str
-    network: str
-    cache_volume: str
-    config_source: str | None
-    name_prefix: str
-    reach: str  # "name": the gateway shares the network; "ip": the gateway is on the host
-    gpus: str | int
-    shm_size: str | None
-    pass_env: list[str]
-    labels: dict[str, str] = field(default_factory=dict)
-    shares_cache: bool = False  # the gateway's cache dir is the engines' /cache volume: it fetches models for them
-    warnings: list[str] = field(default_factory=list)  # logged when the gateway starts
-    client: Any = field(default=None, repr=False)
+    client: Any = field(default=None, repr=False, compare=False)
 
     def container_for(self, serve: str, served_name: str, gpu: bool, can_sleep: bool,
                       environ: dict[str, str] | None = None) -> ContainerSpec:  # fmt: skip

@@ -1,4 +1,4 @@
-"""From a ModelPlan (stack.planner.stack_plan) to a process to start: the EngineSpec, its port and its log.
+"""From a ModelPlan (stack.planner.plans) to a process to start: the EngineSpec, its port and its log.
 
 The plan decided everything the engine serves; a start only adds what belongs to that one start: a free
 loopback port (when the plan's port is 0), a fresh engine key only the gateway holds, and the sleep
@@ -7,13 +7,16 @@ handoff's socket when the gateway opened one.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 from pathlib import Path
+from typing import Any
 
 from stack.config.schema import StackConfig
 from stack.engine.process import EngineSpec
-from stack.engine_env import new_engine_key
-from stack.planner.stack_plan import ModelPlan
+from stack.engine.records import engine_records
+from stack.engine_env import engine_environ, new_engine_key
+from stack.planner.plans import ModelPlan, StackPlan
 from stack.vllm.plugins.handoff import SOCKET_ENV
 
 
@@ -47,3 +50,24 @@ def port_is_free(host: str, port: int) -> bool:
 
 def log_path_for(cfg: StackConfig, plan: ModelPlan) -> Path:
     return cfg.state_dir / "logs" / f"{plan.served_name}.log"
+
+
+def early_payload(plan: StackPlan, cfg: StackConfig) -> dict[str, Any] | None:
+    """What the CLI hands the gateway process for an early spawn of the plan's default engine; None where the
+    gateway must start it itself (see stack.engine.early_spawn's docstring)."""
+    default = plan.default
+    if plan.site is not None or plan.cluster is not None or default.handoff:
+        return None
+    record = engine_records(cfg.state_dir).get(default.served_name)
+    if record is not None and record.alive():  # kept running or asleep: the gateway re-attaches it
+        return None
+    spec = engine_spec(default, log_path_for(cfg, default))
+    return {
+        "spec": spec_data(spec),
+        "environ": engine_environ({**spec.env, "PYTHONUNBUFFERED": "1"}, spec.api_key, spec.drop_env),
+    }
+
+
+def spec_data(spec: EngineSpec) -> dict[str, Any]:
+    """The spec as JSON data (EngineSpec(**data) with its Path and tuple back is the same spec)."""
+    return {**dataclasses.asdict(spec), "log_path": str(spec.log_path), "drop_env": list(spec.drop_env)}

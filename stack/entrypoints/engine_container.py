@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from stack.assemble import PLAN_SECRETS_ENV
+from stack.assemble.planning import PLAN_SECRETS_ENV
 from stack.cli.every_command import run
 
 
@@ -32,7 +32,7 @@ def handed_plan(plan_json: str | None):  # -> ModelPlan | None
     """The gateway's ModelPlan, when this container can run it as it is; else None (said why)."""
     if not plan_json:
         return None
-    from stack.planner.stack_plan import ModelPlan
+    from stack.planner.plans import ModelPlan
     from stack.vllm.launcher import installed_vllm
 
     plan = ModelPlan.from_public(json.loads(plan_json), json.loads(os.environ.get(PLAN_SECRETS_ENV) or "{}"))
@@ -55,7 +55,7 @@ def serve(target: str | None, port: int, plan_json: str | None = None) -> None:
 
     plan = handed_plan(plan_json)
     if plan is None:
-        from stack.assemble import plan_up
+        from stack.assemble.planning import plan_up
         from stack.config import load_config
 
         plan = plan_up(load_config(), target, on_status=say).default

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from stack.assemble import build_front_gateway
+from stack.assemble.gateways import build_front_gateway
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
 from stack.config.sections.observability import TracingConfig

@@ -14,14 +14,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stack.config.sections.manager import ManagerConfig
 from stack.engine.runtime import Runtime, engine_key
 from stack.gateway.http.route_context import GatewayState
 from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.routing.adapters import Adapter, Base
 from stack.manager.manager import ModelManager
-from stack.manager.memory import MemoryProbe
-from stack.manager.policy import Capacity
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
 from stack.manager.supervise import watch
@@ -51,31 +48,16 @@ class ManagedEngine:
     scheduling: str = ""  # its engine's scheduling_policy: `priority` takes each request's class (adr/0043)
 
 
-# Without manager settings the supervisor behaves as it always did: every engine starts at once, shares
-# the machine, and one that dies is marked failed (no restarts, no idle unloading).
-PLAIN = ManagerConfig(restart_max=0, idle_ttl_s=0, sleep="off", spill_to_fallback=True)
-
-
 class EngineSupervisor:
-    """Builds the model manager at once (the gateway's dispatcher is given it as its admission when the
-    app is built: `create_app(..., manager=sup.manager)`); `start`/`stop` are the app's hooks."""
+    """The gateway's side of the model manager, which the composition root builds and hands in
+    (stack.assemble.runtimes.engine_supervisor); the gateway's dispatcher is given it as its admission when the
+    app is built: `create_app(..., manager=sup.manager)`. `start`/`stop` are the app's hooks."""
 
-    def __init__(self, engines: list[ManagedEngine], startup_timeout_s: float, stop_grace_s: float,
-                 settings: ManagerConfig | None = None, capacity: Capacity | None = None,
-                 probe: MemoryProbe | None = None, retry_after_s: int = 5) -> None:  # fmt: skip
+    def __init__(self, engines: list[ManagedEngine], manager: ModelManager) -> None:
         self.engines = engines
-        self.settings = settings or PLAIN
-        self.capacity = capacity or Capacity(total=1 << 62, sleep_supported=False)
         for m in engines:
             m.deployment_id = m.deployment_id or f"engine-{m.model_group}"
-        slots = [Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep,
-                      weights_gpu=m.weights_gpu, weights_host=m.weights_host, keeps_host_copy=m.keeps_host_copy,
-                      prefix_cache_bytes=m.prefix_cache_bytes)
-                 for m in engines]  # fmt: skip
-        self.manager = ModelManager(
-            slots, self.settings, self.capacity, probe=probe, startup_timeout_s=startup_timeout_s,
-            stop_grace_s=stop_grace_s, retry_after_s=retry_after_s,
-        )  # fmt: skip
+        self.manager = manager
         self._watch: asyncio.Task | None = None
         self.keep_engines: Callable[[], bool] = lambda: False  # asked at shutdown: leave the engines running
         self.keep_asleep: Callable[[], bool] = lambda: False  # ... or keep those with sleep mode asleep (adr/0030)

@@ -14,8 +14,8 @@ from stack.config.schema import StackConfig
 from stack.config.slo import Clause, parse_slo
 from stack.errors import ConfigError
 from stack.load.locust_run import LoadTestError, run_locust
-from stack.load.machine import machine_facts
-from stack.load.records import read_records
+from stack.load.measured_requests import read_records
+from stack.load.provenance import machine_facts
 from stack.load.report import build_report
 from stack.load.scenario import Scenario, find_scenario, load_scenario_file
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from stack.errors import ExitCode, StackError
-from stack.load.records import RECORDS_ENV
+from stack.load.measured_requests import RECORDS_ENV
 from stack.load.scenario import MODELS_ENV, SCENARIO_ENV, Scenario, loadtests_dir
 
 

@@ -1,5 +1,5 @@
 """Which model a load test may send to: one that serves the scenario's route (every scenario sends chat
-completions: stack/load/locustfile.py), locally unless --allow-cloud. Decided from the gateway's /admin/models
+completions: loadtests/locustfile.py), locally unless --allow-cloud. Decided from the gateway's /admin/models
 before the first request, so that a load test never sends thousands of requests an embedding model or a
 cloud provider answers (issue 50: the first model listed was an embedding model, every request failed).
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-ROUTE = "/v1/chat/completions"  # what every scenario's requests are (stack/load/locustfile.py)
+ROUTE = "/v1/chat/completions"  # what every scenario's requests are (loadtests/locustfile.py)
 
 
 @dataclass

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from stack.config.slo import LATENCIES, Clause, all_met, evaluate
+from stack.load.measured_requests import RequestRecord
 from stack.load.plots import latency_plot, throughput_plot
-from stack.load.records import RequestRecord
 from stack.load.scenario import Scenario
 from stack.load.summary import by_model, errors_by_kind, over_time, summarize
 

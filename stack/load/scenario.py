@@ -13,7 +13,6 @@ import random
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from stack.config.slo import parse_slo
@@ -311,7 +310,3 @@ def find_scenario(name: str) -> Path:
 
 def load_scenario(name: str) -> Scenario:
     return load_scenario_file(find_scenario(name))
-
-
-def dump_yaml(scenario: Scenario) -> str:
-    return yaml.safe_dump(scenario.model_dump(exclude={"source"}), sort_keys=False)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from stack.config.slo import LATENCIES, PERCENTILES
-from stack.load.records import RequestRecord
+from stack.load.measured_requests import RequestRecord
 
 
 def percentile(values: Sequence[float], q: float) -> float:

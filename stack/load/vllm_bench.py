@@ -14,7 +14,6 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -263,7 +262,3 @@ def open_loop_probe(scenario: Scenario, python: str, base_url: str, model: str, 
         return metrics
 
     return probe
-
-
-def python_for_bench() -> str:
-    return sys.executable

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import psutil
 
 from stack.config.sections.manager import ManagerConfig
-from stack.planner.fit import Fit
+from stack.planner.decisions import Fit
 
 log = logging.getLogger("stack.manager")
 GIB = 1024**3
@@ -72,7 +72,7 @@ def capacity_bytes(settings: ManagerConfig, hardware: object) -> int:
 
 def engine_need(fit: Fit | None) -> tuple[int | None, str]:
     """(bytes, how we know) for a planned engine, from the fit planner's result kept with its plan
-    (stack.planner.stack_plan.ModelPlan.fit); None when the planner could not tell (the manager then treats
+    (stack.planner.plans.ModelPlan.fit); None when the planner could not tell (the manager then treats
     the model as needing the whole machine: never co-resident)."""
     if fit is None:
         return None, "unknown (not planned)"

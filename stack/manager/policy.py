@@ -138,22 +138,6 @@ def plan_switch(
     return SwitchPlan(kind, tuple(evictions), why, fits)
 
 
-def evictable(m: ModelView, now: float, min_residency_s: float, quiet_s: float) -> bool:
-    """May this model give way now? Not while it serves; and a model in use keeps a minimum residency,
-    so that an A-B-A-B pattern swaps at most once per residency period, not on every request."""
-    if m.busy:
-        return False
-    if m.state != ModelState.READY:
-        return True
-    return now - m.ready_since >= min_residency_s or now - m.last_used >= quiet_s
-
-
-def closes(m: ModelView, now: float, min_residency_s: float) -> bool:
-    """A model that another one is waiting to replace stops admitting new requests once its residency is
-    over: its queued and in-flight requests finish first, then the switch goes ahead (no starvation)."""
-    return now - m.ready_since >= min_residency_s
-
-
 class IdleAction(StrEnum):
     NONE = "none"
     SLEEP = "sleep"

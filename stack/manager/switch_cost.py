@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from statistics import median
 
+from stack.config.switch_schedulers import SwitchScheduler
 from stack.manager.policy import ModelView, SwitchKind
-from stack.manager.scheduling import Rules, Scheduler, turn_wait_s
 from stack.manager.states import ModelState
 
 
@@ -25,12 +25,12 @@ def typical_switch_s(history: Iterable[Mapping], model: str, kind: SwitchKind, l
     return median(times[-last:]) if times else None
 
 
-def room_wait_s(others: Sequence[ModelView], evicted: Iterable[str], now: float, scheduler: Scheduler, rules: Rules,
+def room_wait_s(others: Sequence[ModelView], evicted: Iterable[str], now: float, scheduler: SwitchScheduler,
                 waited_s: float) -> float:  # fmt: skip
-    """Seconds until every model the switch must evict gives way (stack.manager.scheduling.turn_wait_s). Requests
-    in flight are not waited for here (their end is not known)."""
+    """Seconds until every model the switch must evict gives way (the scheduler's turn_wait_s). Requests in
+    flight are not waited for here (their end is not known)."""
     names = set(evicted)
-    return max((turn_wait_s(scheduler, m, now, rules, waited_s) for m in others if m.name in names), default=0.0)
+    return max((scheduler.turn_wait_s(m, now, waited_s) for m in others if m.name in names), default=0.0)
 
 
 def expected_switch_s(state: ModelState, detail: str, since: float, now: float, sleeps: bool,

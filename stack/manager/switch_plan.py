@@ -22,7 +22,7 @@ from stack.manager.tiers import (
     wake_kv_s,
     wake_weights_s,
 )
-from stack.planner.fit import Fit
+from stack.planner.decisions import Fit
 from stack.vllm import kv_offload
 
 

@@ -150,14 +150,15 @@ class Target(Strict):
 
 
 class UpgradeRecord(Strict):
-    """One step of the upgrade gate (stack.upgrade.records): a check with its verdict, a pin, a rollback."""
+    """One step of the upgrade gate (written by stack.upgrade.pins and `vstack upgrade check`): a check with its
+    verdict, a pin, a rollback."""
 
     action: Literal["check", "pin", "rollback"]
     target: str  # cpu / gpu (a key of `targets`)
     dist: Dist
     version: str
     date: str  # ISO 8601, UTC
-    device: str  # the machine it ran on (stack.load.machine.describe)
+    device: str  # the machine it ran on (stack.load.provenance.describe)
     passed: bool | None = None  # check: its verdict
     reasons: list[str] = Field(default_factory=list)  # check: why it failed; pin --force: why pinned anyway
     report: str | None = None  # check (and the pin it allowed): the report's JSON

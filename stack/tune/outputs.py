@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from stack.load.machine import describe
+from stack.load.provenance import describe
 from stack.tune.choose import meets
-from stack.tune.run import TuneOutcome
+from stack.tune.request import TuneOutcome
 
 GOODPUT_COLUMNS = (("goodput_rps", "goodput req/s"), ("goodput_output_tokens_per_s", "out tok/s at it"),
                    ("p50_ttft_ms", "TTFT p50"), ("p95_ttft_ms", "TTFT p95"), ("p95_tpot_ms", "TPOT p95"),

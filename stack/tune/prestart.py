@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stack.engine.process import EngineProcess
-from stack.vllm.plugins.start_gate import GATE_ENV, TIMEOUT_ENV, waiting_marker
+from stack.vllm.plugins.start_gate_protocol import GATE_ENV, TIMEOUT_ENV, waiting_marker
 
 GATE_PATCH = "engine-start-gate"
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from stack.config.slo import Clause, distance, evaluate
+from stack.config.slo import Clause, evaluate
 from stack.errors import StackError
 from stack.load.scenario import TuneSettings
 
@@ -257,8 +257,3 @@ def search_goodput(probe: Probe, clauses: Sequence[Clause], s: SearchSettings, e
             if lo is None:
                 return SearchResult(0.0, points, None, "no rate met the SLO on every measurement")
         # Ends: each round either returns or lowers `lo` to an earlier, always-passing rate.
-
-
-def closest_distance(points: Sequence[Point], clauses: Sequence[Clause]) -> float:
-    """For ranking candidates where no rate met the SLO: the smallest shortfall of any probe."""
-    return min((distance(evaluate(clauses, p.metrics)) for p in points), default=math.inf)

@@ -20,13 +20,13 @@ from stack.config.slo import Clause, parse_slo
 from stack.errors import StackError
 from stack.hardware import HardwareInfo
 from stack.load.load_test import choose_slo
-from stack.load.machine import machine_facts
+from stack.load.provenance import machine_facts
 from stack.load.scenario import Scenario, find_scenario, load_scenario_file
 from stack.load.vllm_bench import BenchWorker
 from stack.models import pull
 from stack.patches.ledger import LEDGER_ENV, load_ledger
-from stack.planner.model_planning import plan_model
-from stack.planner.stack_planning import plan_fetched
+from stack.planner.model_planner import plan_model
+from stack.planner.stack_planner import plan_fetched
 from stack.tune.rate_search import SearchSettings
 from stack.upgrade import answers as ans
 from stack.upgrade.measure import measure_side

@@ -1,6 +1,6 @@
 """One side of an upgrade check (the pinned or the candidate vLLM) on one profile: start, answers, goodput.
 
-The engine starts with the profile's rendered options (its ModelPlan, stack.planner.model_planning, as `vstack up`
+The engine starts with the profile's rendered options (its ModelPlan, stack.planner.model_planner, as `vstack up`
 renders them) in that side's Python; what it reports is its start time, its own KV cache size (`KV cache size: N
 tokens` in its log) next to the planner's, the fixed prompt set's answers (stack.upgrade.answers) and the
 goodput at the SLO (the tune's open-loop rate search, stack.tune.rate_search). Both sides are loaded by the
@@ -24,7 +24,7 @@ from stack.engine.process import EngineProcess
 from stack.errors import StackError
 from stack.load.scenario import Scenario
 from stack.load.vllm_bench import BenchWorker, open_loop_probe
-from stack.planner.stack_plan import ModelPlan
+from stack.planner.plans import ModelPlan
 from stack.tune.rate_search import SearchSettings, search_goodput
 from stack.upgrade.answers import Answer, Prompt, ask
 

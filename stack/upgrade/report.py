@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from stack.load.machine import describe
+from stack.load.provenance import describe
 
 JSON_NAME, MD_NAME, PLOT_NAME = "upgrade-check.json", "upgrade-check.md", "upgrade-check.png"
 

@@ -32,8 +32,8 @@ from stack.errors import EngineError, StackError
 from stack.hardware import GIB, HardwareInfo
 from stack.manager.client import ADMIN_HINT, admin_headers, gateway_url
 from stack.manager.memory import engine_need
-from stack.planner.model_planning import plan_model
-from stack.planner.stack_plan import ModelPlan
+from stack.planner.model_planner import plan_model
+from stack.planner.plans import ModelPlan
 from stack.upgrade import answers as ans
 from stack.vllm.options import engine_python, installed_catalog
 

@@ -1,7 +1,7 @@
 """The static half of an upgrade check, before any engine starts: serve options and patches on the candidate.
 
 Options: both versions' `vllm serve` parsers, introspected in each side's own Python (stack.vllm.options, cached
-per version), compared by the release triage's own diff (stack.patches.triage.options.diff_options) and kept
+per version), compared by the release triage's own diff (stack.patches.triage.option_changes.diff_options) and kept
 where a profile sets the option; the profile's rendered command is then parsed by the candidate's parser, as
 `vstack up` would on it. Patches: the ledger's states on the candidate's installation (stack.patches.apply), a
 patch that no longer applies failing the gate and one already upstream named for removal, then the ledger's
@@ -23,8 +23,8 @@ from stack.errors import StackError
 from stack.patches.apply import Patcher, State
 from stack.patches.install import find_installation, site_of_python
 from stack.patches.ledger import LEDGER_ENV, LoadedLedger
-from stack.patches.triage.options import diff_options
-from stack.planner.stack_plan import ModelPlan
+from stack.patches.triage.option_changes import diff_options
+from stack.planner.plans import ModelPlan
 from stack.vllm.options import VllmCatalog, check_with_vllm
 
 

@@ -25,10 +25,10 @@ import pytest
 
 from stack.config import load_config
 from stack.engine import early_spawn
-from stack.engine.launch import free_port
+from stack.engine.launch import early_payload, free_port
 from stack.engine.records import engine_records
 from stack.hardware import HardwareInfo
-from stack.planner.stack_planning import plan_stack
+from stack.planner.stack_planner import plan_stack
 from tests.conftest import load_catalog
 from tests.support.processes import kill_strays
 
@@ -104,7 +104,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def test_the_gateway_spawns_the_drawn_engine_first_and_takes_it_over(tmp_path: Path) -> None:
     cfg, plan = planned(tmp_path)
-    early = early_spawn.payload(plan, cfg)
+    early = early_payload(plan, cfg)
     assert early is not None
     proc = gateway(tmp_path, {"secrets": plan.secrets(), early_spawn.KEY: early})
     try:
@@ -125,7 +125,7 @@ def test_the_gateway_spawns_the_drawn_engine_first_and_takes_it_over(tmp_path: P
 
 def test_a_spec_that_is_not_the_plans_is_stopped_and_the_engine_started_as_before(tmp_path: Path) -> None:
     cfg, plan = planned(tmp_path)
-    early = early_spawn.payload(plan, cfg)
+    early = early_payload(plan, cfg)
     assert early is not None
     early["spec"]["argv"] = [*early["spec"]["argv"], "--max-num-seqs", "999"]  # not what the plan runs
     proc = gateway(tmp_path, {"secrets": plan.secrets(), early_spawn.KEY: early})
@@ -142,7 +142,7 @@ def test_a_spec_that_is_not_the_plans_is_stopped_and_the_engine_started_as_befor
 
 def test_a_gateway_that_fails_before_taking_it_over_leaves_no_engine(tmp_path: Path) -> None:
     cfg, plan = planned(tmp_path)
-    early = early_spawn.payload(plan, cfg)
+    early = early_payload(plan, cfg)
     broken = tmp_path / "broken-plan.json"
     broken.write_text(json.dumps({"version": -1}))  # a plan this vstack cannot read: a configuration error
     proc = gateway(tmp_path, {"secrets": plan.secrets(), early_spawn.KEY: early}, plan_file=broken)
@@ -159,7 +159,7 @@ def test_nothing_is_drawn_where_an_engine_of_that_name_runs_to_be_re_attached(tm
     try:
         engine_records(cfg.state_dir).save(EngineRecord(plan.default.served_name, "p", sleeper.pid, "127.0.0.1", 1,
                                                         "", [], time.time(), plan.default.fingerprint))  # fmt: skip
-        assert early_spawn.payload(plan, cfg) is None
+        assert early_payload(plan, cfg) is None
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -167,7 +167,7 @@ def test_nothing_is_drawn_where_an_engine_of_that_name_runs_to_be_re_attached(tm
 
 def test_the_process_age_is_read_from_the_kernels_clocks_not_a_whole_second_boot_time() -> None:
     """The spawn line's "N s after the gateway process began": psutil's create_time read ~1 s too much here."""
-    code = "from stack.assemble import process_age; print(process_age())"
+    code = "from stack.assemble.runtimes import process_age; print(process_age())"
     t = time.monotonic()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from stack.assemble.runtimes import engine_supervisor
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
-from stack.gateway.engines import EngineSupervisor, ManagedEngine
+from stack.gateway.engines import ManagedEngine
 from tests.manager.conftest import GIB, StandIn, gateway_with
 
 CLOUD = {"model_name": "gpt-4o-mini", "litellm_params": {"model": "openai/gpt-4o-mini",
@@ -31,7 +32,7 @@ def gateway() -> Iterator[str]:
     smol, b, embed = StandIn("smol", need=GIB), StandIn("b", need=GIB, start_s=1.5), StandIn("a-embed", need=GIB)
     engines = [ManagedEngine(smol, "smol", "smol", need=GIB), ManagedEngine(b, "b", "b", need=GIB, preload=False),
                ManagedEngine(embed, "a-embed", "a-embed", need=GIB, preload=False, task="embed")]  # fmt: skip
-    sup = EngineSupervisor(engines, 60, 5, ManagerConfig(min_residency_s=0, quiet_s=0))
+    sup = engine_supervisor(engines, 60, 5, ManagerConfig(min_residency_s=0, quiet_s=0))
     settings = GatewayConfig(cloud=[CLOUD], fallbacks={"b": ["gpt-4o-mini"]})
     with gateway_with(sup, "smol", settings) as gw:
         yield gw.url

@@ -40,7 +40,7 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, calls: Counter, key: str, origi
 
 def test_one_up_loads_config_once_detects_once_and_plans_each_model_once(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # fmt: skip
-    import stack.assemble
+    import stack.assemble.gateways
     import stack.cli.lifecycle
     import stack.engine.launch
 
@@ -58,10 +58,10 @@ def test_one_up_loads_config_once_detects_once_and_plans_each_model_once(
     calls: Counter = Counter()
     count_calls(monkeypatch, calls, "load_config", stack.config.loader.load_config)
     count_calls(monkeypatch, calls, "detect", stack.hardware.detect)
-    count_calls(monkeypatch, calls, "plan", stack.planner.fitting.fit_profile,
+    count_calls(monkeypatch, calls, "plan", stack.planner.fit_planner.fit_profile,
                 lambda resolved, *a, **k: resolved.model.name)
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)  # no serving loop, no engines
-    monkeypatch.setattr(stack.assemble, "start_early", lambda planned: None)  # the default's engine neither
+    monkeypatch.setattr(stack.assemble.gateways, "start_early", lambda planned: None)  # the default's engine neither
 
     result = CliRunner().invoke(app, ["--config", str(config), "up", "-f", "--port", "0"], env=env)
     assert result.exit_code == 0, result.output
@@ -73,7 +73,7 @@ def test_force_is_an_override_recorded_in_the_plan_not_a_variable_for_other_proc
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # fmt: skip
     import os
 
-    import stack.assemble
+    import stack.assemble.gateways
 
     tiny = tmp_path / "tiny"
     tiny.mkdir()
@@ -82,7 +82,7 @@ def test_force_is_an_override_recorded_in_the_plan_not_a_variable_for_other_proc
     config.write_text(f"models:\n  tiny:\n    source: {{path: {tiny}}}\n")
     state = tmp_path / "state"
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: None)
-    monkeypatch.setattr(stack.assemble, "start_early", lambda launch: None)
+    monkeypatch.setattr(stack.assemble.gateways, "start_early", lambda launch: None)
     result = CliRunner().invoke(app, ["--config", str(config), "up", "tiny", "-f", "--force", "--port", "0"],
                                 env={"VSTACK_STATE_DIR": str(state), "HF_HUB_OFFLINE": "1"})  # fmt: skip
     assert result.exit_code == 0, result.output

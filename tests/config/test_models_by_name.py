@@ -53,8 +53,8 @@ def test_serve_may_name_a_hub_id() -> None:
 
 
 def test_plan_of_a_profile_plans_its_model_without_asking_the_hub(monkeypatch: pytest.MonkeyPatch) -> None:
-    import stack.planner.sources as sources
-    from stack.planner.fitting import fit_model
+    import stack.planner.model_sources as sources
+    from stack.planner.fit_planner import fit_model
 
     asked: list[str] = []
     real = sources._hub_config

@@ -12,7 +12,7 @@ import pytest
 from stack.config import load_config
 from stack.engine.docker_site import Site
 from stack.hardware import HardwareInfo
-from stack.planner.model_planning import plan_model
+from stack.planner.model_planner import plan_model
 from stack.vllm.options import VllmCatalog
 from tests.conftest import load_catalog
 

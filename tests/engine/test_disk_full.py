@@ -24,10 +24,11 @@ import pytest
 
 from bench.harness.stack_engine import rendered_engine
 from bench.harness.waiting import free_port, wait_for
+from stack.assemble.runtimes import engine_supervisor
 from stack.config.sections.gateway import GatewayConfig
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import EngineError
-from stack.gateway.engines import EngineSupervisor, ManagedEngine
+from stack.gateway.engines import ManagedEngine
 from stack.gateway.log_health import WatchedLogHandler
 from tests.gateway.conftest import local, run_gateway, smollm2_dir, stop
 
@@ -121,7 +122,7 @@ def test_an_engine_whose_log_cannot_be_written_fails_at_once_with_the_cause(tmp_
         argv, env = rendered_engine(tmp_path / "model", "smol", port)
         spec = EngineSpec(name="smol", profile="test", argv=argv, env=env, host="127.0.0.1", port=port,
                           log_path=disk / "logs" / "smol.log", display_argv=argv)  # fmt: skip
-        sup = EngineSupervisor([ManagedEngine(EngineProcess(spec), "smol", "smol")], startup_timeout_s=60,
+        sup = engine_supervisor([ManagedEngine(EngineProcess(spec), "smol", "smol")], startup_timeout_s=60,
                                stop_grace_s=5)  # fmt: skip
         with run_gateway(GatewayConfig(), default_model="smol", manager=sup.manager) as gw:
             asyncio.run_coroutine_threadsafe(sup.start(gw.state), gw.loop).result(10)

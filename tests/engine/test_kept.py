@@ -20,7 +20,7 @@ from stack.engine.kept import kept_pids, leftovers, reattach, stop_leftovers
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.engine.records import engine_records
 from stack.hardware import detect
-from stack.planner.model_planning import fingerprint, plan_model
+from stack.planner.model_planner import fingerprint, plan_model
 from tests.conftest import load_catalog
 from tests.support.processes import kill_strays, owner_gone
 

@@ -106,13 +106,14 @@ def test_the_socket_is_ours_alone(broker) -> None:
 
 
 def test_the_plan_decides_the_handoff_and_the_gateway_opens_it_only_there(tmp_path) -> None:
-    from stack.assemble import Launch, handoff_broker
+    from stack.assemble.planning import Launch
+    from stack.assemble.runtimes import handoff_broker
     from stack.config import load_config
     from stack.engine.launch import engine_spec
     from stack.hardware import detect
-    from stack.planner.model_planning import plan_model
-    from stack.planner.stack_plan import StackPlan, VllmBuild
-    from stack.planner.stack_planning import decide_handoff
+    from stack.planner.model_planner import plan_model
+    from stack.planner.plans import StackPlan, VllmBuild
+    from stack.planner.stack_planner import decide_handoff
     from tests.conftest import load_catalog
 
     catalog = load_catalog("0.32")
@@ -172,7 +173,7 @@ def test_the_gateways_shutdown_stops_the_engines_then_closes_the_broker() -> Non
     import asyncio
     from types import SimpleNamespace
 
-    from stack.assemble import shutdown_hooks
+    from stack.assemble.runtimes import shutdown_hooks
 
     order: list[str] = []
 

@@ -96,7 +96,7 @@ def test_with_a_client_key_v1_keeps_any_host_name() -> None:
 
 
 def test_the_admin_token_opens_admin_and_vstack_reads_it(tmp_path: Path, monkeypatch) -> None:
-    from stack.cli.lifecycle import _model_rows
+    from stack.cli.status_cmd import _model_rows
     from stack.manager.client import admin, admin_headers
 
     monkeypatch.delenv("VSTACK_ADMIN_KEY", raising=False)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from bench.harness.waiting import wait_for
+from stack.assemble.runtimes import engine_supervisor
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.kept import reattach
@@ -32,7 +33,7 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_toke
 
 def supervisor(runtime: LocalEngine, keep_asleep: bool) -> tuple[EngineSupervisor, list[str]]:
     managed = ManagedEngine(runtime, "m", "m", need=GIB, can_sleep=True, weights_gpu=WEIGHTS, weights_host=WEIGHTS)
-    sup = EngineSupervisor([managed], startup_timeout_s=30, stop_grace_s=5,
+    sup = engine_supervisor([managed], startup_timeout_s=30, stop_grace_s=5,
                            settings=ManagerConfig(min_residency_s=0, quiet_s=0, idle_ttl_s=0),
                            capacity=Capacity(100 * GIB, True, 8 * GIB))  # fmt: skip
     reported: list[str] = []

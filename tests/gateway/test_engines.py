@@ -10,9 +10,10 @@ import httpx
 import pytest
 
 from bench.harness.waiting import free_port, wait_for
+from stack.assemble.runtimes import engine_supervisor
 from stack.config.sections.gateway import GatewayConfig
 from stack.engine.process import EngineProcess, EngineSpec
-from stack.gateway.engines import EngineSupervisor, ManagedEngine
+from stack.gateway.engines import ManagedEngine
 
 from .conftest import ROOT, run_gateway
 
@@ -27,7 +28,7 @@ def mock_engine(tmp_path, argv_tail=()) -> EngineProcess:
 
 def test_engine_lifecycle_through_the_gateway(tmp_path) -> None:
     engine = mock_engine(tmp_path)
-    sup = EngineSupervisor([ManagedEngine(engine, "smol", "smol")], startup_timeout_s=30, stop_grace_s=5)
+    sup = engine_supervisor([ManagedEngine(engine, "smol", "smol")], startup_timeout_s=30, stop_grace_s=5)
     body = {"model": "default", "messages": [{"role": "user", "content": "hi"}]}
     with run_gateway(GatewayConfig(), default_model="smol", manager=sup.manager) as gw:
         asyncio.run_coroutine_threadsafe(sup.start(gw.state), gw.loop).result(10)
@@ -43,7 +44,7 @@ def test_engine_lifecycle_through_the_gateway(tmp_path) -> None:
 
 def test_engine_that_cannot_start_is_marked_failed(tmp_path) -> None:
     engine = mock_engine(tmp_path, ["--no-such-flag"])
-    sup = EngineSupervisor([ManagedEngine(engine, "smol", "smol")], startup_timeout_s=30, stop_grace_s=5)
+    sup = engine_supervisor([ManagedEngine(engine, "smol", "smol")], startup_timeout_s=30, stop_grace_s=5)
     with run_gateway(GatewayConfig(), default_model="smol", manager=sup.manager) as gw:
         asyncio.run_coroutine_threadsafe(sup.start(gw.state), gw.loop).result(10)
         wait_for(lambda: gw.state.registry.get("engine-smol").state == "failed")

@@ -25,9 +25,10 @@ from safetensors.numpy import save_file
 
 from bench.harness.gateway_thread import Gateway, app_in_thread
 from bench.harness.waiting import wait_for
-from stack.cli.lifecycle import _warnings
+from stack.assemble.runtimes import engine_supervisor
+from stack.cli.status_cmd import _warnings
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway.engines import EngineSupervisor, ManagedEngine
+from stack.gateway.engines import ManagedEngine
 from stack.gateway.registry import DeploymentRegistry
 from stack.gateway.routing.adapters import Base
 from tests.engine.test_disk_full import fill, full_disk
@@ -40,7 +41,7 @@ pytestmark = pytest.mark.lifecycle
 
 def test_the_managed_engines_deployment_cannot_be_deleted_and_the_model_stays_loadable(tmp_path) -> None:
     engine = mock_engine(tmp_path)
-    sup = EngineSupervisor([ManagedEngine(engine, "smol", "smol")], startup_timeout_s=30, stop_grace_s=5)
+    sup = engine_supervisor([ManagedEngine(engine, "smol", "smol")], startup_timeout_s=30, stop_grace_s=5)
     with run_gateway(GatewayConfig(), default_model="smol", manager=sup.manager) as gw:
         asyncio.run_coroutine_threadsafe(sup.start(gw.state), gw.loop).result(10)
         wait_for(lambda: httpx.get(f"{gw.url}/ready").status_code == 200)

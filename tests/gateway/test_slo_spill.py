@@ -15,10 +15,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.waiting import free_port, wait_for
+from stack.assemble.runtimes import engine_supervisor
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.process import EngineProcess, EngineSpec
-from stack.gateway.engines import EngineSupervisor, ManagedEngine
+from stack.gateway.engines import ManagedEngine
 from stack.manager.policy import Capacity
 
 from .conftest import ROOT, cloud_entry, run_gateway
@@ -54,7 +55,7 @@ def test_a_switch_that_ends_within_the_slo_is_waited_for_and_one_that_does_not_s
     engines = [ManagedEngine(mock_engine(tmp_path, "a"), "a", "a", need=GIB),
                ManagedEngine(mock_engine(tmp_path, "b"), "b", "b", need=GIB, preload=False)]  # fmt: skip
     manager = ManagerConfig(min_residency_s=0, quiet_s=0, restart_max=0, idle_ttl_s=0, sleep="off")
-    sup = EngineSupervisor(engines, startup_timeout_s=30, stop_grace_s=5, settings=manager,
+    sup = engine_supervisor(engines, startup_timeout_s=30, stop_grace_s=5, settings=manager,
                            capacity=Capacity(total=GIB, sleep_supported=False))  # one at a time  # fmt: skip
     fallbacks = {"a": ["cloud-small"], "b": ["cloud-small"]}
     settings = GatewayConfig(cloud=[cloud_entry(cloud_mock.url)], fallbacks=fallbacks,
@@ -96,7 +97,7 @@ def test_a_switch_that_ends_within_the_slo_is_waited_for_and_one_that_does_not_s
 
 def test_the_fallbacks_failing_after_a_spill_the_local_engine_answers(tmp_path, cloud_mock, monkeypatch) -> None:
     monkeypatch.setenv("VSTACK_TEST_CLOUD_KEY", "sk-test-cloud-key-123456")
-    sup = EngineSupervisor([ManagedEngine(mock_engine(tmp_path, "a"), "a", "a")], startup_timeout_s=30,
+    sup = engine_supervisor([ManagedEngine(mock_engine(tmp_path, "a"), "a", "a")], startup_timeout_s=30,
                            stop_grace_s=5)  # fmt: skip
     down = {"model_name": "cloud-down", "litellm_params": {"model": "openai/status-503",
                                                            "api_base": f"{cloud_mock.url}/v1"},
@@ -115,7 +116,7 @@ def test_the_fallbacks_failing_after_a_spill_the_local_engine_answers(tmp_path, 
 
 
 def test_requests_without_an_objective_are_not_judged(tmp_path) -> None:
-    sup = EngineSupervisor([ManagedEngine(mock_engine(tmp_path, "a"), "a", "a")], startup_timeout_s=30,
+    sup = engine_supervisor([ManagedEngine(mock_engine(tmp_path, "a"), "a", "a")], startup_timeout_s=30,
                            stop_grace_s=5)  # fmt: skip
     with run_gateway(GatewayConfig(), default_model="a", manager=sup.manager) as gw:
         gw.call(sup.start(gw.state))

@@ -176,15 +176,16 @@ def test_a_request_that_waits_for_a_start_names_the_switch_and_its_phases(tmp_pa
     """The model manager's switch is a trace of its own; the request that waited for it names it in its
     admission span, and the console's timeline shows its phases on the request's clock. The engine is the
     stand-in with vLLM's sleep endpoints (bench/harness/mock_upstream.py), spawned as an engine is."""
+    from stack.assemble.runtimes import engine_supervisor
     from stack.config.sections.manager import ManagerConfig
-    from stack.gateway.engines import EngineSupervisor, ManagedEngine
+    from stack.gateway.engines import ManagedEngine
     from stack.manager.policy import Capacity
     from tests.manager.conftest import GIB
     from tests.manager.test_kept_asleep import WEIGHTS, engine
 
     runtime = engine(tmp_path)
     managed = ManagedEngine(runtime, "m", "m", need=GIB, can_sleep=True, weights_gpu=WEIGHTS, weights_host=WEIGHTS)
-    sup = EngineSupervisor([managed], startup_timeout_s=30, stop_grace_s=5,
+    sup = engine_supervisor([managed], startup_timeout_s=30, stop_grace_s=5,
                            settings=ManagerConfig(min_residency_s=0, quiet_s=0),
                            capacity=Capacity(100 * GIB, True, 8 * GIB))  # fmt: skip
     with run_gateway(GatewayConfig(), default_model="m", manager=sup.manager,

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from bench.harness.waiting import free_port
-from stack.load.records import RequestRecord
+from stack.load.measured_requests import RequestRecord
 
 DATA = Path(__file__).parent / "data"
 # Small enough for a 2-core machine shared with others: a few short requests, two users.

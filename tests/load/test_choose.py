@@ -50,8 +50,8 @@ def test_a_capacity_run_that_lost_requests_never_meets_the_slo() -> None:
 def test_a_capacity_run_that_answered_nothing_ends_the_candidate() -> None:
     import pytest
 
+    from stack.tune.measure_candidate import answered
     from stack.tune.rate_search import ProbeFailed
-    from stack.tune.run import answered
 
     figures = {"errors": 64, "ok": 0, "p95_ttft_ms": 0.0, "output_tokens_per_s": 0.0}  # what vllm bench reports
     with pytest.raises(ProbeFailed, match="every request of the capacity run failed \\(64\\)"):

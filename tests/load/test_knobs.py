@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stack.config import load_config
 from stack.hardware import GIB, GpuInfo, HardwareInfo
-from stack.planner.model_planning import plan_model
+from stack.planner.model_planner import plan_model
 from stack.tune.candidates import Candidate
 from stack.tune.knobs import NGRAM, Device, device_candidates, numerics_change
 from stack.tune.run import prefilter

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from stack.config.slo import parse_slo
-from stack.load.records import RecordWriter, read_records
+from stack.load.measured_requests import RecordWriter, read_records
 from stack.load.report import build_report
 from stack.load.scenario import parse_scenario
 from stack.load.summary import over_time, percentile, summarize

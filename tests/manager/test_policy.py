@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from stack.config.switch_schedulers import Residency, Rules
 from stack.manager.policy import (
     Capacity,
     Evict,
@@ -12,8 +13,6 @@ from stack.manager.policy import (
     IdleAction,
     ModelView,
     SwitchKind,
-    closes,
-    evictable,
     idle_action,
     plan_switch,
     restart_delay,
@@ -81,11 +80,12 @@ def test_largest_first_order() -> None:
     (0, 5, 10, True),  # young but quiet: may go
     (0, 30, 0.5, True),  # residency over
 ])  # fmt: skip
-def test_evictable(busy: int, age: float, idle: float, expected: bool) -> None:
+def test_residency_turn(busy: int, age: float, idle: float, expected: bool) -> None:
     now = 1000.0
     view = ModelView("a", S.READY, GIB, last_used=now - idle, ready_since=now - age, busy=busy)
-    assert evictable(view, now, min_residency_s=20, quiet_s=2) is expected
-    assert closes(view, now, 20) is (age >= 20)
+    turn = Residency(Rules(min_residency_s=20, quiet_s=2, max_wait_s=4)).turn(view, now, 0.0, 0.0)
+    assert turn.may_evict is expected
+    assert turn.close is (age >= 20)
 
 
 def test_idle_policy() -> None:

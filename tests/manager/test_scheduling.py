@@ -1,4 +1,4 @@
-"""The switch schedulers (stack.manager.scheduling): their rules with plain values, then the grouped one's bound
+"""The switch schedulers (stack.config.switch_schedulers): their rules with plain values, then the grouped one's bound
 on waiting with the real ModelManager replaying a mixed two-model Poisson trace over stand-in engines
 (bench.harness.standin_engine: a switch delay and nothing behind it; the decision logic, not an engine)."""
 
@@ -8,11 +8,12 @@ import asyncio
 import itertools
 
 import pytest
+from pydantic import ValidationError
 
 from bench.harness.trace_replay import poisson_trace, replay_on_manager, standin_manager
 from stack.config.sections.manager import ManagerConfig
+from stack.config.switch_schedulers import SCHEDULERS, Grouped, Residency, Rules
 from stack.manager.policy import ModelView
-from stack.manager.scheduling import SCHEDULERS, Rules, Scheduler, grouped_turn, residency_turn, turn_wait_s
 from stack.manager.states import ModelState as S
 
 RULES = Rules(min_residency_s=20, quiet_s=2, max_wait_s=4)
@@ -27,31 +28,40 @@ def pair(turn) -> tuple[bool, bool]:
 
 
 def test_residency_holds_a_busy_model_for_its_residency_whatever_waits() -> None:
-    assert pair(residency_turn(view(), 100.0, RULES, waited_s=60.0, switch_s=0)) == (False, False)
-    assert pair(residency_turn(view(busy=0, ready_since=70), 100.0, RULES, 60.0, 0)) == (True, True)
+    assert pair(Residency(RULES).turn(view(), 100.0, waited_s=60.0, switch_s=0)) == (False, False)
+    assert pair(Residency(RULES).turn(view(busy=0, ready_since=70), 100.0, 60.0, 0)) == (True, True)
 
 
 def test_grouped_holds_a_busy_model_until_the_oldest_waiting_request_is_due() -> None:
     # The waiting group is smaller than the one served (1 request vs 3 in flight): due at max_wait_s.
-    assert pair(grouped_turn(view(busy=3), 100.0, RULES, waited_s=3.9, switch_s=0.5, waiting=1)) == (False, False)
-    assert pair(grouped_turn(view(busy=3), 100.0, RULES, waited_s=4.0, switch_s=0.5, waiting=1)) == (False, True)
+    assert pair(Grouped(RULES).turn(view(busy=3), 100.0, waited_s=3.9, switch_s=0.5, waiting=1)) == (False, False)
+    assert pair(Grouped(RULES).turn(view(busy=3), 100.0, waited_s=4.0, switch_s=0.5, waiting=1)) == (False, True)
     # ... at least as big: due once it has waited what the switch costs.
-    assert pair(grouped_turn(view(busy=3), 100.0, RULES, waited_s=0.4, switch_s=0.5, waiting=3)) == (False, False)
-    assert pair(grouped_turn(view(busy=3), 100.0, RULES, waited_s=0.5, switch_s=0.5, waiting=3)) == (False, True)
+    assert pair(Grouped(RULES).turn(view(busy=3), 100.0, waited_s=0.4, switch_s=0.5, waiting=3)) == (False, False)
+    assert pair(Grouped(RULES).turn(view(busy=3), 100.0, waited_s=0.5, switch_s=0.5, waiting=3)) == (False, True)
     # A slow switch (a cold start) is never thrashed: nobody is due before it would have paid for itself.
-    assert pair(grouped_turn(view(busy=3), 100.0, RULES, waited_s=30, switch_s=45, waiting=5)) == (False, False)
-    assert pair(grouped_turn(view(busy=0), 100.0, RULES, 4.0, 0.5, 1)) == (True, True)  # due, and nothing in flight
-    assert pair(grouped_turn(view(busy=0, last_used=90.0), 100.0, RULES, 0.0, 0.0)) == (True, False)  # idle: goes
-    assert pair(grouped_turn(view(busy=0), 100.0, RULES, 0.0, 0.0)) == (False, False)  # between two of its requests
+    assert pair(Grouped(RULES).turn(view(busy=3), 100.0, waited_s=30, switch_s=45, waiting=5)) == (False, False)
+    assert pair(Grouped(RULES).turn(view(busy=0), 100.0, 4.0, 0.5, 1)) == (True, True)  # due, and nothing in flight
+    assert pair(Grouped(RULES).turn(view(busy=0, last_used=90.0), 100.0, 0.0, 0.0)) == (True, False)  # idle: goes
+    assert pair(Grouped(RULES).turn(view(busy=0), 100.0, 0.0, 0.0)) == (False, False)  # between two of its requests
     asleep = ModelView("a", S.SLEEPING, 1)
-    assert grouped_turn(asleep, 100.0, RULES, 0.0, 0.0).may_evict
-    assert set(SCHEDULERS) == set(Scheduler)
+    assert Grouped(RULES).turn(asleep, 100.0, 0.0, 0.0).may_evict
+
+
+def test_each_policy_is_one_class_of_the_table_that_the_configuration_lists() -> None:
+    """`manager.scheduler` offers exactly the table's policies, and a switch waits for the models in its way
+    what the chosen policy holds them (residency: min_residency_s; grouped: max_wait_s) plus the drain."""
+    assert list(SCHEDULERS) == ["residency", "grouped"]
+    with pytest.raises(ValidationError, match="'residency' or 'grouped'"):
+        ManagerConfig(scheduler="fifo")
+    assert SCHEDULERS["residency"](RULES).wait_limit_s(60.0) == 80.0
+    assert SCHEDULERS["grouped"](RULES).wait_limit_s(60.0) == 64.0
 
 
 def test_the_wait_until_a_turn_for_the_estimate() -> None:
-    assert turn_wait_s(Scheduler.GROUPED, view(), 100.0, RULES, waited_s=1.0) == pytest.approx(3.0)
-    assert turn_wait_s(Scheduler.RESIDENCY, view(), 100.0, RULES, waited_s=1.0) == pytest.approx(15.0)
-    assert turn_wait_s(Scheduler.RESIDENCY, view(busy=0, last_used=99.0), 100.0, RULES, 0.0) == pytest.approx(1.0)
+    assert Grouped(RULES).turn_wait_s(view(), 100.0, waited_s=1.0) == pytest.approx(3.0)
+    assert Residency(RULES).turn_wait_s(view(), 100.0, waited_s=1.0) == pytest.approx(15.0)
+    assert Residency(RULES).turn_wait_s(view(busy=0, last_used=99.0), 100.0, 0.0) == pytest.approx(1.0)
 
 
 def test_grouped_serves_every_request_within_its_bound() -> None:

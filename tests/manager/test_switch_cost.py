@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from stack.config.switch_schedulers import Grouped, Residency, Rules
 from stack.manager.policy import ModelView, SwitchKind
-from stack.manager.scheduling import Rules, Scheduler
 from stack.manager.states import ModelState as S
 from stack.manager.switch_cost import expected_switch_s, room_wait_s, typical_switch_s
 
@@ -44,9 +44,9 @@ def test_the_wait_for_the_models_it_evicts_follows_the_scheduler() -> None:
     rules = Rules(min_residency_s=20, quiet_s=2, max_wait_s=4)
 
     def wait(evicted, scheduler, waited=0.0):
-        return room_wait_s([busy, idle], evicted, 100.0, scheduler, rules, waited)
+        return room_wait_s([busy, idle], evicted, 100.0, scheduler(rules), waited)
 
-    assert wait(["b"], Scheduler.RESIDENCY) == pytest.approx(10.0)  # b's residency
-    assert wait(["b"], Scheduler.GROUPED, waited=1.0) == pytest.approx(3.0)  # the oldest request's max wait
-    assert wait(["c"], Scheduler.RESIDENCY) == 0.0 and wait(["c"], Scheduler.GROUPED) == 0.0  # idle for 5 s
-    assert wait([], Scheduler.RESIDENCY) == 0.0
+    assert wait(["b"], Residency) == pytest.approx(10.0)  # b's residency
+    assert wait(["b"], Grouped, waited=1.0) == pytest.approx(3.0)  # the oldest request's max wait
+    assert wait(["c"], Residency) == 0.0 and wait(["c"], Grouped) == 0.0  # idle for 5 s
+    assert wait([], Residency) == 0.0

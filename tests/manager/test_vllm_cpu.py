@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
+from stack.assemble.runtimes import engine_supervisor
 from stack.config.sections.manager import ManagerConfig
-from stack.gateway.engines import EngineSupervisor
 from stack.manager.policy import Capacity
 
 from .conftest import GIB, counter, gateway_with, local_engine
@@ -44,7 +44,7 @@ def pair(tiny_models, tmp_path_factory):
                local_engine("/nonexistent/model", "broken", logs, 0, preload=False)]  # fmt: skip
     settings = ManagerConfig(min_residency_s=5, restart_max=2, restart_backoff_s=1, idle_ttl_s=0,
                              queue_timeout_s=400, retry_failed_s=120)  # fmt: skip
-    sup = EngineSupervisor(engines, startup_timeout_s=400, stop_grace_s=10, settings=settings,
+    sup = engine_supervisor(engines, startup_timeout_s=400, stop_grace_s=10, settings=settings,
                            capacity=Capacity(8 * GIB, sleep_supported=False))  # fmt: skip
     with gateway_with(sup, "tiny-a") as gw:
         wait_state(gw, "tiny-a", "ready", 400)
@@ -128,7 +128,7 @@ def test_one_model_at_a_time_concurrent_alternation_swaps_a_bounded_number_of_ti
     a, b = tiny_models
     engines = [local_engine(a, "tiny-a", tmp_path, 2), local_engine(b, "tiny-b", tmp_path, 2, preload=False)]
     settings = ManagerConfig(scheduler="residency", min_residency_s=3, quiet_s=1, idle_ttl_s=0, queue_timeout_s=400)
-    sup = EngineSupervisor(engines, startup_timeout_s=400, stop_grace_s=10, settings=settings,
+    sup = engine_supervisor(engines, startup_timeout_s=400, stop_grace_s=10, settings=settings,
                            capacity=Capacity(3 * GIB, sleep_supported=False))  # fmt: skip
     with gateway_with(sup, "tiny-a") as gw:
         wait_state(gw, "tiny-a", "ready", 400)

@@ -14,7 +14,7 @@ from stack.config import load_config
 from stack.config.schema import ModelEntry
 from stack.errors import ConfigError
 from stack.hardware import detect
-from stack.planner.model_planning import plan_model
+from stack.planner.model_planner import plan_model
 from stack.vllm.families import FAMILIES, infer_family, registered_parsers, serving_options
 from stack.vllm.lora import AdapterError, check_fits, engine_options, inspect
 from tests.conftest import load_catalog
@@ -175,7 +175,7 @@ def test_a_config_adapter_with_missing_files_stops_the_plan(tmp_path: Path) -> N
 
 
 def test_planner_accounts_lora_slots_against_the_kv_cache() -> None:
-    from stack.planner.fitting import fit_model
+    from stack.planner.fit_planner import fit_model
 
     cfg = load_config()
     plain = fit_model(cfg, "llama-3.1-8b-instruct", "h100-80gb")

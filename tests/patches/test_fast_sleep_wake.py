@@ -18,7 +18,7 @@ import torch
 from vllm.device_allocator import AllocationData
 
 from stack.engine.sleep_copy import sleep_copy_env
-from stack.planner.host_copy import keep_host_copy
+from stack.planner.keep_host_copy import keep_host_copy
 from stack.vllm.plugins.host_copy import KEEP_ENV
 from stack.vllm.plugins.runtime_patches import fast_sleep_wake as fsw
 

@@ -17,9 +17,10 @@ import pytest
 
 from stack.hardware import HardwareInfo
 from stack.patches.plugin import would_run
-from stack.tune.run import TuneRequest, why_starts_not_overlapped
+from stack.tune.request import TuneRequest
+from stack.tune.run import why_starts_not_overlapped
 from stack.vllm.plugins.runtime_patches import start_gate
-from stack.vllm.plugins.start_gate import GATE_ENV, TIMEOUT_ENV, waiting_marker
+from stack.vllm.plugins.start_gate_protocol import GATE_ENV, TIMEOUT_ENV, waiting_marker
 
 
 def _open_later(gate: Path, after_s: float) -> threading.Thread:

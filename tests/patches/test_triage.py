@@ -11,10 +11,10 @@ import yaml
 
 from stack.patches.ledger import load_ledger
 from stack.patches.tool_errors import LedgerError, TriageError
-from stack.patches.triage import options as opts
+from stack.patches.triage import option_changes as opts
+from stack.patches.triage.change_sources import git_range, release_range
 from stack.patches.triage.report import build, to_markdown, update_tracking
 from stack.patches.triage.rules import Bucket, Change, load_rules
-from stack.patches.triage.sources import git_range, release_range
 from tests.patches.conftest import PATCHES, git
 
 UTILS = "vllm/tool_parsers/utils.py"

@@ -14,7 +14,7 @@ import pytest
 
 from stack.config import StackConfig, load_config
 from stack.planner.model_meta import ModelShape, parse_config
-from stack.planner.sources import KNOWN_CONFIGS
+from stack.planner.model_sources import KNOWN_CONFIGS
 
 FIXTURES = KNOWN_CONFIGS  # the config.json copies the planner ships for offline planning, kept once
 GIB = 1024**3

@@ -15,7 +15,7 @@ runner = CliRunner()
 def _app() -> typer.Typer:
     app = typer.Typer()
     app.command("plan")(plan_command)
-    app.command("other")(lambda: None)  # two commands: `plan` stays a sub-command, as in stack/cli.py
+    app.command("other")(lambda: None)  # two commands: `plan` stays a sub-command, as in stack/cli/root.py
     return app
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from stack.config.resolve import ResolvedProfile
 from stack.config.schema import ModelEntry, ModelSource, StackConfig
-from stack.planner.fitting import fit_profile
+from stack.planner.fit_planner import fit_profile
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 KV_LINE = re.compile(r"KV cache size: ([\d,]+) tokens")

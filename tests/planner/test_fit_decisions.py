@@ -8,9 +8,9 @@ from stack.config import resolve_profile
 from stack.config.resolve import ResolvedProfile
 from stack.config.schema import ModelEntry, ModelSource, StackConfig
 from stack.hardware import GpuInfo, HardwareInfo
+from stack.planner.decisions import Request
 from stack.planner.errors import FitError
-from stack.planner.fit import Request
-from stack.planner.fitting import fit_model, fit_profile, quantized_variants
+from stack.planner.fit_planner import fit_model, fit_profile, quantized_variants
 
 from .conftest import GIB
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from stack.planner.sources import load_facts
+from stack.planner.model_sources import load_facts
 from stack.planner.weights import weights_from_folder
 
 from .conftest import FIXTURES

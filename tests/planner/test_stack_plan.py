@@ -16,8 +16,8 @@ from stack.config.redact import MASK
 from stack.errors import ConfigError
 from stack.hardware import GpuInfo, HardwareInfo
 from stack.models import ModelFiles
-from stack.planner.stack_plan import ModelPlan, StackPlan
-from stack.planner.stack_planning import REPLANNED, plan_fetched, plan_stack
+from stack.planner.plans import ModelPlan, StackPlan
+from stack.planner.stack_planner import REPLANNED, plan_fetched, plan_stack
 from tests.conftest import load_catalog
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -141,7 +141,7 @@ def test_an_operators_cpu_kv_cache_size_in_the_environment_is_the_plans(tmp_path
 
 def test_the_consoles_plan_page_shows_the_engines_real_port_never_port_0(tmp_path: Path) -> None:
     """Issue 50: Plan & config showed `vllm serve ... --port 0` (0 only means: a free port at each start)."""
-    from stack.assemble import console_sources
+    from stack.assemble.gateways import console_sources
 
     cfg = load_config(text=f"models:\n  tiny: {{source: {{path: {tiny_model(tmp_path)}}}}}\nserve: tiny\n")
     plan = plan_stack(cfg, None, CPU, load_catalog("0.32"))

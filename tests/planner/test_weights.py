@@ -92,7 +92,7 @@ def test_machete_keeps_awq_zero_points_in_16_bits_on_hopper_only() -> None:
     import json
 
     from stack.planner.model_meta import parse_config
-    from stack.planner.sources import known_config_path
+    from stack.planner.model_sources import known_config_path
     from stack.planner.weights import estimate_parameters, machete_zero_point_bytes
 
     awq = parse_config(json.loads(known_config_path("Qwen/Qwen2.5-32B-Instruct-AWQ").read_text()))

@@ -9,7 +9,7 @@ from stack.config import load_config
 from stack.config.sections.observability import TracingConfig
 from stack.errors import ConfigError
 from stack.hardware import detect
-from stack.planner.model_planning import plan_model
+from stack.planner.model_planner import plan_model
 from stack.tracing.record import RequestTrace, clock
 from stack.tracing.settings import resolve
 from stack.tracing.tracer import TraceBuffer, tracer_for

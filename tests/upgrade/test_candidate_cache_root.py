@@ -23,7 +23,7 @@ def test_a_candidate_venvs_python_gets_its_own_root_and_nothing_else_does(tmp_pa
 def test_the_plan_of_a_candidates_engine_carries_the_root_and_says_why(tmp_path: Path, monkeypatch) -> None:
     from stack.config import load_config
     from stack.hardware import detect
-    from stack.planner.model_planning import plan_model
+    from stack.planner.model_planner import plan_model
     from tests.conftest import load_catalog
 
     monkeypatch.delenv(CACHE_ENV, raising=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.assemble import allowed_engine_python
+from stack.assemble.reloader import allowed_engine_python
 from stack.config import load_config
 from stack.errors import ConfigError, StackError
 from stack.upgrade.venv import candidate_env, parse_version, read_marker, torch_requirement, venv_dir

@@ -41,7 +41,7 @@ def test_the_plan_renders_the_decision_and_refuses_bf16_by_hand(monkeypatch) -> 
     from stack.config import load_config
     from stack.errors import ConfigError
     from stack.hardware import HardwareInfo
-    from stack.planner.model_planning import plan_model
+    from stack.planner.model_planner import plan_model
 
     info = HardwareInfo(cpu_count=2, ram_total=8 << 30, ram_available=4 << 30)
     from stack.vllm.options import installed_catalog
@@ -50,7 +50,7 @@ def test_the_plan_renders_the_decision_and_refuses_bf16_by_hand(monkeypatch) -> 
     plan = plan_model(load_config(), "cpu-smollm2", info, catalog, for_launch=False)
     assert plan.engine["dtype"] == "float32"
     assert any(n.startswith("dtype: ") for n in plan.notes)
-    monkeypatch.setattr("stack.planner.model_planning.cpu_flags", lambda: XEON_AMX)
+    monkeypatch.setattr("stack.planner.model_planner.cpu_flags", lambda: XEON_AMX)
     cfg = load_config(text="engine: {dtype: bfloat16}")
     with pytest.raises(ConfigError, match="bfloat16 is not known good"):
         plan_model(cfg, "cpu-smollm2", info, catalog, for_launch=False)

@@ -10,7 +10,7 @@ import pytest
 
 from stack.config import load_config
 from stack.hardware import detect
-from stack.planner.model_planning import plan_model
+from stack.planner.model_planner import plan_model
 from stack.vllm.args import render_engine_args
 from stack.vllm.options import check_many_with_vllm, check_with_vllm, installed_catalog, installed_version
 from tests.conftest import VERSIONS, load_catalog

@@ -15,7 +15,7 @@ from stack.config import load_config
 from stack.errors import ConfigError
 from stack.hardware import detect
 from stack.manager.tiers import Tier, TierModel, assign_tiers
-from stack.planner.model_planning import plan_model
+from stack.planner.model_planner import plan_model
 from stack.vllm import kv_offload
 from stack.vllm.args import render_engine_args
 from tests.conftest import load_catalog

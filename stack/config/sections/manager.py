@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from stack.config.switch_schedulers import SCHEDULERS
+
 # What an engine container gets from the gateway's environment (values never logged): Hub access and the
 # engine overrides an operator set for the gateway (VSTACK_ENGINE__* are passed whole, by prefix).
 PASS_ENV = ["HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
@@ -105,7 +107,7 @@ class ManagerConfig(BaseModel):
     quiet_s: float = Field(
         2, ge=0, description="a model without a request for this long may be evicted before min_residency_s"
     )
-    scheduler: Literal["residency", "grouped"] = Field(
+    scheduler: Literal[tuple(SCHEDULERS)] = Field(  # type: ignore[valid-type]  (the names of the one table)
         "grouped", description="when a model waiting for its turn takes the machine from a busy one: grouped (as "
         "soon as as many requests wait for it as the busy one has in flight, else once its oldest request has "
         "waited max_wait_s) or residency (after min_residency_s); adr/0029",

@@ -12,9 +12,9 @@ from packaging.version import InvalidVersion, Version
 
 from stack.patches.diffs import applies
 from stack.patches.ledger import Kind, LoadedLedger, Status
-from stack.patches.triage.options import OptionChange
+from stack.patches.triage.change_sources import Changes, Side
+from stack.patches.triage.option_changes import OptionChange
 from stack.patches.triage.rules import Bucket, Change, RuleSet
-from stack.patches.triage.sources import Changes, Side
 
 TRACKING_FILE = Path(__file__).resolve().parents[3] / "patches" / "tracking.yaml"
 

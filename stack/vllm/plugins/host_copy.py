@@ -1,7 +1,7 @@
 """The host-copy protocol between the stack and the runtime patch `gpu-sleep-wake-at-bus-speed`
 (stack/vllm/plugins/runtime_patches/fast_sleep_wake.py): the variable that lets a GPU engine keep its
 weights' host copy between sleeps, and the collective_rpc method that stages the first sleep's host buffers.
-Whether an engine may keep the copy is planned by the stack (stack.engine.sleep_copy)."""
+Whether an engine may keep the copy is planned by the stack (stack.planner.keep_host_copy)."""
 
 from __future__ import annotations
 

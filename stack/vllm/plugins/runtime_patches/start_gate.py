@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stack.vllm.plugins.start_gate import GATE_ENV, TIMEOUT_ENV, waiting_marker
+from stack.vllm.plugins.start_gate_protocol import GATE_ENV, TIMEOUT_ENV, waiting_marker
 
 MARK = "_vstack_patch"
 log = logging.getLogger("vllm.vstack_patches")

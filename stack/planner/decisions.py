@@ -1,6 +1,6 @@
-"""What the fit planner hands back (a `Fit`): the decisions with their reasons, the budget, and the updates to
-apply. Not to be confused with `stack.planner.stack_plan` (what `vstack up` decided for every model): a Fit is
-one of its inputs, kept in each ModelPlan."""
+"""What the fit planner decides for one model on one machine (a `Fit`): the decisions with their reasons, the
+budget, and the updates to apply. A Fit is one input of the model's plan (stack.planner.plans.ModelPlan),
+kept in it."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
     plan = plan_stack(cfg, target, hardware, catalog, fetch=..., site=..., nodes=...)
 
-The inputs are handed in by the composition root (stack.assemble.plan_up): the configuration (loaded once),
+The inputs are handed in by the composition root (stack.assemble.planning.plan_up): the configuration (loaded once),
 the hardware (detected once), the installed vLLM's option catalogue, where engine containers go (a
 ContainerSite, manager.runtime: docker) and the Ray cluster's live nodes (manager.runtime: ray). `fetch`
 makes a model's files local (stack.models.pull); without it, models are planned from the files at hand or
@@ -22,9 +22,9 @@ from stack.errors import StackError
 from stack.hardware import HardwareInfo
 from stack.models import ModelFiles
 from stack.planner.cluster import Demand, NodeRes, Placement, check, place
-from stack.planner.model_planning import plan_model, with_fingerprint
+from stack.planner.model_planner import plan_model, with_fingerprint
+from stack.planner.plans import ContainerSite, ModelPlan, RunsOn, StackPlan, VllmBuild
 from stack.planner.serving import LOOK_UP
-from stack.planner.stack_plan import ContainerSite, ModelPlan, RunsOn, StackPlan, VllmBuild
 from stack.vllm.families import Registered
 from stack.vllm.options import VllmCatalog
 

@@ -20,12 +20,12 @@ from stack.counts import count
 from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
-from stack.planner.fit import Fit
-from stack.planner.host_copy import KEEP_ENV, keep_host_copy
+from stack.planner.decisions import Fit
+from stack.planner.keep_host_copy import KEEP_ENV, keep_host_copy
+from stack.planner.plans import ModelPlan, VllmBuild
 from stack.planner.serving import LOOK_UP, apply_model_serving
-from stack.planner.stack_plan import ModelPlan, VllmBuild
 from stack.planner.tracing_args import apply_tracing
-from stack.vllm import cpu, kv_offload
+from stack.vllm import cpu_rules, kv_offload
 from stack.vllm.args import render_engine_args
 from stack.vllm.cache_root import CACHE_ENV, candidate_cache_root
 from stack.vllm.cpu_dtype import ALLOW_BF16_ENV, BF16_NAMES, bf16_is_known_good, cpu_flags, decide_cpu_dtype
@@ -178,23 +178,23 @@ def secret_env_names(cfg: StackConfig) -> tuple[str, ...]:
 
 def size_cpu_kv_cache(resolved: ResolvedProfile, hardware: HardwareInfo, notes: list[str],
                       derived: set[str]) -> None:  # fmt: skip
-    """VLLM_CPU_KVCACHE_SPACE from the RAM free when planned (stack.vllm.cpu), unless the profile sizes it or
+    """VLLM_CPU_KVCACHE_SPACE from the RAM free when planned (stack.vllm.cpu_rules), unless the profile sizes it or
     the operator set the variable where the stack runs (as vLLM would read it): then that size, as given."""
-    if cpu.CPU_KV_ENV in resolved.env or "kv_cache_memory_bytes" in resolved.engine:
+    if cpu_rules.CPU_KV_ENV in resolved.env or "kv_cache_memory_bytes" in resolved.engine:
         return
-    given = os.environ.get(cpu.CPU_KV_ENV, "").strip()
+    given = os.environ.get(cpu_rules.CPU_KV_ENV, "").strip()
     if given:
         if not (given.isdigit() and int(given) > 0):  # vLLM reads it with int(): whole GiB
-            raise ConfigError(f"{cpu.CPU_KV_ENV}={given!r} in the environment is not a whole number of GiB",
-                              hint=f"set it to a positive whole number of GiB (export {cpu.CPU_KV_ENV}=4), or "
+            raise ConfigError(f"{cpu_rules.CPU_KV_ENV}={given!r} in the environment is not a whole number of GiB",
+                              hint=f"set it to a positive whole number of GiB (export {cpu_rules.CPU_KV_ENV}=4), or "
                                    "unset it for the stack to size the KV cache from the RAM free")  # fmt: skip
-        resolved.env[cpu.CPU_KV_ENV] = given
-        notes.append(f"KV cache: {given} GiB ({cpu.CPU_KV_ENV}, from the environment)")
+        resolved.env[cpu_rules.CPU_KV_ENV] = given
+        notes.append(f"KV cache: {given} GiB ({cpu_rules.CPU_KV_ENV}, from the environment)")
         return
-    gib = cpu.kv_cache_gib(hardware.ram_available, resolved.hardware.cpu_kv_cache)  # type: ignore[arg-type]
-    resolved.env[cpu.CPU_KV_ENV] = str(gib)
-    derived.add(f"env:{cpu.CPU_KV_ENV}")
-    notes.append(f"KV cache: {gib} GiB ({cpu.CPU_KV_ENV}) from {hardware.ram_available / 2**30:.1f} GiB free")
+    gib = cpu_rules.kv_cache_gib(hardware.ram_available, resolved.hardware.cpu_kv_cache)  # type: ignore[arg-type]
+    resolved.env[cpu_rules.CPU_KV_ENV] = str(gib)
+    derived.add(f"env:{cpu_rules.CPU_KV_ENV}")
+    notes.append(f"KV cache: {gib} GiB ({cpu_rules.CPU_KV_ENV}) from {hardware.ram_available / 2**30:.1f} GiB free")
 
 
 def choose_cpu_dtype(resolved: ResolvedProfile, catalog: VllmCatalog, notes: list[str]) -> None:
@@ -224,7 +224,7 @@ def apply_fit(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInf
     A model that cannot fit is refused before anything starts (fit_check: refuse), unless asked to only warn.
     """
     from stack.planner.errors import FitError
-    from stack.planner.fitting import fit_profile
+    from stack.planner.fit_planner import fit_profile
 
     token = cfg.hf_token.get_secret_value() if cfg.hf_token else None
     try:

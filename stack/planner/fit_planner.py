@@ -13,11 +13,11 @@ from stack.config.origins import suggest
 from stack.config.resolve import ResolvedProfile, unconfigured_model
 from stack.config.schema import HardwareProfile, StackConfig
 from stack.errors import ConfigError
-from stack.planner.fit import Fit, Request
-from stack.planner.fit_decisions import FitInput, decide
+from stack.planner.decisions import Fit, Request
 from stack.planner.machine import Machine
+from stack.planner.model_sources import ModelFacts, load_facts
 from stack.planner.parallel import check_tensor_parallel
-from stack.planner.sources import ModelFacts, load_facts
+from stack.planner.sizing import FitInput, decide
 
 QUANTIZED_MARKERS = re.compile(r"(awq|gptq|fp8|int4|int8|w4a16|w8a8|bnb|4bit|8bit)", re.IGNORECASE)
 

