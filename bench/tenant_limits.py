@@ -37,7 +37,7 @@ from bench.harness.children import Children  # noqa: E402
 from bench.harness.gateway_thread import app_in_thread  # noqa: E402
 from bench.harness.manifest import Figure  # noqa: E402
 from bench.harness.results import record  # noqa: E402
-from bench.tenant_fairness import KEYS, METERED, Metered, gateway_app, sha, start_engine  # noqa: E402
+from bench.harness.tenant_load import KEYS, METERED, Metered, gateway_app, sha, start_engine  # noqa: E402
 
 WINDOW_S = 60
 
