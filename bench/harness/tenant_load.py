@@ -59,10 +59,10 @@ def body(user: str, tokens: int, group: str = MODEL, content: str = "tenant fair
 
 
 class Metered:
-    """The tpm tenant: 4 loops sending as fast as the limit lets (at once again after a 429), for the whole run."""
+    """The tpm tenant: `loops` loops sending as fast as the limit lets (at once again after a 429), for the whole run."""
 
-    def __init__(self, url: str, tokens: int, content: str) -> None:
-        self.url, self.tokens, self.content = url, tokens, content
+    def __init__(self, url: str, tokens: int, content: str, loops: int = 4) -> None:
+        self.url, self.tokens, self.content, self.loops = url, tokens, content, loops
         self.admitted: list[tuple[float, int]] = []  # (sent at, tokens used)
         self.refused = 0
         self.stop = threading.Event()
@@ -88,4 +88,4 @@ class Metered:
                         self.refused += 1
                         await asyncio.sleep(min(1.0, int(r.headers.get("retry-after-ms", "50")) / 1000))
 
-            await asyncio.gather(*(loop() for _ in range(4)))
+            await asyncio.gather(*(loop() for _ in range(self.loops)))

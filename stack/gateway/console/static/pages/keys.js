@@ -41,7 +41,7 @@
 
   function limitsText(limits) {
     const parts = LIMITS.filter(([k]) => limits[k] !== undefined).map(([k, label]) =>
-      `${label} ${k === "budget_usd" ? "$" + limits[k] : Number(limits[k]).toLocaleString("en-US")}`);
+      k === "budget_usd" ? `budget $${limits[k]}` : `${label} ${Number(limits[k]).toLocaleString("en-US")}`);
     return parts.length ? parts.join(", ") : "none";
   }
 
