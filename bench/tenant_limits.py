@@ -11,8 +11,8 @@ engine (bench/harness/paced_engine.py, 4 sequences, 16 tokens of 2 ms: far faste
 so the limit is what holds the tenant back). More loops than sequences, so that some always wait at the limit
 while others run: with 4 (one per sequence) the first minute's refill came later than its burst had (every
 refill request went through a 429 first), and the windows starting inside that first burst held as little as
-0.89x the limit, the client's lag, not the limiter's. Tokens admitted are the answers' own usage (prompt + completion), placed
-at the time each request was sent; a request sent after the run's end is not counted.
+0.89x the limit, the client's lag, not the limiter's. Tokens admitted are the answers' own usage (prompt +
+completion), placed at the time each request was sent; a request sent after the run's end is not counted.
 
 Figures:
 - admitted per minute / tpm: the tokens admitted over the whole run, per minute, against the limit. A sliding

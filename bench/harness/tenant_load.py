@@ -59,7 +59,8 @@ def body(user: str, tokens: int, group: str = MODEL, content: str = "tenant fair
 
 
 class Metered:
-    """The tpm tenant: `loops` loops sending as fast as the limit lets (at once again after a 429), for the whole run."""
+    """The tpm tenant: `loops` loops sending as fast as the limit lets (again at once after an answer, after a
+    429 when its retry-after-ms says), for the whole run."""
 
     def __init__(self, url: str, tokens: int, content: str, loops: int = 4) -> None:
         self.url, self.tokens, self.content, self.loops = url, tokens, content, loops
