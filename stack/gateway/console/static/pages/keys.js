@@ -23,7 +23,7 @@
   const revoked = el("p", {class: "muted", id: "keys-revoked"});
 
   // The add form: every field optional but the name; empty limits are no limit.
-  const name = el("input", {id: "key-name", type: "text", required: true, pattern: "[A-Za-z0-9][A-Za-z0-9._-]{0,63}", size: "14"});
+  const name = el("input", {id: "key-name", type: "text", required: true, pattern: "[A-Za-z0-9][A-Za-z0-9._\\-]{0,63}", size: "14"});
   const roleSel = el("select", {id: "key-role"}, ["client", "viewer", "admin"].map((r) => el("option", {value: r, text: r})));
   const prio = el("select", {id: "key-priority"}, ["normal", "high", "low"].map((p) => el("option", {value: p, text: p})));
   const models = el("input", {id: "key-models", type: "text", placeholder: "every model", size: "18"});
