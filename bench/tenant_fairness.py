@@ -32,7 +32,6 @@ import contextlib
 import json
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -45,52 +44,10 @@ from bench.harness.children import Children  # noqa: E402
 from bench.harness.gateway_thread import app_in_thread  # noqa: E402
 from bench.harness.manifest import Figure  # noqa: E402
 from bench.harness.results import record  # noqa: E402
+from bench.harness.tenant_load import KEYS, METERED, Metered, body, gateway_app, sha, start_engine  # noqa: E402
 from bench.harness.trace_replay import percentile  # noqa: E402
-from bench.harness.waiting import free_port  # noqa: E402
 
-MODEL = "shared"
-METERED = "metered"
-KEYS = {"quiet": "quiet-key-000000001", "noisy": "noisy-key-000000002", "metered": "metered-key-00000003"}
 PHASES = ("alone", "fifo", "vllm-priority", "fair", "fair-reserve")
-
-
-def sha(key: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def start_engine(children: Children, name: str, slots: int, token_ms: float, policy: str = "fcfs") -> tuple:
-    port = free_port()
-    argv = [sys.executable, "bench/harness/paced_engine.py", "--port", str(port), "--slots", str(slots),
-            "--token-ms", str(token_ms), "--policy", policy]  # fmt: skip
-    child = children.start(name, argv)
-    child.wait_http(f"http://127.0.0.1:{port}/health", 30)
-    return child, f"http://127.0.0.1:{port}"
-
-
-def gateway_app(phase: str, engine_url: str, slots: int, group: str = MODEL, tenants: list[dict] | None = None):
-    from stack.config.sections.gateway import GatewayConfig
-    from stack.gateway.app import create_app
-    from stack.gateway.registry import Deployment, DeploymentRegistry
-
-    registry = DeploymentRegistry()
-    labels = {"scheduling": "priority"} if phase == "vllm-priority" else {}
-    registry.add(Deployment(id="engine", model_group=group, kind="local", upstream_model=group, api_base=engine_url,
-                            labels=labels))  # fmt: skip
-    quiet_class = "high" if phase == "vllm-priority" else "normal"
-    tenants = tenants or [{"name": "quiet", "sha256": sha(KEYS["quiet"]), "priority": quiet_class},
-                          {"name": "noisy", "sha256": sha(KEYS["noisy"])}]  # fmt: skip
-    admission = {"enabled": phase.startswith("fair"), "max_in_engine": slots, "reserve": int(phase == "fair-reserve"),
-                 "max_queued_per_tenant": 64, "queue_timeout_s": 600}  # fmt: skip
-    cfg = GatewayConfig(tenants=tenants, admission=admission, liveness={"enabled": False}, spill={"enabled": False},
-                        max_in_flight=100_000)  # fmt: skip
-    return create_app(cfg, default_model=group, registry=registry, environ={})
-
-
-def body(user: str, tokens: int, group: str = MODEL, content: str = "tenant fairness bench prompt") -> bytes:
-    return json.dumps({"model": group, "messages": [{"role": "user", "content": content}], "max_tokens": tokens,
-                       "stream": True, "stream_options": {"include_usage": True}, "user": user}).encode()  # fmt: skip
 
 
 async def one(session: aiohttp.ClientSession, url: str, key: str, data: bytes, out: list[dict], who: str) -> None:
@@ -187,37 +144,8 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1000, 1)
 
 
-class Metered:
-    """The tpm tenant: 4 loops sending as fast as the limit lets (at once again after a 429), for the whole run."""
-
-    def __init__(self, url: str, tokens: int, content: str) -> None:
-        self.url, self.tokens, self.content = url, tokens, content
-        self.admitted: list[tuple[float, int]] = []  # (sent at, tokens used)
-        self.refused = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
-        self.t0 = self.t1 = 0.0
-
-    async def _run(self) -> None:
-        self.t0 = time.time()
-        data = body("m", self.tokens, METERED, self.content)
-        headers = {"Authorization": f"Bearer {KEYS['metered']}", "Content-Type": "application/json"}
-        async with aiohttp.ClientSession() as session:
-
-            async def loop() -> None:
-                while not self.stop.is_set():
-                    sent = time.time()
-                    async with session.post(f"{self.url}/v1/chat/completions", data=data, headers=headers) as r:
-                        text = await r.text()
-                    if r.status == 200:
-                        usage = [json.loads(line[6:]).get("usage") for line in text.splitlines()
-                                 if line.startswith("data: {") and '"usage"' in line]  # fmt: skip
-                        self.admitted.append((sent, usage[-1]["total_tokens"] if usage and usage[-1] else 0))
-                    else:  # waits as told, to the millisecond (OpenAI's clients read retry-after-ms too)
-                        self.refused += 1
-                        await asyncio.sleep(min(1.0, int(r.headers.get("retry-after-ms", "50")) / 1000))
-
-            await asyncio.gather(*(loop() for _ in range(4)))
+class Meter(Metered):
+    """The tpm tenant (bench.harness.tenant_load.Metered) and its windows after the first minute."""
 
     def windows(self, limit: int) -> dict:
         """Tokens admitted in each 60 s window starting 60 s after the first request, 1 s apart."""
@@ -250,7 +178,7 @@ def limit_run(tpm: int, seconds: float) -> dict:
         _, engine = start_engine(children, "metered-engine", 4, 2)
         tenants = [{"name": "metered", "sha256": sha(KEYS["metered"]), "limits": {"tpm": tpm}}]
         with app_in_thread(gateway_app("fifo", engine, 4, METERED, tenants)) as (url, _):
-            metered = Metered(url, 16, "m" * 96)  # 24 prompt tokens + 16 out: 40 a request
+            metered = Meter(url, 16, "m" * 96)  # 24 prompt tokens + 16 out: 40 a request
             metered.thread.start()
             time.sleep(seconds)
             metered.t1 = time.time()  # the windows end here (a request sent later is not counted)

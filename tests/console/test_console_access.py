@@ -15,9 +15,9 @@ from stack.gateway.app import create_app
 from stack.gateway.console.hub import Hub, TooManyStreams
 
 USER, ADMIN = "user-secret-key-0123456789", "admin-secret-key-9876543210"
-PAGES = ["models", "live", "activity", "logs", "playground", "plan"]
+PAGES = ["models", "live", "activity", "keys", "logs", "playground", "plan"]
 APIS = ["/ui/api/models", "/ui/api/activity", "/ui/api/activity?format=csv", "/ui/api/logs", "/ui/api/live",
-        "/ui/api/plan"]  # fmt: skip
+        "/ui/api/plan", "/ui/api/keys"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -254,3 +254,47 @@ def test_the_playground_refuses_what_v1_refuses(keyed: str) -> None:
     r = c.post("/ui/api/chat", json=body, headers={"X-CSRF-Token": csrf})
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens"
     assert "'max_completion_tokens' is too large: 1000000000" in r.json()["error"]["message"]
+
+
+def test_the_keys_page_calls_are_the_admins_same_origin_and_csrf_checked(fresh) -> None:
+    """The console's Keys page (adr/0043, adr/0039's rules): listing, adding and revoking named keys need the
+    admin role; every change needs the CSRF token and a same-origin browser; the key is in the add's answer
+    only; a revoked key's console sessions end with it."""
+    url, _console = fresh
+    viewer, vcsrf = login(url, USER)
+    r = viewer.get("/ui/api/keys")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "admin_required" and "admin key" in r.text
+    r = viewer.post("/ui/api/keys", json={"name": "carol"}, headers={"X-CSRF-Token": vcsrf})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "admin_required"
+    admin, csrf = login(url, ADMIN)
+    assert admin.get("/ui/api/keys").json() == {"keys": [], "revoked": []}
+    spec = {"name": "carol", "role": "admin", "priority": "high", "limits": {"rpm": 5, "budget_usd": 2.5}}
+    r = admin.post("/ui/api/keys", json=spec)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+    r = admin.post("/ui/api/keys", json=spec, headers={"X-CSRF-Token": csrf, "Origin": "https://evil.example"})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "cross_site"
+    assert admin.get("/ui/api/keys").json()["keys"] == []  # nothing added by the refused calls
+    added = admin.post("/ui/api/keys", json=spec, headers={"X-CSRF-Token": csrf})
+    assert added.status_code == 201, added.text
+    key = added.json()["key"]
+    assert key.startswith("vsk-") and "shown this once" in added.json()["note"]
+    listed = admin.get("/ui/api/keys").json()["keys"]
+    assert [(k["name"], k["role"], k["priority"], k["limits"]) for k in listed] == [
+        ("carol", "admin", "high", {"rpm": 5, "budget_usd": 2.5})]  # fmt: skip
+    assert key not in admin.get("/ui/api/keys").text and key not in admin.get("/ui/keys").text
+    again = admin.post("/ui/api/keys", json={**spec, "replace": True}, headers={"X-CSRF-Token": csrf})
+    assert again.status_code == 400 and "vstack keys add NAME --replace" in again.json()["error"]["message"]
+    taken = admin.post("/ui/api/keys", json=spec, headers={"X-CSRF-Token": csrf})
+    assert taken.status_code == 409 and taken.json()["error"]["code"] == "key_exists"
+    # carol logs in with her key (an admin key: the admin role), then is revoked: her session ends with her key
+    carol, _ = login(url, key)
+    assert carol.get("/ui/api/keys").status_code == 200
+    r = viewer.post("/ui/api/keys/carol/revoke", headers={"X-CSRF-Token": vcsrf})
+    assert r.status_code == 403 and r.json()["error"]["code"] == "admin_required"
+    r = admin.post("/ui/api/keys/carol/revoke", headers={"X-CSRF-Token": csrf})
+    assert r.status_code == 200 and r.json()["revoked"] == "carol"
+    assert carol.get("/ui/api/keys").status_code == 401
+    assert httpx.post(f"{url}/ui/login", json={"key": key}).status_code == 401
+    assert admin.get("/ui/api/keys").json() == {"keys": [], "revoked": ["carol"]}
+    gone = admin.post("/ui/api/keys/nobody/revoke", headers={"X-CSRF-Token": csrf})
+    assert gone.status_code == 404 and "vstack keys list" in gone.json()["error"]["message"]

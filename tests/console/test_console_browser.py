@@ -33,6 +33,7 @@ READY = {  # what shows that each page has its data
     "live": ".engine[data-engine] .figure",
     "activity": "#activity",
     "usage": "#usage",
+    "keys": "#keys-view",
     "logs": "#log-source option",
     "playground": "#pg-model option",
     "plan": "pre.command",
@@ -296,6 +297,72 @@ def test_usage_shows_the_requests_per_key_and_model_with_a_chart(console: str, b
         assert tab.errors == []
     finally:
         tab.close()
+
+
+def test_keys_an_admin_adds_a_key_sees_its_use_and_revokes_it(console: str, browser, shots: Path) -> None:
+    """The Keys page (issue 52): the admin adds a named key in the page (its secret shown once), the key is used
+    through /v1, the row shows its limits and the tokens it used (the answer's own usage), then it is revoked
+    from the page and refused. A viewer's page lists nothing and calls nothing."""
+    import httpx
+
+    gateway = console.removesuffix("/ui")
+    tab = Tab(browser, console, ADMIN)
+    viewer = Tab(browser, console, USER)
+    try:
+        tab.open("keys")
+        tab.page.wait_for_selector("#keys-view[data-loaded]", timeout=15_000)
+        tab.page.fill("#key-name", "carol")
+        tab.page.select_option("#key-priority", "high")
+        tab.page.fill("#key-models", SMOL)
+        tab.page.fill("#key-rpm", "5")
+        tab.page.fill("#key-tpm", "2000")
+        tab.page.fill("#key-budget-usd", "2.5")
+        tab.page.click("#key-add")
+        key = tab.page.wait_for_selector("#new-key", timeout=10_000).inner_text().strip()
+        assert key.startswith("vsk-") and "not shown again" in tab.page.inner_text("#new-key-box")
+        row = '#keys tr[data-key="carol"]'
+        tab.page.wait_for_selector(row, timeout=10_000)
+
+        def cells() -> dict[str, str]:
+            r = tab.page.locator(row)
+            shown = {c: r.locator(f"td.{c}").inner_text() for c in ("models", "priority", "limits")}
+            figures = r.locator("td[data-figure]")
+            shown.update({figures.nth(i).get_attribute("data-figure") or "": figures.nth(i).inner_text()
+                          for i in range(figures.count())})  # fmt: skip
+            return {**shown, "role": r.locator(".badge").inner_text()}
+
+        before = cells()
+        assert before == {"models": SMOL, "priority": "high", "role": "client",
+                          "limits": "requests/min 5, tokens/min 2,000, budget $2.5", "requests_last_minute": "0",
+                          "tokens_last_minute": "0", "tokens_today": "0", "tokens_total": "0",
+                          "cost_usd": "0.0000"}  # fmt: skip
+        auth = {"Authorization": f"Bearer {key}"}
+        body = {"model": SMOL, "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 8}
+        answer = httpx.post(f"{gateway}/v1/chat/completions", json=body, headers=auth, timeout=120)
+        assert answer.status_code == 200, answer.text
+        used = answer.json()["usage"]["total_tokens"]
+        other = httpx.post(f"{gateway}/v1/chat/completions", json={**body, "model": TINY}, headers=auth, timeout=30)
+        assert other.status_code == 403 and other.json()["error"]["code"] == "model_not_allowed"
+        # the page refreshes every 5 s: the request and its real tokens (prompt + completion, as the engine said)
+        until(lambda: cells()["requests_last_minute"] == "1", 15)
+        after = cells()
+        assert (after["tokens_last_minute"], after["tokens_today"], after["tokens_total"]) == (str(used),) * 3
+        assert after["cost_usd"] == "0.0000"  # a local engine costs nothing against budget_usd
+        tab.page.screenshot(path=str(shots / "keys.png"), full_page=True)
+        tab.page.click('button[data-revoke="carol"]')
+        assert "Revoke key carol?" in tab.page.inner_text("#confirm-text")
+        tab.page.click("#confirm-ok")
+        tab.page.wait_for_selector(row, state="detached", timeout=10_000)
+        assert tab.page.inner_text("#keys-revoked") == "revoked: carol"
+        refused = httpx.post(f"{gateway}/v1/chat/completions", json=body, headers=auth, timeout=30)
+        assert refused.status_code == 401
+        assert tab.errors == []
+        viewer.open("keys")
+        assert "admin role only" in viewer.page.inner_text("#keys-admin-only")
+        assert viewer.page.locator("#keys").count() == 0 and viewer.errors == []
+    finally:
+        tab.close()
+        viewer.close()
 
 
 def chat_traffic(gateway: str, seconds: float, users: int = 2) -> list[threading.Thread]:

@@ -394,3 +394,60 @@ def test_a_token_budget_counts_across_restarts(tmp_path) -> None:
             spent = ask(url, "alice", tokens=30)
             assert spent.status_code == 429 and spent.json()["error"]["code"] == "token_budget_exceeded"
             assert "used 40 of its token budget of 60" in spent.json()["error"]["message"]
+
+
+def priced_cloud(url: str) -> dict:
+    """A FAKE cloud: the stand-in provider (bench/harness/mock_upstream.py, the `cloud_mock` fixture) reached
+    through LiteLLM's OpenAI provider under a model name LiteLLM's price table knows (openai/gpt-4o). The
+    answers (5 prompt tokens, one completion token per max_tokens) are the stand-in's; the prices are
+    LiteLLM's own table's, as on a real cloud deployment."""
+    return {**cloud_entry(url, group="cloud-priced"), "litellm_params": {"model": "openai/gpt-4o",
+                                                                         "api_base": f"{url}/v1"}}  # fmt: skip
+
+
+def test_a_money_budget_counts_cloud_answers_at_litellms_prices_then_refuses(cloud_mock, monkeypatch) -> None:
+    from stack.gateway.upstreams.cloud_client import quiet_litellm
+
+    quiet_litellm()  # offline: LiteLLM's own copy of its price table, as the gateway reads it
+    import litellm
+
+    price = litellm.model_cost["gpt-4o"]
+    one = 5 * price["input_cost_per_token"] + 8 * price["output_cost_per_token"]  # one stand-in answer, 8 tokens
+    monkeypatch.setenv("VSTACK_TEST_CLOUD_KEY", "sk-test-cloud-key-123456")
+    cfg = settings(tenant("alice", spill=True, limits={"rpm": 1, "budget_usd": 1.5 * one}),
+                   tenant("bob", limits={"budget_usd": 2.5 * one}),
+                   cloud=[priced_cloud(cloud_mock.url)], fallbacks={MODEL: ["cloud-priced"]})  # fmt: skip
+    with serving(PacedEngine(2, 1)) as eng, run_gateway(cfg, default_model=MODEL,
+                                                        deployments=[engine_dep(eng)]) as gw:  # fmt: skip
+        meters = gw.state.dispatcher.tenants.limiter.meters
+        # alice: her first request on the local engine costs nothing; over her rpm she spills to the cloud,
+        # streamed (its usage asked of the provider by the gateway, so a stream cannot escape the budget)
+        assert ask(gw.url, "alice", tokens=8).headers["x-vstack-deployment"] == "engine"
+        assert meters["alice"].cost_usd == 0
+        spilled = ask(gw.url, "alice", tokens=8, stream=True)
+        assert spilled.status_code == 200 and spilled.headers["x-vstack-fallback"] == "quota"
+        assert '"usage"' not in spilled.text  # the client did not ask for usage: it gets none
+        # a stream is counted just after its last bytes reach the client
+        wait_for(lambda: meters["alice"].cost_usd > 0, 10, "the stream's cost counted")
+        assert meters["alice"].cost_usd == pytest.approx(one)
+        spilled = ask(gw.url, "alice", tokens=8)
+        assert spilled.status_code == 200 and spilled.headers["x-vstack-fallback"] == "quota"
+        assert meters["alice"].cost_usd == pytest.approx(2 * one)
+        # spent: refused in OpenAI's error shape naming the limit, not spilled, no Retry-After (waiting won't help)
+        spent = ask(gw.url, "alice", tokens=8)
+        err = spent.json()["error"]
+        assert spent.status_code == 429 and err["code"] == "budget_usd_exceeded" and err["param"] == "budget_usd"
+        assert err["type"] == "rate_limit_error" and spent.headers["x-vstack-limit"] == "budget_usd"
+        assert "Retry-After" not in spent.headers and "retry-after-ms" not in spent.headers
+        assert f"budget of ${1.5 * one:g} (${2 * one:.4f})" in err["message"]
+        assert "vstack keys add alice --replace" in err["message"]
+        # bob asks the cloud model itself: three answers fit in 2.5 answers' money, a fourth does not
+        assert [ask(gw.url, "bob", tokens=8, model="cloud-priced").status_code for _ in range(3)] == [200] * 3
+        assert ask(gw.url, "bob", tokens=8, model="cloud-priced").json()["error"]["code"] == "budget_usd_exceeded"
+        assert ask(gw.url, "bob", tokens=8).status_code == 429  # the local model too: the key is spent
+        rows = {r["tenant"]: r for r in gw.state.dispatcher.tenants.usage.table()}
+        assert rows["alice"]["cost_usd"] == pytest.approx(2 * one, abs=1e-6)
+        csv = httpx.get(f"{gw.url}/admin/usage", params={"format": "csv"}).text
+        # the export: alice 3 answered (2 spilled, priced), 1 refused; bob 3 answered on the cloud, 1 refused
+        assert f"alice,{MODEL},3,0,1,2,20,24,{round(2 * one, 6)}" in csv.splitlines()
+        assert f"bob,cloud-priced,3,0,1,0,15,24,{round(3 * one, 6)}" in csv.splitlines()

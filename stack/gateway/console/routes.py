@@ -33,7 +33,14 @@ from stack.gateway.console.sources import ConsoleSources, with_bus_floor
 from stack.gateway.console.throttle import LoginThrottle
 from stack.gateway.http.admin_routes import Action, models_view, run_model_action
 from stack.gateway.http.auth import local_client
-from stack.gateway.http.key_routes import usage_answer
+from stack.gateway.http.key_routes import (
+    NewKey,
+    add_named_key,
+    end_sessions_of,
+    list_named_keys,
+    revoke_named_key,
+    usage_answer,
+)
 from stack.gateway.http.openai_routes import too_many_tokens
 from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
@@ -47,8 +54,8 @@ from stack.tracing.record import clock
 
 HERE = Path(__file__).parent
 log = logging.getLogger("stack.gateway.console")
-PAGES = {"models": "Models", "live": "Live", "activity": "Activity", "usage": "Usage", "logs": "Logs",
-         "playground": "Playground", "plan": "Plan & config"}  # fmt: skip
+PAGES = {"models": "Models", "live": "Live", "activity": "Activity", "usage": "Usage", "keys": "Keys",
+         "logs": "Logs", "playground": "Playground", "plan": "Plan & config"}  # fmt: skip
 SCRAPABLE = ("ready", "sleeping")
 HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -395,6 +402,37 @@ async def api_usage(request: Request, format: str = "json", minutes: int = 60) -
     tenant = state.dispatcher.tenants.book.by_name.get(session.key_name)
     only = tenant.name if tenant is not None and tenant.role == "client" else None
     return usage_answer(state, format, only, minutes)
+
+
+@router.get("/api/keys")
+async def api_keys(request: Request) -> dict[str, Any]:
+    """The Keys page: every named key with its limits and what it used; the admin role only (as /admin/keys)."""
+    session = need_session(request)
+    if session.role != "admin":
+        raise Forbidden("the named keys are shown to the admin role only: log in with the admin key",
+                        code="admin_required")  # fmt: skip
+    return list_named_keys(get_state(request))
+
+
+@router.post("/api/keys", status_code=201)
+async def api_add_key(spec: NewKey, request: Request) -> dict[str, Any]:
+    """Add a named key as POST /admin/keys does; the key drawn is in this answer only (the page shows it once)."""
+    session = need_post(request, admin=True)
+    if spec.replace or spec.rotate or spec.sha256 is not None:  # the page adds new keys only; the CLI does the rest
+        raise InvalidRequest("the console adds new keys only: change or rotate one with `vstack keys add NAME "
+                             "--replace`", param="replace", code="console_add_only")  # fmt: skip
+    answer = add_named_key(get_state(request), spec)
+    log.info("console: named key %r (role %s) added by %r", spec.name, spec.role, session.key_name)
+    return answer
+
+
+@router.post("/api/keys/{name}/revoke")
+async def api_revoke_key(name: str, request: Request) -> dict[str, Any]:
+    session = need_post(request, admin=True)
+    answer = revoke_named_key(get_state(request), name)
+    end_sessions_of(request, name)
+    log.info("console: named key %r revoked by %r", name, session.key_name)
+    return answer
 
 
 @router.get("/api/logs")

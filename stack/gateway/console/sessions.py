@@ -63,5 +63,12 @@ class Sessions:
         if session is not None:
             self._order[session.role].pop(token or "", None)
 
+    def drop_key(self, key_name: str) -> int:
+        """End every session a key opened (the key was revoked); how many."""
+        tokens = [t for t, s in self._by_token.items() if s.key_name == key_name]
+        for token in tokens:
+            self.drop(token)
+        return len(tokens)
+
     def count(self, role: Role) -> int:
         return len(self._order[role])

@@ -109,7 +109,24 @@ def kept(tenant: Tenant) -> dict[str, Any]:
 
 @router.post("/keys", status_code=201)
 async def add_key(spec: NewKey, request: Request) -> dict[str, Any]:
-    state = get_state(request)
+    return add_named_key(get_state(request), spec)
+
+
+@router.get("/keys")
+async def list_keys(request: Request) -> dict[str, Any]:
+    return list_named_keys(get_state(request))
+
+
+@router.delete("/keys/{name}")
+async def revoke_key(name: str, request: Request) -> dict[str, Any]:
+    answer = revoke_named_key(get_state(request), name)
+    end_sessions_of(request, name)
+    return answer
+
+
+# -- shared with the console's Keys page (stack.gateway.console.routes), which checks its own session first ----
+def add_named_key(state: GatewayState, spec: NewKey) -> dict[str, Any]:
+    """Add (or replace) a named key, kept in runtime.json; the answer has the key drawn for it, this once."""
     tenant, drawn = register_key(state, spec)
     persisted = state.runtime.set_key(tenant.name, kept(tenant))
     answer = {**tenant.public(), **unsaved(state, persisted)}
@@ -119,14 +136,14 @@ async def add_key(spec: NewKey, request: Request) -> dict[str, Any]:
     return answer
 
 
-@router.get("/keys")
-async def list_keys(request: Request) -> dict[str, Any]:
-    state = get_state(request)
+def list_named_keys(state: GatewayState) -> dict[str, Any]:
+    """Every named key (never the key nor its hash) with what it used: this minute, today, in all."""
     gate = state.dispatcher.tenants
     rows = []
     for name, tenant in sorted(gate.book.by_name.items()):
         m = gate.limiter.meter(name)
         m.expire(gate.limiter.clock())
+        m.roll_day(gate.limiter.clock())
         rows.append({**tenant.public(), "in_flight": m.in_flight, "tokens_last_minute": m.window_tokens,
                      "requests_last_minute": len(m.requests), "tokens_today": m.day_tokens,
                      "tokens_total": m.total_tokens, "cost_usd": round(m.cost_usd, 6)})  # fmt: skip
@@ -134,9 +151,7 @@ async def list_keys(request: Request) -> dict[str, Any]:
     return {"keys": rows, "revoked": revoked}
 
 
-@router.delete("/keys/{name}")
-async def revoke_key(name: str, request: Request) -> dict[str, Any]:
-    state = get_state(request)
+def revoke_named_key(state: GatewayState, name: str) -> dict[str, Any]:
     gate = state.dispatcher.tenants
     tenant = gate.book.remove(name)
     if tenant is None and name in state.runtime.keys and not state.runtime.keys[name].get("revoked"):
@@ -149,6 +164,13 @@ async def revoke_key(name: str, request: Request) -> dict[str, Any]:
     # the gateway goes on asking for a key once the last named key is gone (stack.gateway.tenants.book).
     persisted = state.runtime.set_key(name, {"name": name, "revoked": True})
     return {"revoked": name, **unsaved(state, persisted)}
+
+
+def end_sessions_of(request: Request, name: str) -> None:
+    """A revoked key's console sessions end with it: its cookie must not keep the key's role for 12 hours."""
+    console = getattr(request.app.state, "console", None)
+    if console is not None:
+        console.sessions.drop_key(name)
 
 
 @router.get("/usage")

@@ -392,7 +392,12 @@ class Dispatcher:
     async def _cloud(self, at: Attempt) -> Answer:
         req = at.request
         parent = req.trace.traceparent(at.span) if at.span is not None else None  # type: ignore[union-attr]
-        result = await self.cloud.call(at.dep, req.endpoint, req.body, parent)
+        body, strip_usage = req.body, False
+        if req.body.get("stream") and req.endpoint in USAGE_OPTION:
+            opts = dict(req.body.get("stream_options") or {})
+            if not opts.get("include_usage"):  # a stream's cost counts too (budget_usd): asked, dropped after
+                body, strip_usage = dict(req.body, stream_options={**opts, "include_usage": True}), True
+        result = await self.cloud.call(at.dep, req.endpoint, body, parent)
         events = req.endpoint in cloud_client.EVENT_STREAMS
         if not req.body.get("stream") or (req.endpoint == "embeddings" and not events):
             usage = getattr(result, "usage", None)
@@ -400,7 +405,7 @@ class Dispatcher:
             return Answer(at.headers, cloud_client.dump(result))
         first = await self.cloud.first_chunk(at.dep, result)
         at.relays()
-        gen = cloud_client.relay(first, result, at, events=events)
+        gen = cloud_client.relay(first, result, at, events=events, strip_usage=strip_usage)
         return Answer({**at.headers, **SSE_HEADERS}, media_type="text/event-stream", stream=gen)
 
 

@@ -150,6 +150,22 @@ def _check_messages(dep: Deployment, messages: Any) -> None:
         raise UpstreamError(text, status=400, retryable=False, reason="client", upstream_body=body) from None
 
 
+def _heard(chunk: Any, listener: StreamListener, events: bool, strip_usage: bool) -> bool:
+    """Hear a chat or completion chunk's usage; False: a chunk that carried only the usage we asked for."""
+    if events:
+        return True
+    usage = getattr(chunk, "usage", None)
+    if usage is None:
+        return True
+    listener.usage(usage.model_dump() if hasattr(usage, "model_dump") else dict(usage))
+    if not strip_usage:
+        return True
+    if not getattr(chunk, "choices", None):
+        return False
+    chunk.usage = None  # exclude_none drops it from the relayed chunk
+    return True
+
+
 def dump(obj: Any) -> bytes:
     data = obj.model_dump(exclude_none=True) if hasattr(obj, "model_dump") else obj
     return orjson.dumps(data, default=str)
@@ -171,21 +187,22 @@ def _event_bytes(event: Any) -> bytes:
     return b"event: " + str(kind).encode() + b"\ndata: " + orjson.dumps(data, default=str) + b"\n\n"
 
 
-async def relay(first: Any, stream: Any, listener: StreamListener, *, events: bool) -> AsyncIterator[bytes]:
+async def relay(first: Any, stream: Any, listener: StreamListener, *, events: bool,
+                strip_usage: bool = False) -> AsyncIterator[bytes]:  # fmt: skip
     """LiteLLM's stream, relayed as the SSE its API defines: chat and completion chunks as `data:` events
     ending in [DONE] (their usage heard), or (`events`) the typed events of the Responses and Anthropic
-    Messages APIs. A failure mid-stream ends it with an error event (the status went out already)."""
+    Messages APIs. A failure mid-stream ends it with an error event (the status went out already).
+    strip_usage: the gateway asked for the usage (its cost counts against budget_usd), the client did not:
+    heard, then dropped (a usage-only chunk is not relayed)."""
     frame = _event_bytes if events else _chunk_bytes
     try:
         if first is not None:
             listener.first_token()
-            yield frame(first)
+            if _heard(first, listener, events, strip_usage):
+                yield frame(first)
         async for chunk in stream:
-            if not events:
-                usage = getattr(chunk, "usage", None)
-                if usage is not None:
-                    listener.usage(usage.model_dump() if hasattr(usage, "model_dump") else dict(usage))
-            yield frame(chunk)
+            if _heard(chunk, listener, events, strip_usage):
+                yield frame(chunk)
         if not events:
             yield b"data: [DONE]\n\n"
     except Exception as exc:  # mid-stream: the status is sent already; end with an error event
