@@ -99,6 +99,21 @@ def test_suite_start_method_reaches_every_place_vllm_starts_a_child() -> None:
     assert out.stdout.split() == ["3", "fork"]
 
 
+def test_a_forked_engine_child_lets_go_of_the_api_servers_port() -> None:
+    """A child forked after the API server bound its port closes that socket (bound or listening), and keeps a
+    connection it inherited: once the API server is killed, a client of the port is refused, not left hanging."""
+    code = ("import os, socket\n"
+            "from stack.vllm.launcher import close_listening_sockets\n"
+            "bound = socket.socket(); bound.bind(('127.0.0.1', 0))\n"
+            "server = socket.socket(); server.bind(('127.0.0.1', 0)); server.listen()\n"
+            "peer = socket.create_connection(server.getsockname()); conn, _ = server.accept()\n"
+            "closed = close_listening_sockets()\n"
+            "print(sorted(closed) == sorted([bound.fileno(), server.fileno()]), peer.getpeername() is not None)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "True"]
+
+
 def test_vllm_parser_rejection_is_explained() -> None:
     tail = ("usage: vllm serve [model_tag] [options]\n"
             "vllm serve: error: argument --max-model-len: invalid human_readable_int_or_auto value: 'lots'")
