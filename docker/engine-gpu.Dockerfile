@@ -1,7 +1,7 @@
 # A vLLM engine for NVIDIA GPUs: the official vLLM image pinned to our version, our patches applied.
 #   docker build -f docker/engine-gpu.Dockerfile -t vllm-stack/engine-gpu .   (from the repository root)
 # BASE_IMAGE: the vLLM OpenAI-server image of the version patches/ledger.yaml targets for GPUs.
-ARG BASE_IMAGE=vllm/vllm-openai:v0.33.0
+ARG BASE_IMAGE=vllm/vllm-openai:v0.26.0
 FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

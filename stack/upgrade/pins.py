@@ -20,6 +20,7 @@ import yaml
 from stack.errors import StackError
 from stack.files import replace_file
 from stack.patches.ledger import UpgradeRecord, default_ledger_path, load_ledger
+from stack.upgrade import gpu_proof
 
 EXTRA_OF = {"cpu": "cpu", "gpu": "gpu"}
 
@@ -32,6 +33,11 @@ class PinError(StackError):
 class PinFiles:
     ledger: Path
     pyproject: Path
+
+    @property
+    def results(self) -> Path:
+        """bench/results beside them: where the GPU suite's runs, a GPU pin's proof, are committed."""
+        return self.pyproject.parent / "bench" / "results"
 
     @classmethod
     def default(cls, ledger: Path | None = None, pyproject: Path | None = None) -> PinFiles:
@@ -122,6 +128,14 @@ def pin(files: PinFiles, dist: str, version: str, device: str, torch: str | None
     _old_dist, old_version = current_pin(files, target)
     if old_version == version:
         raise PinError(f"{dist} {version} is already pinned for {target}")
+    if target == "gpu" and not gpu_proof.of_version(files.results, version):
+        best = gpu_proof.newest(files.results)
+        raise PinError(f"{dist} {version} is not pinned for gpu: no run of the GPU suite on a GPU proves it "
+                       f"({files.results} holds none at {version}; the newest proven is "
+                       f"{best.version + ' (' + best.run + ')' if best else 'none'})",
+                       hint=f"build the lent GPU's site with vllm=={version} (bench/gpu/build_site.sh), run "
+                            "bench/gpu/suite.sh there and commit its results (docs/development/benchmarks.md); "
+                            "--force does not replace that proof")
     check = last_passing_check(files, dist, version)
     if check is None and not force:
         checks = [r for r in load_ledger(files.ledger).ledger.upgrades if r.action == "check" and r.version == version]

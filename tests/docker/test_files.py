@@ -18,7 +18,7 @@ DOCKERFILES = sorted(DOCKER_DIR.rglob("*.Dockerfile"))
 PUBLIC_BASES = {
     "gateway.Dockerfile": "python:3.11-slim",
     "engine-cpu.Dockerfile": "python:3.11-slim",
-    "engine-gpu.Dockerfile": "vllm/vllm-openai:v0.33.0",
+    "engine-gpu.Dockerfile": "vllm/vllm-openai:v0.26.0",
     "prometheus.Dockerfile": "debian:bookworm-slim",
 }
 

@@ -46,7 +46,8 @@ def ledger_with(tmp_path: Path, extra_entry: str = "", range_: str = ">=0.32,<0.
     (tmp_path / "conflict.patch").write_text(CONFLICTING)
     text = (PATCHES / "ledger.yaml").read_text().replace('">=0.32,<0.33"', f'"{range_}"')
     path = tmp_path / "ledger.yaml"
-    path.write_text(text + extra_entry)
+    head, gate, history = text.partition("\n# The upgrade gate's history")  # the entry goes under `patches:`
+    path.write_text(head.rstrip("\n") + "\n" + extra_entry + gate + history)
     return path
 
 
