@@ -4,6 +4,9 @@ with vLLM's priority scheduling alone, and with the gateway's fair admission; an
 
     python bench/tenant_fairness.py                      # 2.5 minutes on 2 CPU cores
     python bench/tenant_fairness.py --phase-s 30 --out /tmp/x.json
+    python bench/tenant_fairness.py --engine-url URL --noisy-rps R --tokens 256 --slots 32 --no-limit --out F
+                                    a real engine instead of the stand-in (bench/gpu/tenant_fairness.sh: an 8B
+                                    shape on a lent GPU, vLLM's --scheduling-policy priority)
 
 The engine is the paced stand-in (bench/harness/paced_engine.py, a child process): `--slots` sequences at
 once, `--tokens` tokens each `--token-ms` apart, the rest in its own queue (first come first served, or by
@@ -201,12 +204,18 @@ def main() -> None:
     ap.add_argument("--meter-s", type=float, default=150, help="the tpm tenant's run (windows from its 60th s)")
     ap.add_argument("--meter-only", action="store_true", help="the tpm tenant alone (the run starts it so)")
     ap.add_argument("--out", type=Path, default=None, help="a JSON file instead of bench/results/")
+    ap.add_argument("--engine-url", default=None, help="a running engine serving model `shared` (started with "
+                    "--scheduling-policy priority: a request without a priority is first come first served) "
+                    "for every phase, instead of a stand-in per phase; --slots is its --max-num-seqs")
+    ap.add_argument("--noisy-rps", type=float, default=None, help="the noisy rate (default: --noisy-x times the "
+                    "stand-in's capacity, slots / (tokens x token-ms))")
+    ap.add_argument("--no-limit", action="store_true", help="skip the tpm exactness run (bench/tenant_limits.py)")
     args = ap.parse_args()
     if args.meter_only:
         args.out.write_text(json.dumps(limit_run(args.tpm, args.meter_s)))
         return
     capacity = args.slots / (args.tokens * args.token_ms / 1000)
-    noisy_rps = args.noisy_x * capacity
+    noisy_rps = args.noisy_rps if args.noisy_rps is not None else args.noisy_x * capacity
     import os
 
     results: dict = {
@@ -217,38 +226,47 @@ def main() -> None:
         "phases": {},
     }
     with Children() as children:
-        # The tpm tenant in a process of its own: no GIL shared with the flood, whose stalls would show as a
-        # client late to retry, not as the limit's arithmetic.
+        meter = None
         meter_out = children.logs / "limit.json"
-        meter = children.start(
-            "limit",
-            [
-                sys.executable,
-                "bench/tenant_fairness.py",
-                "--meter-only",
-                "--tpm",
-                str(args.tpm),
-                "--meter-s",
-                str(args.meter_s),
-                "--out",
-                str(meter_out),
-            ],
-        )
+        if not args.no_limit:
+            # The tpm tenant in a process of its own: no GIL shared with the flood, whose stalls would show as a
+            # client late to retry, not as the limit's arithmetic.
+            meter = children.start("limit", [sys.executable, "bench/tenant_fairness.py", "--meter-only", "--tpm",
+                                             str(args.tpm), "--meter-s", str(args.meter_s), "--out", str(meter_out)])
         for phase in PHASES:
             policy = "priority" if phase == "vllm-priority" else "fcfs"
-            child, engine = start_engine(children, f"engine-{phase}", args.slots, args.token_ms, policy)
+            child, engine = (None, args.engine_url) if args.engine_url else \
+                start_engine(children, f"engine-{phase}", args.slots, args.token_ms, policy)  # fmt: skip
             with app_in_thread(gateway_app(phase, engine, args.slots), graceful_s=0.5) as (url, _):
                 noisy = 0 if phase == "alone" else noisy_rps
                 service_s = args.tokens * args.token_ms / 1000
                 rows = asyncio.run(phase_load(url, args.phase_s, args.quiet_rps, noisy, args.tokens,
                                               args.noisy_outstanding, service_s))  # fmt: skip
-            children.stop(child)
+            if child is not None:
+                children.stop(child)
+            else:
+                drain(engine)  # the next phase starts on an empty engine
             results["phases"][phase] = summarize(rows, args.phase_s, args.slo_ms / 1000)
             print(phase, json.dumps(results["phases"][phase]), flush=True)
-        meter.popen.wait(args.meter_s + 60)
-        results["limit_exactness"] = json.loads(meter_out.read_text())
-        print("limit", json.dumps(results["limit_exactness"]), flush=True)
+        if meter is not None:
+            meter.popen.wait(args.meter_s + 60)
+            results["limit_exactness"] = json.loads(meter_out.read_text())
+            print("limit", json.dumps(results["limit_exactness"]), flush=True)
     write(results, args)
+
+
+def drain(engine: str, timeout: float = 300) -> None:
+    """Wait until the engine runs and queues nothing (vLLM's own gauges), after a phase's cut requests."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{engine}/metrics", timeout=10).text
+        busy = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")))  # fmt: skip
+        if busy == 0:
+            return
+        time.sleep(1)
 
 
 def write(results: dict, args: argparse.Namespace) -> None:
