@@ -180,3 +180,28 @@ class EmbeddingRequest(_Request):
         if isinstance(v, list) and not v:
             raise ValueError("input must not be empty")
         return v
+
+
+class Named(BaseModel):
+    # Forwarded as sent: the engine (or LiteLLM) checks the fields of these rich APIs.
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+
+
+class ResponsesRequest(Named):
+    input: str | list[dict[str, Any]] | None = None
+    stream: bool | None = None
+    metadata: dict[str, str] | None = None  # string pairs, as OpenAI defines it
+
+
+class MessagesRequest(Named):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    stream: bool | None = None
+    metadata: dict[str, str] | None = None  # Anthropic's {"user_id": ...}
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = "default"
+

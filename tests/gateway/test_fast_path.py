@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from stack.config.sections.gateway import GatewayConfig
-from stack.gateway.http import openai_routes
+from stack.gateway.http import endpoint_routes
 
 from .conftest import local, run_gateway, start_mock, stop
 
@@ -35,13 +35,13 @@ def engine(tmp_path_factory):
 def routed(monkeypatch) -> Counter:
     """How many requests FastAPI's /v1 route handled, by endpoint."""
     calls: Counter = Counter()
-    forward = openai_routes._forward
+    forward = endpoint_routes._forward
 
     async def counted(request, endpoint):
         calls[endpoint] += 1
         return await forward(request, endpoint)
 
-    monkeypatch.setattr(openai_routes, "_forward", counted)
+    monkeypatch.setattr(endpoint_routes, "_forward", counted)
     return calls
 
 

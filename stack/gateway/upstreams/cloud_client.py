@@ -17,14 +17,15 @@ from typing import Any
 import orjson
 
 from stack.gateway import request_fields
+from stack.gateway.endpoints import ENDPOINTS
 from stack.gateway.openai_errors import UpstreamError, envelope
 from stack.gateway.registry import Deployment
 from stack.gateway.upstreams.listener import StreamListener
 
 _KEYISH = re.compile(r"(sk|pk|rk|key|token)[-_][A-Za-z0-9_\-*]{6,}", re.I)
-_CALLS = {"chat": "acompletion", "completions": "atext_completion", "embeddings": "aembedding",
-          "responses": "aresponses", "messages": "anthropic_messages"}
-EVENT_STREAMS = {"responses", "messages"}  # streams of typed events (`event:` lines), not chat chunks
+# LiteLLM's call per endpoint, and the endpoints whose streams are typed events: stack.gateway.endpoints.
+_CALLS = {e.name: e.cloud_call for e in ENDPOINTS if e.cloud_call}
+EVENT_STREAMS = frozenset(e.name for e in ENDPOINTS if e.event_stream)
 
 
 def scrub(message: str, secret: str | None) -> str:
@@ -111,16 +112,26 @@ class CloudUpstream:
         import litellm
 
         if endpoint not in _CALLS:
-            raise UpstreamError(f"{dep.id} is a cloud deployment: it does not serve {endpoint}", status=400,
-                                retryable=False, reason="client", upstream_body=orjson.dumps(envelope(
-                                    f"`{dep.model_group}` is served by a cloud provider, which has no {endpoint} "
-                                    "endpoint here", "invalid_request_error", "model", "unsupported_endpoint")))
+            raise UpstreamError(
+                f"{dep.id} is a cloud deployment: it does not serve {endpoint}",
+                status=400,
+                retryable=False,
+                reason="client",
+                upstream_body=orjson.dumps(
+                    envelope(
+                        f"`{dep.model_group}` is served by a cloud provider, which has no {endpoint} endpoint here",
+                        "invalid_request_error",
+                        "model",
+                        "unsupported_endpoint",
+                    )
+                ),
+            )
         fn, kwargs, secret = self._kwargs(dep, endpoint, body)
         if endpoint == "chat":
             _check_messages(dep, kwargs.get("messages"))
         if traceparent is not None:  # never a client's extra_headers (only_api_fields drops them): ours alone
             kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), "traceparent": traceparent}
-        call = litellm.anthropic.messages.acreate if endpoint == "messages" else getattr(litellm, fn)
+        call = litellm.anthropic.messages.acreate if fn == "anthropic_messages" else getattr(litellm, fn)
         try:
             return await call(**kwargs)
         except Exception as exc:  # LiteLLM maps every provider failure onto its exception types
