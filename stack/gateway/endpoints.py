@@ -66,6 +66,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              operation="chat", streams=True, cloud_call="anthropic_messages",
              event_stream=True, token_fields=("max_tokens",)),
     Endpoint("count_tokens", ("/v1/messages/count_tokens",), schemas.Named, frozenset({GENERATE})),
+    Endpoint("rerank", ("/v1/rerank", "/rerank", "/v2/rerank"), schemas.RerankRequest, frozenset({EMBED}),
+             engine_path="/rerank", cloud_call="arerank"),
+    Endpoint("score", ("/v1/score", "/score"), schemas.ScoreRequest, frozenset({EMBED}), engine_path="/score"),
     Endpoint("tokenize", ("/tokenize",), schemas.TokenizeRequest, frozenset({GENERATE, EMBED})),
     Endpoint("detokenize", ("/detokenize",), schemas.TokenizeRequest, frozenset({GENERATE, EMBED})),
 )  # fmt: skip

@@ -205,3 +205,26 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
     model: str = "default"
 
+
+class RerankRequest(Named):
+    """Rerank (Jina's and Cohere's API; vLLM's /rerank): the query's relevance to each document."""
+
+    query: str | dict[str, Any]
+    documents: list[Any] | str | dict[str, Any]
+    top_n: StrictInt | None = Field(None, ge=0)
+    return_documents: bool | None = None
+    rank_fields: list[str] | None = None
+    max_chunks_per_doc: StrictInt | None = None
+    max_tokens_per_doc: StrictInt | None = None
+
+
+class ScoreRequest(Named):
+    """vLLM's /score: the similarity of each pair (one side against each of the other's), in any of its forms."""
+
+    text_1: Any = None
+    text_2: Any = None
+    queries: Any = None
+    documents: Any = None
+    items: Any = None
+    data_1: Any = None
+    data_2: Any = None
