@@ -32,8 +32,8 @@ from aiohttp import web
 WORD = "tok "
 
 
-def _error(status: int, message: str) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
     return web.json_response(body, status=status)
 
 
@@ -66,7 +66,8 @@ class Mock:
         if model.startswith("context-"):
             limit = model.split("-")[1]
             return _error(
-                400, f"This model's maximum context length is {limit} tokens. Please reduce the length."
+                400, f"This model's maximum context length is {limit} tokens. Please reduce the length.",
+                "input_tokens",  # vLLM 0.32 names the parameter (the gateway reads it, not the text)
             )
         self.served += 1
         if chat and ((body.get("tools") and body.get("tool_choice") != "none") or _tool_result(body)):

@@ -1,12 +1,13 @@
 """Every inference endpoint the gateway serves, declared once (issue 51, item 2; adr/0047).
 
-An entry says what each part of the gateway needs to know about its endpoint: its paths (the first is the
-one the reference shows; the others are aliases vLLM serves it at too), which model tasks serve it and where
-the engine serves it, the body the gateway reads of it (the rest is forwarded as sent), whether it streams and
-takes `stream_options.include_usage`, which LiteLLM call serves it on a cloud deployment, whether the fast
-path may serve it, and which fields the gateway's `max_tokens_limit` applies to. The FastAPI routes
+An entry says what each part of the gateway needs to know about its endpoint: its paths (the first is the one
+the reference shows; the others are aliases vLLM serves it at too), which model tasks serve it and where the
+engine serves it, the public API's body (checked for a cloud deployment; a local engine checks its own), what
+the gateway reads of it (the rest is forwarded as sent), whether it streams and takes
+`stream_options.include_usage`, which LiteLLM call serves it on a cloud deployment, whether the fast path may
+serve it, and which fields the gateway's `max_tokens_limit` applies to. The FastAPI routes
 (stack.gateway.http.endpoint_routes), the fast path's table, the cloud client's calls, the task check and the
-Activity's routes are all built from this table: a new endpoint is one entry here (and its request model).
+Activity's routes are all built from this table: a new endpoint is one entry here (and its API's request model).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ GENERATE, EMBED = "generate", "embed"
 class Endpoint:
     name: str  # the dispatcher's, the metrics' and the trace's word for it
     paths: tuple[str, ...]  # where the gateway serves it; paths[0] is the documented one
-    request: type[BaseModel]  # what the gateway reads of the body (the model; the token limit's fields)
+    api: type[BaseModel]  # the public API's body: checked by the cloud client, its fields all a cloud call gets
     tasks: frozenset[str]  # the model tasks (`task:` in a model's config) whose engines serve it
     engine_path: str = ""  # where a local engine serves it (paths[0] when empty)
     operation: str = ""  # OpenTelemetry's gen_ai.operation.name (the name when empty)
@@ -35,6 +36,7 @@ class Endpoint:
     event_stream: bool = False  # its streams are typed events (`event:` lines), not chat chunks
     fast_path: bool = False  # a plain request may skip FastAPI's layers (stack.gateway.http.openai_fast_path)
     token_fields: tuple[str, ...] = ()  # the fields `max_tokens_limit` bounds
+    reads: type[BaseModel] = schemas.Read  # what the route checks (the rest is the engine's: adr/0047)
 
     @property
     def path(self) -> str:
@@ -69,8 +71,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("rerank", ("/v1/rerank", "/rerank", "/v2/rerank"), schemas.RerankRequest, frozenset({EMBED}),
              engine_path="/rerank", cloud_call="arerank"),
     Endpoint("score", ("/v1/score", "/score"), schemas.ScoreRequest, frozenset({EMBED}), engine_path="/score"),
-    Endpoint("tokenize", ("/tokenize",), schemas.TokenizeRequest, frozenset({GENERATE, EMBED})),
-    Endpoint("detokenize", ("/detokenize",), schemas.TokenizeRequest, frozenset({GENERATE, EMBED})),
+    Endpoint("tokenize", ("/tokenize",), schemas.TokenizeRequest, frozenset({GENERATE, EMBED}),
+             reads=schemas.TokenizeRequest),
+    Endpoint("detokenize", ("/detokenize",), schemas.TokenizeRequest, frozenset({GENERATE, EMBED}),
+             reads=schemas.TokenizeRequest),
 )  # fmt: skip
 
 BY_NAME: MappingProxyType[str, Endpoint] = MappingProxyType({e.name: e for e in ENDPOINTS})

@@ -79,7 +79,7 @@ def allowed(endpoint: str) -> frozenset[str]:
     """The top-level fields a request to `endpoint` may carry: its list here, else the fields its request model
     declares; empty for an endpoint we do not know."""
     entry = BY_NAME.get(endpoint)
-    return _FIELDS.get(endpoint) or (frozenset(entry.request.model_fields) if entry is not None else frozenset())
+    return _FIELDS.get(endpoint) or (frozenset(entry.api.model_fields) if entry is not None else frozenset())
 
 
 def unknown(endpoint: str, body: dict) -> list[str]:

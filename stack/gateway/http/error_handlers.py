@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from stack.gateway.endpoints import ENDPOINTS
 from stack.gateway.metrics import GatewayMetrics
-from stack.gateway.openai_errors import GatewayError, UpstreamError, envelope
+from stack.gateway.openai_errors import GatewayError, UpstreamError, envelope, validation_message
 
 log = logging.getLogger("stack.gateway")
 
@@ -27,32 +27,7 @@ def error_response(exc: GatewayError) -> Response:
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "Invalid request body.", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    kind = first.get("type", "")
-    if kind == "json_invalid":
-        return (
-            "We could not parse the JSON body of your request. Make sure the body is valid JSON "
-            "and the Content-Type header is application/json.",
-            None,
-        )
-    if kind == "extra_forbidden":
-        return f"Unrecognized request argument supplied: {param}", param
-    if kind == "missing" and param is not None:
-        return f"Missing required parameter: '{param}'.", param
-    if param is None:
-        # An empty or `null` body arrives as a missing body (loc ('body',)): no parameter to name.
-        return (
-            "The request body must be a JSON object with `model` and the endpoint's parameters "
-            "(Content-Type: application/json); it was empty, null or not an object."
-        ), None
-    # pydantic's message names the field and the rule; never echo the input (it may be large or private).
-    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    return f"Invalid value for '{param}': {first.get('msg', 'invalid')}{more}", param
+    return validation_message(exc.errors())
 
 
 def count_rejection(metrics: GatewayMetrics | None, status: int, reason: str) -> None:
@@ -82,7 +57,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway(request: Request, exc: GatewayError) -> Response:
         if not isinstance(exc, UpstreamError):
-            _count_rejection(request, exc.status, exc.code or exc.type, listed=exc.in_activity)
+            _count_rejection(request, exc.status, exc.rejection or exc.code or exc.type, listed=exc.in_activity)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)

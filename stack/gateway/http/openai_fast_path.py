@@ -71,7 +71,7 @@ class OpenAIFastPath:
             name = require_caller(self.state.keys, self.state.dispatcher.tenants.book,
                                   _text(headers.get(b"authorization")), _text(headers.get(b"x-api-key")))  # fmt: skip
             parsed = orjson.loads(body)
-            route.request.model_validate(parsed)
+            route.reads.model_validate(parsed)
             checked_body(self.state, route, parsed)  # the route's own checks, the same function
         except (GatewayError, orjson.JSONDecodeError, ValidationError):
             return None
@@ -89,7 +89,7 @@ class OpenAIFastPath:
                 response, stream = respond(answer), answer.stream
             except GatewayError as exc:  # as the route's error handler renders it
                 if not isinstance(exc, UpstreamError):
-                    count_rejection(self.state.metrics, exc.status, exc.code or exc.type)
+                    count_rejection(self.state.metrics, exc.status, exc.rejection or exc.code or exc.type)
                 response = error_response(exc)
             except Exception:  # a bug of ours: logged with its traceback; the client gets no internals
                 log.exception("unhandled error in the gateway")

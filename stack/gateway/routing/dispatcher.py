@@ -185,6 +185,9 @@ class Dispatcher:
         adapter = self.adapters.lookup(model) if self.adapters is not None else None
         group = adapter.base if adapter is not None else self.routing.resolve(body["model"])
         check_task(self.routing.registry, group, endpoint, model)
+        deps = self.routing.registry.groups().get(group, [])
+        if deps and all(d.kind == "cloud" for d in deps):  # no vLLM to check the fields: the API's model does
+            cloud_client.check_api_body(endpoint, body)
         if self.in_flight >= self.settings.max_in_flight:
             raise RateLimited(
                 "the gateway is at its concurrent request limit; retry shortly", headers={"Retry-After": "1"}
