@@ -61,8 +61,11 @@ def test_chat_and_responses_on_an_embedding_model_name_its_task(client: openai.O
 
 
 def test_tokenize_on_the_embedding_model(stack: Stack) -> None:
-    resp = httpx.post(f"{stack.url}/tokenize", json={"model": MODEL, "prompt": "hello world"},
-                      headers={"Authorization": f"Bearer {API_KEY}"})
+    resp = httpx.post(
+        f"{stack.url}/tokenize",
+        json={"model": MODEL, "prompt": "hello world"},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
     assert resp.status_code == 200 and resp.json()["count"] >= 2
 
 

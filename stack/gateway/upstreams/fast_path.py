@@ -53,7 +53,10 @@ def classify(dep: Deployment, status: int, body: bytes) -> UpstreamError:
             "context too long", status=400, retryable=False, reason="context_window", upstream_body=body
         )
     return UpstreamError(
-        f"{dep.id} rejected the request", status=status, retryable=False, reason="client",
+        f"{dep.id} rejected the request",
+        status=status,
+        retryable=False,
+        reason="client",
         upstream_body=openai_shaped(status, body),
     )
 
@@ -69,13 +72,22 @@ def openai_shaped(status: int, body: bytes) -> bytes:
     if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
         return body
     detail = obj.get("detail") if isinstance(obj, dict) else None
-    text = detail if isinstance(detail, str) else (orjson.dumps(detail).decode() if detail else
-                                                   body.decode(errors="replace")[:500])
+    text = (
+        detail
+        if isinstance(detail, str)
+        else (orjson.dumps(detail).decode() if detail else body.decode(errors="replace")[:500])
+    )
     if status == 404 and text == "Not Found":
         text = "The model's engine does not serve this endpoint."
     kinds = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
-    return orjson.dumps(envelope(text or f"the engine answered {status}", kinds.get(status, "invalid_request_error"),
-                                 None, "unsupported_endpoint" if status == 404 else None))
+    return orjson.dumps(
+        envelope(
+            text or f"the engine answered {status}",
+            kinds.get(status, "invalid_request_error"),
+            None,
+            "unsupported_endpoint" if status == 404 else None,
+        )
+    )
 
 
 class LocalUpstream:
@@ -205,8 +217,11 @@ async def relay(
     except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError) as exc:
         listener.failed(type(exc).__name__)
         why = listener.stalled()
-        message = (f"the engine stopped making progress ({why}); the stream was ended" if why
-                   else "the model server failed while streaming")
+        message = (
+            f"the engine stopped making progress ({why}); the stream was ended"
+            if why
+            else "the model server failed while streaming"
+        )
         err = envelope(message, "server_error", None, "engine_stalled" if why else "upstream_error")
         yield b"data: " + orjson.dumps(err) + b"\n\n"
     finally:
