@@ -33,7 +33,7 @@ def too_many_tokens(state: GatewayState, endpoint: Endpoint, body: dict[str, Any
         value = body.get(param)
         # a float too: vLLM takes 5000.0 as 5000 (pydantic's lax int)
         if isinstance(value, int | float) and not isinstance(value, bool) and value > limit:
-            return InvalidRequest(f"'{param}' is too large: {value:g} (this gateway allows at most {limit})",
+            return InvalidRequest(f"'{param}' is too large: {value:.15g} (this gateway allows at most {limit})",
                                   param=param)  # fmt: skip
     return None
 
