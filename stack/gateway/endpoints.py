@@ -71,6 +71,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("rerank", ("/v1/rerank", "/rerank", "/v2/rerank"), schemas.RerankRequest, frozenset({EMBED}),
              engine_path="/rerank", cloud_call="arerank"),
     Endpoint("score", ("/v1/score", "/score"), schemas.ScoreRequest, frozenset({EMBED}), engine_path="/score"),
+    Endpoint("pooling", ("/pooling",), schemas.Named, frozenset({EMBED})),  # vLLM's raw pooler output
     Endpoint("tokenize", ("/tokenize",), schemas.TokenizeRequest, frozenset({GENERATE, EMBED}),
              reads=schemas.TokenizeRequest),
     Endpoint("detokenize", ("/detokenize",), schemas.TokenizeRequest, frozenset({GENERATE, EMBED}),

@@ -114,6 +114,15 @@ def test_score_answers_as_the_engine_does(stack: Stack, path: str) -> None:
     assert len(scores) == 3 and scores[0] > scores[1] and scores[2] > scores[1], scores
 
 
+def test_pooling_answers_as_the_engine_does(stack: Stack) -> None:
+    """vLLM's /pooling (the pooler's raw output), one registry entry more (stack.gateway.endpoints)."""
+    engine, engine_key = _engine(stack)
+    body = {"model": MODEL, "input": DOCS[:2]}
+    ours = httpx.post(f"{stack.url}/pooling", json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    answer = _same(ours, httpx.post(f"{engine}/pooling", json=body, headers=engine_key, timeout=60))
+    assert [len(d["data"]) for d in answer["data"]] == [384, 384], answer["data"][0].keys()
+
+
 def test_chat_on_the_embedding_model_names_its_score_routes(stack: Stack) -> None:
     """The embed model's refusal of chat names what it serves now: /v1/rerank and /v1/score among them."""
     resp = httpx.post(f"{stack.url}/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user",
