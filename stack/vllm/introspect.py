@@ -118,6 +118,7 @@ PROTOCOL_MODELS = {
     "count_tokens": "vllm.entrypoints.anthropic.protocol:AnthropicCountTokensRequest",
     "rerank": "vllm.entrypoints.pooling.scoring.protocol:RerankRequest",
     "score": "vllm.entrypoints.pooling.scoring.protocol:ScoreRequest",
+    "pooling": "vllm.entrypoints.pooling.pooling.protocol:PoolingRequest",
     "tokenize": "vllm.entrypoints.serve.tokenize.protocol:TokenizeRequest",
     "detokenize": "vllm.entrypoints.serve.tokenize.protocol:DetokenizeRequest",
 }
