@@ -32,8 +32,8 @@ from aiohttp import web
 WORD = "tok "
 
 
-def _error(status: int, message: str) -> web.Response:
-    body = {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}
+def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
     return web.json_response(body, status=status)
 
 
@@ -66,7 +66,9 @@ class Mock:
         if model.startswith("context-"):
             limit = model.split("-")[1]
             return _error(
-                400, f"This model's maximum context length is {limit} tokens. Please reduce the length."
+                400,
+                f"This model's maximum context length is {limit} tokens. Please reduce the length.",
+                "input_tokens",  # vLLM 0.32 names the parameter (the gateway reads it, not the text)
             )
         self.served += 1
         if chat and ((body.get("tools") and body.get("tool_choice") != "none") or _tool_result(body)):
@@ -143,15 +145,28 @@ class Mock:
         await resp.prepare(request)
 
         async def send(delta: dict, reason: str | None = None) -> None:
-            chunk = {**base, "object": "chat.completion.chunk",
-                     "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+            chunk = {
+                **base,
+                "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+            }
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
 
         await send({"role": "assistant", "content": message["content"] or ""})
         for i, call in enumerate(calls):  # OpenAI's shape: id + name first, then the arguments in pieces
             args = call["function"]["arguments"]
-            await send({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                        "function": {"name": call["function"]["name"], "arguments": ""}}]})
+            await send(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": call["function"]["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
             for piece in (args[: len(args) // 2], args[len(args) // 2 :]):
                 await send({"tool_calls": [{"index": i, "function": {"arguments": piece}}]})
         await send({}, finish)
@@ -164,20 +179,44 @@ class Mock:
         self.served += 1
         n = max(1, min(int(body.get("max_output_tokens") or self.chunks), self.chunks))
         rid, created, model = f"resp_mock{self.served}", int(time.time()), str(body.get("model", ""))
-        usage = {"input_tokens": 5, "output_tokens": n, "total_tokens": 5 + n,
-                 "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
-        item = {"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": WORD * n, "annotations": []}]}
-        done = {"id": rid, "object": "response", "created_at": created, "status": "completed", "model": model,
-                "output": [item], "usage": usage, "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+        usage = {
+            "input_tokens": 5,
+            "output_tokens": n,
+            "total_tokens": 5 + n,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        }
+        item = {
+            "type": "message",
+            "id": "msg_mock",
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": WORD * n, "annotations": []}],
+        }
+        done = {
+            "id": rid,
+            "object": "response",
+            "created_at": created,
+            "status": "completed",
+            "model": model,
+            "output": [item],
+            "usage": usage,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+        }
         if not body.get("stream"):
             return web.json_response(done)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        events = [("response.created", {"response": {**done, "status": "in_progress", "output": [],
-                                                     "usage": None}})]
-        events += [("response.output_text.delta", {"item_id": "msg_mock", "output_index": 0, "content_index": 0,
-                                                   "delta": WORD, "logprobs": []}) for _ in range(n)]
+        events = [("response.created", {"response": {**done, "status": "in_progress", "output": [], "usage": None}})]
+        events += [
+            (
+                "response.output_text.delta",
+                {"item_id": "msg_mock", "output_index": 0, "content_index": 0, "delta": WORD, "logprobs": []},
+            )
+            for _ in range(n)
+        ]
         events.append(("response.completed", {"response": done}))
         for seq, (kind, data) in enumerate(events):
             payload = json.dumps({"type": kind, "sequence_number": seq, **data})
@@ -193,9 +232,7 @@ class Mock:
         return web.json_response({"object": "list", "data": data, "model": body.get("model"), "usage": usage})
 
     async def models(self, _: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": "mock"}]}
-        )
+        return web.json_response({"object": "list", "data": [{"id": self.name, "object": "model", "owned_by": "mock"}]})
 
     async def sleep(self, request: web.Request) -> web.Response:
         self.asleep = int(request.query.get("level", "1"))
@@ -215,9 +252,11 @@ class Mock:
         return web.Response(text="ok")
 
     async def metrics(self, _: web.Request) -> web.Response:
-        return web.Response(text=f"# TYPE mock_served counter\nmock_served_total {self.served}\n"
-                                 f"# TYPE mock_in_flight gauge\nmock_in_flight {self.in_flight}\n"
-                                 f"# TYPE mock_aborted counter\nmock_aborted_total {self.aborted}\n")
+        return web.Response(
+            text=f"# TYPE mock_served counter\nmock_served_total {self.served}\n"
+            f"# TYPE mock_in_flight gauge\nmock_in_flight {self.in_flight}\n"
+            f"# TYPE mock_aborted counter\nmock_aborted_total {self.aborted}\n"
+        )
 
 
 async def _until(due: float) -> None:
@@ -247,9 +286,14 @@ def _tool_calls(body: dict) -> list[dict]:
         tools = [t for t in tools if t["name"] == choice["function"]["name"]]
     elif body.get("parallel_tool_calls") is False or len(tools) < 2:
         tools = tools[:1]
-    return [{"id": f"call_{i}", "type": "function",
-             "function": {"name": t["name"], "arguments": json.dumps(_example(t.get("parameters") or {}))}}
-            for i, t in enumerate(tools)]
+    return [
+        {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": t["name"], "arguments": json.dumps(_example(t.get("parameters") or {}))},
+        }
+        for i, t in enumerate(tools)
+    ]
 
 
 def build(name: str = "mock", chunks: int = 20, delay_ms: float = 0) -> web.Application:

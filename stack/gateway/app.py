@@ -18,11 +18,12 @@ from stack.gateway.console.sources import ConsoleSources
 from stack.gateway.http import (
     adapter_routes,
     admin_routes,
-    agent_routes,
+    endpoint_routes,
     gc_freeze,
     key_routes,
     openai_routes,
     ops_routes,
+    unknown_routes,
 )
 from stack.gateway.http.admin_routes import cloud_deployment
 from stack.gateway.http.auth import KeyRing
@@ -90,8 +91,11 @@ def create_app(
     shared = admin_keys.shared_with(keys)
     if shared:  # their values are equal although the config names them apart: every client would open /admin
         admin, client = shared[0]
-        raise ConfigError(f"gateway.admin_key {admin!r} has the same value as gateway.api_keys {client!r}: a client "
-                          "key would open /admin", hint="give the admin key a value of its own")
+        raise ConfigError(
+            f"gateway.admin_key {admin!r} has the same value as gateway.api_keys {client!r}: a client "
+            "key would open /admin",
+            hint="give the admin key a value of its own",
+        )
     for i, c in enumerate(settings.cloud):
         registry.add(cloud_deployment(c, f"cloud-{c.model_name}-{i + 1}"))
     routing = Routing(settings, registry, default_model)
@@ -109,8 +113,10 @@ def create_app(
     tenants = dispatcher.tenants
     tenants.configure(settings.tenants, environ, state_file.with_name("usage.json") if state_file else None)
     if admin_keys.shared_with(KeyRing(tenants.book.digests())) or keys.shared_with(KeyRing(tenants.book.digests())):
-        raise ConfigError("a gateway.tenants key has the same value as gateway.admin_key or an api_keys entry",
-                          hint="give each named key a value of its own (`vstack keys add NAME` draws one)")
+        raise ConfigError(
+            "a gateway.tenants key has the same value as gateway.admin_key or an api_keys entry",
+            hint="give each named key a value of its own (`vstack keys add NAME` draws one)",
+        )
 
     async def restart_engine(dep: Deployment, why: str) -> None:
         # An engine whose base model an adapter changed: the manager starts a fresh one (its own engines only).
@@ -126,8 +132,9 @@ def create_app(
         dispatcher=dispatcher,
         keys=keys,
         admin_keys=admin_keys,
-        metrics_keys=KeyRing.union(KeyRing.from_refs([settings.metrics_key] if settings.metrics_key else [], environ),
-                                   keys, admin_keys),
+        metrics_keys=KeyRing.union(
+            KeyRing.from_refs([settings.metrics_key] if settings.metrics_key else [], environ), keys, admin_keys
+        ),
         manager=manager,
         key_policy=KeyPolicy(settings.cloud, settings.provider_key_envs),
         adapters=dispatcher.adapters,
@@ -200,11 +207,11 @@ def create_app(
         app.include_router(docs_router(app))
     if settings.console:
         on_shutdown.append(install_console(app, state, console).close)
-    app.include_router(agent_routes.router)
+    app.include_router(endpoint_routes.router)
     app.include_router(adapter_routes.router)
     app.include_router(key_routes.router)
     # last: OpenAI's 404 JSON for every path no route serves, behind the /v1 keys (its text lists endpoints)
-    app.include_router(agent_routes.unknown, dependencies=[Depends(openai_routes.client_key)])
+    app.include_router(unknown_routes.unknown, dependencies=[Depends(openai_routes.client_key)])
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -9,6 +9,7 @@ them into responses. Messages never include request headers or configuration val
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from stack.errors import StackError
@@ -19,6 +20,7 @@ class GatewayError(StackError):
     type = "server_error"
     code: str | None = None
     in_activity = False  # the console's Activity has it already (the dispatcher recorded it): not twice
+    rejection: str | None = None  # the reason /metrics counts it under (its code, or its type, when None)
 
     def __init__(
         self,
@@ -39,6 +41,13 @@ class GatewayError(StackError):
 
 class InvalidRequest(GatewayError):
     status, type = 400, "invalid_request_error"
+
+
+class InvalidBody(InvalidRequest):
+    """A body its API's model refuses (a route's schema, or the cloud client's check): counted as FastAPI's
+    validation errors are."""
+
+    rejection = "invalid_body"
 
 
 class ContextTooLong(InvalidRequest):
@@ -97,3 +106,32 @@ class UpstreamError(GatewayError):
 
 def envelope(message: str, type_: str, param: str | None = None, code: str | int | None = None) -> dict:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def validation_message(errors: Sequence[Any]) -> tuple[str, str | None]:
+    """pydantic's errors (a route's, or the cloud client's check of an API body) as OpenAI's message and param."""
+    if not errors:
+        return "Invalid request body.", None
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return (
+            "We could not parse the JSON body of your request. Make sure the body is valid JSON "
+            "and the Content-Type header is application/json.",
+            None,
+        )
+    if kind == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {param}", param
+    if kind == "missing" and param is not None:
+        return f"Missing required parameter: '{param}'.", param
+    if param is None:
+        # An empty or `null` body arrives as a missing body (loc ('body',)): no parameter to name.
+        return (
+            "The request body must be a JSON object with `model` and the endpoint's parameters "
+            "(Content-Type: application/json); it was empty, null or not an object."
+        ), None
+    # pydantic's message names the field and the rule; never echo the input (it may be large or private).
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return f"Invalid value for '{param}': {first.get('msg', 'invalid')}{more}", param

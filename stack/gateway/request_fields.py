@@ -9,12 +9,12 @@ OpenAI's API does), and the cloud client passes on only these fields whatever a 
 The lists are the public APIs' own (OpenAI Chat Completions, Completions, Embeddings and Responses;
 Anthropic Messages and count_tokens) plus vLLM's documented extensions to each (its protocol models), so a
 local engine still gets every option it serves. Chat, completions and embeddings take theirs from the
-request schemas in `schemas.py`, which already refuse unknown fields.
+request models of their entries in stack.gateway.endpoints (as does any endpoint with no list here).
 """
 
 from __future__ import annotations
 
-from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from stack.gateway.endpoints import BY_NAME
 
 # OpenAI's Responses API (openai-python's ResponseCreateParams) and vLLM's additions (its ResponsesRequest).
 _RESPONSES = frozenset({
@@ -52,9 +52,6 @@ _TOKENIZE = frozenset({
 _DETOKENIZE = frozenset({"model", "tokens"})
 
 _FIELDS: dict[str, frozenset[str]] = {
-    "chat": frozenset(ChatCompletionRequest.model_fields),
-    "completions": frozenset(CompletionRequest.model_fields),
-    "embeddings": frozenset(EmbeddingRequest.model_fields),
     "responses": _RESPONSES,
     "messages": _MESSAGES,
     "count_tokens": _COUNT_TOKENS,
@@ -79,8 +76,10 @@ CLIENT_OPTIONS = frozenset({
 
 
 def allowed(endpoint: str) -> frozenset[str]:
-    """The top-level fields a request to `endpoint` may carry; empty for an endpoint we do not know."""
-    return _FIELDS.get(endpoint, frozenset())
+    """The top-level fields a request to `endpoint` may carry: its list here, else the fields its request model
+    declares; empty for an endpoint we do not know."""
+    entry = BY_NAME.get(endpoint)
+    return _FIELDS.get(endpoint) or (frozenset(entry.api.model_fields) if entry is not None else frozenset())
 
 
 def unknown(endpoint: str, body: dict) -> list[str]:

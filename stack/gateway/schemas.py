@@ -1,9 +1,12 @@
-"""Request bodies the gateway accepts: OpenAI's parameters plus vLLM's documented extensions.
+"""Request bodies: what the gateway itself reads of one (`Read`), and the public APIs' own (OpenAI's
+parameters, Anthropic's, Jina's and Cohere's rerank, plus vLLM's documented extensions).
 
-The models only *check* a request (types, ranges, unknown fields -> 400, like OpenAI's own API); what is
-forwarded is the client's JSON as sent, with `model` rewritten to the deployment's name. That keeps
-pass-through faithful for fields whose inner shape we do not model (tools, response_format, ...).
-They also give /openapi.json a real schema, which schemathesis drives in the tests.
+A route checks only `Read` (or `TokenizeRequest`): the model it routes by, whether to stream. A local
+engine gets the client's JSON as sent (`model` rewritten to the deployment's name) and checks every other
+field itself, so the gateway accepts each field the installed vLLM accepts and refuses each one it refuses
+with vLLM's own reason (adr/0047). A cloud deployment has no vLLM to check for it: the cloud client checks the
+body against the API's model here (types, ranges, unknown fields -> 400, like OpenAI's own API) before LiteLLM
+sees it; LiteLLM's keywords include client options that must never come from a body (request_fields).
 """
 
 from __future__ import annotations
@@ -17,6 +20,16 @@ Temperature = Annotated[float, Field(ge=0, le=2)]
 Penalty = Annotated[float, Field(ge=-2, le=2)]
 # Strict: JSON `true` is not the integer 1 (pydantic's lax mode would take it); OpenAI refuses it too.
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
+
+
+class Read(BaseModel):
+    """What the gateway reads of a body itself: the model it routes by, whether and how to stream. Every other
+    field is forwarded as sent, for the engine to check."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+    stream: bool | None = None
+    stream_options: dict[str, Any] | None = None  # the gateway adds include_usage to count tokens
 
 
 class _Request(BaseModel):
@@ -180,3 +193,51 @@ class EmbeddingRequest(_Request):
         if isinstance(v, list) and not v:
             raise ValueError("input must not be empty")
         return v
+
+
+class Named(BaseModel):
+    # Forwarded as sent: the engine (or LiteLLM) checks the fields of these rich APIs.
+    model_config = ConfigDict(extra="allow")
+    model: str = Field(min_length=1)
+
+
+class ResponsesRequest(Named):
+    input: str | list[dict[str, Any]] | None = None
+    stream: bool | None = None
+    metadata: dict[str, str] | None = None  # string pairs, as OpenAI defines it
+
+
+class MessagesRequest(Named):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    stream: bool | None = None
+    metadata: dict[str, str] | None = None  # Anthropic's {"user_id": ...}
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str = "default"  # vLLM's: the served model
+
+
+class RerankRequest(Named):
+    """Rerank (Jina's and Cohere's API; vLLM's /rerank): the query's relevance to each document."""
+
+    query: str | dict[str, Any]
+    documents: list[Any] | str | dict[str, Any]
+    top_n: StrictInt | None = Field(None, ge=0)
+    return_documents: bool | None = None
+    rank_fields: list[str] | None = None
+    max_chunks_per_doc: StrictInt | None = None
+    max_tokens_per_doc: StrictInt | None = None
+
+
+class ScoreRequest(Named):
+    """vLLM's /score: the similarity of each pair (one side against each of the other's), in any of its forms."""
+
+    text_1: Any = None
+    text_2: Any = None
+    queries: Any = None
+    documents: Any = None
+    items: Any = None
+    data_1: Any = None
+    data_2: Any = None

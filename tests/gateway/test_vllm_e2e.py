@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 
 import httpx
@@ -134,6 +135,70 @@ def test_context_too_long_is_400(client) -> None:
     long = [{"role": "user", "content": "word " * 3000}]
     with pytest.raises(openai.BadRequestError, match=r"context length|max_model_len|too long"):
         client.chat.completions.create(model=SERVED, messages=long, max_tokens=5)
+
+
+# -- issue 51, item 1: requests follow the installed vLLM --------------------------------------------------
+BASES = {"/v1/chat/completions": ("chat", {"messages": ASK}),
+         "/v1/completions": ("completions", {"prompt": "The capital of France is"})}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def protocol(tmp_path_factory: pytest.TempPathFactory):
+    """The installed vLLM's own request models, read by a child process importing it (stack.vllm.protocol)."""
+    from stack.vllm.protocol import installed_protocol
+
+    return installed_protocol(sys.executable, tmp_path_factory.mktemp("vllm-cache"))
+
+
+@pytest.mark.parametrize("path", list(BASES))
+def test_every_field_of_vllms_request_model_passes_the_gateway(gw, protocol, path: str) -> None:
+    """Every field vLLM's chat or completions model declares (enumerated from vLLM, not from a list of ours),
+    each with vLLM's own default: the gateway refuses none and the engine answers. One request carries them all;
+    should it fail, one request per field names the refused ones."""
+    endpoint, base = BASES[path]
+    fields = protocol.fields(endpoint)
+    assert len(fields) > 40, protocol.missing  # vLLM's model (0.32: 68 chat, 55 completions), not an empty answer
+    sent = {name: f["default"] for name, f in fields.items() if not f["required"]}
+    body = {**sent, "model": SERVED, **base, "max_tokens": 2, "stream": False}
+    with httpx.Client(timeout=120) as http:
+        r = http.post(f"{gw.url}{path}", json=body)
+        refused = [] if r.status_code == 200 else [
+            name for name, value in sent.items()
+            if http.post(f"{gw.url}{path}", json={"model": SERVED, **base, "max_tokens": 2, name: value}).status_code
+            != 200]  # fmt: skip
+    assert r.status_code == 200 and not refused, (refused, r.text)
+    assert r.json()["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize(("extra", "status"), [
+    ({"frobnicate": True}, 200),  # no field of vLLM's: vLLM ignores it (and logs it); the gateway does not refuse it
+    ({"top_k": -7}, 400),  # vLLM's own range check: its 400, its words
+    ({"min_p": 3}, 400),
+    ({"max_tokens": "two"}, 400),  # vLLM's type check (pydantic's error, as vLLM renders it)
+    ({"messages": []}, None),  # whatever vLLM says, the client gets
+    ({"n": 0}, None),
+])  # fmt: skip
+def test_a_field_gets_vllms_own_answer(gw, vllm_engine, extra: dict, status: int | None) -> None:
+    body = {"model": SERVED, "messages": ASK, "max_tokens": 3, "temperature": 0, **extra}
+    ours = httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=120)
+    theirs = httpx.post(f"{vllm_engine.url}/v1/chat/completions", json=body, timeout=120)
+    assert ours.status_code == theirs.status_code == (status or theirs.status_code), (ours.text, theirs.text)
+    if theirs.status_code == 200:
+        assert [c["message"] for c in ours.json()["choices"]] == [c["message"] for c in theirs.json()["choices"]]
+    else:
+        assert ours.json() == theirs.json()  # vLLM's error JSON, passed through as the engine wrote it
+
+
+def test_context_too_long_is_read_from_vllms_structured_error(gw) -> None:
+    """vLLM names the parameter of a prompt too long for the context (`input_tokens`): the gateway reads that,
+    not the message's words (stack.gateway.upstreams.fast_path.context_too_long)."""
+    long = [{"role": "user", "content": "word " * 3000}]
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": SERVED, "messages": long, "max_tokens": 5},
+                   timeout=120)  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] in ("input_tokens", "input_text"), r.text
+    metrics = httpx.get(f"{gw.url}/metrics").text
+    assert re.search(r'vstack_gateway_upstream_errors_total\{deployment="engine",reason="context_window"\} [1-9]',
+                     metrics), metrics[-2000:]  # fmt: skip
 
 
 def _running(engine_url: str) -> float:

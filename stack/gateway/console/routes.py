@@ -31,8 +31,10 @@ from stack.gateway.console.logs import GatewayLog, follow, tail
 from stack.gateway.console.sessions import COOKIE, Session, Sessions
 from stack.gateway.console.sources import ConsoleSources, with_bus_floor
 from stack.gateway.console.throttle import LoginThrottle
+from stack.gateway.endpoints import BY_NAME
 from stack.gateway.http.admin_routes import Action, models_view, run_model_action
 from stack.gateway.http.auth import local_client
+from stack.gateway.http.endpoint_routes import too_many_tokens
 from stack.gateway.http.key_routes import (
     NewKey,
     add_named_key,
@@ -41,7 +43,6 @@ from stack.gateway.http.key_routes import (
     revoke_named_key,
     usage_answer,
 )
-from stack.gateway.http.openai_routes import too_many_tokens
 from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
 from stack.gateway.openai_errors import Forbidden, InvalidRequest, ModelNotFound, Unauthorized
@@ -231,8 +232,15 @@ def check_origin(request: Request) -> None:
 def set_cookie(response: Response, request: Request, token: str, ttl_s: float) -> None:
     # Secure over TLS: the request's scheme is https when uvicorn serves TLS, or when a proxy listed in
     # gateway.trusted_proxies says X-Forwarded-Proto: https (uvicorn believes no one else's header).
-    response.set_cookie(COOKIE, token, max_age=int(ttl_s), path="/ui", httponly=True, samesite="strict",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(
+        COOKIE,
+        token,
+        max_age=int(ttl_s),
+        path="/ui",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
 
 
 def page_html(name: str, session: Session, state: GatewayState) -> str:
@@ -282,8 +290,7 @@ async def login(body: Login, request: Request) -> JSONResponse:
         name, role = tenant.name, "admin" if tenant.role == "admin" else "viewer"
     elif (name := state.admin_keys.check(body.key)) is not None:
         role = "admin"
-    elif state.admin_token is not None and local and hmac.compare_digest(body.key.encode(),
-                                                                         state.admin_token.encode()):
+    elif state.admin_token is not None and local and hmac.compare_digest(body.key.encode(), state.admin_token.encode()):
         name, role = "admin-token", "admin"  # no admin key: the token `vstack` reads opens the console too
     elif (name := state.keys.check(body.key)) is not None:
         role = "admin" if not state.admin_keys.enabled and state.admin_token is None and local else "viewer"
@@ -363,8 +370,9 @@ async def api_activity(request: Request, model: str | None = None, status: str |
     need_session(request)
     rows = get_state(request).dispatcher.activity.last(model, status, max(1, min(limit, 1000)))
     if format == "csv":
-        return PlainTextResponse(to_csv(rows), media_type="text/csv",
-                                 headers={"Content-Disposition": "attachment; filename=activity.csv"})
+        return PlainTextResponse(
+            to_csv(rows), media_type="text/csv", headers={"Content-Disposition": "attachment; filename=activity.csv"}
+        )
     if format != "json":
         raise InvalidRequest("format must be json or csv", param="format")
     return JSONResponse({"requests": rows})
@@ -494,13 +502,14 @@ async def api_chat(req: ChatCompletionRequest, request: Request) -> Response:
     """The playground: the gateway's own dispatcher answers (the request shows in Activity like any other)."""
     session = need_post(request)
     state = get_state(request)
-    refusal = too_many_tokens(state, req)  # the same limits as /v1 (max_tokens and max_completion_tokens)
+    refusal = too_many_tokens(state, BY_NAME["chat"], await request.json())  # the same limits as /v1
     if refusal is not None:
         raise refusal
     tenant = state.dispatcher.tenants.book.by_name.get(session.key_name)  # a named key's limits hold here too
     if tenant is not None and tenant.role == "viewer":
-        raise Forbidden(f"key {tenant.name!r} is a viewer key: it reads the console, it does not send requests",
-                        code="viewer_key")
+        raise Forbidden(
+            f"key {tenant.name!r} is a viewer key: it reads the console, it does not send requests", code="viewer_key"
+        )
     dispatcher = state.dispatcher
     trace = dispatcher.trace("chat", clock(), None) if dispatcher.tracer is not None else None
     return respond(await dispatcher.handle("chat", await request.json(), trace, Caller(session.key_name, tenant)))
@@ -534,11 +543,6 @@ async def api_events(request: Request, topics: str = "models") -> Response:
         finally:
             hub.close(client)
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-
-
-
-
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )

@@ -12,8 +12,9 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from stack.gateway.endpoints import ENDPOINTS
 from stack.gateway.metrics import GatewayMetrics
-from stack.gateway.openai_errors import GatewayError, UpstreamError, envelope
+from stack.gateway.openai_errors import GatewayError, UpstreamError, envelope, validation_message
 
 log = logging.getLogger("stack.gateway")
 
@@ -26,30 +27,7 @@ def error_response(exc: GatewayError) -> Response:
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    errors = exc.errors()
-    if not errors:
-        return "Invalid request body.", None
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = ".".join(loc) or None
-    kind = first.get("type", "")
-    if kind == "json_invalid":
-        return (
-            "We could not parse the JSON body of your request. Make sure the body is valid JSON "
-            "and the Content-Type header is application/json.",
-            None,
-        )
-    if kind == "extra_forbidden":
-        return f"Unrecognized request argument supplied: {param}", param
-    if kind == "missing" and param is not None:
-        return f"Missing required parameter: '{param}'.", param
-    if param is None:
-        # An empty or `null` body arrives as a missing body (loc ('body',)): no parameter to name.
-        return ("The request body must be a JSON object with `model` and the endpoint's parameters "
-                "(Content-Type: application/json); it was empty, null or not an object."), None
-    # pydantic's message names the field and the rule; never echo the input (it may be large or private).
-    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-    return f"Invalid value for '{param}': {first.get('msg', 'invalid')}{more}", param
+    return validation_message(exc.errors())
 
 
 def count_rejection(metrics: GatewayMetrics | None, status: int, reason: str) -> None:
@@ -60,9 +38,7 @@ def count_rejection(metrics: GatewayMetrics | None, status: int, reason: str) ->
 
 
 # The OpenAI routes whose refusals the console's Activity lists (stack.gateway.routing.activity), by endpoint.
-ACTIVITY_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/embeddings": "embeddings",
-                   "/v1/responses": "responses", "/v1/messages": "messages",
-                   "/v1/messages/count_tokens": "count_tokens"}  # fmt: skip
+ACTIVITY_ROUTES = {p: e.name for e in ENDPOINTS if e.path.startswith("/v1/") for p in e.paths}
 
 
 def _count_rejection(request: Request, status: int, reason: str, listed: bool = False) -> None:
@@ -81,7 +57,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
     async def _gateway(request: Request, exc: GatewayError) -> Response:
         if not isinstance(exc, UpstreamError):
-            _count_rejection(request, exc.status, exc.code or exc.type, listed=exc.in_activity)
+            _count_rejection(request, exc.status, exc.rejection or exc.code or exc.type, listed=exc.in_activity)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -92,8 +68,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        _count_rejection(request, exc.status_code, {404: "not_found", 405: "method_not_allowed"}.get(
-            exc.status_code, "http"))
+        _count_rejection(
+            request, exc.status_code, {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http")
+        )
         kinds = {401: "authentication_error", 403: "permission_error", 404: "invalid_request_error"}
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         return JSONResponse(

@@ -1,13 +1,14 @@
-"""POST /v1/chat/completions, /v1/completions and /v1/embeddings without the framework's layers, for the
-requests that need none of them (issue 37, item 4; adr/0032).
+"""POST of the endpoints whose entry says `fast_path` (stack.gateway.endpoints: /v1/chat/completions,
+/v1/completions, /v1/embeddings) without the framework's layers, for the requests that need none of them
+(issue 37, item 4; adr/0032).
 
-A plain request (a JSON body with a Content-Length within the limit, no browser Origin) is checked here as
-its FastAPI route would check it: the client key, the body's schema (the same pydantic models), the token
-limits. Then the dispatcher routes it and its answer is written with two ASGI sends, the client's
-disconnect heard by one watcher task that cancels the request (the attempt counts it 499, the upstream
-connection is closed, the engine aborts). Every check that fails, and every request that is not plain,
-goes to the FastAPI route instead, the body replayed: errors keep their one place and shape
-(stack.gateway.http.error_handlers), and only the dispatcher's own errors are rendered here, by the same
+A plain request (a JSON body with a Content-Length within the limit, no browser Origin) is checked here as its
+FastAPI route would check it: the client key, the body's schema (the entry's pydantic model), the gateway's
+limits (`checked_body`, the very function the route calls). Then the dispatcher routes it and its answer is
+written with two ASGI sends, the client's disconnect heard by one watcher task that cancels the request (the
+attempt counts it 499, the upstream connection is closed, the engine aborts). Every check that fails, and every
+request that is not plain, goes to the FastAPI route instead, the body replayed: errors keep their one place and
+shape (stack.gateway.http.error_handlers), and only the dispatcher's own errors are rendered here, by the same
 functions. What this saves per request: FastAPI's dependency resolution and request objects, three ASGI
 middlewares' wrappers and tasks, and Starlette's response classes (bench/gateway_timeline.py).
 """
@@ -17,27 +18,23 @@ from __future__ import annotations
 import logging
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from stack.gateway.endpoints import ENDPOINTS, Endpoint
 from stack.gateway.http.auth import require_caller
 from stack.gateway.http.body_limit import replay
+from stack.gateway.http.endpoint_routes import checked_body
 from stack.gateway.http.error_handlers import count_rejection, error_response
-from stack.gateway.http.openai_routes import too_many_tokens
 from stack.gateway.http.relay_response import respond, send_stream, until_the_client_leaves
 from stack.gateway.http.route_context import GatewayState
 from stack.gateway.openai_errors import GatewayError, UpstreamError, envelope
-from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from stack.gateway.tenants.gate import Caller
 from stack.tracing.record import RequestTrace, clock
 
 log = logging.getLogger("stack.gateway")
-ROUTES: dict[str, tuple[str, type[BaseModel]]] = {
-    "/v1/chat/completions": ("chat", ChatCompletionRequest),
-    "/v1/completions": ("completions", CompletionRequest),
-    "/v1/embeddings": ("embeddings", EmbeddingRequest),
-}
+ROUTES: dict[str, Endpoint] = {p: e for e in ENDPOINTS if e.fast_path for p in e.paths}
 JSON_TYPES = (b"application/json", b"application/json; charset=utf-8")
 
 
@@ -64,19 +61,18 @@ class OpenAIFastPath:
         scope.setdefault("state", {})["key_name"] = checked[1].key_name
         trace = None
         if entered:
-            trace = dispatcher.trace(route[0], entered, _text(headers.get(b"traceparent")))
+            trace = dispatcher.trace(route.name, entered, _text(headers.get(b"traceparent")))
             trace.span("gateway.receive", start=entered).close(**{"vstack.key_name": checked[1].key_name or "-"})  # type: ignore[union-attr]
-        await self._serve(scope, receive, send, route[0], checked[0], checked[1], trace)
+        await self._serve(scope, receive, send, route.name, checked[0], checked[1], trace)
 
-    def _check(self, route: tuple[str, type[BaseModel]], headers: dict[bytes, bytes],
-               body: bytes) -> tuple[dict, Caller] | None:  # fmt: skip
+    def _check(self, route: Endpoint, headers: dict[bytes, bytes], body: bytes) -> tuple[dict, Caller] | None:
         """(the parsed body, who sent it), or None where a check refuses the request."""
         try:
             name = require_caller(self.state.keys, self.state.dispatcher.tenants.book,
                                   _text(headers.get(b"authorization")), _text(headers.get(b"x-api-key")))  # fmt: skip
             parsed = orjson.loads(body)
-            if not isinstance(parsed, dict) or too_many_tokens(self.state, route[1].model_validate(parsed)):
-                return None
+            route.reads.model_validate(parsed)
+            checked_body(self.state, route, parsed)  # the route's own checks, the same function
         except (GatewayError, orjson.JSONDecodeError, ValidationError):
             return None
         return parsed, name
@@ -93,7 +89,7 @@ class OpenAIFastPath:
                 response, stream = respond(answer), answer.stream
             except GatewayError as exc:  # as the route's error handler renders it
                 if not isinstance(exc, UpstreamError):
-                    count_rejection(self.state.metrics, exc.status, exc.code or exc.type)
+                    count_rejection(self.state.metrics, exc.status, exc.rejection or exc.code or exc.type)
                 response = error_response(exc)
             except Exception:  # a bug of ours: logged with its traceback; the client gets no internals
                 log.exception("unhandled error in the gateway")

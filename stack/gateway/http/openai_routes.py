@@ -1,17 +1,12 @@
-"""/v1/*: thin handlers. Validation is the schema's, routing is the dispatcher's."""
+"""/v1/models and the client key every /v1 route requires (the POST routes: stack.gateway.http.endpoint_routes)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from pydantic import BaseModel
-from starlette.responses import Response
 
 from stack.gateway.http.auth import require_caller
-from stack.gateway.http.relay_response import respond
 from stack.gateway.http.route_context import GatewayState, get_state
-from stack.gateway.openai_errors import InvalidRequest, ModelNotFound
-from stack.gateway.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from stack.tracing.record import clock
+from stack.gateway.openai_errors import ModelNotFound
 
 
 async def client_key(request: Request) -> str | None:
@@ -26,50 +21,6 @@ async def client_key(request: Request) -> str | None:
 
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(client_key)])
-
-
-def too_many_tokens(state: GatewayState, req: BaseModel) -> InvalidRequest | None:
-    """The refusal of a request that asks for more tokens than this gateway allows; None when within."""
-    limit = state.settings.max_tokens_limit
-    for param in ("max_tokens", "max_completion_tokens"):
-        value = getattr(req, param, None)
-        if value is not None and value > limit:
-            return InvalidRequest(f"'{param}' is too large: {value} (this gateway allows at most {limit})", param=param)
-    return None
-
-
-def _check_limits(state: GatewayState, req: BaseModel) -> None:
-    refusal = too_many_tokens(state, req)
-    if refusal is not None:
-        raise refusal
-
-
-async def _forward(request: Request, endpoint: str) -> Response:
-    # FastAPI parsed the JSON once (and cached it); forward that dict, not the validated model, so
-    # fields pass through exactly as the client sent them.
-    body = await request.json()
-    dispatcher = get_state(request).dispatcher
-    trace = None
-    if dispatcher.tracer is not None:  # a request the fast path did not take (a browser's, a chunked body...)
-        trace = dispatcher.trace(endpoint, clock(), request.headers.get("traceparent"))
-    return respond(await dispatcher.handle(endpoint, body, trace, getattr(request.state, "caller", None)))
-
-
-@router.post("/chat/completions")
-async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-    _check_limits(get_state(request), req)
-    return await _forward(request, "chat")
-
-
-@router.post("/completions")
-async def completions(req: CompletionRequest, request: Request) -> Response:
-    _check_limits(get_state(request), req)
-    return await _forward(request, "completions")
-
-
-@router.post("/embeddings")
-async def embeddings(req: EmbeddingRequest, request: Request) -> Response:
-    return await _forward(request, "embeddings")
 
 
 def _model_card(name: str, owner: str, created: int, state: GatewayState | None = None) -> dict:

@@ -22,6 +22,7 @@ import aiohttp
 import orjson
 
 from stack.config.sections.gateway import GatewayConfig
+from stack.gateway.endpoints import BY_NAME
 from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.openai_errors import GatewayError, InvalidRequest, NoDeployment, RateLimited, UpstreamError
 from stack.gateway.routing.activity import ActivityRing
@@ -30,9 +31,9 @@ from stack.gateway.routing.answer import SSE_HEADERS, Answer
 from stack.gateway.routing.attempt import Attempt, RoutedRequest
 from stack.gateway.routing.deployment_choice import Routing
 from stack.gateway.routing.liveness import UNRESPONSIVE, Liveness
-from stack.gateway.routing.model_tasks import PATHS, check_task
+from stack.gateway.routing.model_tasks import check_task
 from stack.gateway.routing.replicas import is_replica
-from stack.gateway.routing.request_spans import OPERATIONS, attempt_span, request_attrs, switch_attrs
+from stack.gateway.routing.request_spans import attempt_span, request_attrs, switch_attrs
 from stack.gateway.routing.slo_spill import SpillGuard
 from stack.gateway.routing.ttft_estimate import Verdict
 from stack.gateway.tenants.gate import Caller, Gate
@@ -40,8 +41,6 @@ from stack.gateway.upstreams import cloud_client, fast_path
 from stack.manager.unavailable import ModelUnavailable
 from stack.tracing.record import RequestTrace
 from stack.tracing.tracer import Tracer
-
-USAGE_OPTION = {"chat", "completions"}  # endpoints whose streams take stream_options.include_usage
 
 
 class Ticket(Protocol):
@@ -90,13 +89,14 @@ class Dispatcher:
         """A request's trace, begun at `start` (the entry's clock), or None when tracing is off."""
         if self.tracer is None:
             return None
-        path = "/v1/chat/completions" if endpoint == "chat" else f"/v1/{endpoint}"
-        return self.tracer.start(f"POST {path}", start, traceparent, **{
-            "http.request.method": "POST", "http.route": path,
-            "gen_ai.operation.name": OPERATIONS.get(endpoint, endpoint)})  # fmt: skip
+        entry = BY_NAME[endpoint]
+        return self.tracer.start(f"POST {entry.path}", start, traceparent, **{
+            "http.request.method": "POST", "http.route": entry.path,
+            "gen_ai.operation.name": entry.operation or endpoint})  # fmt: skip
 
-    async def handle(self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None = None,
-                     caller: Caller | None = None) -> Answer:
+    async def handle(
+        self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None = None, caller: Caller | None = None
+    ) -> Answer:
         """trace: the request's spans (self.trace), finished here however the request ends; caller: who sent it
         (its named key's limits, class and usage: stack.gateway.tenants)."""
         if trace is None:
@@ -111,8 +111,9 @@ class Dispatcher:
                 self.tracer.finish(trace)  # type: ignore[union-attr]
             raise
 
-    async def _handle(self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None,
-                      caller: Caller | None) -> Answer:
+    async def _handle(
+        self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None, caller: Caller | None
+    ) -> Answer:
         started, model = time.perf_counter(), str(body.get("model", "-"))
         who = caller.tenant.name if caller is not None and caller.tenant is not None else ""
         try:
@@ -184,6 +185,9 @@ class Dispatcher:
         adapter = self.adapters.lookup(model) if self.adapters is not None else None
         group = adapter.base if adapter is not None else self.routing.resolve(body["model"])
         check_task(self.routing.registry, group, endpoint, model)
+        deps = self.routing.registry.groups().get(group, [])
+        if deps and all(d.kind == "cloud" for d in deps):  # no vLLM to check the fields: the API's model does
+            cloud_client.check_api_body(endpoint, body)
         if self.in_flight >= self.settings.max_in_flight:
             raise RateLimited(
                 "the gateway is at its concurrent request limit; retry shortly", headers={"Retry-After": "1"}
@@ -205,7 +209,8 @@ class Dispatcher:
     def _has_local(self, group: str) -> bool:
         """Whether the group has local engines: the admission queue stands in front of those only."""
         return self.tenants.admission is not None and any(
-            d.kind == "local" for d in self.routing.registry.groups().get(group, []))
+            d.kind == "local" for d in self.routing.registry.groups().get(group, [])
+        )
 
     def _judge(self, group: str, body: dict[str, Any], trace: RequestTrace | None = None) -> Verdict | None:
         """The SLO verdict for a group with a TTFT objective: its local engines, each with what its switch
@@ -217,9 +222,14 @@ class Dispatcher:
             verdict = self._verdict(group, body)
             if verdict is not None:
                 est = verdict.estimate
-                span.close(**{"vstack.spill": verdict.spill, "vstack.spill.reason": verdict.reason,
-                              "vstack.spill.why": verdict.why,
-                              **({"vstack.spill.estimate_s": est.seconds} if est is not None else {})})
+                span.close(
+                    **{
+                        "vstack.spill": verdict.spill,
+                        "vstack.spill.reason": verdict.reason,
+                        "vstack.spill.why": verdict.why,
+                        **({"vstack.spill.estimate_s": est.seconds} if est is not None else {}),
+                    }
+                )
             else:
                 span.close()
             return verdict
@@ -272,8 +282,9 @@ class Dispatcher:
         excluded: set[str] = ({d.id for d in self.routing.registry.all() if d.kind == "cloud"}
                               if request.adapter else set())  # fmt: skip
         if request.spilled and self._bridged(group):  # its own engine is draining or restarting: no ticket holds it
-            excluded |= {d.id for d in self.routing.registry.all()
-                         if d.model_group == group and d.labels.get("managed") == "1"}
+            excluded |= {
+                d.id for d in self.routing.registry.all() if d.model_group == group and d.labels.get("managed") == "1"
+            }
         fails: dict[str, int] = {}
         last: UpstreamError | None = None
         previous: str | None = None
@@ -284,7 +295,8 @@ class Dispatcher:
                 # A retry of the deployment that just failed is not a fallback (it stays where it was).
                 retry = last_dep is not None and dep.id == last_dep and set(fails) == {dep.id}
                 reason = (
-                    None if last is None or retry
+                    None
+                    if last is None or retry
                     else ("context_window" if step.reason == "context_window" else last.reason)
                 )
                 if reason is None and request.quota_spill:
@@ -355,7 +367,7 @@ class Dispatcher:
         if at.dep.labels.get("scheduling") == "priority":  # the engine orders its queue by it: ours, never the client's
             out["priority"] = req.quota.priority if req.quota is not None else 0
         stream, strip_usage = bool(req.body.get("stream")), False
-        if stream and req.endpoint in USAGE_OPTION:
+        if stream and BY_NAME[req.endpoint].usage_option:
             opts = dict(out.get("stream_options") or {})
             if not opts.get("include_usage"):
                 opts["include_usage"], strip_usage = True, True  # counted by us, dropped before the client
@@ -365,7 +377,7 @@ class Dispatcher:
         # falls back like any failed attempt (nothing was sent to the client yet).
         parent = req.trace.traceparent(at.span) if at.span is not None else None  # type: ignore[union-attr]
         async with live.guard(dep_id):
-            resp = await self.local.open(at.dep, PATHS[req.endpoint], orjson.dumps(out), parent)
+            resp = await self.local.open(at.dep, BY_NAME[req.endpoint].upstream_path, orjson.dumps(out), parent)
         if not stream or not resp.content_type.startswith("text/event-stream"):
             async with live.guard(dep_id):
                 raw = await self.local.read(resp, at.dep)
@@ -392,20 +404,20 @@ class Dispatcher:
     async def _cloud(self, at: Attempt) -> Answer:
         req = at.request
         parent = req.trace.traceparent(at.span) if at.span is not None else None  # type: ignore[union-attr]
+        entry = BY_NAME[req.endpoint]
         body, strip_usage = req.body, False
-        if req.body.get("stream") and req.endpoint in USAGE_OPTION:
+        if req.body.get("stream") and entry.usage_option:
             opts = dict(req.body.get("stream_options") or {})
             if not opts.get("include_usage"):  # a stream's cost counts too (budget_usd): asked, dropped after
                 body, strip_usage = dict(req.body, stream_options={**opts, "include_usage": True}), True
         result = await self.cloud.call(at.dep, req.endpoint, body, parent)
-        events = req.endpoint in cloud_client.EVENT_STREAMS
-        if not req.body.get("stream") or (req.endpoint == "embeddings" and not events):
+        if not req.body.get("stream") or not entry.streams:
             usage = getattr(result, "usage", None)
             at.answered(usage.model_dump() if hasattr(usage, "model_dump") else None)
             return Answer(at.headers, cloud_client.dump(result))
         first = await self.cloud.first_chunk(at.dep, result)
         at.relays()
-        gen = cloud_client.relay(first, result, at, events=events, strip_usage=strip_usage)
+        gen = cloud_client.relay(first, result, at, events=entry.event_stream, strip_usage=strip_usage)
         return Answer({**at.headers, **SSE_HEADERS}, media_type="text/event-stream", stream=gen)
 
 
@@ -436,4 +448,3 @@ def _usage(raw: bytes) -> dict | None:
         return None
     usage = obj.get("usage") if isinstance(obj, dict) else None
     return usage if isinstance(usage, dict) else None
-

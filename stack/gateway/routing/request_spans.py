@@ -6,12 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from stack.gateway.endpoints import BY_NAME
 from stack.gateway.routing.attempt import RoutedRequest
 from stack.tracing.record import CLIENT, RequestTrace, Span, clock
 
 # gen_ai.operation.name of each endpoint
-OPERATIONS = {"chat": "chat", "completions": "text_completion", "embeddings": "embeddings", "messages": "chat",
-              "responses": "chat"}  # fmt: skip
 
 
 def request_attrs(trace: RequestTrace, body: dict[str, Any], model: str, group: str) -> None:
@@ -30,7 +29,7 @@ def attempt_span(request: RoutedRequest, dep: Any, reason: str | None, retry: bo
     """One try of one deployment: a GenAI client span ("chat <model>"), the parent of the engine's spans."""
     local = dep.kind == "local"
     attrs: dict[str, Any] = {
-        "gen_ai.operation.name": OPERATIONS.get(request.endpoint, request.endpoint),
+        "gen_ai.operation.name": BY_NAME[request.endpoint].operation or request.endpoint,
         "gen_ai.request.model": dep.upstream_model,
         "gen_ai.system": "vllm" if local else dep.upstream_model.partition("/")[0] or "cloud",
         "vstack.deployment": dep.id,

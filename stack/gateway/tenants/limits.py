@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from stack.config.sections.tenants import TenantLimits
+from stack.gateway.endpoints import BY_NAME
 
 WINDOW_S = 60.0
 CHARS_PER_TOKEN = 4
@@ -188,7 +189,8 @@ def estimate_tokens(endpoint: str, body: dict, default_output: int) -> int:
     """Prompt characters / 4 plus the tokens it may generate: what a request is counted as until its usage."""
     chars = _chars(body.get("messages")) + _chars(body.get("prompt")) + _chars(body.get("input"))
     prompt = -(-chars // CHARS_PER_TOKEN)
-    if endpoint == "embeddings":
+    entry = BY_NAME.get(endpoint)
+    if entry is not None and entry.pools:  # embeddings, scores: nothing generated
         return max(prompt, 1)
     out = body.get("max_completion_tokens", body.get("max_tokens"))
     return prompt + (out if isinstance(out, int) and out >= 0 else default_output)

@@ -15,16 +15,18 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from stack.gateway import request_fields
-from stack.gateway.openai_errors import UpstreamError, envelope
+from stack.gateway.endpoints import BY_NAME, ENDPOINTS
+from stack.gateway.openai_errors import InvalidBody, UpstreamError, envelope, validation_message
 from stack.gateway.registry import Deployment
 from stack.gateway.upstreams.listener import StreamListener
 
 _KEYISH = re.compile(r"(sk|pk|rk|key|token)[-_][A-Za-z0-9_\-*]{6,}", re.I)
-_CALLS = {"chat": "acompletion", "completions": "atext_completion", "embeddings": "aembedding",
-          "responses": "aresponses", "messages": "anthropic_messages"}
-EVENT_STREAMS = {"responses", "messages"}  # streams of typed events (`event:` lines), not chat chunks
+# LiteLLM's call per endpoint, and the endpoints whose streams are typed events: stack.gateway.endpoints.
+_CALLS = {e.name: e.cloud_call for e in ENDPOINTS if e.cloud_call}
+EVENT_STREAMS = frozenset(e.name for e in ENDPOINTS if e.event_stream)
 
 
 def scrub(message: str, secret: str | None) -> str:
@@ -41,6 +43,20 @@ def classify(dep: Deployment, exc: Exception, secret: str | None) -> UpstreamErr
     if isinstance(exc, litellm.ContextWindowExceededError):
         body = orjson.dumps(envelope(message, "invalid_request_error", "messages", "context_length_exceeded"))
         return UpstreamError(message, status=400, retryable=False, reason="context_window", upstream_body=body)
+    fault = _translation_fault(exc, litellm.APIConnectionError)
+    if fault is not None:
+        # LiteLLM's translation of this request failed before anything was sent (a shape it does not handle),
+        # raised bare or wrapped as a connection error (500). The request's fault, not the deployment's: 400,
+        # no cooldown.
+        text = f"this request could not be translated for {dep.upstream_model} ({fault}); check its fields"
+        body = orjson.dumps(envelope(text, "invalid_request_error", None, "unsupported_request"))
+        return UpstreamError(text, status=400, retryable=False, reason="client", upstream_body=body)
+    if "Unsupported provider" in message:
+        # LiteLLM has no such call for this provider (rerank on `openai/...`): raised as a connection error
+        # (500) although nothing was sent. The request's fault, not the deployment's: 400, no cooldown.
+        text = f"`{dep.model_group}`'s provider has no such endpoint in LiteLLM ({dep.upstream_model})"
+        body = orjson.dumps(envelope(text, "invalid_request_error", "model", "unsupported_endpoint"))
+        return UpstreamError(text, status=400, retryable=False, reason="client", upstream_body=body)
     if isinstance(exc, litellm.Timeout):
         return UpstreamError(f"{dep.id} timed out", status=504, reason="timeout")
     if isinstance(exc, litellm.APIConnectionError) and status in (0, 500):
@@ -53,13 +69,20 @@ def classify(dep: Deployment, exc: Exception, secret: str | None) -> UpstreamErr
     if 400 <= status < 500:
         body = orjson.dumps(envelope(message, "invalid_request_error", None, None))
         return UpstreamError(message, status=status, retryable=False, reason="client", upstream_body=body)
-    if type(exc) in (TypeError, ValueError, KeyError, AttributeError):
-        # Not one of LiteLLM's provider errors: its translation of this request failed before anything was
-        # sent (a shape it does not handle). The request's fault, not the deployment's: 400, no cooldown.
-        text = f"this request could not be translated for {dep.upstream_model} ({type(exc).__name__}); check its fields"
-        body = orjson.dumps(envelope(text, "invalid_request_error", None, "unsupported_request"))
-        return UpstreamError(text, status=400, retryable=False, reason="client", upstream_body=body)
     return UpstreamError(f"{dep.id} failed ({type(exc).__name__})", status=502, reason="error")
+
+
+_TRANSLATION_FAULTS = (TypeError, ValueError, KeyError, AttributeError)
+
+
+def _translation_fault(exc: Exception, wrapper: type[Exception]) -> str | None:
+    """The Python error LiteLLM's translation raised, bare or as the cause of its `wrapper` error; else None."""
+    if type(exc) in _TRANSLATION_FAULTS:
+        return type(exc).__name__
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, wrapper) and type(cause) in _TRANSLATION_FAULTS:
+        return type(cause).__name__
+    return None
 
 
 def quiet_litellm() -> None:
@@ -110,17 +133,35 @@ class CloudUpstream:
         """traceparent: the W3C header for the provider (the attempt's span; adr/0042)."""
         import litellm
 
+        try:  # a group of cloud deployments only was checked before routing; a cloud fallback is checked here
+            check_api_body(endpoint, body)
+        except InvalidBody as exc:  # the provider's refusal, as the attempt handles one: no fallback, 400
+            body_json = orjson.dumps(exc.body())
+            raise UpstreamError(
+                exc.message, status=400, retryable=False, reason="client", upstream_body=body_json
+            ) from None
+
         if endpoint not in _CALLS:
-            raise UpstreamError(f"{dep.id} is a cloud deployment: it does not serve {endpoint}", status=400,
-                                retryable=False, reason="client", upstream_body=orjson.dumps(envelope(
-                                    f"`{dep.model_group}` is served by a cloud provider, which has no {endpoint} "
-                                    "endpoint here", "invalid_request_error", "model", "unsupported_endpoint")))
+            raise UpstreamError(
+                f"{dep.id} is a cloud deployment: it does not serve {endpoint}",
+                status=400,
+                retryable=False,
+                reason="client",
+                upstream_body=orjson.dumps(
+                    envelope(
+                        f"`{dep.model_group}` is served by a cloud provider, which has no {endpoint} endpoint here",
+                        "invalid_request_error",
+                        "model",
+                        "unsupported_endpoint",
+                    )
+                ),
+            )
         fn, kwargs, secret = self._kwargs(dep, endpoint, body)
         if endpoint == "chat":
             _check_messages(dep, kwargs.get("messages"))
         if traceparent is not None:  # never a client's extra_headers (only_api_fields drops them): ours alone
             kwargs["extra_headers"] = {**(kwargs.get("extra_headers") or {}), "traceparent": traceparent}
-        call = litellm.anthropic.messages.acreate if endpoint == "messages" else getattr(litellm, fn)
+        call = litellm.anthropic.messages.acreate if fn == "anthropic_messages" else getattr(litellm, fn)
         try:
             return await call(**kwargs)
         except Exception as exc:  # LiteLLM maps every provider failure onto its exception types
@@ -135,6 +176,23 @@ class CloudUpstream:
         except Exception as exc:
             secret = os.environ.get(dep.api_key_env) if dep.api_key_env else None
             raise classify(dep, exc, secret) from None
+
+
+def check_api_body(endpoint: str, body: dict[str, Any]) -> None:
+    """The body against its public API's model (stack.gateway.schemas), as the API itself would check it: a
+    cloud deployment has no vLLM to answer for the fields (a local engine's requests are vLLM's to check,
+    adr/0047). A field the API does not define never reaches LiteLLM, whose keywords include client options
+    (`api_base`, ...) that would send our provider key elsewhere: refused here, named. Raises InvalidBody."""
+    extra = request_fields.unknown(endpoint, body)
+    if extra:
+        raise InvalidBody(f"Unrecognized request argument supplied: {', '.join(extra)}. `{body.get('model')}` is "
+                          f"served by a cloud provider, which takes the fields {BY_NAME[endpoint].path}'s API "
+                          "defines; remove it.", param=extra[0])  # fmt: skip
+    try:
+        BY_NAME[endpoint].api.model_validate(body)
+    except ValidationError as exc:
+        text, param = validation_message(exc.errors())
+        raise InvalidBody(text, param=param) from None
 
 
 def _check_messages(dep: Deployment, messages: Any) -> None:

@@ -19,11 +19,27 @@ from stack.gateway.openai_errors import UpstreamError, envelope
 from stack.gateway.registry import Deployment
 from stack.gateway.upstreams.listener import StreamListener
 
-# vLLM 0.26-0.33: "This model's maximum context length is N tokens ...", "max_tokens=N cannot be greater
-# than max_model_len=M", "... is too long"
+# vLLM names the parameter of a request it refuses (VLLMValidationError.parameter, its error's `param`): a
+# prompt longer than the model's context is `input_tokens` (or `input_text`, before tokenizing; 0.32).
+CONTEXT_PARAMS = frozenset({"input_tokens", "input_text"})
+# Only for an error that names no parameter (vLLM before structured errors, 0.26 on the GPU machine): its text,
+# "This model's maximum context length is N tokens ...", "max_tokens=N cannot be greater than max_model_len=M".
 CONTEXT_RE = re.compile(
     rb"maximum context length|context length is|greater than max_model_len|prompt is too long|input is too long", re.I
 )
+
+
+def context_too_long(body: bytes) -> bool:
+    """Whether an engine's 400 says the prompt does not fit the model's context: from the error's `param` where
+    vLLM gives one, from its text only where it gives none."""
+    try:
+        error = orjson.loads(body).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        error = None
+    param = error.get("param") if isinstance(error, dict) else None
+    if param is not None:
+        return param in CONTEXT_PARAMS
+    return CONTEXT_RE.search(body) is not None
 
 
 def classify(dep: Deployment, status: int, body: bytes) -> UpstreamError:
@@ -32,12 +48,15 @@ def classify(dep: Deployment, status: int, body: bytes) -> UpstreamError:
         return UpstreamError(f"{dep.id} is rate limited", status=429, reason="rate_limit", upstream_body=body)
     if status >= 500:
         return UpstreamError(f"{dep.id} answered {status}", status=502, reason="error")
-    if status == 400 and CONTEXT_RE.search(body):
+    if status == 400 and context_too_long(body):
         return UpstreamError(
             "context too long", status=400, retryable=False, reason="context_window", upstream_body=body
         )
     return UpstreamError(
-        f"{dep.id} rejected the request", status=status, retryable=False, reason="client",
+        f"{dep.id} rejected the request",
+        status=status,
+        retryable=False,
+        reason="client",
         upstream_body=openai_shaped(status, body),
     )
 
@@ -53,13 +72,22 @@ def openai_shaped(status: int, body: bytes) -> bytes:
     if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
         return body
     detail = obj.get("detail") if isinstance(obj, dict) else None
-    text = detail if isinstance(detail, str) else (orjson.dumps(detail).decode() if detail else
-                                                   body.decode(errors="replace")[:500])
+    text = (
+        detail
+        if isinstance(detail, str)
+        else (orjson.dumps(detail).decode() if detail else body.decode(errors="replace")[:500])
+    )
     if status == 404 and text == "Not Found":
         text = "The model's engine does not serve this endpoint."
     kinds = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
-    return orjson.dumps(envelope(text or f"the engine answered {status}", kinds.get(status, "invalid_request_error"),
-                                 None, "unsupported_endpoint" if status == 404 else None))
+    return orjson.dumps(
+        envelope(
+            text or f"the engine answered {status}",
+            kinds.get(status, "invalid_request_error"),
+            None,
+            "unsupported_endpoint" if status == 404 else None,
+        )
+    )
 
 
 class LocalUpstream:
@@ -189,8 +217,11 @@ async def relay(
     except (aiohttp.ClientError, TimeoutError, asyncio.IncompleteReadError) as exc:
         listener.failed(type(exc).__name__)
         why = listener.stalled()
-        message = (f"the engine stopped making progress ({why}); the stream was ended" if why
-                   else "the model server failed while streaming")
+        message = (
+            f"the engine stopped making progress ({why}); the stream was ended"
+            if why
+            else "the model server failed while streaming"
+        )
         err = envelope(message, "server_error", None, "engine_stalled" if why else "upstream_error")
         yield b"data: " + orjson.dumps(err) + b"\n\n"
     finally:
