@@ -141,7 +141,7 @@ def test_the_engine_is_a_container_the_manager_started(deployment: Deployment, d
     assert list(engine.attrs["NetworkSettings"]["Networks"]) == [f"{PROJECT}_engines"]
     assert not engine.ports and engine.labels["com.docker.compose.project"] == PROJECT
     mounts = {m["Destination"]: m for m in engine.attrs["Mounts"]}
-    assert mounts["/cache"]["Name"] == f"{PROJECT}_models" and mounts["/etc/vstack/configs"]["RW"] is False
+    assert mounts["/cache"]["Name"] == KEPT_CACHE and mounts["/etc/vstack/configs"]["RW"] is False
     gateway = docker_client.containers.get(f"{PROJECT}-vstack-cpu-1")
     assert engine.image.id == gateway.image.id
     models = httpx.get(f"{deployment.gateway}/admin/models", headers=deployment.admin(), timeout=10).json()

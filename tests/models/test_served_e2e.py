@@ -260,7 +260,11 @@ def test_embeddings_on_a_chat_model_names_its_task(client: openai.OpenAI) -> Non
 
 def test_unknown_endpoints_answer_openai_json(stack: Stack) -> None:
     headers = {"Authorization": f"Bearer {API_KEY}"}
-    for path in ("/v1/audio/transcriptions", "/v1/rerank", "/v1/nothing/here"):
+    for path in ("/v1/audio/transcriptions", "/v1/nothing/here"):
         resp = httpx.post(f"{stack.url}{path}", json={"model": BASE}, headers=headers)
         assert resp.status_code == 404
         assert set(resp.json()["error"]) == {"message", "type", "param", "code"}, resp.text
+    # /v1/rerank is served now (adr/0047), for models whose task scores: a chat model is told so
+    resp = httpx.post(f"{stack.url}/v1/rerank", json={"model": BASE, "query": "q", "documents": ["d"]},
+                      headers=headers)  # fmt: skip
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "model_task_mismatch", resp.text
