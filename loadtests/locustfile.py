@@ -42,8 +42,8 @@ if (_CHECKOUT / "stack" / "__init__.py").is_file() and str(_CHECKOUT) not in sys
 try:
     from stack.config.slo import Clause, ClauseResult, all_met, evaluate, parse_slo
     from stack.errors import StackError
-    from stack.load.prompts import chat_messages, shared_prefix
     from stack.load.measured_requests import RecordWriter, RequestRecord, writer_from_env
+    from stack.load.prompts import chat_messages, shared_prefix
     from stack.load.scenario import MODELS_ENV, SCENARIO_ENV, Scenario, load_scenario, load_scenario_file
     from stack.load.summary import summarize
 except ImportError as exc:  # Locust alone is not enough: the scenario format is the stack's
