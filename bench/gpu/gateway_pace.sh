@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Does the gateway keep pace with the GPU? (issue 54, item 4) vLLM's own `vllm bench serve` against one engine
+# directly and through the gateway (`python -m stack.entrypoints.gateway --upstream`, its own process), alternating
+# target by target at each concurrency, on the Llama-3.1-8B shape (dummy weights) held as the
+# a100-80gb-llama-3.1-8b profile runs it (max-num-seqs 256), and the gateway process's CPU seconds per run.
+#
+#   bash bench/gpu/gateway_pace.sh [CONCURRENCIES] [IN/OUT]     defaults "1 64 256 512", 1024/128
+#
+# Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh):
+#   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"   (the same for .gpu2, .gpu3)
+#   run                  carry=[".gpu4"] command="bash bench/gpu/suite.sh --stash && bash bench/gpu/gateway_pace.sh"
+# (timeout_s 600). Results under $OUT: gateway_pace.log (tee'd), bench-<target>-c<N>.json (vLLM's own result
+# files), gateway_pace.json (the rows: req/s, output tok/s, TTFT p50/p99, the gateway's CPU s), the logs.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
+concurrencies=${1:-"1 64 256 512"}
+shape=${2:-1024/128}
+in_len=${shape%/*}; out_len=${shape#*/}
+work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-pace}
+mkdir -p "$work"
+unpack_site
+log="$out/gateway_pace.log"
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$log"
+python3 -c "import vllm; print('vllm', vllm.__version__)" | tee -a "$log"
+model=$(python3 -c "
+from pathlib import Path
+from bench.harness.dummy_models import fixture_config, write_model
+print(write_model(Path('$work/models/llama-3.1-8b'), fixture_config('meta-llama--Llama-3.1-8B-Instruct')))")
+eport=18400; gport=18401
+python3 -m vllm.entrypoints.cli.main serve "$model" --host 127.0.0.1 --port $eport --served-model-name llama8b \
+  --load-format dummy --max-num-seqs 256 --max-model-len 4096 --gpu-memory-utilization 0.9 \
+  > "$out/engine.log" 2>&1 &
+engine=$!
+python3 -m stack.entrypoints.gateway --port $gport --upstream "llama8b=http://127.0.0.1:$eport@llama8b" \
+  > "$out/gateway.log" 2>&1 &
+gateway=$!
+trap 'kill $engine $gateway 2>/dev/null; wait 2>/dev/null' EXIT
+t0=$SECONDS
+until curl -sf "http://127.0.0.1:$eport/health" >/dev/null && curl -sf "http://127.0.0.1:$gport/ready" >/dev/null; do
+  kill -0 $engine 2>/dev/null || { tail -30 "$out/engine.log"; exit 1; }
+  kill -0 $gateway 2>/dev/null || { tail -30 "$out/gateway.log"; exit 1; }
+  [ $(( SECONDS - t0 )) -gt 400 ] && { echo "not ready in 400 s" | tee -a "$log"; exit 1; }
+  sleep 2
+done
+echo "engine and gateway ready in $(( SECONDS - t0 )) s" | tee -a "$log"
+cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$gateway/stat"; }  # utime + stime, in clock ticks of 1/100 s
+bench() {  # TARGET PORT CONCURRENCY
+  local n=$(( $3 < 64 ? 16 : $3 * 2 ))
+  local before; before=$(cpu_s)
+  python3 -m vllm.entrypoints.cli.main bench serve --backend openai-chat --endpoint /v1/chat/completions \
+    --base-url "http://127.0.0.1:$2" --model llama8b --tokenizer "$model" --dataset-name random \
+    --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos --num-prompts "$n" \
+    --max-concurrency "$3" --request-rate inf --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
+    --save-result --result-dir "$out" --result-filename "bench-$1-c$3.json" >> "$out/bench-serve.log" 2>&1
+  local rc=$?
+  echo "$1 c=$3 n=$n rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s)" 'BEGIN{print b - a}')" | tee -a "$log"
+}
+# A warm-up through each target, then each concurrency direct and through the gateway, in alternating order.
+bench warm-direct $eport 16; bench warm-gateway $gport 16
+for c in $concurrencies; do bench direct $eport "$c"; bench gateway $gport "$c"; bench gateway2 $gport "$c"; bench direct2 $eport "$c"; done
+python3 - "$out" <<'PY' | tee -a "$log"
+import json, re, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+cpu = {m[1]: float(m[2]) for m in re.finditer(r"^(\S+ c=\d+) n=\d+ rc=\d+ gateway_cpu_s=(\S+)", (out / "gateway_pace.log").read_text(), re.M)}
+rows = []
+for f in sorted(out.glob("bench-*-c*.json")):
+    d = json.loads(f.read_text())
+    target, c = re.match(r"bench-(.+)-c(\d+)\.json", f.name).groups()
+    rows.append({"target": target, "concurrency": int(c), "req_s": round(d["request_throughput"], 2),
+                 "out_tok_s": round(d["output_throughput"], 1), "ttft_p50_ms": round(d["p50_ttft_ms"], 1),
+                 "ttft_p99_ms": round(d["p99_ttft_ms"], 1), "tpot_p50_ms": round(d["p50_tpot_ms"], 2),
+                 "gateway_cpu_s": cpu.get(f"{target} c={c}")})
+(out / "gateway_pace.json").write_text(json.dumps(rows, indent=1))
+for r in sorted(rows, key=lambda r: (r["concurrency"], r["target"])):
+    print(json.dumps(r))
+PY
