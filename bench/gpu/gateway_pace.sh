@@ -3,21 +3,25 @@
 # directly and through the gateway (`python -m stack.entrypoints.gateway --upstream`, its own process), alternating
 # target by target at each concurrency, on the Llama-3.1-8B shape (dummy weights) held as the
 # a100-80gb-llama-3.1-8b profile runs it (max-num-seqs 256), and the gateway process's CPU seconds per run.
+# Prefix caching is off: `bench serve`'s random prompts repeat run after run (one seed), so a later run would hit
+# the cache an earlier one filled and look faster (seen: the second run at 256 streams 2.4x the first).
 #
 #   bash bench/gpu/gateway_pace.sh [CONCURRENCIES] [IN/OUT]     defaults "1 64 256 512", 1024/128
 #
 # Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"   (the same for .gpu2, .gpu3)
 #   run                  carry=[".gpu4"] command="bash bench/gpu/suite.sh --stash && bash bench/gpu/gateway_pace.sh"
-# (timeout_s 600). Results under $OUT: gateway_pace.log (tee'd), bench-<target>-c<N>.json (vLLM's own result
-# files), gateway_pace.json (the rows: req/s, output tok/s, TTFT p50/p99, the gateway's CPU s), the logs.
+# (timeout_s 600; "1 64 256" fits one call, 512 another). Results under $OUT: gateway_pace.log (tee'd, a row per
+# run as it ends), gateway_pace.json (the rows: req/s, output tok/s, TTFT p50/p99, TPOT, the gateway's CPU s),
+# the engine's and gateway's log tails; vLLM's own result files stay in $work/results (a call returns few files).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 concurrencies=${1:-"1 64 256 512"}
 shape=${2:-1024/128}
 in_len=${shape%/*}; out_len=${shape#*/}
 work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-pace}
-mkdir -p "$work"
+mkdir -p "$work/results"
+rm -f "$work"/results/bench-*.json
 unpack_site
 log="$out/gateway_pace.log"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$log"
@@ -28,22 +32,26 @@ from bench.harness.dummy_models import fixture_config, write_model
 print(write_model(Path('$work/models/llama-3.1-8b'), fixture_config('meta-llama--Llama-3.1-8B-Instruct')))")
 eport=18400; gport=18401
 python3 -m vllm.entrypoints.cli.main serve "$model" --host 127.0.0.1 --port $eport --served-model-name llama8b \
-  --load-format dummy --max-num-seqs 256 --max-model-len 4096 --gpu-memory-utilization 0.9 \
-  > "$out/engine.log" 2>&1 &
+  --load-format dummy --max-num-seqs 256 --max-model-len 4096 --gpu-memory-utilization 0.9 --no-enable-prefix-caching \
+  > "$work/engine.log" 2>&1 &
 engine=$!
 python3 -m stack.entrypoints.gateway --port $gport --upstream "llama8b=http://127.0.0.1:$eport@llama8b" \
-  > "$out/gateway.log" 2>&1 &
+  > "$work/gateway.log" 2>&1 &
 gateway=$!
-trap 'kill $engine $gateway 2>/dev/null; wait 2>/dev/null' EXIT
+trap 'kill $engine $gateway 2>/dev/null; wait 2>/dev/null; tail -40 "$work/engine.log" > "$out/engine-tail.log"; tail -40 "$work/gateway.log" > "$out/gateway-tail.log"' EXIT
 t0=$SECONDS
 until curl -sf "http://127.0.0.1:$eport/health" >/dev/null && curl -sf "http://127.0.0.1:$gport/ready" >/dev/null; do
-  kill -0 $engine 2>/dev/null || { tail -30 "$out/engine.log"; exit 1; }
-  kill -0 $gateway 2>/dev/null || { tail -30 "$out/gateway.log"; exit 1; }
+  kill -0 $engine 2>/dev/null || { tail -30 "$work/engine.log"; exit 1; }
+  kill -0 $gateway 2>/dev/null || { tail -30 "$work/gateway.log"; exit 1; }
   [ $(( SECONDS - t0 )) -gt 400 ] && { echo "not ready in 400 s" | tee -a "$log"; exit 1; }
   sleep 2
 done
 echo "engine and gateway ready in $(( SECONDS - t0 )) s" | tee -a "$log"
 cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$gateway/stat"; }  # utime + stime, in clock ticks of 1/100 s
+summary() {  # one row of vLLM's result file, as soon as the run ends (a call cut later keeps it)
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('  ', *(f'{k}={round(d[k], 2)}' for k in
+    ('request_throughput', 'output_throughput', 'median_ttft_ms', 'p99_ttft_ms', 'median_tpot_ms') if k in d))" "$1"
+}
 bench() {  # TARGET PORT CONCURRENCY
   local n=$(( $3 < 64 ? 16 : $3 * 2 ))
   local before; before=$(cpu_s)
@@ -51,25 +59,26 @@ bench() {  # TARGET PORT CONCURRENCY
     --base-url "http://127.0.0.1:$2" --model llama8b --tokenizer "$model" --dataset-name random \
     --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos --num-prompts "$n" \
     --max-concurrency "$3" --request-rate inf --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
-    --save-result --result-dir "$out" --result-filename "bench-$1-c$3.json" >> "$out/bench-serve.log" 2>&1
+    --save-result --result-dir "$work/results" --result-filename "bench-$1-c$3.json" >> "$work/bench-serve.log" 2>&1
   local rc=$?
   echo "$1 c=$3 n=$n rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s)" 'BEGIN{print b - a}')" | tee -a "$log"
+  [ "$rc" = 0 ] && summary "$work/results/bench-$1-c$3.json" | tee -a "$log"
 }
 # A warm-up through each target, then each concurrency direct and through the gateway, in alternating order.
 bench warm-direct $eport 16; bench warm-gateway $gport 16
 for c in $concurrencies; do bench direct $eport "$c"; bench gateway $gport "$c"; bench gateway2 $gport "$c"; bench direct2 $eport "$c"; done
-python3 - "$out" <<'PY' | tee -a "$log"
+python3 - "$work/results" "$out" <<'PY' | tee -a "$log"
 import json, re, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+res, out = Path(sys.argv[1]), Path(sys.argv[2])
 cpu = {m[1]: float(m[2]) for m in re.finditer(r"^(\S+ c=\d+) n=\d+ rc=\d+ gateway_cpu_s=(\S+)", (out / "gateway_pace.log").read_text(), re.M)}
 rows = []
-for f in sorted(out.glob("bench-*-c*.json")):
+for f in sorted(res.glob("bench-*-c*.json")):
     d = json.loads(f.read_text())
     target, c = re.match(r"bench-(.+)-c(\d+)\.json", f.name).groups()
     rows.append({"target": target, "concurrency": int(c), "req_s": round(d["request_throughput"], 2),
-                 "out_tok_s": round(d["output_throughput"], 1), "ttft_p50_ms": round(d["p50_ttft_ms"], 1),
-                 "ttft_p99_ms": round(d["p99_ttft_ms"], 1), "tpot_p50_ms": round(d["p50_tpot_ms"], 2),
+                 "out_tok_s": round(d["output_throughput"], 1), "ttft_p50_ms": round(d.get("p50_ttft_ms", d.get("median_ttft_ms", -1)), 1),
+                 "ttft_p99_ms": round(d["p99_ttft_ms"], 1), "tpot_p50_ms": round(d.get("p50_tpot_ms", d.get("median_tpot_ms", -1)), 2),
                  "gateway_cpu_s": cpu.get(f"{target} c={c}")})
 (out / "gateway_pace.json").write_text(json.dumps(rows, indent=1))
 for r in sorted(rows, key=lambda r: (r["concurrency"], r["target"])):
