@@ -11,7 +11,8 @@
 # Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"   (the same for .gpu2, .gpu3)
 #   run                  carry=[".gpu4"] command="bash bench/gpu/suite.sh --stash && bash bench/gpu/gateway_pace.sh"
-# (timeout_s 600; "1 64 256" fits one call, 512 another). Results under $OUT: gateway_pace.log (tee'd, a row per
+# (timeout_s 600: each `bench serve` starts in ~25 s and the engine in ~2 min, so "1 64" fits one call, "256" and
+# "512" one call each; the 2026-11-29 run of "1 64 256" was cut during 256). Results under $OUT: gateway_pace.log (tee'd, a row per
 # run as it ends), gateway_pace.json (the rows: req/s, output tok/s, TTFT p50/p99, TPOT, the gateway's CPU s),
 # the engine's and gateway's log tails; vLLM's own result files stay in $work/results (a call returns few files).
 set -uo pipefail
