@@ -25,12 +25,8 @@ mkdir -p "$work/results"
 rm -f "$work"/results/bench-*.json
 unpack_site
 log="$out/gateway_pace.log"
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$log"
-python3 -c "import vllm; print('vllm', vllm.__version__)" | tee -a "$log"
-model=$(python3 -c "
-from pathlib import Path
-from bench.harness.dummy_models import fixture_config, write_model
-print(write_model(Path('$work/models/llama-3.1-8b'), fixture_config('meta-llama--Llama-3.1-8B-Instruct')))")
+log_device "$log"
+model=$(dummy_model "$work/models/llama-3.1-8b" meta-llama--Llama-3.1-8B-Instruct)
 eport=18400; gport=18401
 python3 -m vllm.entrypoints.cli.main serve "$model" --host 127.0.0.1 --port $eport --served-model-name llama8b \
   --load-format dummy --max-num-seqs 256 --max-model-len 4096 --gpu-memory-utilization 0.9 --no-enable-prefix-caching \

@@ -55,6 +55,19 @@ print("[vllm.general_plugins]", *(f"{k} = {v}" for k, v in eps.items()), sep="\n
 PY
 }
 
+# The first lines of a run's log (FILE): the GPU, its driver, and the vLLM the run uses.
+log_device() {
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$1"
+  python3 -c "import vllm; print('vllm', vllm.__version__)" | tee -a "$1"
+}
+
+# A model folder of a real model's shape for `--load-format dummy` (bench.harness.dummy_models): FOLDER FIXTURE
+# (a stack/planner/known_configs name, e.g. meta-llama--Llama-3.1-8B-Instruct); prints the folder.
+dummy_model() {
+  python3 -c "import sys; from pathlib import Path; from bench.harness.dummy_models import fixture_config, write_model
+print(write_model(Path(sys.argv[1]), fixture_config(sys.argv[2])))" "$1" "$2"
+}
+
 export PYTHONPATH="$site:$root" VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 \
   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
   LITELLM_LOCAL_MODEL_COST_MAP=True

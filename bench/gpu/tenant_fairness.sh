@@ -21,12 +21,8 @@ work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-tenants}
 mkdir -p "$work"
 unpack_site
 log="$out/tenant_fairness_gpu.log"
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$log"
-python3 -c "import vllm; print('vllm', vllm.__version__)" | tee -a "$log"
-model=$(python3 -c "
-from pathlib import Path
-from bench.harness.dummy_models import fixture_config, write_model
-print(write_model(Path('$work/models/llama-3.1-8b'), fixture_config('meta-llama--Llama-3.1-8B-Instruct')))")
+log_device "$log"
+model=$(dummy_model "$work/models/llama-3.1-8b" meta-llama--Llama-3.1-8B-Instruct)
 port=18300
 python3 -m vllm.entrypoints.cli.main serve "$model" --host 127.0.0.1 --port $port --served-model-name shared \
   --load-format dummy --max-num-seqs 32 --max-model-len 4096 --scheduling-policy priority \
