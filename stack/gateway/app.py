@@ -13,7 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from stack.config.sections.gateway import GatewayConfig
 from stack.errors import ConfigError
-from stack.gateway.console.routes import install as install_console
+from stack.gateway.console.mount import install as install_console
 from stack.gateway.console.sources import ConsoleSources
 from stack.gateway.http import (
     adapter_routes,

@@ -80,7 +80,7 @@ def test_every_file_the_pages_name_ships_in_the_package_with_the_vendored_licenc
     from pathlib import Path
 
     import stack.gateway.console as console
-    from stack.gateway.console.routes import PAGES
+    from stack.gateway.console.pages import PAGES
 
     root = Path(console.__file__).parent
     for template in ("page.html", "login.html"):
@@ -104,7 +104,7 @@ def test_the_live_sampler_scrapes_each_engine_with_its_key_even_one_drawn_after_
     import aiohttp
     from aiohttp import web
 
-    from stack.gateway.console.routes import Console
+    from stack.gateway.console.feeds import Console
     from stack.gateway.console.sources import ConsoleSources
     from stack.gateway.metrics import GatewayMetrics
     from stack.gateway.registry import Deployment, DeploymentRegistry

@@ -1,6 +1,6 @@
 """The console: a browser UI on the gateway's own port (/ui/), served offline from this package.
 
-`routes.install(app, state, sources)` mounts it; stack.gateway.app calls it when `gateway.console` is on. The pages
+`mount.install(app, state, sources)` mounts it; stack.gateway.app calls it when `gateway.console` is on. The pages
 are static HTML + plain JavaScript (uPlot vendored for the charts, static/vendor/VENDORED.md); data comes from
 /ui/api/* (JSON) and one Server-Sent Events stream per open page (stack.gateway.console.hub). adr/0018.
 """

@@ -124,7 +124,7 @@ async def revoke_key(name: str, request: Request) -> dict[str, Any]:
     return answer
 
 
-# -- shared with the console's Keys page (stack.gateway.console.routes), which checks its own session first ----
+# -- shared with the console's Keys page (stack.gateway.console.api), which checks its own session first ----
 def add_named_key(state: GatewayState, spec: NewKey) -> dict[str, Any]:
     """Add (or replace) a named key, kept in runtime.json; the answer has the key drawn for it, this once."""
     tenant, drawn = register_key(state, spec)
