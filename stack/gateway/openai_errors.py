@@ -50,10 +50,6 @@ class InvalidBody(InvalidRequest):
     rejection = "invalid_body"
 
 
-class ContextTooLong(InvalidRequest):
-    code = "context_length_exceeded"
-
-
 class Unauthorized(GatewayError):
     status, type, code = 401, "authentication_error", "invalid_api_key"
 
@@ -64,10 +60,6 @@ class Forbidden(GatewayError):
 
 class ModelNotFound(GatewayError):
     status, type, code = 404, "invalid_request_error", "model_not_found"
-
-
-class BodyTooLarge(GatewayError):
-    status, type, code = 413, "invalid_request_error", "request_too_large"
 
 
 class RateLimited(GatewayError):
