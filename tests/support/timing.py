@@ -3,7 +3,7 @@
 Every phase of every test (setup, call, teardown) is added to its file, in the process that reports (the
 xdist controller receives its workers' reports). At the end the ten slowest files and the total are printed,
 and the file times are written to `.pytest_cache/vstack/file-seconds.json`, which the next run reads to hand out
-the longest files first (tests/support/workers.py). `tests/file-seconds.json` is the committed copy a fresh
+the longest files first (tests/conftest.py). `tests/file-seconds.json` is the committed copy a fresh
 clone starts from: `python .ci/file_seconds.py` refreshes it from the last whole run.
 """
 

@@ -37,7 +37,7 @@ class GatewayState:
     metrics_keys: KeyRing | None = None  # /metrics*: the metrics key, client keys and admin key (None: open)
     started: int = field(default_factory=lambda: int(time.time()))
     # `vstack reload`: the configuration read again, engines whose command changed restarted (set by the
-    # composition root of a gateway that owns its engines; stack.assemble.Reloader)
+    # composition root of a gateway that owns its engines; stack.assemble.reloader.Reloader)
     reload: Callable[[], Awaitable[dict[str, Any]]] | None = None
     runtime: RuntimeState = field(default_factory=lambda: RuntimeState(None))  # /admin changes, persisted
     admin_token: str | None = None  # without an admin key: what /admin/* needs (stack.manager.admin_token)
