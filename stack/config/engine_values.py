@@ -1,40 +1,40 @@
 """Engine option values checked when the configuration loads, before anything is planned or started.
 
-vLLM's parser accepts values it cannot serve (`--max-num-seqs -4`, `--gpu-memory-utilization 1.5`), and
-the planner does arithmetic on them: so ranges are checked here, each problem named by file and key.
-Sizes written like `32k` are read by vLLM's own `human_readable_int`, so the stack accepts exactly what
-`vllm serve` accepts.
+vLLM's parser accepts values it cannot serve (`--max-num-seqs -4`, `--gpu-memory-utilization 1.5`); vLLM refuses
+them only when it builds its config, at engine start, and the planner does arithmetic on them before that. So
+each value is checked here against the bounds vLLM's own config classes declare (stack.config.vllm_rules, read
+from the installed vLLM), each problem named by file and key. Sizes written like `32k` are read by vLLM's own
+`human_readable_int`, for the options its parser reads that way, so the stack accepts exactly what `vllm serve`
+accepts.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib.util
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from stack.config.origins import Origins
-
-# vLLM parses these with human_readable_int (vllm/engine/arg_utils.py, `human_readable_int_args`);
-# max_model_len with human_readable_int_or_auto.
-HUMAN_INT_OPTIONS = frozenset({"max_model_len", "max_num_batched_tokens", "max_num_scheduled_tokens",
-                               "kv_cache_memory_bytes", "safetensors_prefetch_block_size", "max_num_queued_tokens"})
-_PARSER_FILES = ("utils/argparse_utils.py", "utils/__init__.py")  # 0.32/0.33, then older versions
+from stack.config.vllm_rules import FieldRule, field_rules, human_int_parsers, size_options
 
 
 @dataclass(frozen=True)
 class Range:
-    """An integer or number with bounds; `low_open` excludes the lower bound itself (0 < x)."""
+    """An integer or number with bounds; `low_open`/`high_open` exclude the bound itself (0 < x, x < 1)."""
 
     integer: bool
     low: float | None = None
     high: float | None = None
     low_open: bool = False
+    high_open: bool = False
+
+    @classmethod
+    def of(cls, rule: FieldRule) -> Range:
+        b = rule.bounds
+        return cls(integer=rule.kind == "int", low=b.get("gt", b.get("ge")), high=b.get("lt", b.get("le")),
+                   low_open="gt" in b, high_open="lt" in b)  # fmt: skip
 
     def problem(self, value: Any) -> str | None:
         kind = "an integer" if self.integer else "a number"
@@ -42,8 +42,8 @@ class Range:
             return f"must be {kind}, got {value!r}"
         if self.low is not None and (value <= self.low if self.low_open else value < self.low):
             return f"must be {'>' if self.low_open else '>='} {_num(self.low)}, got {value!r}"
-        if self.high is not None and value > self.high:
-            return f"must be <= {_num(self.high)}, got {value!r}"
+        if self.high is not None and (value >= self.high if self.high_open else value > self.high):
+            return f"must be {'<' if self.high_open else '<='} {_num(self.high)}, got {value!r}"
         return None
 
 
@@ -51,60 +51,41 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
+# What vLLM does not say and the planner needs: it sizes memory with these, so each must be a positive integer
+# whatever vLLM declares. vLLM leaves kv_cache_memory_bytes unbounded, takes max_lora_rank from a list of choices
+# (its parser checks them, after the plan) and lets max_model_len be 0 (-1, `auto`, is read as unset here).
+# The same holds where no vLLM is installed beside the CLI: vLLM's bounds are then checked by the engine.
 POSITIVE = Range(integer=True, low=1)
-RANGES: dict[str, Range] = {
-    "max_model_len": POSITIVE,
-    "max_num_seqs": POSITIVE,
-    "max_num_batched_tokens": POSITIVE,
-    "max_num_scheduled_tokens": POSITIVE,
-    "max_num_queued_tokens": POSITIVE,
-    "tensor_parallel_size": POSITIVE,
-    "pipeline_parallel_size": POSITIVE,
-    "data_parallel_size": POSITIVE,
-    "block_size": POSITIVE,
-    "max_loras": POSITIVE,
-    "max_lora_rank": POSITIVE,
-    "max_cpu_loras": POSITIVE,
-    "kv_cache_memory_bytes": POSITIVE,
-    "gpu_memory_utilization": Range(integer=False, low=0, high=1, low_open=True),
-    "swap_space": Range(integer=False, low=0),
-    "cpu_offload_gb": Range(integer=False, low=0),
-    "max_logprobs": Range(integer=True, low=-1),
-}
+PLANNED: dict[str, Range] = {
+    **dict.fromkeys(("max_model_len", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                     "pipeline_parallel_size", "data_parallel_size", "block_size", "max_loras", "max_lora_rank",
+                     "kv_cache_memory_bytes"), POSITIVE),
+    "gpu_memory_utilization": Range(integer=False, low=0, low_open=True),
+}  # fmt: skip
 
 
 @cache
-def vllm_human_int() -> tuple[Callable[[str], int], Callable[[str], int]] | None:
-    """vLLM's own (human_readable_int, human_readable_int_or_auto), taken from its source file.
+def ranges() -> dict[str, list[Range]]:
+    """Every option's checks: vLLM's bounds (from the installed vLLM) first, then the planner's."""
+    found = {key: [Range.of(rule)] for key, rule in field_rules().items()}
+    for key, rule in PLANNED.items():
+        found.setdefault(key, []).append(rule)
+    return found
 
-    Importing vllm costs ~8 s; these two functions need only `re` and `argparse`, so they are compiled
-    from the installed vLLM's source without importing the package. None without a vLLM here.
-    """
-    spec = importlib.util.find_spec("vllm")  # locates the package, does not run it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    root = Path(next(iter(spec.submodule_search_locations)))
-    for rel in _PARSER_FILES:
-        path = root / rel
-        if not path.is_file():
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        wanted = [node for node in tree.body if isinstance(node, ast.FunctionDef)
-                  and node.name in ("human_readable_int", "human_readable_int_or_auto")]  # fmt: skip
-        if len(wanted) == 2:
-            namespace: dict[str, Any] = {"re": re, "argparse": argparse}
-            exec(compile(ast.Module(body=wanted, type_ignores=[]), str(path), "exec"), namespace)
-            return namespace["human_readable_int"], namespace["human_readable_int_or_auto"]
-    return None
+
+def sizes() -> dict[str, bool]:
+    """The options read as sizes (`32k`), each with whether `auto`/-1 is taken (and read as unset), from vLLM's
+    parser. Without a vLLM beside the CLI, max_model_len (the size the planner decides) still takes `auto`."""
+    return size_options() or {"max_model_len": True}
 
 
 def parse_size(key: str, value: Any) -> tuple[Any, str | None]:
-    """(value as vLLM reads it, problem). `auto`/-1 for max_model_len becomes None: unset, the planner decides."""
+    """(value as vLLM reads it, problem). `auto`/-1 (max_model_len) becomes None: unset, the planner decides."""
     if not isinstance(value, str):
-        if key == "max_model_len" and value == -1 and not isinstance(value, bool):
+        if sizes().get(key) and value == -1 and not isinstance(value, bool):
             return None, None
         return value, None
-    parsers = vllm_human_int()
+    parsers = human_int_parsers()
     if parsers is None:
         try:
             return int(value), None
@@ -112,11 +93,11 @@ def parse_size(key: str, value: Any) -> tuple[Any, str | None]:
             return value, f"must be an integer, got {value!r} (sizes like '32k' need vLLM installed to be read)"
     plain, or_auto = parsers
     try:
-        parsed = (or_auto if key == "max_model_len" else plain)(value)
+        parsed = (or_auto if sizes().get(key) else plain)(value)
     except (ValueError, argparse.ArgumentTypeError) as exc:
         detail = str(exc) if isinstance(exc, argparse.ArgumentTypeError) else "not a number"
         return value, f"must be an integer or a size like '32k' (as vLLM reads it), got {value!r}: {detail}"
-    return (None if key == "max_model_len" and parsed == -1 else parsed), None
+    return (None if sizes().get(key) and parsed == -1 else parsed), None
 
 
 def engine_mappings(cfg: Any) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]]:
@@ -130,11 +111,12 @@ def engine_mappings(cfg: Any) -> Iterator[tuple[tuple[str, ...], dict[str, Any]]
 def check_options(options: dict[str, Any], where: Callable[[str], str]) -> list[str]:
     """Normalise sizes in place (`32k` -> 32000) and return every out-of-range value, named by `where(key)`."""
     problems: list[str] = []
+    checks = ranges()
     for key in list(options):
         value = options[key]
         if value is None:
             continue  # None unsets an inherited option
-        if key in HUMAN_INT_OPTIONS:
+        if key in sizes():
             value, problem = parse_size(key, value)
             if problem:
                 problems.append(f"{where(key)}: {problem}")
@@ -142,8 +124,7 @@ def check_options(options: dict[str, Any], where: Callable[[str], str]) -> list[
             options[key] = value
             if value is None:
                 continue
-        rule = RANGES.get(key)
-        problem = rule.problem(value) if rule else None
+        problem = next((p for rule in checks.get(key, ()) if (p := rule.problem(value))), None)
         if problem:
             problems.append(f"{where(key)}: {problem}")
     return problems

@@ -4,6 +4,7 @@ machine) and `fit_model` for `vstack plan MODEL` (any model on any hardware prof
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,13 @@ def quantized_variants(cfg: StackConfig | None, hub_id: str | None) -> list[str]
 
 
 def fit_profile(resolved: ResolvedProfile, hardware_info: Any | None = None, *, cfg: StackConfig | None = None,
-                 model_dir: Path | None = None, request: Request | None = None, token: str | None = None) -> Fit:
+                 model_dir: Path | None = None, request: Request | None = None, token: str | None = None,
+                 vllm_defaults: Mapping[str, Any] | None = None) -> Fit:
     """Plan a resolved profile: decide what it leaves unset, or raise FitError with the numbers.
 
     hardware_info: stack.hardware.HardwareInfo as detected (None: the hardware profile's own facts).
     model_dir: the model's local folder when the launcher has it (exact bytes from safetensors headers).
+    vllm_defaults: the engine's option defaults (its catalogue), for what the profile leaves to vLLM.
     The result's `engine_updates` (vLLM dest names) and `env_updates` hold only what the profile left
     unset; merge them under the profile's own values.
     """
@@ -48,7 +51,8 @@ def fit_profile(resolved: ResolvedProfile, hardware_info: Any | None = None, *, 
     hw = resolved.hardware
     machine = Machine.from_detected(hw, hardware_info) if hardware_info is not None else Machine.from_profile(hw)
     return _plan(facts, hw, machine, resolved.engine, resolved.engine_origins, resolved.env,
-                 request or Request(), resolved.model.name, quantized_variants(cfg, resolved.model.source.hub))
+                 request or Request(), resolved.model.name, quantized_variants(cfg, resolved.model.source.hub),
+                 vllm_defaults or {})  # fmt: skip
 
 
 def fit_model(cfg: StackConfig, model: str, hardware: str, request: Request | None = None,
@@ -105,9 +109,9 @@ def fit_model(cfg: StackConfig, model: str, hardware: str, request: Request | No
 
 def _plan(facts: ModelFacts, hw: HardwareProfile, machine: Machine, engine: dict[str, Any],
           origins: dict[str, str], env: dict[str, str], request: Request, label: str,
-          alternatives: list[str]) -> Fit:
+          alternatives: list[str], vllm_defaults: Mapping[str, Any] | None = None) -> Fit:
     gpus = machine.gpu_count if machine.accelerator == "gpu" else None
     check_tensor_parallel(facts.shape, engine, origins, gpus, label)
     fit = decide(FitInput(facts.shape, facts.weights, hw, machine, dict(engine), dict(origins), dict(env),
-                          request, label, alternatives))
+                          request, label, alternatives, vllm_defaults or {}))
     return replace(fit, notes=[f"config: {facts.config_source}; weights: {facts.weights.source}", *fit.notes])

@@ -73,7 +73,7 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
     adapters = apply_model_serving(cfg, resolved, files.path if files else None, python, notes,
                                    fetch_adapters=fetched, catalog=catalog, parsers=parsers)
     apply_prefix_block_size(cfg, resolved, catalog)  # before the fit: it plans the blocks vLLM will make
-    fit = apply_fit(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch,
+    fit = apply_fit(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch, catalog=catalog,
                     derived=derived)
     can_sleep = bool(resolved.engine.get("enable_sleep_mode")) and resolved.hardware.accelerator == "gpu"
     if can_sleep:
@@ -217,7 +217,7 @@ def choose_cpu_dtype(resolved: ResolvedProfile, catalog: VllmCatalog, notes: lis
 
 
 def apply_fit(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInfo | None,
-              files: ModelFiles | None, notes: list[str], refuse: bool,
+              files: ModelFiles | None, notes: list[str], refuse: bool, catalog: VllmCatalog | None = None,
               derived: set[str] | None = None) -> Fit | None:  # fmt: skip
     """Let the fit planner decide what the profile left unset (tensor parallel size, context, KV dtype, ...).
 
@@ -228,7 +228,8 @@ def apply_fit(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInf
 
     token = cfg.hf_token.get_secret_value() if cfg.hf_token else None
     try:
-        fit = fit_profile(resolved, hardware, cfg=cfg, model_dir=files.path if files else None, token=token)
+        fit = fit_profile(resolved, hardware, cfg=cfg, model_dir=files.path if files else None, token=token,
+                          vllm_defaults=catalog.defaults() if catalog is not None else None)
     except ConfigError:
         raise  # a value the model cannot take (tensor parallel vs its heads): refused like any config error
     except FitError as exc:

@@ -8,10 +8,12 @@ decide max_model_len; and max_num_seqs follows from the KV cache's size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stack.config.schema import HardwareProfile
+from stack.config.vllm_rules import field_rules
 from stack.planner.allocator import rounding_bytes
 from stack.planner.decisions import Decision, Fit, Request
 from stack.planner.errors import FitError
@@ -33,7 +35,6 @@ from stack.vllm import cpu_rules
 from stack.vllm.cpu_dtype import planned_cpu_dtype
 from stack.vllm.cpu_rules import CPU_KV_ENV
 
-VLLM_GPU_MEMORY_UTILIZATION = 0.92  # vLLM's default, 0.26 to 0.32 (config/cache.py; seen in its log)
 TP_CHOICES = (1, 2, 4, 8, 16)
 # A context shorter than this is not worth serving: refuse instead.
 MIN_CONTEXT = 1024
@@ -57,12 +58,31 @@ class FitInput:
     request: Request = field(default_factory=Request)
     model_label: str = "the model"
     alternatives: list[str] = field(default_factory=list)  # quantized variants in the configuration
+    vllm_defaults: Mapping[str, Any] = field(default_factory=dict)  # the engine's option catalogue's, when read
 
     def given(self, key: str) -> bool:
         return self.engine.get(key) is not None
 
+    @property
+    def utilization(self) -> float:
+        """The share of each GPU vLLM will take: the profile's gpu_memory_utilization, else vLLM's default."""
+        return float(self.engine.get("gpu_memory_utilization") or vllm_default(self, "gpu_memory_utilization"))
+
     def kept(self, key: str, reason: str) -> Decision:
         return Decision(key, self.engine[key], reason, "profile", self.origins.get(key, ""))
+
+
+def vllm_default(inp: FitInput, key: str) -> float:
+    """vLLM's default for an option the profile leaves unset: from the engine's option catalogue where the plan
+    read one (`vstack up`, `vstack config validate`), else from the config classes of the vLLM beside the CLI
+    (`vstack plan MODEL` asks no engine)."""
+    value = inp.vllm_defaults.get(key)
+    if value is None and (rule := field_rules().get(key)) is not None:
+        value = rule.default
+    if value is None:
+        raise FitError(f"vLLM's default {key} is unknown: no vLLM is installed beside vstack to read it from",
+                       hint=f"set {key} in the hardware profile's `engine:`, or install vLLM (./install.sh)")
+    return float(value)
 
 
 class _Fit:
@@ -92,7 +112,7 @@ class _Fit:
         else:
             self.budget = gpu_budget(
                 shape=shape, weights_total=self.weights + self.lora * tp, total_per_gpu=inp.machine.memory_per_gpu,
-                utilization=float(engine.get("gpu_memory_utilization") or VLLM_GPU_MEMORY_UTILIZATION),
+                utilization=inp.utilization,
                 tp=tp, batched_tokens=self.batched, num_seqs=num_seqs,
                 runtime_gib=hw.planner.runtime_overhead_gib, enforce_eager=bool(engine.get("enforce_eager")),
                 device=f"per GPU ({tp} of {max(tp, inp.machine.gpu_count)})" if tp > 1 else "per GPU")
@@ -150,8 +170,7 @@ def _default_seqs(inp: FitInput) -> int:
 
 
 def _with(inp: FitInput, **engine: Any) -> FitInput:
-    return FitInput(inp.shape, inp.weights, inp.hardware, inp.machine, {**inp.engine, **engine}, inp.origins,
-                    inp.env, inp.request, inp.model_label, inp.alternatives)
+    return replace(inp, engine={**inp.engine, **engine})
 
 
 def _gpu_counts(inp: FitInput, fit: _Fit) -> list[tuple[int, int, str]]:
@@ -217,7 +236,7 @@ def _refuse_context(inp: FitInput, fit: _Fit, length: int, concurrency: int) -> 
     if inp.machine.accelerator == "gpu":
         # Headroom between what vLLM is allowed and what is free before it starts.
         highest = int((inp.machine.free_per_gpu - GIB // 4) / fit.budget.total * 100) / 100
-        if highest > float(inp.engine.get("gpu_memory_utilization") or VLLM_GPU_MEMORY_UTILIZATION):
+        if highest > inp.utilization:
             options.append(f"gpu_memory_utilization {highest}")
     options += inp.alternatives
     options.append("more GPUs" if inp.machine.accelerator == "gpu" else f"a larger {CPU_KV_ENV}")
@@ -354,7 +373,7 @@ def _decide_memory(inp: FitInput, fit: _Fit) -> list[Decision]:
                          f"{rule.fraction_of_free:.0%} of the {gib(inp.machine.ram_available)} of RAM free, "
                          f"within {rule.min_gib}-{rule.max_gib} GiB (never vLLM's 92% of all RAM)"
                          if rule else "", "planner")]
-    util = float(inp.engine.get("gpu_memory_utilization") or VLLM_GPU_MEMORY_UTILIZATION)
+    util = inp.utilization
     requested, free = fit.budget.requested, inp.machine.free_per_gpu
     if requested > free:
         where = "free now" if inp.machine.detected else (

@@ -109,6 +109,10 @@ class VllmCatalog:
     def parsed_version(self) -> Version:
         return Version(self.version.split("+")[0])
 
+    def defaults(self) -> dict[str, Any]:
+        """Each option's default as this vLLM's parser sets it (dest -> value)."""
+        return {dest: option.default for dest, option in self.options.items()}
+
     def __contains__(self, dest: str) -> bool:
         return dest in self.options
 

@@ -13,12 +13,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stack.config import load_config
-from stack.config.engine_values import RANGES, engine_mappings
+from stack.config.engine_values import PLANNED, engine_mappings, ranges
 from stack.config.schema import StackConfig
 from stack.errors import ConfigError
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-ENGINE_KEYS = [*RANGES, "dtype", "enforce_eager", "max_num_seq", "port", "kv_cache_dtype"]
+# the planner's options and some only vLLM bounds (max_logprobs >= -1, cpu_offload_gb >= 0, from its config classes)
+RANGED = [*PLANNED, "max_logprobs", "cpu_offload_gb", "max_num_queued_tokens"]
+ENGINE_KEYS = [*RANGED, "dtype", "enforce_eager", "max_num_seq", "port", "kv_cache_dtype"]
 TOP_KEYS = [*StackConfig.model_fields, "sevre"]
 MODEL = "smollm2-135m-instruct"
 
@@ -56,9 +58,9 @@ def load_or_config_error(**kwargs) -> StackConfig | None:
         assert exc.problems and all(isinstance(p, str) and p for p in exc.problems)
         return None
     for _, options in engine_mappings(cfg):  # what loaded is in range: the planner can do arithmetic on it
-        for key, rule in RANGES.items():
+        for key, rules in ranges().items():
             if options.get(key) is not None:
-                assert rule.problem(options[key]) is None, (key, options[key])
+                assert all(rule.problem(options[key]) is None for rule in rules), (key, options[key])
     return cfg
 
 
@@ -83,7 +85,7 @@ def test_any_bytes_in_a_file_load_or_are_refused_by_name(data: bytes) -> None:
 
 
 @FUZZ
-@given(st.sampled_from([*RANGES, "dtype", "max_num_seq"]), st.text(max_size=10).filter(lambda s: "\x00" not in s))
+@given(st.sampled_from([*RANGED, "dtype", "max_num_seq"]), st.text(max_size=10).filter(lambda s: "\x00" not in s))
 def test_any_engine_override_in_the_environment_loads_or_is_refused(key: str, value: str) -> None:
     name = f"VSTACK_ENGINE__{key.upper()}"
     os.environ[name] = value

@@ -118,6 +118,24 @@ def test_profile_values_are_kept_and_not_updated(cfg: StackConfig) -> None:
     assert plan.engine_updates == {"tensor_parallel_size": 1}
 
 
+def test_the_gpu_share_left_to_vllm_is_the_engines_own_default(cfg: StackConfig) -> None:
+    """The engine's option catalogue says vLLM's default gpu_memory_utilization (`vstack up` reads it from the
+    engine's Python); without one, the vLLM beside the CLI says it (0.92 in 0.26-0.33): no number of ours."""
+
+    def left_to_vllm() -> ResolvedProfile:  # the hardware profiles all set it: this one leaves it to vLLM
+        resolved = resolve_profile(cfg, "llama-3.1-8b-instruct", "h100-80gb")
+        resolved.engine.pop("gpu_memory_utilization")
+        return resolved
+
+    plan = fit_profile(left_to_vllm(), cfg=cfg)
+    planned = {d.key: d for d in plan.decisions}["gpu_memory_utilization"]
+    assert (planned.value, planned.source) == (0.92, "vllm") and planned.reason.startswith("vLLM's default: ")
+    other = fit_profile(left_to_vllm(), cfg=cfg, vllm_defaults={"gpu_memory_utilization": 0.8})
+    decided = {d.key: d for d in other.decisions}["gpu_memory_utilization"]
+    assert decided.value == 0.8 and "gpu_memory_utilization" not in other.engine_updates  # vLLM applies its own
+    assert other.budget.requested < plan.budget.requested
+
+
 def test_plan_profile_with_detected_hardware(cfg: StackConfig) -> None:
     info = HardwareInfo(gpus=[GpuInfo(0, "NVIDIA H100 80GB HBM3", int(79.2 * GIB), int(78.6 * GIB), "9.0")],
                         cpu_count=16, ram_total=128 * GIB, ram_available=120 * GIB)
