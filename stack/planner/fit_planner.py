@@ -29,15 +29,24 @@ def quantized_variants(cfg: StackConfig | None, hub_id: str | None) -> list[str]
         return []
     base = hub_id.lower()
     return sorted(
-        name for name, entry in cfg.models.items()
-        if entry.source.hub and entry.source.hub.lower().startswith(base + "-")
-        and QUANTIZED_MARKERS.search(entry.source.hub[len(base):])
+        name
+        for name, entry in cfg.models.items()
+        if entry.source.hub
+        and entry.source.hub.lower().startswith(base + "-")
+        and QUANTIZED_MARKERS.search(entry.source.hub[len(base) :])
     )
 
 
-def fit_profile(resolved: ResolvedProfile, hardware_info: Any | None = None, *, cfg: StackConfig | None = None,
-                 model_dir: Path | None = None, request: Request | None = None, token: str | None = None,
-                 vllm_defaults: Mapping[str, Any] | None = None) -> Fit:
+def fit_profile(
+    resolved: ResolvedProfile,
+    hardware_info: Any | None = None,
+    *,
+    cfg: StackConfig | None = None,
+    model_dir: Path | None = None,
+    request: Request | None = None,
+    token: str | None = None,
+    vllm_defaults: Mapping[str, Any] | None = None,
+) -> Fit:
     """Plan a resolved profile: decide what it leaves unset, or raise FitError with the numbers.
 
     hardware_info: stack.hardware.HardwareInfo as detected (None: the hardware profile's own facts).
@@ -55,9 +64,15 @@ def fit_profile(resolved: ResolvedProfile, hardware_info: Any | None = None, *, 
                  vllm_defaults or {})  # fmt: skip
 
 
-def fit_model(cfg: StackConfig, model: str, hardware: str, request: Request | None = None,
-               engine: dict[str, Any] | None = None, token: str | None = None,
-               hardware_info: Any | None = None) -> Fit:
+def fit_model(
+    cfg: StackConfig,
+    model: str,
+    hardware: str,
+    request: Request | None = None,
+    engine: dict[str, Any] | None = None,
+    token: str | None = None,
+    hardware_info: Any | None = None,
+) -> Fit:
     """Plan `model` (a configured model name, a Hub repository id or a local folder) on a hardware profile.
 
     Engine options come from the hardware profile, the model entry (when configured) and `engine`, in that
@@ -88,8 +103,11 @@ def fit_model(cfg: StackConfig, model: str, hardware: str, request: Request | No
         hub_id, label = entry.source.hub, model
     elif unconfigured_model(model) is None:
         known = [*cfg.models, *cfg.profiles]
-        raise ConfigError(f"{model!r} is not a configured model or profile, a Hub id (org/name) or a folder with "
-                          f"config.json{suggest(model, known)}", hint=f"one of: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"{model!r} is not a configured model or profile, a Hub id (org/name) or a folder with "
+            f"config.json{suggest(model, known)}",
+            hint=f"one of: {', '.join(sorted(known))}",
+        )
     else:
         facts = load_facts(model, model, token)
         hub_id, label = (None if Path(model).is_dir() else model), model
@@ -102,16 +120,41 @@ def fit_model(cfg: StackConfig, model: str, hardware: str, request: Request | No
         origins[key] = "command line"
     options = {k: v for k, v in options.items() if v is not None}
     request = request or Request()
-    machine = (Machine.from_detected(hw, hardware_info) if hardware_info is not None
-               else Machine.from_profile(hw, request.gpus))
+    machine = (
+        Machine.from_detected(hw, hardware_info)
+        if hardware_info is not None
+        else Machine.from_profile(hw, request.gpus)
+    )
     return _plan(facts, hw, machine, options, origins, env, request, label, quantized_variants(cfg, hub_id))
 
 
-def _plan(facts: ModelFacts, hw: HardwareProfile, machine: Machine, engine: dict[str, Any],
-          origins: dict[str, str], env: dict[str, str], request: Request, label: str,
-          alternatives: list[str], vllm_defaults: Mapping[str, Any] | None = None) -> Fit:
+def _plan(
+    facts: ModelFacts,
+    hw: HardwareProfile,
+    machine: Machine,
+    engine: dict[str, Any],
+    origins: dict[str, str],
+    env: dict[str, str],
+    request: Request,
+    label: str,
+    alternatives: list[str],
+    vllm_defaults: Mapping[str, Any] | None = None,
+) -> Fit:
     gpus = machine.gpu_count if machine.accelerator == "gpu" else None
     check_tensor_parallel(facts.shape, engine, origins, gpus, label)
-    fit = decide(FitInput(facts.shape, facts.weights, hw, machine, dict(engine), dict(origins), dict(env),
-                          request, label, alternatives, vllm_defaults or {}))
+    fit = decide(
+        FitInput(
+            facts.shape,
+            facts.weights,
+            hw,
+            machine,
+            dict(engine),
+            dict(origins),
+            dict(env),
+            request,
+            label,
+            alternatives,
+            vllm_defaults or {},
+        )
+    )
     return replace(fit, notes=[f"config: {facts.config_source}; weights: {facts.weights.source}", *fit.notes])

