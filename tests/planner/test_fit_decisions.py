@@ -20,13 +20,17 @@ def test_refuses_32b_bf16_on_a_4090_and_names_the_way_out(cfg: StackConfig) -> N
         fit_model(cfg, "Qwen/Qwen2.5-32B-Instruct", "rtx4090")
     assert err.value.message == (
         "weights need 61.0 GiB; an RTX 4090 has 24 GiB: use qwen2.5-32b-instruct-awq, 4 GPUs (max_model_len 32768) "
-        "or 8 GPUs (max_model_len 32768)")
+        "or 8 GPUs (max_model_len 32768)"
+    )
     assert err.value.exit_code == 6
 
 
 def test_refuses_70b_on_one_h200_and_offers_fp8_on_load(cfg: StackConfig) -> None:
-    with pytest.raises(FitError, match=r"weights need 131.4 GiB; an H200 has 141 GiB: use 2 GPUs \(max_model_len "
-                                        r"32768\), 4 GPUs .* or quantization fp8"):
+    with pytest.raises(
+        FitError,
+        match=r"weights need 131.4 GiB; an H200 has 141 GiB: use 2 GPUs \(max_model_len "
+        r"32768\), 4 GPUs .* or quantization fp8",
+    ):
         fit_model(cfg, "llama-3.3-70b-instruct", "h200")
 
 
@@ -35,8 +39,10 @@ def test_a_70b_on_one_a100_lists_every_gpu_count_that_fits_with_its_context_and_
     GPU" for the model on one GPU."""
     with pytest.raises(FitError) as err:
         fit_model(cfg, "llama-3.3-70b-instruct", "a100-80gb")
-    assert err.value.message == ("weights need 131.4 GiB; an A100 has 80 GiB: use 2 GPUs (max_model_len 25600), "
-                                 "4 GPUs (max_model_len 32768) or 8 GPUs (max_model_len 32768)")
+    assert err.value.message == (
+        "weights need 131.4 GiB; an A100 has 80 GiB: use 2 GPUs (max_model_len 25600), "
+        "4 GPUs (max_model_len 32768) or 8 GPUs (max_model_len 32768)"
+    )
     hint = err.value.hint or ""
     assert hint.startswith("llama-3.3-70b-instruct needs 131.4 GiB of weights on one GPU plus about 2.3 GiB")
     assert "per GPU over" not in hint and "131.4 GiB of weights per GPU" not in hint
@@ -58,10 +64,16 @@ def test_context_longer_than_the_model(cfg: StackConfig) -> None:
 
 def test_context_that_does_not_fit_gives_the_longest_that_does(cfg: StackConfig) -> None:
     with pytest.raises(FitError) as err:
-        fit_model(cfg, "meta-llama/Llama-3.1-8B-Instruct", "rtx4090", Request(context=131072),
-                   engine={"kv_cache_dtype": "auto"})
+        fit_model(
+            cfg,
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "rtx4090",
+            Request(context=131072),
+            engine={"kv_cache_dtype": "auto"},
+        )
     assert err.value.message.startswith(
-        "a 131072-token context needs 16.0 GiB of KV cache; after the weights (15.0 GiB)")
+        "a 131072-token context needs 16.0 GiB of KV cache; after the weights (15.0 GiB)"
+    )
     assert "max_model_len" in (err.value.hint or "") and "gpu_memory_utilization 0.92" in (err.value.hint or "")
 
 
@@ -71,8 +83,11 @@ def test_concurrency_is_part_of_the_refusal(cfg: StackConfig) -> None:
 
 
 def test_utilization_above_what_is_free(cfg: StackConfig) -> None:
-    with pytest.raises(FitError, match=r"gpu_memory_utilization 0.97 asks vLLM for 22.9 GiB per GPU, but only "
-                                        r"22.1 GiB is free once the CUDA context and desktop take 1.5 GiB"):
+    with pytest.raises(
+        FitError,
+        match=r"gpu_memory_utilization 0.97 asks vLLM for 22.9 GiB per GPU, but only "
+        r"22.1 GiB is free once the CUDA context and desktop take 1.5 GiB",
+    ):
         fit_model(cfg, "qwen2.5-7b-instruct", "rtx4090", engine={"gpu_memory_utilization": 0.97})
 
 
@@ -137,8 +152,12 @@ def test_the_gpu_share_left_to_vllm_is_the_engines_own_default(cfg: StackConfig)
 
 
 def test_plan_profile_with_detected_hardware(cfg: StackConfig) -> None:
-    info = HardwareInfo(gpus=[GpuInfo(0, "NVIDIA H100 80GB HBM3", int(79.2 * GIB), int(78.6 * GIB), "9.0")],
-                        cpu_count=16, ram_total=128 * GIB, ram_available=120 * GIB)
+    info = HardwareInfo(
+        gpus=[GpuInfo(0, "NVIDIA H100 80GB HBM3", int(79.2 * GIB), int(78.6 * GIB), "9.0")],
+        cpu_count=16,
+        ram_total=128 * GIB,
+        ram_available=120 * GIB,
+    )
     resolved = resolve_profile(cfg, "llama-3.1-8b-instruct", "h100-80gb")
     plan = fit_profile(resolved, info, cfg=cfg)
     assert plan.kv_tokens > 400_000 and plan.max_model_len == 32768
@@ -154,8 +173,15 @@ def test_cpu_plan_sets_the_kv_space_from_free_ram(cfg: StackConfig) -> None:
 
 
 def test_cpu_plan_respects_a_set_kv_space(cfg: StackConfig, tmp_path) -> None:
-    resolved = ResolvedProfile("t", "", cfg.hardware["cpu"], ModelEntry(name="smol", source=ModelSource(
-        hub="HuggingFaceTB/SmolLM2-135M-Instruct")), {"max_model_len": 2048}, {}, {"VLLM_CPU_KVCACHE_SPACE": "1"})
+    resolved = ResolvedProfile(
+        "t",
+        "",
+        cfg.hardware["cpu"],
+        ModelEntry(name="smol", source=ModelSource(hub="HuggingFaceTB/SmolLM2-135M-Instruct")),
+        {"max_model_len": 2048},
+        {},
+        {"VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
     plan = fit_profile(resolved)
     assert plan.env_updates == {} and plan.budget.kv == GIB
 
