@@ -160,7 +160,7 @@ class WorkerApp:
                 self.owner = aiohttp.ClientSession(
                     connector=aiohttp.UnixConnector(path=self.http_path), auto_decompress=False,
                     timeout=aiohttp.ClientTimeout(total=None, sock_read=None),
-                    skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"))  # fmt: skip
+                    skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"))  # fmt: skip
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.local.close()
