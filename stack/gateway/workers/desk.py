@@ -188,4 +188,3 @@ class WorkerDesk:
 def _forget(channel: Channel, rid: int) -> None:
     channel.tasks.pop(rid, None)
     channel.queues.pop(rid, None)
-

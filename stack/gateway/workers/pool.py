@@ -1,7 +1,8 @@
-"""The owner's side of a gateway with workers (gateway.workers > 1; adr/0049): it binds the public port, and N
-worker processes listen on it too (SO_REUSEPORT: the kernel spreads the connections evenly), and serves its whole app on a unix socket only the workers reach, restoring each request's client
-address from the worker's `x-vstack-peer` header. The workers start once the app has started (the engines
-registered, as the port opened before), get SIGTERM with the owner (they drain their streams), and are joined
+"""The owner's side of a gateway with workers (gateway.workers > 1; adr/0049): it holds the public port, N
+worker processes listen on it (SO_REUSEPORT: the kernel spreads the connections evenly), and it serves its whole
+app on a unix socket only the workers reach, restoring each request's client address from the worker's
+`x-vstack-peer` header. The workers start once the app has started (the engines registered, as the port opened
+before), get SIGTERM with the owner (they drain their streams), and are joined
 before the app's own shutdown stops the engines."""
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ class WorkerPool:
         spawn = multiprocessing.get_context("spawn")
         settings = self.settings.model_dump_json()
         for i in range(1, self.count + 1):
-            proc = spawn.Process(target=run_worker, name=f"vstack-gateway-worker-{i}", daemon=False,
-                                 args=(i, settings, self.host, self.port, str(self.desk_path), str(self.http_path), open_api,
-                                       self.log_level))  # fmt: skip
+            paths = (str(self.desk_path), str(self.http_path))
+            args = (i, settings, self.host, self.port, *paths, open_api, self.log_level)
+            proc = spawn.Process(target=run_worker, name=f"vstack-gateway-worker-{i}", args=args)
             proc.start()
             self.procs.append(proc)
 

@@ -12,6 +12,7 @@ byte for byte, with the client's address in `x-vstack-peer` (the owner listens n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import itertools
 import logging
@@ -281,8 +282,13 @@ class WorkerApp:
             except aiohttp.ClientError:
                 body = orjson.dumps(envelope("the gateway's owner process is not answering; retry shortly",
                                              "server_error", None, "owner_unavailable"))  # fmt: skip
-                await send({"type": "http.response.start", "status": 503,
-                            "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 503,
+                        "headers": [(b"content-type", b"application/json"), (b"retry-after", b"1")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
             try:
@@ -315,10 +321,8 @@ def bind(host: str, port: int, listen: bool) -> socket.socket:
 
 def die_with_parent() -> None:
     """Linux: the kernel ends this worker when the owner dies, however it dies (no orphan holds the port)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the lost channel ends it instead (OwnerLink)
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the lost channel ends it instead (OwnerLink)
 
 
 def run_worker(index: int, settings_json: str, host: str, port: int, desk_path: str, http_path: str,
@@ -326,6 +330,7 @@ def run_worker(index: int, settings_json: str, host: str, port: int, desk_path: 
     """The worker process's main (multiprocessing, spawn): serve `sock` until SIGTERM, draining as the owner does."""
     die_with_parent()
     from stack.gateway.http.serve import GatewayServer, uvicorn_config
+
     sock = bind(host, port, listen=True)
 
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker {index} %(levelname)s %(message)s")
