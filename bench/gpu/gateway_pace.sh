@@ -7,6 +7,7 @@
 # the cache an earlier one filled and look faster (seen: the second run at 256 streams 2.4x the first).
 #
 #   bash bench/gpu/gateway_pace.sh [CONCURRENCIES] [IN/OUT]     defaults "1 64 256 512", 1024/128
+#   GATEWAY_WORKERS=4 bash bench/gpu/gateway_pace.sh 256 128/1024   the gateway with 4 worker processes (adr/0049)
 #
 # Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"   (the same for .gpu2, .gpu3)
@@ -33,7 +34,7 @@ python3 -m vllm.entrypoints.cli.main serve "$model" --host 127.0.0.1 --port $epo
   > "$work/engine.log" 2>&1 &
 engine=$!
 python3 -m stack.entrypoints.gateway --port $gport --upstream "llama8b=http://127.0.0.1:$eport@llama8b" \
-  > "$work/gateway.log" 2>&1 &
+  --workers "${GATEWAY_WORKERS:-1}" > "$work/gateway.log" 2>&1 &
 gateway=$!
 trap 'kill $engine $gateway 2>/dev/null; wait 2>/dev/null; tail -40 "$work/engine.log" > "$out/engine-tail.log"; tail -40 "$work/gateway.log" > "$out/gateway-tail.log"' EXIT
 t0=$SECONDS
@@ -44,7 +45,8 @@ until curl -sf "http://127.0.0.1:$eport/health" >/dev/null && curl -sf "http://1
   sleep 2
 done
 echo "engine and gateway ready in $(( SECONDS - t0 )) s" | tee -a "$log"
-cpu_s() { awk '{print ($14 + $15) / 100}' "/proc/$gateway/stat"; }  # utime + stime, in clock ticks of 1/100 s
+# utime + stime of the gateway and its worker processes (GATEWAY_WORKERS > 1: its children), in ticks of 1/100 s
+cpu_s() { for p in $gateway $(pgrep -P $gateway); do cat "/proc/$p/stat" 2>/dev/null; done | awk '{s += $14 + $15} END {print s / 100}'; }
 summary() {  # one row of vLLM's result file, as soon as the run ends (a call cut later keeps it)
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('  ', *(f'{k}={round(d[k], 2)}' for k in
     ('request_throughput', 'output_throughput', 'median_ttft_ms', 'p99_ttft_ms', 'median_tpot_ms') if k in d))" "$1"

@@ -14,7 +14,7 @@ from stack.assemble.planning import Launch
 from stack.assemble.reloader import Reloader
 from stack.assemble.runtimes import attached_supervisor, shutdown_hooks, start_early, supervisor
 from stack.config.schema import StackConfig
-from stack.config.sections.gateway import GatewayConfig
+from stack.config.sections.gateway import GatewayConfig, resolve_workers
 from stack.config.sections.manager import ManagerConfig
 from stack.engine.runtime import logs_of
 from stack.errors import EngineError
@@ -151,9 +151,17 @@ def serve(
     )
     app.state.gateway.watch_log(log_handler)
     cfg = launch.cfg
-    server = GatewayServer(
-        uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info", limits=cfg.gateway)
-    )
+    workers = resolve_workers(cfg.gateway.workers)
+    if workers > 1:  # N processes on the port, this one the owner behind them (adr/0049)
+        from stack.gateway.workers.pool import owner_server
+
+        logging.getLogger("stack.gateway").info("gateway: %d worker processes on port %d",
+                                                                workers, port)  # fmt: skip
+        server = owner_server(app, cfg.gateway, cfg.gateway.host, port, workers, "info")
+    else:
+        server = GatewayServer(
+            uvicorn_config(app, cfg.gateway.host, port, cfg.gateway.drain_grace_s, "info", limits=cfg.gateway)
+        )
     end_console_streams_on_exit(server, app)
     try:
         server.run()

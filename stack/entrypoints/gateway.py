@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from stack.assemble.gateways import build_front_gateway
-from stack.config.sections.gateway import GatewayConfig
+from stack.config.sections.gateway import GatewayConfig, resolve_workers
 from stack.config.sections.manager import ManagerConfig
 from stack.config.sections.observability import TracingConfig
 from stack.gateway.http.serve import run
@@ -29,6 +29,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--config", help="a vstack config file; its `gateway:` (and `manager:`) sections are used")
     ap.add_argument("--manage", action="store_true", help="sleep idle upstreams and wake them on a request")
+    ap.add_argument("--workers", help="processes on the port: a count or `auto` (default: gateway.workers)")
     args = ap.parse_args()
     manager, tracing = ManagerConfig(), TracingConfig()
     state_file = token_file = None  # without a config, /admin changes are not kept across restarts (/admin/models
@@ -46,6 +47,14 @@ def main() -> None:
     upstreams = [parse_upstream(spec) for spec in args.upstream]
     app = build_front_gateway(settings, manager, upstreams, args.manage, state_file, token_file,
                               tracing=resolve(tracing))
+    # --workers, else the config's gateway.workers; without either one process (benchmarks and tests rely on it)
+    chosen = args.workers or (settings.workers if args.config else 1)
+    workers = resolve_workers("auto" if chosen == "auto" else int(chosen))
+    if workers > 1:  # N processes on the port, this one the owner behind them (adr/0049)
+        from stack.gateway.workers.pool import owner_server
+
+        owner_server(app, settings, args.host, args.port, workers).run()
+        return
     run(app, args.host, args.port, settings.drain_grace_s, limits=settings)
 
 

@@ -64,6 +64,10 @@ class DeploymentRegistry:
         self._items: dict[str, Deployment] = {}
         self._listeners: list[Listener] = []
         self._ids = itertools.count(1)
+        # groups() per request (several times: resolve, task, admission): built once per change of the set of
+        # deployments or of their groups, not per call (issue 54, item 2). States are read live from the
+        # deployments themselves, so a state change needs no rebuild.
+        self._groups: dict[str, list[Deployment]] | None = None
 
     def subscribe(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -81,12 +85,14 @@ class DeploymentRegistry:
     def add(self, dep: Deployment) -> Deployment:
         before = self._items.get(dep.id)
         self._items[dep.id] = dep
+        self._groups = None
         self._notify(dep.id, before, dep)
         return dep
 
     def remove(self, dep_id: str) -> Deployment | None:
         before = self._items.pop(dep_id, None)
         if before is not None:
+            self._groups = None
             self._notify(dep_id, before, None)
         return before
 
@@ -109,6 +115,7 @@ class DeploymentRegistry:
         before = Deployment(**{**dep.__dict__})
         for key, value in fields.items():
             setattr(dep, key, value)
+        self._groups = None  # its group may have changed
         self._notify(dep_id, before, dep)
         return dep
 
@@ -119,12 +126,15 @@ class DeploymentRegistry:
         return list(self._items.values())
 
     def groups(self) -> dict[str, list[Deployment]]:
-        out: dict[str, list[Deployment]] = {}
-        for dep in self._items.values():
-            out.setdefault(dep.model_group, []).append(dep)
-        return out
+        """Deployments by model group, in the order they were added. Shared: read it, do not change it."""
+        if self._groups is None:
+            out: dict[str, list[Deployment]] = {}
+            for dep in self._items.values():
+                out.setdefault(dep.model_group, []).append(dep)
+            self._groups = out
+        return self._groups
 
     def ready(self, group: str) -> list[Deployment]:
         """Deployments that can serve `group` now. A replica set (labels role=set) is its replicas' summary
         for /admin/models: its replicas are the deployments that serve."""
-        return [d for d in self._items.values() if d.model_group == group and d.state == "ready" and d.routable]
+        return [d for d in self.groups().get(group, ()) if d.state == "ready" and d.routable]

@@ -7,6 +7,7 @@ config show`) therefore cannot leak one.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Literal
 
@@ -190,6 +191,11 @@ class GatewayConfig(_Strict):
     max_tokens_limit: int = Field(1_048_576, ge=1, description="larger max_tokens are rejected with 400")
     max_in_flight: int = Field(4096, ge=1, description="concurrent requests before 429")
     drain_grace_s: float = Field(30, ge=0, description="SIGTERM: how long in-flight streams may finish")
+    workers: Literal["auto"] | int = Field(
+        "auto", description="processes that accept on the port and relay /v1 streams, behind one owner that "
+        "decides (admission, quotas, switches, metrics) and serves the rest (adr/0049). 1: the owner alone. "
+        "auto: min(8, CPU cores // 4), at least 1 (a 2- or 4-core machine keeps one process; 16 cores get 4)",
+    )
     log_requests: bool = Field(False, description="one JSON line per request on the `stack.gateway.requests` "
                                "logger: method, path, status, model, deployment, key name, ms; no bodies, no keys")
     provider_key_envs: list[str] = Field(
@@ -212,6 +218,13 @@ class GatewayConfig(_Strict):
         "the hosts of the engines the gateway starts or was configured with: CIDRs (10.0.0.0/8) or exact host "
         "names (a compose service); the gateway fetches from these, so nothing else is allowed",
     )
+
+    @field_validator("workers")
+    @classmethod
+    def _workers(cls, v: Literal["auto"] | int) -> Literal["auto"] | int:
+        if v != "auto" and not 1 <= v <= 64:
+            raise ValueError("gateway.workers: `auto` or a count from 1 (the owner process alone) to 64")
+        return v
 
     @field_validator("internal_networks")
     @classmethod
@@ -306,3 +319,20 @@ class GatewayConfig(_Strict):
                 seen.add(name)
                 name = self.aliases[name]
         return self
+
+
+def cores() -> int:
+    """CPU cores this process may run on (a container's or taskset's limit, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def resolve_workers(value: Literal["auto"] | int, available: int | None = None) -> int:
+    """gateway.workers as a count. auto: one worker per 4 cores, at most 8 (adr/0049): each worker relays up to
+    about one core's worth of streams, and the engines' own processes (vLLM's API server, tokenizer, one per
+    GPU) need the other cores; below 8 cores one process it stays, as before."""
+    if value != "auto":
+        return int(value)
+    return max(1, min(8, (available if available is not None else cores()) // 4))

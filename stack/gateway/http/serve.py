@@ -19,14 +19,16 @@ from stack.gateway.http.slow_clients import guarded_protocol
 
 def uvicorn_config(
     app: FastAPI, host: str, port: int, drain_grace_s: float, log_level: str = "warning",
-    limits: GatewayConfig | None = None,
+    limits: GatewayConfig | None = None, uds: str | None = None,
 ) -> uvicorn.Config:
-    """limits: the gateway's connection deadlines (header, body, keep-alive); its defaults when None."""
+    """limits: the gateway's connection deadlines (header, body, keep-alive); its defaults when None. uds: a
+    unix socket to serve instead of host:port (the owner behind its workers: stack.gateway.workers.pool)."""
     limits = limits or GatewayConfig()
     return uvicorn.Config(
         app,
         host=host,
         port=port,
+        uds=uds,
         loop="uvloop",
         # httptools with per-connection header and body deadlines (stack.gateway.http.slow_clients).
         http=guarded_protocol(limits.header_timeout_s, limits.body_timeout_s),

@@ -29,6 +29,7 @@ from stack.gateway.routing.activity import ActivityRing
 from stack.gateway.routing.adapters import Adapter, AdapterBook
 from stack.gateway.routing.answer import SSE_HEADERS, Answer
 from stack.gateway.routing.attempt import Attempt, RoutedRequest
+from stack.gateway.routing.delegation import DELEGATE
 from stack.gateway.routing.deployment_choice import Routing
 from stack.gateway.routing.liveness import UNRESPONSIVE, Liveness
 from stack.gateway.routing.model_tasks import check_task
@@ -376,6 +377,10 @@ class Dispatcher:
         # Guarded until the answer starts: an engine found unresponsive meanwhile raises EngineStalled, which
         # falls back like any failed attempt (nothing was sent to the client yet).
         parent = req.trace.traceparent(at.span) if at.span is not None else None  # type: ignore[union-attr]
+        if (delegate := DELEGATE.get()) is not None:  # a worker's request: the worker calls the engine (adr/0049)
+            async with live.guard(dep_id):
+                path = BY_NAME[req.endpoint].upstream_path
+                return await delegate.attempt(at, path, orjson.dumps(out), parent, stream, strip_usage)
         async with live.guard(dep_id):
             resp = await self.local.open(at.dep, BY_NAME[req.endpoint].upstream_path, orjson.dumps(out), parent)
         if not stream or not resp.content_type.startswith("text/event-stream"):
