@@ -31,7 +31,8 @@ ENV_CONFIG_FILE = "VSTACK_CONFIG"
 ENV_CONFIG_DIR = "VSTACK_CONFIG_DIR"
 # VSTACK_* variables that are not settings fields (read elsewhere on purpose).
 ENV_NOT_SETTINGS = {ENV_CONFIG_FILE, ENV_CONFIG_DIR, "VSTACK_FORCE_CPU", "VSTACK_RUNTIME_PATCHES",
-                    "VSTACK_DISABLE_PATCHES", "VSTACK_VENV", COUNT_ENV, "VSTACK_PLAN_SECRETS"}
+                    "VSTACK_DISABLE_PATCHES", "VSTACK_VENV", COUNT_ENV, "VSTACK_PLAN_SECRETS",
+                    "VSTACK_ENGINE_ZYGOTE"}  # the test suite's (stack.engine.zygote)
 
 
 def builtin_config_dir() -> Path:

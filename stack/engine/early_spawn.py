@@ -16,12 +16,11 @@ the process is started as every engine is (stack.engine.popen).
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from stack.engine.popen import launch, open_log  # the standard library only, as this module
+from stack.engine.popen import Started, launch, open_log  # the standard library only, as this module
 
 KEY = "early_engine"  # where the payload goes in the JSON on the gateway's stdin
 
@@ -31,7 +30,7 @@ class EarlyEngine:
     """The process `spawn` started, until the assembly adopts it (or stops it)."""
 
     spec: dict[str, Any]
-    popen: subprocess.Popen[bytes] | None = None
+    popen: Started | None = None
     log_start: int = 0
     started_at: float = 0.0
     error: str = ""

@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import IO
 
 from stack.engine.diagnose import log_size
+from stack.engine.zygote import ForkedEngine, forked
+
+Started = subprocess.Popen[bytes] | ForkedEngine  # what `launch` gives: a pid, poll() and wait()
 
 
 def open_log(log_path: str | os.PathLike[str], display_argv: list[str] | tuple[str, ...]) -> tuple[IO[bytes], int]:
@@ -28,8 +31,11 @@ def open_log(log_path: str | os.PathLike[str], display_argv: list[str] | tuple[s
     return log, start
 
 
-def launch(argv: list[str] | tuple[str, ...], log: IO[bytes], environ: dict[str, str]) -> subprocess.Popen[bytes]:
+def launch(argv: list[str] | tuple[str, ...], log: IO[bytes], environ: dict[str, str]) -> Started:
     """Every local engine process starts this way (EngineProcess.start, and early_spawn.spawn before the gateway's
-    imports): output to its log, no stdin, its own session (stopped as a group, not by a Ctrl-C at the CLI)."""
+    imports): output to its log, no stdin, its own session (stopped as a group, not by a Ctrl-C at the CLI).
+    Forked by the test suite's zygote where it runs one (stack.engine.zygote), exec'd everywhere else."""
+    if (child := forked(argv, log, environ)) is not None:
+        return child
     return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environ,
                             start_new_session=True)  # fmt: skip

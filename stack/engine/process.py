@@ -24,7 +24,7 @@ import psutil
 
 from stack.engine.control_client import control_client
 from stack.engine.diagnose import disk_hint, exit_words, explain_failure, log_silence, log_tail
-from stack.engine.popen import launch, open_log
+from stack.engine.popen import Started, launch, open_log
 from stack.engine.records import EngineRecord, RecordStore
 from stack.engine_env import engine_environ
 from stack.errors import EngineError
@@ -60,7 +60,7 @@ class EngineProcess:
 
     def __init__(self, spec: EngineSpec, records: RecordStore | None = None, fingerprint: str = "") -> None:
         self.spec = spec
-        self.popen: subprocess.Popen[bytes] | None = None
+        self.popen: Started | None = None
         self.log_start = 0  # this run's first byte in the (appended) log: earlier runs' lines are never shown
         self.records, self.fingerprint = records, fingerprint
         self.kept: EngineRecord | None = None  # a running engine an earlier gateway started, re-attached

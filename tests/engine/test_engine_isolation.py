@@ -10,6 +10,7 @@ guarded /v1 only (/sleep, /collective_rpc, /tokenize, /metrics answered anyone).
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +24,12 @@ KEPT = {"HF_TOKEN": "hf-7", "VLLM_CPU_KVCACHE_SPACE": "1", "PATH": None}
 
 
 def _environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return dict(e.decode().split("=", 1) for e in raw if b"=" in e)
+    """What /proc shows of the process's environment. Read again while it is empty: Popen returns once the exec
+    began, and until the kernel has laid out the new program's stack the file reads empty (seen under load)."""
+    deadline = time.monotonic() + 10
+    while not (raw := Path(f"/proc/{pid}/environ").read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return dict(e.decode().split("=", 1) for e in raw.split(b"\0") if b"=" in e)
 
 
 def test_an_engine_process_gets_its_key_and_none_of_ours(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,15 +8,14 @@ own answer, with no engine of their own."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import httpx
 import openai
-import psutil
 import pytest
 
 from stack.config.sections.gateway import GatewayConfig
+from stack.engine.records import engine_records
 from tests.gateway.conftest import run_gateway
 from tests.models.conftest import API_KEY, Stack, run_stack
 
@@ -76,13 +75,9 @@ VOLATILE = ("id", "created")  # drawn per request by vLLM
 
 
 def _engine(stack: Stack) -> tuple[str, dict[str, str]]:
-    """The engine's own URL and key (only the gateway holds it: read from the engine process's environment)."""
-    gateway = psutil.Process(json.loads(stack.vstack("status", "--json").stdout)[0]["pid"])
-    found = [p for p in gateway.children(recursive=True) if "stack.vllm.launcher" in " ".join(p.cmdline())]
-    assert found, "no engine process under the gateway"
-    argv = found[0].cmdline()
-    key = found[0].environ()["VLLM_API_KEY"]
-    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}", {"Authorization": f"Bearer {key}"}
+    """The engine's own URL and key (only the gateway holds it: read from the gateway's record of its engine)."""
+    [record] = engine_records(stack.state_dir).all()
+    return record.base_url, {"Authorization": f"Bearer {record.api_key}"}
 
 
 def _same(gateway: httpx.Response, engine: httpx.Response) -> dict:

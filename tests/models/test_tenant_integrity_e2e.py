@@ -30,6 +30,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stack.engine.records import engine_records
+from stack.engine.zygote import ZYGOTE_ENV
 from tests.models.conftest import API_KEY, ROOT, Stack, run_stack, smollm2_dir
 
 pytestmark = pytest.mark.e2e
@@ -76,8 +78,10 @@ def stack(adapters: Path, tmp_path_factory: pytest.TempPathFactory):
             "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
         }},
     }  # fmt: skip
+    # Exec'd, not forked by the suite's zygote: the engine's /proc/PID/environ (read below) is then the one it runs
+    # with, as a user's engine (a forked process shows the environment its zygote was exec'd with).
     with run_stack(tmp_path_factory.mktemp("stack"), config,
-                   extra_env={"VSTACK_ADMIN_KEY": ADMIN_KEY, **PROVIDER_KEYS}) as s:  # fmt: skip
+                   extra_env={"VSTACK_ADMIN_KEY": ADMIN_KEY, **PROVIDER_KEYS, ZYGOTE_ENV: ""}) as s:  # fmt: skip
         yield s
 
 
@@ -99,16 +103,15 @@ def _answer(client: openai.OpenAI, model: str, prompt: str = PROMPTS[0]) -> str:
 
 
 def _engines(stack: Stack) -> list[psutil.Process]:
-    """The engine's processes (API server, engine core, ...): the gateway's children running vLLM."""
-    gateway = psutil.Process(json.loads(stack.vstack("status", "--json").stdout)[0]["pid"])
-    found = [p for p in gateway.children(recursive=True) if "stack.vllm.launcher" in " ".join(p.cmdline())]
-    assert found, "no engine process under the gateway"
-    return [found[0], *found[0].children(recursive=True)]
+    """The engine's processes (API server, engine core, ...): the one the gateway recorded, and its children."""
+    [record] = engine_records(stack.state_dir).all()
+    api_server = psutil.Process(record.pid)
+    return [api_server, *api_server.children(recursive=True)]
 
 
 def _engine_url(stack: Stack) -> str:
-    argv = _engines(stack)[0].cmdline()
-    return f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+    [record] = engine_records(stack.state_dir).all()
+    return record.base_url
 
 
 # -- item 2: only the gateway reaches the engine -------------------------------------------------------
