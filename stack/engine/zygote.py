@@ -36,7 +36,7 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "HF_", "HUGGINGFACE", "TRANSFORMERS_", 
                         "VLLM_TARGET_DEVICE", "VSTACK_VLLM_START_METHOD")  # fmt: skip
 # ...except these, which the forked child applies itself (`become_engine`; PYTHONPATH only where it names the
 # folders the zygote imports from: `same_code`).
-APPLIED_IN_CHILD = ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTHONPATH")
+APPLIED_IN_CHILD = ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 MESSAGE_LIMIT = 1 << 20
 REAPING = threading.Lock()  # in the zygote: a fork and the reaper's write of an exit code, one at a time
 
@@ -51,12 +51,21 @@ class ForkedEngine:
         self._exit_file = exit_dir / f"exit-{pid}"
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            with contextlib.suppress(FileNotFoundError, ValueError):
-                self.returncode = int(self._exit_file.read_text())
-            if self.returncode is None and not _running(self.pid):  # the zygote is gone: nobody reaps or says
-                self.returncode = -1
+        if self.returncode is None and (code := self._read()) is None and not _running(self.pid):
+            # Reaped a moment before its code is written (or the zygote is gone, and nobody will say): -1.
+            deadline = time.monotonic() + 2
+            while (code := self._read()) is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.returncode = -1 if code is None else code
+        elif self.returncode is None:
+            self.returncode = code
         return self.returncode
+
+    def _read(self) -> int | None:
+        try:
+            return int(self._exit_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -131,6 +140,11 @@ def become_engine(request: dict[str, Any], log_fd: int, sockets: tuple[socket.so
     environment and directory), then our launcher's main. Never returns."""
     code = 1
     try:
+        with contextlib.suppress(ImportError):  # `ps` shows the engine's command (vLLM's dependency), set before
+            # the environment changes: setproctitle reuses its memory
+            import setproctitle
+
+            setproctitle.setproctitle(" ".join(request["argv"]))
         for sock in sockets:
             sock.close()
         os.setsid()
@@ -149,11 +163,11 @@ def become_engine(request: dict[str, Any], log_fd: int, sockets: tuple[socket.so
             import torch  # libgomp read OMP_NUM_THREADS when the zygote loaded it: set it as an exec would
 
             torch.set_num_threads(int(threads))
-        sys.argv = list(request["argv"][2:])  # as `python -m stack.entrypoints.run ...` sees them
-        with contextlib.suppress(ImportError):  # `ps` shows the engine's command, not the zygote's (vLLM's dependency)
-            import setproctitle
+        import huggingface_hub.constants as hub  # read at import; vLLM and transformers ask the constant each time
 
-            setproctitle.setproctitle(" ".join(request["argv"]))
+        offline = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+        hub.HF_HUB_OFFLINE = offline.upper() in {"1", "ON", "YES", "TRUE"}
+        sys.argv = list(request["argv"][2:])  # as `python -m stack.entrypoints.run ...` sees them
         from stack.entrypoints.run import main
 
         code = main()

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from stack.engine.zygote import ZYGOTE_ENV
@@ -29,6 +30,17 @@ def start() -> Path:
     _running.update(popen=popen, folder=folder)
     os.environ[ZYGOTE_ENV] = str(folder / "sock")
     return folder
+
+
+def ready(timeout: float) -> int | None:
+    """The pid of this process's zygote once it listens (None: it runs none, or it exited)."""
+    popen, folder = _running.get("popen"), _running.get("folder")
+    if not isinstance(popen, subprocess.Popen) or not isinstance(folder, Path):
+        return None
+    deadline = time.monotonic() + timeout
+    while not (folder / "sock").exists() and popen.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return popen.pid if (folder / "sock").exists() else None
 
 
 def stop() -> None:
