@@ -7,7 +7,8 @@
 # the cache an earlier one filled and look faster (seen: the second run at 256 streams 2.4x the first).
 #
 #   bash bench/gpu/gateway_pace.sh [CONCURRENCIES] [IN/OUT]     defaults "1 64 256 512", 1024/128
-#   GATEWAY_WORKERS=4 bash bench/gpu/gateway_pace.sh 256 128/1024   the gateway with 4 worker processes (adr/0049)
+#   GATEWAY_WORKERS=4 bash bench/gpu/gateway_pace.sh 256 128/1024   also a second gateway with 4 worker processes
+#     (adr/0049), benched in the same alternation: direct, gateway (1 process), gateway-w4, direct2
 #
 # Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"   (the same for .gpu2, .gpu3)
@@ -33,39 +34,57 @@ python3 -m vllm.entrypoints.cli.main serve "$model" --host 127.0.0.1 --port $epo
   --load-format dummy --max-num-seqs 256 --max-model-len 4096 --gpu-memory-utilization 0.9 --no-enable-prefix-caching \
   > "$work/engine.log" 2>&1 &
 engine=$!
+workers=${GATEWAY_WORKERS:-1}
 python3 -m stack.entrypoints.gateway --port $gport --upstream "llama8b=http://127.0.0.1:$eport@llama8b" \
-  --workers "${GATEWAY_WORKERS:-1}" > "$work/gateway.log" 2>&1 &
+  --workers 1 > "$work/gateway.log" 2>&1 &
 gateway=$!
-trap 'kill $engine $gateway 2>/dev/null; wait 2>/dev/null; tail -40 "$work/engine.log" > "$out/engine-tail.log"; tail -40 "$work/gateway.log" > "$out/gateway-tail.log"' EXIT
+gatewayn=$gateway; nport=$gport
+if [ "$workers" -gt 1 ]; then
+  nport=18402
+  python3 -m stack.entrypoints.gateway --port $nport --upstream "llama8b=http://127.0.0.1:$eport@llama8b" \
+    --workers "$workers" > "$work/gateway-w$workers.log" 2>&1 &
+  gatewayn=$!
+fi
+trap 'kill $engine $gateway $gatewayn 2>/dev/null; wait 2>/dev/null; tail -40 "$work/engine.log" > "$out/engine-tail.log"; tail -30 "$work/gateway.log" > "$out/gateway-tail.log"; [ "$workers" -gt 1 ] && tail -30 "$work/gateway-w$workers.log" >> "$out/gateway-tail.log"' EXIT
 t0=$SECONDS
-until curl -sf "http://127.0.0.1:$eport/health" >/dev/null && curl -sf "http://127.0.0.1:$gport/ready" >/dev/null; do
+until curl -sf "http://127.0.0.1:$eport/health" >/dev/null && curl -sf "http://127.0.0.1:$gport/ready" >/dev/null \
+    && curl -sf "http://127.0.0.1:$nport/ready" >/dev/null; do
   kill -0 $engine 2>/dev/null || { tail -30 "$work/engine.log"; exit 1; }
   kill -0 $gateway 2>/dev/null || { tail -30 "$work/gateway.log"; exit 1; }
+  kill -0 $gatewayn 2>/dev/null || { tail -30 "$work/gateway-w$workers.log"; exit 1; }
   [ $(( SECONDS - t0 )) -gt 400 ] && { echo "not ready in 400 s" | tee -a "$log"; exit 1; }
   sleep 2
 done
 echo "engine and gateway ready in $(( SECONDS - t0 )) s" | tee -a "$log"
-# utime + stime of the gateway and its worker processes (GATEWAY_WORKERS > 1: its children), in ticks of 1/100 s
-cpu_s() { for p in $gateway $(pgrep -P $gateway); do cat "/proc/$p/stat" 2>/dev/null; done | awk '{s += $14 + $15} END {print s / 100}'; }
+# utime + stime of a gateway and its worker processes (its children), in ticks of 1/100 s
+cpu_s() { for p in $1 $(pgrep -P "$1"); do cat "/proc/$p/stat" 2>/dev/null; done | awk '{s += $14 + $15} END {print s / 100}'; }
 summary() {  # one row of vLLM's result file, as soon as the run ends (a call cut later keeps it)
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('  ', *(f'{k}={round(d[k], 2)}' for k in
     ('request_throughput', 'output_throughput', 'median_ttft_ms', 'p99_ttft_ms', 'median_tpot_ms') if k in d))" "$1"
 }
 bench() {  # TARGET PORT CONCURRENCY
   local n=$(( $3 < 64 ? 16 : $3 * 2 ))
-  local before; before=$(cpu_s)
+  local pid=$gateway; [ "$2" = "$nport" ] && pid=$gatewayn
+  local before; before=$(cpu_s $pid)
   python3 -m vllm.entrypoints.cli.main bench serve --backend openai-chat --endpoint /v1/chat/completions \
     --base-url "http://127.0.0.1:$2" --model llama8b --tokenizer "$model" --dataset-name random \
     --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos --num-prompts "$n" \
     --max-concurrency "$3" --request-rate inf --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
     --save-result --result-dir "$work/results" --result-filename "bench-$1-c$3.json" >> "$work/bench-serve.log" 2>&1
   local rc=$?
-  echo "$1 c=$3 n=$n rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s)" 'BEGIN{print b - a}')" | tee -a "$log"
+  echo "$1 c=$3 n=$n rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s $pid)" 'BEGIN{print b - a}')" | tee -a "$log"
   [ "$rc" = 0 ] && summary "$work/results/bench-$1-c$3.json" | tee -a "$log"
 }
 # A warm-up through each target, then each concurrency direct and through the gateway, in alternating order.
 bench warm-direct $eport 16; bench warm-gateway $gport 16
-for c in $concurrencies; do bench direct $eport "$c"; bench gateway $gport "$c"; bench gateway2 $gport "$c"; bench direct2 $eport "$c"; done
+if [ "$workers" -gt 1 ]; then
+  bench "warm-gateway-w$workers" $nport 16
+  for c in $concurrencies; do
+    bench direct $eport "$c"; bench gateway $gport "$c"; bench "gateway-w$workers" $nport "$c"; bench direct2 $eport "$c"
+  done
+else
+  for c in $concurrencies; do bench direct $eport "$c"; bench gateway $gport "$c"; bench gateway2 $gport "$c"; bench direct2 $eport "$c"; done
+fi
 python3 - "$work/results" "$out" <<'PY' | tee -a "$log"
 import json, re, sys
 from pathlib import Path
