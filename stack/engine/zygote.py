@@ -17,6 +17,7 @@ spawns its default engine before it imports anything (stack.engine.early_spawn).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import socket
@@ -27,8 +28,10 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
+from stack.engine_env import RUN_ENTRY  # the standard library only, as this module's client
+
 ZYGOTE_ENV = "VSTACK_ENGINE_ZYGOTE"
-LAUNCHER = ("-m", "stack.entrypoints.run", "stack.vllm.launcher", "serve")
+LAUNCHER = ("-m", RUN_ENTRY, "stack.vllm.launcher", "serve")  # (the launcher by name: this module is stdlib only)
 # Read when Python, torch, vLLM or Hugging Face libraries are imported (or by the C runtimes they load): an engine
 # whose environment differs in one of these from the zygote's would not run as it would when exec'd, so it is.
 IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "HF_", "HUGGINGFACE", "TRANSFORMERS_", "TORCH", "OMP_", "KMP_", "MKL_",
@@ -88,7 +91,7 @@ def forked(argv: list[str] | tuple[str, ...], log: IO[bytes], environ: dict[str,
     """The engine forked by the zygote named in `environ` (or this process's environment), or None: no zygote,
     not our launcher's `serve` in the zygote's Python, or the zygote refused (its import-time environment
     differs) or is not listening yet. None means: start it with Popen."""
-    path = environ.get(ZYGOTE_ENV) or os.environ.get(ZYGOTE_ENV)
+    path = environ[ZYGOTE_ENV] if ZYGOTE_ENV in environ else os.environ.get(ZYGOTE_ENV)  # "": none
     if not path or tuple(argv[1:5]) != LAUNCHER:
         return None
     request = {"argv": list(argv), "env": environ, "cwd": os.getcwd()}
@@ -167,10 +170,10 @@ def become_engine(request: dict[str, Any], log_fd: int, sockets: tuple[socket.so
 
         offline = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
         hub.HF_HUB_OFFLINE = offline.upper() in {"1", "ON", "YES", "TRUE"}
-        sys.argv = list(request["argv"][2:])  # as `python -m stack.entrypoints.run ...` sees them
-        from stack.entrypoints.run import main
-
-        code = main()
+        module = importlib.import_module(request["argv"][3])  # what stack.entrypoints.run would run
+        sys.argv = [module.__name__, *request["argv"][4:]]  # as the module sees them under `run`
+        returned = module.main()
+        code = returned if isinstance(returned, int) else 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:

@@ -3,7 +3,7 @@
 Starlette's StreamingResponse (under uvicorn's ASGI 2.3) runs the body and a disconnect listener in an anyio
 task group per response: a cancel scope and a second task for every stream. Here the body runs in the
 request's own task and one watcher task cancels it when the client disconnects; the body's generator sees
-the cancellation as before (stack.gateway.routing.dispatcher._closing: the attempt counts the client's abort,
+the cancellation as before (stack.gateway.routing.answer.release_after: the attempt counts the client's abort,
 499), so the upstream request is closed and the engine aborts it. Same bytes, same headers, less work per
 stream.
 """

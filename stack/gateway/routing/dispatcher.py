@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import aiohttp
@@ -27,7 +27,7 @@ from stack.gateway.metrics import GatewayMetrics
 from stack.gateway.openai_errors import GatewayError, InvalidRequest, NoDeployment, RateLimited, UpstreamError
 from stack.gateway.routing.activity import ActivityRing
 from stack.gateway.routing.adapters import Adapter, AdapterBook
-from stack.gateway.routing.answer import SSE_HEADERS, Answer
+from stack.gateway.routing.answer import SSE_HEADERS, Answer, release_after, usage_in
 from stack.gateway.routing.attempt import Attempt, RoutedRequest
 from stack.gateway.routing.delegation import DELEGATE
 from stack.gateway.routing.deployment_choice import Routing
@@ -174,7 +174,7 @@ class Dispatcher:
                 self.metrics.requests.labels(group, "-", "499").inc()
                 raise
             if answer.stream is not None:  # what the request holds is given back when the stream ends
-                answer.stream = _closing(answer.stream, held.pop_all())
+                answer.stream = release_after(answer.stream, held.pop_all())
             return answer
 
     def _admissible(self, endpoint: str, body: dict[str, Any], model: str) -> tuple[Adapter | None, str]:
@@ -386,7 +386,7 @@ class Dispatcher:
         if not stream or not resp.content_type.startswith("text/event-stream"):
             async with live.guard(dep_id):
                 raw = await self.local.read(resp, at.dep)
-            at.answered(_usage(raw))
+            at.answered(usage_in(raw))
             return Answer(at.headers, raw, resp.status, resp.content_type or "application/json")
         first = await self._first_chunk(resp, dep_id)
         at.relays(resp)
@@ -424,32 +424,3 @@ class Dispatcher:
         at.relays()
         gen = cloud_client.relay(first, result, at, events=entry.event_stream, strip_usage=strip_usage)
         return Answer({**at.headers, **SSE_HEADERS}, media_type="text/event-stream", stream=gen)
-
-
-async def _closing(stream: AsyncIterator[bytes], held: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
-    """Relay the stream, then give back what its request held, exactly once however it ends (done, failed,
-    or the client gone: the attempt hears the exception and counts the client's abort, 499). Once the
-    upstream's bytes are all relayed, one empty chunk says so (Answer.stream): the client's answer ends there,
-    before the bookkeeping after it."""
-    try:
-        async for chunk in stream:
-            if chunk:
-                yield chunk
-        yield b""
-    except BaseException as exc:
-        await stream.aclose()  # type: ignore[attr-defined]
-        await held.__aexit__(type(exc), exc, exc.__traceback__)
-        raise
-    await stream.aclose()  # type: ignore[attr-defined]
-    await held.aclose()
-
-
-def _usage(raw: bytes) -> dict | None:
-    if b'"usage"' not in raw:
-        return None
-    try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    usage = obj.get("usage") if isinstance(obj, dict) else None
-    return usage if isinstance(usage, dict) else None

@@ -33,7 +33,7 @@ from stack.gateway.http.cross_site import CrossSiteGuard, HostNames
 from stack.gateway.http.openai_fast_path import _plain_headers, _read_body, _text
 from stack.gateway.http.relay_response import until_the_client_leaves
 from stack.gateway.openai_errors import UpstreamError, envelope
-from stack.gateway.routing.dispatcher import _usage
+from stack.gateway.routing.answer import usage_in
 from stack.gateway.upstreams import fast_path
 from stack.gateway.upstreams.fast_path import LocalUpstream
 from stack.gateway.workers import wire
@@ -254,7 +254,7 @@ class WorkerApp:
             reply = {"op": "failed", "id": rid, "message": exc.message, "status": exc.status, "reason": exc.reason,
                      "retryable": exc.retryable}  # fmt: skip
             return None, reply, exc.upstream_body or b"", b""
-        reply = {"op": "opened", "id": rid, "stream": False, "status": resp.status, "usage": _usage(raw),
+        reply = {"op": "opened", "id": rid, "stream": False, "status": resp.status, "usage": usage_in(raw),
                  "ctype": resp.content_type}  # fmt: skip
         return None, reply, raw, b""
 
