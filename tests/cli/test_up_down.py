@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
+from stack.engine.records import engine_records
 from tests.support.cli import Vstack, alive, family
 
 pytestmark = pytest.mark.e2e
@@ -15,14 +17,21 @@ pytest.importorskip("vllm", reason="end-to-end tests need vLLM (./install.sh --d
 
 
 def test_up_answers_paris_and_down_leaves_nothing(vstack: Vstack) -> None:
+    vstack.env["VSTACK_GATEWAY__WORKERS"] = "2"  # an owner and two workers on the port (adr/0049): `auto` on 8+ cores
     proc = vstack("up")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OpenAI base URL" in proc.stdout and "curl " in proc.stdout
-    [engine] = vstack.status()  # one model behind the gateway; pid is the gateway's, the engine its child
+    [engine] = vstack.status()  # one model behind the gateway; pid is the gateway's
     assert engine["state"] == "ready" and engine["name"] == "smollm2-135m-instruct"
-    procs = family(engine["pid"])
-    assert procs, "the engine process should be running"
+    [record] = engine_records(Path(vstack.env["VSTACK_STATE_DIR"])).all()
+    procs = family(engine["pid"]) + family(record.pid)  # the gateway's, its workers, the engine's
+    assert len(procs) >= 5, "the gateway, its two workers and the engine's processes should be running"
     try:
+        served_by = {httpx.post(f"{engine['url']}/chat/completions", timeout=60,
+                                json={"model": "smollm2-135m-instruct", "max_tokens": 2,
+                                      "messages": [{"role": "user", "content": "Hi"}]}).headers["x-vstack-worker"]
+                     for _ in range(12)}  # fmt: skip
+        assert served_by == {"1", "2"}, f"the kernel spreads connections over both workers: {served_by}"
         client = openai.OpenAI(base_url=engine["url"], api_key="unused")
         reply = client.chat.completions.create(
             model="smollm2-135m-instruct", temperature=0, max_tokens=30,
