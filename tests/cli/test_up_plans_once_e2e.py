@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from stack.engine.records import engine_records
 from tests.support.cli import Vstack, alive, family
 
 pytestmark = pytest.mark.e2e
@@ -62,7 +63,7 @@ def test_one_up_plans_once_in_one_process_and_the_gateway_serves_that_plan(tmp_p
     assert up.returncode == 0, up.stdout + up.stderr
     rows = Vstack(state, env, config).status()  # not counted: `vstack status` is a command of its own
     gateway = rows[0]["pid"]
-    procs = family(gateway)
+    procs = family(gateway) + [p for r in engine_records(state).all() for p in family(r.pid)]  # and its engines
     try:
         seen = counted(counts)
         assert Counter(e for _pid, e in seen) == Counter(
