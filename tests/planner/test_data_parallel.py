@@ -33,8 +33,10 @@ def test_each_rank_is_planned_as_one_gpu_and_the_plan_counts_it_four_times(cfg: 
     assert four.engine_updates["tensor_parallel_size"] == 1  # 4 GPUs over 4 ranks: one each
     assert (four.kv_tokens, four.max_model_len) == (one.kv_tokens, 32768) == (897_088, 32768)
     assert four.total_kv_tokens == 4 * 897_088 and round(four.total_concurrency, 1) == 109.5
-    assert four.summary() == ("4 data-parallel ranks x (27.4 requests, 897,088 KV tokens): 109.5 requests of "
-                              "32,768 tokens at once, 3,588,352 KV tokens")
+    assert four.summary() == (
+        "4 data-parallel ranks x (27.4 requests, 897,088 KV tokens): 109.5 requests of "
+        "32,768 tokens at once, 3,588,352 KV tokens"
+    )
     kept = next(d for d in four.decisions if d.key == "data_parallel_size")
     assert kept.value == 4 and kept.source == "profile" and kept.origin.startswith(PROFILE_FILE)
     assert "4 ranks x 1 GPU each = 4 of 4 GPUs" in four.notes[-1]
@@ -45,8 +47,13 @@ def test_each_rank_is_planned_as_one_gpu_and_the_plan_counts_it_four_times(cfg: 
 def test_the_requests_asked_to_fit_at_once_are_shared_by_the_ranks(cfg: StackConfig) -> None:
     with pytest.raises(FitError, match="64 requests of 32768 tokens need"):
         fit_model(cfg, "llama-3.1-8b-instruct", "h200", Request(context=32768, concurrency=64))
-    four = fit_model(cfg, "llama-3.1-8b-instruct", "h200", Request(context=32768, concurrency=64, gpus=4),
-                     engine={"data_parallel_size": 4})
+    four = fit_model(
+        cfg,
+        "llama-3.1-8b-instruct",
+        "h200",
+        Request(context=32768, concurrency=64, gpus=4),
+        engine={"data_parallel_size": 4},
+    )
     assert four.max_model_len == 32768 and four.total_concurrency >= 64
     assert "the 64 requests asked to fit at once are 16 per rank" in four.decisions[-1].reason
 
@@ -57,9 +64,11 @@ def test_more_ranks_than_gpus_is_refused_naming_the_place_and_the_fix(cfg: Stack
     two = SimpleNamespace(gpus=[h200, h200], ram_total=2**40, ram_available=2**40)
     with pytest.raises(ConfigError) as up:
         fit_profile(resolve_profile(cfg, DP4, "h200-x4"), two, cfg=cfg)
-    assert up.value.message == (f"{PROFILE_FILE}: profiles.{DP4}.engine.data_parallel_size: data_parallel_size 4 x "
-                                "tensor_parallel_size 1 x pipeline_parallel_size 1 needs 4 GPUs; there are 2 "
-                                "(hardware h200-x4)")
+    assert up.value.message == (
+        f"{PROFILE_FILE}: profiles.{DP4}.engine.data_parallel_size: data_parallel_size 4 x "
+        "tensor_parallel_size 1 x pipeline_parallel_size 1 needs 4 GPUs; there are 2 "
+        "(hardware h200-x4)"
+    )
     assert up.value.hint == "set data_parallel_size to 2 or less there, or serve it on hardware with 4 GPUs"
     with pytest.raises(ConfigError, match=f"profiles.{DP4}.engine.data_parallel_size: .* there are 2"):
         fit_model(cfg, DP4, "h200", Request(gpus=2))  # `vstack plan DP4 --gpus 2`
@@ -86,7 +95,7 @@ def test_cpu_profiles_ray_and_runtime_lora_with_several_api_servers_are_refused(
     assert "api_server_count: 1" in (lora.value.hint or "")
     check_data_parallel({**engine, "api_server_count": 1}, origins, "gpu", 2, {RUNTIME_ENV: "True"}, "h")  # one: ok
     plan = SimpleNamespace(engine=engine, engine_origins=origins)
-    with pytest.raises(ConfigError, match="data_parallel_size 2 with manager.runtime: ray") as ray:
+    with pytest.raises(ConfigError, match=r"data_parallel_size 2 with manager\.runtime: ray") as ray:
         refuse_data_parallel_on_ray([plan])  # type: ignore[list-item]
     assert "manager.ray.replicas" in (ray.value.hint or "")
 
@@ -97,5 +106,7 @@ def test_vstack_plan_says_the_ranks() -> None:
     result = CliRunner().invoke(_app(), ["plan", DP4], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "897,088 tokens; 27.4 requests of 32,768 at once (109.51 GiB) per rank" in result.output
-    assert ("4 data-parallel ranks x (27.4 requests, 897,088 KV tokens): 109.5 requests of 32,768 tokens at once, "
-            "3,588,352 KV tokens in all") in result.output
+    assert (
+        "4 data-parallel ranks x (27.4 requests, 897,088 KV tokens): 109.5 requests of 32,768 tokens at once, "
+        "3,588,352 KV tokens in all"
+    ) in result.output
