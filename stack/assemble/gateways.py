@@ -103,8 +103,7 @@ def fit_view(plan: ModelPlan) -> dict | None:
     if fit is None:
         return None
     return {"hardware": fit.hardware,
-            "summary": f"{fit.max_concurrency:.1f} requests of {fit.max_model_len:,} tokens at once, "
-                       f"{fit.kv_tokens:,} KV tokens",
+            "summary": fit.summary(),
             "decisions": [{"key": d.key, "value": d.value if isinstance(d.value, int | float | bool | str)
                            else str(d.value), "source": d.source, "reason": d.reason}
                           for d in fit.decisions]}  # fmt: skip

@@ -127,8 +127,7 @@ def plan_up_command(cfg: Any, target: str | None, as_json: bool, console: Consol
                       highlight=False)  # fmt: skip
         if m.fit is not None:
             fit = m.fit
-            console.print(f"  fit: {fit.max_concurrency:.1f} requests of {fit.max_model_len:,} tokens at once, "
-                          f"{fit.kv_tokens:,} KV tokens; {fit.budget.device} {fit.budget.requested / GIB:.2f} GiB",
+            console.print(f"  fit: {fit.summary()}; {fit.budget.device} {fit.budget.requested / GIB:.2f} GiB",
                           highlight=False)  # fmt: skip
         console.print(Text("  " + m.display()), soft_wrap=True)
         for note in m.notes:
@@ -198,7 +197,9 @@ def print_plan(plan: Fit, console: Console) -> None:
     console.print(budget)
     console.print(f"KV cache: {plan.kv.bytes_per_token:,} bytes per token ({plan.kv.bytes_per_token / 1024:.0f} KiB); "
                   f"{plan.kv_tokens:,} tokens; {plan.max_concurrency:.1f} requests of {plan.max_model_len:,} at once "
-                  f"({plan.budget.kv / GIB:.2f} GiB)", highlight=False)
+                  f"({plan.budget.kv / GIB:.2f} GiB){' per rank' if plan.data_parallel > 1 else ''}", highlight=False)
+    if plan.data_parallel > 1:  # the budget and KV line above are one rank's
+        console.print(f"{plan.summary()} in all", highlight=False)
     table = Table(title="decisions", title_justify="left", show_edge=False)
     for col in ("setting", "value", "from", "why"):
         table.add_column(col, overflow="fold")

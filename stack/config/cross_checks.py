@@ -75,7 +75,8 @@ def check_cloud_providers(cfg: Any, origins: Origins) -> list[str]:
 
 
 def check_parallel_fits_hardware(cfg: Any) -> list[str]:
-    """tensor x pipeline parallel size of each GPU profile must not exceed its hardware's GPU count."""
+    """tensor x pipeline x data parallel size of each GPU profile must not exceed its hardware's GPU count: each
+    data-parallel rank is a whole copy of the model on tensor x pipeline parallel GPUs of its own."""
     problems = []
     for name, prof in cfg.profiles.items():
         hw = cfg.hardware.get(prof.hardware)
@@ -84,8 +85,16 @@ def check_parallel_fits_hardware(cfg: Any) -> list[str]:
         resolved = resolve_profile(cfg, name, prof.hardware)
         tp = resolved.engine.get("tensor_parallel_size", 1)
         pp = resolved.engine.get("pipeline_parallel_size", 1)
-        if isinstance(tp, int) and isinstance(pp, int) and tp * pp > hw.gpu_count:
-            origin = resolved.engine_origins.get("tensor_parallel_size" if tp > 1 else "pipeline_parallel_size")
-            problems.append(f"{origin}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} needs {tp * pp} "
-                            f"GPUs; hardware {hw.name!r} has {hw.gpu_count} (profiles.{name})")
+        dp = resolved.engine.get("data_parallel_size") or 1
+        if not all(isinstance(v, int) for v in (tp, pp, dp)) or tp * pp * dp <= hw.gpu_count:
+            continue
+        if dp > 1 and tp * pp <= hw.gpu_count:  # the data-parallel ranks are what does not fit
+            origin = resolved.engine_origins.get("data_parallel_size")
+            problems.append(f"{origin}: data_parallel_size {dp} x tensor_parallel_size {tp} x pipeline_parallel_size "
+                            f"{pp} needs {tp * pp * dp} GPUs; hardware {hw.name!r} has {hw.gpu_count} (profiles.{name}"
+                            f"): set data_parallel_size to {hw.gpu_count // (tp * pp)} or less")  # fmt: skip
+            continue
+        origin = resolved.engine_origins.get("tensor_parallel_size" if tp > 1 else "pipeline_parallel_size")
+        problems.append(f"{origin}: tensor_parallel_size {tp} x pipeline_parallel_size {pp} needs {tp * pp} "
+                        f"GPUs; hardware {hw.name!r} has {hw.gpu_count} (profiles.{name})")
     return problems

@@ -47,6 +47,27 @@ class Fit:
     max_concurrency: float
     decisions: list[Decision] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # data_parallel_size: ranks of one engine, each a whole copy with the budget, KV tokens and concurrency above
+    data_parallel: int = 1
+
+    @property
+    def total_kv_tokens(self) -> int:
+        """KV tokens over every data-parallel rank (kv_tokens is one rank's: what vLLM logs per engine core)."""
+        return self.kv_tokens * self.data_parallel
+
+    @property
+    def total_concurrency(self) -> float:
+        """Requests of max_model_len held at once over every data-parallel rank."""
+        return self.max_concurrency * self.data_parallel
+
+    def summary(self) -> str:
+        """"N requests of L tokens at once, T KV tokens": over all ranks, with one rank's when there are several."""
+        line = (f"{self.total_concurrency:.1f} requests of {self.max_model_len:,} tokens at once, "
+                f"{self.total_kv_tokens:,} KV tokens")
+        if self.data_parallel > 1:
+            line = (f"{self.data_parallel} data-parallel ranks x ({self.max_concurrency:.1f} requests, "
+                    f"{self.kv_tokens:,} KV tokens): {line}")
+        return line
 
     @property
     def engine_updates(self) -> dict[str, Any]:
@@ -77,6 +98,8 @@ class Fit:
                          "dtype_bytes": self.kv.dtype_bytes, "tensor_parallel_size": self.kv.tp,
                          "tokens": self.kv_tokens, "max_model_len": self.max_model_len,
                          "max_concurrency": round(self.max_concurrency, 2)},
+            "data_parallel": {"ranks": self.data_parallel, "kv_tokens": self.total_kv_tokens,
+                              "max_concurrency": round(self.total_concurrency, 2)},
             "decisions": [asdict(d) for d in self.decisions],
             "engine_updates": self.engine_updates,
             "env_updates": self.env_updates,

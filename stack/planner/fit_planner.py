@@ -14,7 +14,8 @@ from stack.config.origins import suggest
 from stack.config.resolve import ResolvedProfile, unconfigured_model
 from stack.config.schema import HardwareProfile, StackConfig
 from stack.errors import ConfigError
-from stack.planner.decisions import Fit, Request
+from stack.planner import data_parallel
+from stack.planner.decisions import Decision, Fit, Request
 from stack.planner.machine import Machine
 from stack.planner.model_sources import ModelFacts, load_facts
 from stack.planner.parallel import check_tensor_parallel
@@ -142,6 +143,11 @@ def _plan(
 ) -> Fit:
     gpus = machine.gpu_count if machine.accelerator == "gpu" else None
     check_tensor_parallel(facts.shape, engine, origins, gpus, label)
+    data_parallel.check_data_parallel(engine, origins, machine.accelerator, gpus, env, f"hardware {hw.name}")
+    ranks = data_parallel.ranks(engine)
+    asked = request.concurrency
+    if ranks > 1:  # each rank holds its share of the requests asked to fit at once
+        request = replace(request, concurrency=data_parallel.per_rank(asked, engine))
     fit = decide(
         FitInput(
             facts.shape,
@@ -157,4 +163,12 @@ def _plan(
             vllm_defaults or {},
         )
     )
-    return replace(fit, notes=[f"config: {facts.config_source}; weights: {facts.weights.source}", *fit.notes])
+    notes = [f"config: {facts.config_source}; weights: {facts.weights.source}", *fit.notes]
+    if ranks <= 1:
+        return replace(fit, notes=notes)
+    share = f"; the {asked} requests asked to fit at once are {request.concurrency} per rank" if asked > 1 else ""
+    kept = Decision("data_parallel_size", ranks, f"set; {ranks} ranks, each a whole copy of the weights with the "
+                    f"budget above: KV tokens and concurrency x {ranks}{share}", "profile",
+                    origins.get("data_parallel_size", ""))  # fmt: skip
+    return replace(fit, data_parallel=ranks, decisions=[*fit.decisions, kept],
+                   notes=[*notes, data_parallel.describe(engine, gpus)])  # fmt: skip

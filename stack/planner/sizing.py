@@ -154,6 +154,9 @@ def _tp_candidates(inp: FitInput) -> list[int]:
     if inp.given("tensor_parallel_size"):
         return [int(inp.engine["tensor_parallel_size"])]
     count = inp.request.gpus or inp.machine.gpu_count or 1
+    # One data-parallel rank's share of the GPUs (each rank spans tensor x pipeline parallel GPUs of its own).
+    count = max(1, count // (int(inp.engine.get("data_parallel_size") or 1)
+                             * int(inp.engine.get("pipeline_parallel_size") or 1)))  # fmt: skip
     return [tp for tp in TP_CHOICES if tp <= count and inp.shape.num_attention_heads % tp == 0] or [1]
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from stack.config.schema import ModelEntry, StackConfig
-from stack.errors import StackError
+from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo
 from stack.models import ModelFiles
+from stack.planner import data_parallel
 from stack.planner.cluster import Demand, NodeRes, Placement, check, place
 from stack.planner.model_planner import plan_model, with_fingerprint
 from stack.planner.plans import ContainerSite, ModelPlan, RunsOn, StackPlan, VllmBuild
@@ -49,6 +50,7 @@ def plan_stack(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
     notes += [handoff_note] if handoff_note else []
     cluster = None
     if cfg.manager.runtime == "ray":
+        refuse_data_parallel_on_ray(models)
         cluster = place_on_cluster(cfg, models, nodes or [], on_status)
     models = [m.model_copy(update={"runs_on": runs_on(cfg, m, site, cluster)}) for m in models]
     for m in models:
@@ -114,12 +116,23 @@ def with_sleep(cfg: StackConfig, hardware: HardwareInfo) -> tuple[StackConfig, l
 
 def model_gpus(engine: dict) -> int:
     """GPUs one copy of the model spans: tensor x pipeline parallel."""
-    return int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1)
+    return data_parallel.rank_gpus(engine)
 
 
 def gpus_per_engine(plan: ModelPlan) -> int:
     """GPUs one engine process group holds: its model's, times its data-parallel copies."""
-    return model_gpus(plan.engine) * int(plan.engine.get("data_parallel_size") or 1)
+    return model_gpus(plan.engine) * data_parallel.ranks(plan.engine)
+
+
+def refuse_data_parallel_on_ray(plans: list[ModelPlan]) -> None:
+    """A Ray replica is placed as one copy of the model (stack.planner.cluster): copies there are replicas."""
+    wide = [p for p in plans if data_parallel.ranks(p.engine) > 1]
+    if wide:
+        where = lambda p: p.engine_origins.get("data_parallel_size", "engine.data_parallel_size")  # noqa: E731
+        raise ConfigError([f"{where(p)}: data_parallel_size {data_parallel.ranks(p.engine)} with manager.runtime: ray"
+                           for p in wide],
+                          hint="on Ray, serve copies as manager.ray.replicas ({model: N}) and remove "
+                               "data_parallel_size")  # fmt: skip
 
 
 def decide_handoff(cfg: StackConfig, plans: list[ModelPlan], catalog: VllmCatalog

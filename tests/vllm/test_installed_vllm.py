@@ -103,6 +103,18 @@ def test_every_shipped_profile_renders_for_every_known_vllm() -> None:
             assert plan.vllm_args()[1:3] == ["--host", "127.0.0.1"]
 
 
+def test_a_data_parallel_profile_renders_args_vllms_own_parser_accepts(installed) -> None:
+    """adr/0051: the dp4 profile's rendered command, planned for its 4 x H200 here (for_launch=False), parses with
+    the installed vLLM's serve parser; the GPU vLLM's (0.26) catalogue renders the same option."""
+    plan = plan_model(load_config(), "h200x4-llama-3.1-8b-dp4", detect(), installed, for_launch=False)
+    argv = plan.vllm_args()
+    assert argv[argv.index("--data-parallel-size") + 1] == "4"
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "1"  # the planner's: one GPU per rank
+    assert check_with_vllm(sys.executable, argv) is None
+    gpu = render_engine_args(plan.engine, load_catalog("0.26"), plan.engine_origins)
+    assert gpu.args[gpu.args.index("--data-parallel-size") + 1] == "4"
+
+
 def test_gpu_profile_on_a_cpu_machine_is_refused_for_launch() -> None:
     from stack.errors import ConfigError
 
