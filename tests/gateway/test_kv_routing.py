@@ -283,3 +283,16 @@ def test_kv_events_with_prefix_caching_off_is_refused_naming_the_fix() -> None:
     with pytest.raises(ConfigError) as err:
         kv_plan({"enable_prefix_caching": False})
     assert "enable_prefix_caching" in err.value.message and "least_outstanding" in (err.value.hint or "")
+
+
+def test_the_plan_says_how_a_ray_models_replicas_are_routed() -> None:
+    from stack.planner.cluster import GIB, Demand, NodeRes, check, place
+    from stack.planner.stack_planner import runs_on
+
+    plan = kv_plan()
+    free = [NodeRes(f"node{i}" + "x" * 30, f"10.0.0.{i}", 8, 0, 64 * GIB) for i in range(2)]
+    placement = check(place([Demand(plan.served_name, 2, devices=0, cpus=1, memory=GIB)], free), free)
+    cfg = load_config(text=json.dumps({"gateway": {"replica_routing_models": {plan.served_name: "kv_events"}}}))
+    where = runs_on(cfg, plan, None, placement)
+    assert where.replica_routing == "kv_events" and where.detail.endswith("; replica routing: kv_events")
+    assert runs_on(load_config(), plan, None, placement).replica_routing == "least_outstanding"
