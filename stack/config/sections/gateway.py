@@ -154,7 +154,7 @@ class GatewayConfig(_Strict):
         "least_outstanding", description="among a model's replicas (manager.runtime: ray): the one with the fewest "
         "requests in flight; the one whose prefix cache holds the prompt's prefix (same prefix or session -> same "
         "replica); in turn; or kv_events: the longest prefix the engines' own KV events say a replica holds, "
-        "weighed against its load (its engines publish their KV events; docs/guides/gateway.md)",
+        "weighed against its load (its engines publish their KV events; docs/getting-started/ray-cluster.md)",
     )
     replica_routing_models: dict[str, ReplicaRoutingName] = Field(
         default_factory=dict, description="model (name, profile or served name, as manager.ray.replicas) -> its "
