@@ -296,3 +296,20 @@ def test_the_plan_says_how_a_ray_models_replicas_are_routed() -> None:
     where = runs_on(cfg, plan, None, placement)
     assert where.replica_routing == "kv_events" and where.detail.endswith("; replica routing: kv_events")
     assert runs_on(load_config(), plan, None, placement).replica_routing == "least_outstanding"
+
+
+def test_a_model_without_a_tokenizer_is_said_once_and_its_prompts_have_no_ids(caplog) -> None:
+    from stack.gateway.routing.prompt_tokens import PromptTokens
+
+    def missing(path: str):
+        raise OSError(f"no tokenizer.json in {path}")
+
+    async def run() -> list:
+        tokens = PromptTokens(load=missing)
+        tokens.configure("m", "/models/m")
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        return [await tokens.of("m", body), await tokens.of("m", body), await tokens.of("other", body)]
+
+    assert asyncio.run(run()) == [None, None, None]
+    said = [r.getMessage() for r in caplog.records if "no tokenizer" in r.getMessage()]
+    assert len(said) == 1 and "routed by prefix affinity" in said[0] and "/models/m" in said[0]

@@ -47,6 +47,17 @@ def load_tokenizer(path: str) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
+def said(task: asyncio.Task, path: str) -> None:
+    """A tokenizer that cannot be loaded is said once (its model is routed by prefix affinity from then on)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.warning(
+            "no tokenizer from %s (%s): its model's replicas are routed by prefix affinity, not by their "
+            "KV events; check that the folder holds the model's tokenizer files",
+            path,
+            task.exception(),
+        )
+
+
 class PromptTokens:
     def __init__(self, load: Any = load_tokenizer) -> None:
         self._load = load
@@ -60,6 +71,7 @@ class PromptTokens:
         task = self._tokenizers.get(path)
         if task is None:
             task = self._tokenizers[path] = asyncio.get_running_loop().create_task(asyncio.to_thread(self._load, path))
+            task.add_done_callback(lambda t: said(t, path))
         return task
 
     async def of(self, group: str, body: dict[str, Any] | None) -> list[int] | None:
@@ -69,7 +81,7 @@ class PromptTokens:
             return None
         try:
             tokenizer = await asyncio.shield(self._tokenizer(path))
-        except Exception as exc:  # logged once per request is too often: the task keeps the failure
+        except Exception as exc:  # said once when the load failed (`said`)
             log.debug("no tokenizer for %s from %s: %s", group, path, exc)
             return None
         try:
