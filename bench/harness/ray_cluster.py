@@ -40,7 +40,7 @@ def ray_cluster(workers: int, cpus: float = 1) -> Iterator[object]:
 
 
 def stack_config(tmp: Path, model_dir: Path, address: str, replicas: int, routing: str = "least_outstanding",
-                 engine: dict | None = None):  # fmt: skip
+                 engine: dict | None = None, gateway: dict | None = None):  # fmt: skip
     from stack.config import load_config
 
     entry = {"name": SERVED, "source": {"path": str(model_dir)}, "served_name": SERVED}
@@ -48,7 +48,7 @@ def stack_config(tmp: Path, model_dir: Path, address: str, replicas: int, routin
         "models": {SERVED: entry}, "engine": {**ENGINE, **(engine or {})}, "env": ENGINE_ENV,
         "state_dir": str(tmp / "state"),
         "startup_timeout_s": 600, "stop_grace_s": 10,
-        "gateway": {"replica_routing": routing, "num_retries": 1},
+        "gateway": {"replica_routing": routing, "num_retries": 1, **(gateway or {})},
         "manager": {"runtime": "ray", "idle_ttl_s": 0, "restart_max": 0,
                     "ray": {"address": address, "replicas": {SERVED: replicas}, "health_interval_s": 0.5}},
     }))  # fmt: skip

@@ -25,6 +25,7 @@ from stack.engine.launch import engine_spec, free_port, log_path_for
 from stack.engine.process import EngineSpec
 from stack.engine.records import engine_records
 from stack.engine.runtime import LocalEngine, Runtime, with_port
+from stack.planner.kv_events_args import publishes
 from stack.planner.plans import ModelPlan
 from stack.planner.stack_planner import ray_demand
 from stack.vllm.plugins.handoff import HandoffBroker
@@ -141,7 +142,19 @@ def managed(launch: Launch, plan: ModelPlan, preload: bool,
                          preload=preload, task=plan.model.task, lora=lora, adapters=adapters,
                          keeps_host_copy=plan.keeps_host_copy, slo=list(plan.slo),
                          prefix_cache_bytes=plan.prefix_cache_bytes,
-                         scheduling=str(plan.engine.get("scheduling_policy") or ""))  # fmt: skip
+                         scheduling=str(plan.engine.get("scheduling_policy") or ""),
+                         **replica_routing(launch, plan))  # fmt: skip
+
+
+def replica_routing(launch: Launch, plan: ModelPlan) -> dict[str, str]:
+    """A Ray model's own replica routing (gateway.replica_routing_models) and, when its engines publish their KV
+    events, its folder: the gateway tokenizes prompts with its tokenizer."""
+    if launch.plan.cluster is None:
+        return {}
+    own = launch.plan.config.gateway.replica_routing_models
+    routing = next((own[n] for n in (plan.profile, plan.model.name, plan.served_name) if n in own), "")
+    publishing = publishes(list(plan.args)) and Path(plan.model_arg).is_dir()
+    return {"replica_routing": routing, "model_path": plan.model_arg if publishing else ""}
 
 
 def lora_of(plan: ModelPlan) -> tuple[Base | None, list[Adapter]]:

@@ -9,14 +9,17 @@ it, so a lost node never leaves an engine serving that nobody routes to or stops
 from __future__ import annotations
 
 import ctypes
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.process import stop_process_tree
 from stack.engine_env import ENGINE_KEY_ENV, engine_environ
+from stack.planner.kv_events_args import publishes, with_endpoints
 
 PR_SET_PDEATHSIG = 1
 
@@ -49,6 +52,19 @@ def free_port_on(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+def kv_endpoints(host: str, engine_host: str) -> tuple[str, str, str, str | None]:
+    """(publish, replay, where the gateway subscribes, a folder to remove at stop) for a replica's KV events.
+    Loopback: Unix sockets in a folder of our own (mode 0700): the events carry prompts' token ids, and no
+    other user of the machine may read them. Node: vLLM binds a PUB socket only on a wildcard address
+    (tcp://*:PORT, every interface of the node: keep the cluster's network internal, as for the engines' HTTP);
+    its replay socket binds the node's IP."""
+    if engine_host == "loopback":
+        folder = tempfile.mkdtemp(prefix="vstack-kv-")
+        return f"ipc://{folder}/events", f"ipc://{folder}/replay", f"ipc://{folder}/events", folder
+    port, replay = free_port_on(host), free_port_on(host)
+    return f"tcp://*:{port}", f"tcp://{host}:{replay}", f"tcp://{host}:{port}", None
+
+
 class EngineHost:
     """The actor's class (made a Ray actor by stack.engine.ray_runtime). Its methods run on its node."""
 
@@ -56,6 +72,7 @@ class EngineHost:
         self.popen: subprocess.Popen[bytes] | None = None
         self.log_path: Path | None = None
         self.log_start = 0
+        self.kv_folder: str | None = None
 
     def start(self, argv: list[str], env: dict[str, str], log_path: str, engine_host: str,
               drop_env: tuple[str, ...] = ()) -> dict:  # fmt: skip
@@ -70,6 +87,11 @@ class EngineHost:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_start = log_size(self.log_path)
         argv = bind_to(argv, host, port)
+        kv: dict[str, str] = {}
+        if publishes(argv):
+            publish, replay, subscribe, self.kv_folder = kv_endpoints(host, engine_host)
+            argv = with_endpoints(argv, publish, replay)
+            kv = {"kv_events": subscribe, "kv_replay": replay}
         with open(self.log_path, "ab") as log:
             log.write(f"\n==> vstack (ray node {ray.get_runtime_context().get_node_id()[:8]}): starting\n".encode())
             log.flush()
@@ -78,7 +100,7 @@ class EngineHost:
                                                              env.get(ENGINE_KEY_ENV), drop_env),
                                           start_new_session=True, preexec_fn=_die_with_parent)  # fmt: skip
         return {"host": host, "port": port, "pid": self.popen.pid,
-                "node_id": ray.get_runtime_context().get_node_id()}  # fmt: skip
+                "node_id": ray.get_runtime_context().get_node_id(), **kv}  # fmt: skip
 
     def exit_code(self) -> int | None:
         return self.popen.poll() if self.popen else None
@@ -86,7 +108,10 @@ class EngineHost:
     def stop(self, grace: float = 20) -> list[int]:
         if self.popen is None:
             return []
-        return stop_process_tree(self.popen.pid, grace)
+        left = stop_process_tree(self.popen.pid, grace)
+        if self.kv_folder:
+            shutil.rmtree(self.kv_folder, ignore_errors=True)
+        return left
 
     def logs(self, lines: int = 40) -> str:
         return log_tail(self.log_path, lines, self.log_start) if self.log_path else ""

@@ -49,13 +49,16 @@ class Replica:
     pg: object = None
     fails: int = 0
     since: float = field(default_factory=time.time)
+    kv_events: str = ""  # where its engine's KV events are subscribed to (gateway.replica_routing: kv_events)
+    kv_replay: str = ""
 
     def public(self) -> dict:
         return {"replica": self.index, "state": self.state, "detail": self.detail, "url": self.url,
                 "node": self.node_id[:8] or (self.place.nodes[0][:8] if self.place.nodes else ""),
                 "nodes": [n[:8] for n in self.place.nodes], "pid": self.pid,
                 "tensor_parallel": self.place.tensor_parallel, "pipeline_parallel": self.place.pipeline_parallel,
-                "placed_because": self.place.reason, "for_s": round(time.time() - self.since, 1)}  # fmt: skip
+                "placed_because": self.place.reason, "for_s": round(time.time() - self.since, 1),
+                "kv_events": self.kv_events, "kv_replay": self.kv_replay}  # fmt: skip
 
 
 @dataclass
@@ -245,6 +248,7 @@ class RayReplicaSet:
             raise EngineError(f"engine {self.spec.name!r} replica {r.index}: its actor did not start "
                               f"({type(exc).__name__}: {exc})") from exc
         r.url, r.pid, r.node_id, r.fails = f"http://{got['host']}:{got['port']}", got["pid"], got["node_id"], 0
+        r.kv_events, r.kv_replay = got.get("kv_events", ""), got.get("kv_replay", "")
         self._move(r, "starting", f"node {r.node_id[:8]}, pid {r.pid}")
 
     def _exit_code(self, r: Replica) -> int | None:

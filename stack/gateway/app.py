@@ -182,6 +182,7 @@ def create_app(
             for hook in on_shutdown:
                 await hook(state)
             await live.close()
+            await routing.replicas.kv.close()
             await local.close()
             await state.adapters.close()
             tenants.save()

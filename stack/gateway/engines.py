@@ -46,6 +46,8 @@ class ManagedEngine:
     prefix_cache_bytes: int = 0  # its prefix cache's CPU tier across sleep (stack.vllm.kv_offload)
     slo: list[str] = field(default_factory=list)  # its objectives (models.*.slo or its profile's): the spill's
     scheduling: str = ""  # its engine's scheduling_policy: `priority` takes each request's class (adr/0043)
+    replica_routing: str = ""  # its own gateway.replica_routing_models entry ("": the gateway-wide one)
+    model_path: str = ""  # its folder, when its replicas publish KV events: the gateway's tokenizer for them
 
 
 class EngineSupervisor:
@@ -77,6 +79,7 @@ class EngineSupervisor:
                 api_base=spec.base_url, engine_key=engine_key(m.engine), state="stopped",
                 labels={"engine": spec.name, "managed": "1", "runtime": m.engine.runtime_kind, "task": m.task, **role},
             ))  # fmt: skip
+            state.routing.replicas.configure(m.model_group, m.replica_routing or None, m.model_path or None)
             if m.slo:  # its TTFT objective: requests spill to its fallbacks before it breaks (gateway.spill)
                 state.dispatcher.spill.set_slo(m.model_group, m.slo)
             if m.lora is not None and state.adapters is not None:
@@ -156,6 +159,8 @@ def sync_replicas(registry: DeploymentRegistry, set_id: str, slot: Slot, replica
         state = "stopped" if stopped else REPLICA_STATE.get(r["state"], "failed")
         labels = {**{k: v for k, v in parent.labels.items() if k != "role"}, "replica": str(r["replica"]),
                   "node": r["node"]}  # fmt: skip
+        if r.get("kv_events"):  # its engine publishes its KV events (gateway.replica_routing: kv_events)
+            labels.update(kv_events=r["kv_events"], kv_replay=r.get("kv_replay") or "")
         dep = registry.get(rid)
         if dep is None:
             registry.add(Deployment(id=rid, model_group=parent.model_group, kind="local",

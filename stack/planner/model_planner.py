@@ -22,6 +22,7 @@ from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
 from stack.planner.decisions import Fit
 from stack.planner.keep_host_copy import KEEP_ENV, keep_host_copy
+from stack.planner.kv_events_args import apply_kv_events
 from stack.planner.plans import ModelPlan, VllmBuild
 from stack.planner.serving import LOOK_UP, apply_model_serving
 from stack.planner.tracing_args import apply_tracing
@@ -100,6 +101,7 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
         notes.append(f"sleep: {why}")
     apply_prefix_keep(cfg, resolved, catalog, fit, notes)
     apply_tracing(cfg, resolved, catalog, notes)
+    apply_kv_events(cfg, resolved, catalog, notes)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
     cache_root = candidate_cache_root(python, cfg.cache_dir, {**os.environ, **env})

@@ -80,6 +80,7 @@ class RunsOn(_Frozen):
     detail: str
     container: str | None = None  # kind container: its name (and DNS name on the engines' network)
     nodes: tuple[str, ...] = ()  # kind ray: every replica's node(s), short ids
+    replica_routing: str | None = None  # kind ray: how the gateway chooses among the replicas
 
 
 class ModelPlan(_Frozen):

