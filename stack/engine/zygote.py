@@ -39,7 +39,8 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "HF_", "HUGGINGFACE", "TRANSFORMERS_", 
                         "VLLM_TARGET_DEVICE", "VSTACK_VLLM_START_METHOD")  # fmt: skip
 # ...except these, which the forked child applies itself (`become_engine`; PYTHONPATH only where it names the
 # folders the zygote imports from: `same_code`).
-APPLIED_IN_CHILD = ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+APPLIED_IN_CHILD = ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+                    "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS")  # fmt: skip
 MESSAGE_LIMIT = 1 << 20
 REAPING = threading.Lock()  # in the zygote: a fork and the reaper's write of an exit code, one at a time
 
@@ -166,6 +167,10 @@ def become_engine(request: dict[str, Any], log_fd: int, sockets: tuple[socket.so
             import torch  # libgomp read OMP_NUM_THREADS when the zygote loaded it: set it as an exec would
 
             torch.set_num_threads(int(threads))
+        if threads := os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "").strip():
+            import torch._inductor.config as inductor  # decided when imported (its cache folder is read at use)
+
+            inductor.compile_threads = int(threads)
         import huggingface_hub.constants as hub  # read at import; vLLM and transformers ask the constant each time
 
         offline = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""

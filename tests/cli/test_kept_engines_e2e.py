@@ -89,9 +89,10 @@ def test_a_killed_gateway_leaves_an_engine_that_status_shows_up_reattaches_and_d
         assert keep.returncode == 0 and "kept engine smollm2-135m-instruct" in said(keep)
         assert psutil.pid_exists(engine) and [r["state"] for r in vstack.status()] == ["kept (no gateway)"], \
             "down --keep-engines removes the gateway's record; the engine is listed alone"
-        for p in [psutil.Process(engine), *psutil.Process(engine).children(recursive=True)]:
+        killed = [psutil.Process(engine), *psutil.Process(engine).children(recursive=True)]
+        for p in killed:
             p.kill()
-        psutil.wait_procs([psutil.Process(engine)], timeout=10)
+        psutil.wait_procs(killed, timeout=10)  # (gone already, once whoever started it has reaped it)
         fresh = vstack("--config", str(config), "up")
         assert fresh.returncode == 0, fresh.stdout + fresh.stderr
         [new_engine] = engine_pids(state).values()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 
@@ -19,9 +18,10 @@ from bench.harness.stack_engine import rendered_engine
 from bench.harness.waiting import free_port, wait_for, wait_http
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.observability import TracingConfig
+from stack.engine.popen import launch
 from stack.tracing.settings import resolve
 
-from .conftest import ROOT, SERVED, cloud_entry, local, run_gateway, smollm2_dir, stop
+from .conftest import SERVED, cloud_entry, local, run_gateway, smollm2_dir, stop
 
 pytestmark = pytest.mark.e2e
 ASK = [{"role": "user", "content": "What is the capital of France?"}]
@@ -244,8 +244,8 @@ def test_the_engine_exports_its_spans_into_the_gateways_trace(tmp_path) -> None:
                                     config={"observability": {"tracing": {"endpoint": otlp}}})  # fmt: skip
         assert argv[argv.index("--otlp-traces-endpoint") + 1] == f"{otlp}/v1/traces"
         log = tmp_path / "traced-engine.log"
-        proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env}, stdout=log.open("wb"),
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        with log.open("wb") as out:  # started as the stack starts engines (the suite's zygote forks it: adr/0038)
+            proc = launch(argv, out, {**os.environ, **env})
         try:
             wait_http(f"http://127.0.0.1:{port}/health", 420, proc, log)
             tracing = resolve(TracingConfig(endpoint=otlp), environ={})

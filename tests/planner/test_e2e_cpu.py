@@ -15,6 +15,7 @@ import pytest
 
 from stack.config.resolve import ResolvedProfile
 from stack.config.schema import ModelEntry, ModelSource, StackConfig
+from stack.engine.popen import launch
 from stack.planner.fit_planner import fit_profile
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -54,8 +55,7 @@ def _vllm_kv_tokens(folder: Path, engine: dict, env: dict[str, str], log: Path) 
     for key, value in engine.items():
         argv += [f"--{key.replace('_', '-')}"] if value is True else [f"--{key.replace('_', '-')}", str(value)]
     with log.open("w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=root, start_new_session=True,
-                                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"})
+        proc = launch(argv, out, {**os.environ, **env, "PYTHONUNBUFFERED": "1"})  # as the stack starts engines
         try:
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and proc.poll() is None:
