@@ -15,6 +15,10 @@
 # call once per rate ("4", "8", "16", ...) up to saturation (TTFT p90 in seconds). Results under $OUT:
 # kv-routing.json (every run: TTFT p50/p90/p99, TPOT, output tok/s, the engines' prefix hit rate, the gateway's
 # index per replica), kv_routing.log (the table), vLLM's result files in kv_routing_runs/, the engines' logs.
+# First run (2026-11-29, H200, vLLM 0.26.0, rate 8): replica 0 started (38.5 GiB of KV, 315,456 tokens) and replica 1,
+# starting beside it on the same GPU, exited during its engine core's start; the cause was above the 60 lines then
+# kept (300 now). If it is vLLM's memory profiling seeing the other engine's use change meanwhile, start the
+# replicas one after the other. Nothing was measured yet.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 if [ "${1:-}" = "--stash" ]; then ls -la "$parts"; exit 0; fi
@@ -31,6 +35,6 @@ log_device "$log"
 timeout 580 python3 -m bench.gpu.kv_routing --out "$out/kv-routing.json" --rates "$rates" --strategies "$strategies" \
   2>&1 | tee -a "$log"
 code=${PIPESTATUS[0]}
-for f in "$out"/kv_routing_state/logs/*.log; do [ -f "$f" ] && tail -60 "$f" > "$out/$(basename "$f" .log)-tail.log"; done
+for f in "$out"/kv_routing_state/logs/*.log; do [ -f "$f" ] && grep -v "Capturing CUDA graphs" "$f" | tail -300 > "$out/$(basename "$f" .log)-tail.log"; done
 rm -rf "$out/kv_routing_state"
 exit "$code"
