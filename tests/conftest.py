@@ -175,7 +175,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A process that will run engine tests starts its engine zygote now (tests.support.engine_zygote): it imports
-    torch and vLLM in the background while the first tests run, and forks each later API server (~8 s of a
+    torch and vLLM in the background (an engine asked for meanwhile waits for it), and forks each API server (~8 s of a
     ~14 s eager start saved). `VSTACK_ENGINE_ZYGOTE=` (empty) turns it off."""
     runs_tests = hasattr(session.config, "workerinput") or not os.environ.get("PYTEST_XDIST_TESTRUNUID")
     starts_engines = any(item.get_closest_marker(m) for item in session.items for m in SLOW_MARKS)

@@ -9,9 +9,9 @@ process of a test session (pytest's workers, each `vstack up` gateway) shares on
 
 Opt-in by VSTACK_ENGINE_ZYGOTE (the socket's path), set only by tests/conftest.py: users, containers, Ray
 replicas and the docs' quick start exec vLLM as always. The zygote forks only `stack.vllm.launcher serve` in its
-own Python with the import-time environment it was started with; anything else, or a zygote that is not (yet)
-there, is started by Popen as before. Its client (`forked`) is the standard library only: the gateway process
-spawns its default engine before it imports anything (stack.engine.early_spawn).
+own Python with the import-time environment it was started with; anything else, or a zygote that is gone, is
+started by Popen as before (one still importing is waited for: `ready`). Its client (`forked`) is the standard
+library only: the gateway process spawns its default engine before it imports anything (stack.engine.early_spawn).
 """
 
 from __future__ import annotations
@@ -91,9 +91,11 @@ def _running(pid: int) -> bool:
 def forked(argv: list[str] | tuple[str, ...], log: IO[bytes], environ: dict[str, str]) -> ForkedEngine | None:
     """The engine forked by the zygote named in `environ` (or this process's environment), or None: no zygote,
     not our launcher's `serve` in the zygote's Python, or the zygote refused (its import-time environment
-    differs) or is not listening yet. None means: start it with Popen."""
+    differs) or is gone. None means: start it with Popen."""
     path = environ[ZYGOTE_ENV] if ZYGOTE_ENV in environ else os.environ.get(ZYGOTE_ENV)  # "": none
     if not path or tuple(argv[1:5]) != LAUNCHER:
+        return None
+    if not ready(Path(path)):
         return None
     request = {"argv": list(argv), "env": environ, "cwd": os.getcwd()}
     try:
@@ -107,6 +109,21 @@ def forked(argv: list[str] | tuple[str, ...], log: IO[bytes], environ: dict[str,
     if "pid" not in answer:
         return None
     return ForkedEngine(int(answer["pid"]), Path(answer["exit_dir"]))
+
+
+def ready(sock: Path, wait_s: float = 60) -> bool:
+    """Whether the zygote listens at `sock`, waiting while it still imports (its pid in `zygote.pid` beside the
+    socket runs): an engine exec'd meanwhile would import the same torch and vLLM beside it, on the same cores."""
+    deadline = time.monotonic() + wait_s
+    while not sock.exists():
+        try:
+            pid = int((sock.parent / "zygote.pid").read_text())
+        except (OSError, ValueError):
+            return False
+        if not _running(pid) or time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 # ---- the zygote itself (imports torch and vLLM; never imported by the client above) ----
@@ -223,6 +240,7 @@ def preload() -> None:
 def main() -> int:
     """`python -m stack.entrypoints.run stack.engine.zygote SOCKET`: preload, then fork engines until killed."""
     path = Path(sys.argv[1])
+    parent = os.getppid()
     STARTED_WITH.update(os.environ)
     preload()
     SET_BY_IMPORTS.update({k: v for k, v in os.environ.items() if STARTED_WITH.get(k) != v})
@@ -234,8 +252,15 @@ def main() -> int:
         server.listen(16)
         os.rename(path.with_name(path.name + ".new"), path)  # clients find it only once it listens
         print(f"zygote {os.getpid()} ready at {path}", flush=True)
+        server.settimeout(5)
         while True:
-            conn, _ = server.accept()
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                if os.getppid() != parent:  # whoever started it is gone (a killed test run): so is the zygote
+                    return 0
+                continue
+            conn.settimeout(None)
             with conn:
                 message, fds, _, _ = socket.recv_fds(conn, MESSAGE_LIMIT, 1)
                 request = json.loads(message)

@@ -27,6 +27,7 @@ def start() -> Path:
                               str(folder / "sock")], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     log.close()
+    (folder / "zygote.pid").write_text(str(popen.pid))  # engines asked for while it imports wait for it
     _running.update(popen=popen, folder=folder)
     os.environ[ZYGOTE_ENV] = str(folder / "sock")
     return folder
