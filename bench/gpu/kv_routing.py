@@ -118,7 +118,8 @@ def main() -> int:
     from bench.harness.dummy_models import fixture_config, write_model
     from bench.harness.ray_cluster import ray_gateway_for
 
-    result: dict = {"date": time.strftime("%Y-%m-%d"), "model": f"{args.model} (dummy weights)", "args": dict(vars(args)),
+    result: dict = {"date": time.strftime("%Y-%m-%d"), "model": f"{args.model} (dummy weights)",
+                    "args": dict(vars(args)),
                     "runs": [], "ok": False}  # fmt: skip
     result["args"]["out"] = str(args.out)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,8 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "HF_", "HUGGINGFACE", "TRANSFORMERS_", 
 # ...except these, which the forked child applies itself (`become_engine`; PYTHONPATH only where it names the
 # folders the zygote imports from: `same_code`).
 APPLIED_IN_CHILD = ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-                    "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS")  # fmt: skip
+                    "TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_COMPILE_THREADS",
+                    "PYTHONBREAKPOINT")  # fmt: skip  # (read by breakpoint() when called; `ray.init` sets it)
 MESSAGE_LIMIT = 1 << 20
 REAPING = threading.Lock()  # in the zygote: a fork and the reaper's write of an exit code, one at a time
 

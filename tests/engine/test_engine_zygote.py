@@ -62,3 +62,18 @@ def test_an_engine_whose_import_time_environment_differs_is_execd(tmp_path: Path
         engine.stop(grace=5)
     assert same_code(str(Path(__file__).resolve().parents[2])) and not same_code(str(tmp_path))
     assert not same_code(os.pathsep.join([sys.prefix, str(tmp_path)]))
+
+
+def test_what_the_zygote_refuses_and_what_it_lets_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Import-time variables must match the zygote's; those read when used do not (`ray.init` sets
+    PYTHONBREAKPOINT in a test process: in CI11 every later engine of that worker was exec'd for it)."""
+    from stack.engine import zygote
+
+    monkeypatch.setattr(zygote, "STARTED_WITH", {"PATH": "/bin", "HF_HOME": "/hub"})
+    argv = [sys.executable, *zygote.LAUNCHER, "model"]
+    env = {"PATH": "/bin", "HF_HOME": "/hub"}
+    assert zygote.refusal({"argv": argv, "env": {**env, "PYTHONBREAKPOINT": "ray.util.rpdb._driver_set_trace",
+                                                 "TORCHINDUCTOR_CACHE_DIR": "/c", "HF_HUB_OFFLINE": "1"}}) == ""
+    differs = zygote.refusal({"argv": argv, "env": {**env, "HF_HOME": "/other"}})
+    assert differs == "import-time variables differ: HF_HOME"
+    assert zygote.refusal({"argv": ["/usr/bin/python3", *argv[1:]], "env": env}).startswith("not ")
