@@ -1,15 +1,17 @@
-"""Replica routing on the engines' KV events vs prefix affinity vs round robin, on one H200 (issue 55, item 3a).
+"""Replica routing on the engines' KV events vs prefix affinity vs round robin (issue 55, item 3a).
 
-Run by bench/gpu/kv_routing.sh (its header has the device calls). One local Ray node that declares 2 GPUs on the
-one H200 (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: both replicas' engines see the physical GPU), 2 replicas of
-the Llama-3.1-8B shape (dummy weights, gpu_memory_utilization 0.4 each, prefix caching on, their KV events
-published), built by the composition root with `manager.runtime: ray` and served by the gateway in this process,
-whose replica routing is switched between runs. Workload: vLLM's own `vllm bench serve --dataset-name
-prefix_repetition` on /v1/completions: `--prefixes` shared prefixes (system prompts of `--prefix-len` tokens)
-each followed by a distinct suffix, Poisson arrivals at each rate. Each (rate, strategy) run has a seed of its own,
-so its prefixes are new text: no run is served from a cache an earlier run filled.
+Run by bench/gpu/kv_routing.sh (its header has the device calls). One local Ray node, 2 replicas of the
+Llama-3.1-8B shape (dummy weights, prefix caching on, their KV events published): one GPU each on nvidia-h200-x2,
+or both on the one H200 of nvidia-h200 (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES). Each replica holds
+`--gpu-memory-utilization` (0.3) of its GPU, so its KV cache (~190k tokens) is smaller than the workload's prefixes
+(64 x 4k + suffixes, ~280k): a replica that is sent every prefix evicts, one sent half of them keeps them. Built by
+the composition root with `manager.runtime: ray`, served by the gateway in this process, whose replica routing is
+switched between runs. Workload: vLLM's own `vllm bench serve --dataset-name prefix_repetition` on /v1/completions:
+`--prefixes` shared prefixes (system prompts of `--prefix-len` tokens) each followed by a distinct suffix, Poisson
+arrivals at each rate. Each (rate, strategy) run has a seed of its own, so its prefixes are new text: no run is
+served from a cache an earlier run filled.
 
-    python3 -m bench.gpu.kv_routing --out $OUT/kv-routing.json [--rates "4 8 16"] [--strategies ...]
+    python3 -m bench.gpu.kv_routing --out $OUT/kv-routing.json [--rates "8 16"] [--strategies ...]
 """
 
 from __future__ import annotations
@@ -32,24 +34,34 @@ SERVED = "llama8b"
 STRATEGIES = ("kv_events", "prefix_affinity", "round_robin")
 
 
-def one_gpu_two_slots(cpus: int):
-    """A head node that offers 2 GPUs on the one H200: Ray leaves CUDA_VISIBLE_DEVICES alone, so both replicas'
-    engines share GPU 0 (each holds 0.4 of its memory)."""
+def ray_node(cpus: int, gpus: int):
+    """A local Ray head node for 2 replicas: on a machine with 2 GPUs each replica's engine gets one of its own;
+    on one H200 the node declares 2 GPUs on the one card (RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: both
+    engines see the physical GPU and share its memory)."""
     from ray.cluster_utils import Cluster
 
-    os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
+    if gpus < 2:
+        os.environ["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "num_gpus": 2})
     cluster.wait_for_nodes()
     return cluster
 
 
-def config(state: Path, model_dir: Path, address: str, max_model_len: int):
+def visible_gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def config(state: Path, model_dir: Path, address: str, max_model_len: int, memory: float):
     from stack.config import load_config
 
     entry = {"name": SERVED, "source": {"path": str(model_dir)}, "served_name": SERVED}
     return load_config(text=json.dumps({
         "models": {SERVED: entry}, "state_dir": str(state), "startup_timeout_s": 900, "fit_check": "warn",
-        "engine": {"load_format": "dummy", "max_model_len": max_model_len, "gpu_memory_utilization": 0.4,
+        "engine": {"load_format": "dummy", "max_model_len": max_model_len, "gpu_memory_utilization": memory,
                    "enable_prefix_caching": True},
         "gateway": {"replica_routing_models": {SERVED: "kv_events"}, "num_retries": 1},
         "manager": {"runtime": "ray", "idle_ttl_s": 0, "restart_max": 0,
@@ -102,14 +114,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--model", default="meta-llama--Llama-3.1-8B-Instruct", help="a stack/planner/known_configs name")
-    ap.add_argument("--rates", default="4 8 16", help="requests/s, Poisson arrivals")
+    ap.add_argument("--rates", default="8 16", help="requests/s, Poisson arrivals")
     ap.add_argument("--strategies", default=" ".join(STRATEGIES))
-    ap.add_argument("--prefixes", type=int, default=32, help="shared prefixes (sessions' system prompts)")
+    ap.add_argument("--prefixes", type=int, default=64, help="shared prefixes (sessions' system prompts)")
     ap.add_argument("--prefix-len", type=int, default=4096)
     ap.add_argument("--suffix-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--seconds", type=float, default=30, help="of arrivals per run: num-prompts = rate x this")
+    ap.add_argument("--seconds", type=float, default=40, help="of arrivals per run: num-prompts = rate x this")
     ap.add_argument("--max-model-len", type=int, default=8192)
+    ap.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.3,
+        help="of each replica's GPU: 0.3 of an H200 holds ~190k tokens of the 8B's KV, less than the"
+        " prefixes' ~280k, so a replica that sees every prefix evicts (the cache pressure routing is for)",
+    )
     ap.add_argument("--cpus", type=int, default=8)
     ap.add_argument("--run-timeout", type=float, default=240)
     args = ap.parse_args()
@@ -128,9 +147,17 @@ def main() -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_model(Path(tmp) / "models" / SERVED, fixture_config(args.model))
-        cluster = one_gpu_two_slots(args.cpus)
+        gpus = visible_gpus()
+        result["gpus"] = gpus
+        cluster = ray_node(args.cpus, gpus)
         try:
-            cfg = config(args.out.parent / "kv_routing_state", folder, cluster.address, args.max_model_len)
+            cfg = config(
+                args.out.parent / "kv_routing_state",
+                folder,
+                cluster.address,
+                args.max_model_len,
+                args.gpu_memory_utilization,
+            )
             with ray_gateway_for(cfg, SERVED) as (gw, _planned):
                 wait_ready(gw, 2, 900)
                 result["ready_s"] = round(time.monotonic() - t0, 1)
