@@ -114,13 +114,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--model", default="meta-llama--Llama-3.1-8B-Instruct", help="a stack/planner/known_configs name")
-    ap.add_argument("--rates", default="8 16", help="requests/s, Poisson arrivals")
+    ap.add_argument("--rates", default="16 32", help="requests/s, Poisson arrivals")
     ap.add_argument("--strategies", default=" ".join(STRATEGIES))
     ap.add_argument("--prefixes", type=int, default=64, help="shared prefixes (sessions' system prompts)")
     ap.add_argument("--prefix-len", type=int, default=4096)
     ap.add_argument("--suffix-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--seconds", type=float, default=40, help="of arrivals per run: num-prompts = rate x this")
+    ap.add_argument("--seconds", type=float, default=30, help="of arrivals per run: num-prompts = rate x this")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument(
         "--gpu-memory-utilization",

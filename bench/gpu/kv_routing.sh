@@ -5,7 +5,7 @@
 # vLLM's `bench serve --dataset-name prefix_repetition` (64 prefixes of 4k tokens, Poisson arrivals, 40 s each) at
 # each rate for each strategy; TTFT p50/p90 and output tok/s side by side (bench/gpu/kv_routing.py says how).
 #
-#   bash bench/gpu/kv_routing.sh [RATES] [STRATEGIES]     defaults "8 16", "kv_events prefix_affinity round_robin"
+#   bash bench/gpu/kv_routing.sh [RATES] [STRATEGIES]     defaults "16 32", "kv_events prefix_affinity round_robin"
 #
 # Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh; Ray's part
 # bench/gpu/build_ray_part.sh):
@@ -19,7 +19,7 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 if [ "${1:-}" = "--stash" ]; then ls -la "$parts"; exit 0; fi
-rates=${1:-"4 8 16"}
+rates=${1:-"16 32"}
 strategies=${2:-"kv_events prefix_affinity round_robin"}
 unpack_site
 if [ ! -d "$site/ray" ]; then
@@ -29,7 +29,7 @@ fi
 export RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
 log="$out/kv_routing.log"
 log_device "$log"
-timeout 580 python3 -m bench.gpu.kv_routing --out "$out/kv-routing.json" --rates "$rates" --strategies "$strategies" \
+timeout 580 python3 -m bench.gpu.kv_routing --out "$out/kv-routing.json" --rates "$rates" --strategies "$strategies" --seconds "${RUN_SECONDS:-30}" \
   2>&1 | tee -a "$log"
 code=${PIPESTATUS[0]}
 for f in "$out"/kv_routing_state/logs/*.log; do [ -f "$f" ] && grep -v "Capturing CUDA graphs" "$f" | tail -300 > "$out/$(basename "$f" .log)-tail.log"; done
