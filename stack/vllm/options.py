@@ -280,6 +280,7 @@ def installed_catalog(python: str, cache_dir: Path, waiting: Waiting | None = No
     with (waiting or _quiet)(f"reading the options of {dist} {version} (once per vLLM version: a child process "
                              f"imports vLLM; cached in {cache.parent})"):  # fmt: skip
         data = _run_introspect(python, "options")
+    data.setdefault("kv_connectors", None)  # read (None: this vLLM's factory could not be): not asked again
     replace_file(cache, json.dumps(data))  # another vstack command may fill the same cache meanwhile
     return VllmCatalog.from_dump(data)
 
