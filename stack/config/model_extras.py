@@ -68,3 +68,37 @@ class LoraLimits(_Strict):
 
 
 Task = Literal["generate", "embed"]
+
+
+# Our names -> vLLM's KVConnectorFactory names. p2p-nccl is kept only to refuse it with the reason: vLLM removed
+# P2pNcclConnector upstream (vllm-project/vllm#44854; neither 0.26 nor 0.32 registers it).
+CONNECTORS = {"nixl": "NixlConnector"}
+GONE_CONNECTORS = {"p2p-nccl": "P2pNcclConnector (removed from vLLM: vllm-project/vllm#44854)"}
+
+
+class Disaggregation(_Strict):
+    """Prefill/decode disaggregation (adr/0052): `prefill` engines compute each prompt's KV cache and hand it
+    over vLLM's KV connector to one of `decode` engines, which generates the tokens; the gateway sends each
+    request through both (vLLM's proxy flow). Runs on `manager.runtime: ray`, one engine per replica."""
+
+    prefill: int = Field(1, ge=1, description="engines that compute prompts (each a whole copy of the model)")
+    decode: int = Field(1, ge=1, description="engines that generate the tokens (each a whole copy of the model)")
+    connector: str = Field("nixl", description="vLLM's KV connector: nixl (NixlConnector; its `nixl` wheels on "
+                           "the engines' machines)")  # fmt: skip
+
+    @model_validator(mode="after")
+    def _known_connector(self) -> Disaggregation:
+        if self.connector in GONE_CONNECTORS:
+            raise ValueError(f"connector {self.connector!r}: {GONE_CONNECTORS[self.connector]}; use connector: nixl")
+        if self.connector not in CONNECTORS:
+            raise ValueError(f"connector {self.connector!r} is not one the gateway drives; use one of: "
+                             f"{', '.join(CONNECTORS)}")  # fmt: skip
+        return self
+
+    @property
+    def vllm_connector(self) -> str:
+        return CONNECTORS[self.connector]
+
+    def phases(self) -> tuple[str, ...]:
+        """Each replica's phase by its index: the prefill engines first."""
+        return ("prefill",) * self.prefill + ("decode",) * self.decode

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stack.config.model_extras import Disaggregation
 from stack.config.origins import suggest
 from stack.config.schema import HardwareProfile, ModelEntry, ModelSource, StackConfig
 from stack.errors import ConfigError
@@ -23,6 +24,8 @@ class ResolvedProfile:
     engine_origins: dict[str, str]
     env: dict[str, str] = field(default_factory=dict)
     slo: list[str] = field(default_factory=list)  # the profile's objectives, else its model's
+    disaggregation: Disaggregation | None = None  # the profile's, else its model's (adr/0052)
+    disaggregation_origin: str = ""  # where it was set, for error messages
 
     @property
     def served_name(self) -> str:
@@ -73,6 +76,7 @@ def resolve_profile(cfg: StackConfig, name: str | None, detected_hardware: str) 
         hw_name, model_name, description = prof.hardware, prof.model, prof.description
         profile_layer = [(("profiles", target, "engine"), prof.engine)]
         profile_env, profile_slo = prof.env, prof.slo
+        profile_split = (prof.disaggregation, ("profiles", target, "disaggregation"))
     elif target == "auto" or target in cfg.models or unconfigured_model(target):
         model_name = cfg.default_model if target == "auto" else target
         # A profile written for exactly this hardware and model carries its tuned overrides: use it.
@@ -80,6 +84,7 @@ def resolve_profile(cfg: StackConfig, name: str | None, detected_hardware: str) 
         if matching:
             return resolve_profile(cfg, sorted(matching)[0], detected_hardware)
         hw_name, description, profile_layer, profile_env, profile_slo = detected_hardware, "", [], {}, []
+        profile_split = (None, ())
         target = f"{hw_name}/{model_name}"
     else:
         known = [*cfg.profiles, *cfg.models, "auto"]
@@ -116,4 +121,8 @@ def resolve_profile(cfg: StackConfig, name: str | None, detected_hardware: str) 
             origins[key] = f"{cfg.where(*path, key)}: {'.'.join((*path, key))}"
     engine = {k: v for k, v in engine.items() if v is not None}
     env = {**hardware.env, **model.env, **profile_env, **cfg.env}
-    return ResolvedProfile(target, description, hardware, model, engine, origins, env, list(profile_slo or model.slo))
+    own_split = (model.disaggregation, ("models", model_name, "disaggregation"))
+    split, path = profile_split if profile_split[0] is not None else own_split
+    where = f"{cfg.where(*path)}: {'.'.join(path)}" if split is not None else ""
+    return ResolvedProfile(target, description, hardware, model, engine, origins, env, list(profile_slo or model.slo),
+                           split, where)  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
-from stack.config.model_extras import AdapterEntry, LoraLimits, ServingFacts, Task
+from stack.config.model_extras import AdapterEntry, Disaggregation, LoraLimits, ServingFacts, Task
 from stack.config.sections.gateway import GatewayConfig
 from stack.config.sections.manager import ManagerConfig
 from stack.config.sections.observability import ObservabilityConfig
@@ -147,6 +147,9 @@ class ModelEntry(_Strict):
     slo: list[str] = Field(default_factory=list, description="its objectives, e.g. ['p95_ttft_ms<800']: the gateway "
                            "spills requests to its fallbacks before the TTFT one breaks (gateway.spill); a profile's "
                            "own `slo` takes its place")
+    disaggregation: Disaggregation | None = Field(
+        None, description="prefill/decode disaggregation: {prefill: N, decode: M, connector: nixl} (adr/0052)"
+    )
 
     _keys = _engine_keys()
 
@@ -181,6 +184,9 @@ class Profile(_Strict):
     env: dict[str, str] = Field(default_factory=dict, description="environment variables for its engine")
     slo: list[str] = Field(default_factory=list, description="objectives `vstack bench load` and `vstack tune` "
                            "check when no --slo or scenario SLO is given, e.g. ['p95_ttft_ms<800']")
+    disaggregation: Disaggregation | None = Field(
+        None, description="over its model's: prefill/decode disaggregation {prefill: N, decode: M, connector: nixl}"
+    )
 
     _keys = _engine_keys()
 

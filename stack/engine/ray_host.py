@@ -19,6 +19,7 @@ from pathlib import Path
 from stack.engine.diagnose import log_size, log_tail
 from stack.engine.process import stop_process_tree
 from stack.engine_env import ENGINE_KEY_ENV, engine_environ
+from stack.planner.disaggregation_args import SIDE_CHANNEL_HOST, SIDE_CHANNEL_PORT, side_channel
 from stack.planner.kv_events_args import publishes, with_endpoints
 
 PR_SET_PDEATHSIG = 1
@@ -92,6 +93,9 @@ class EngineHost:
             publish, replay, subscribe, self.kv_folder = kv_endpoints(host, engine_host)
             argv = with_endpoints(argv, publish, replay)
             kv = {"kv_events": subscribe, "kv_replay": replay}
+        if side_channel(argv):  # its NIXL handshake listener: a port of its own on its node (adr/0052)
+            env = {**env, SIDE_CHANNEL_HOST: host, SIDE_CHANNEL_PORT: str(free_port_on(host))}
+            kv["side_channel"] = f"{host}:{env[SIDE_CHANNEL_PORT]}"
         with open(self.log_path, "ab") as log:
             log.write(f"\n==> vstack (ray node {ray.get_runtime_context().get_node_id()[:8]}): starting\n".encode())
             log.flush()

@@ -51,6 +51,8 @@ class Replica:
     since: float = field(default_factory=time.time)
     kv_events: str = ""  # where its engine's KV events are subscribed to (gateway.replica_routing: kv_events)
     kv_replay: str = ""
+    phase: str = ""  # prefill or decode: a disaggregated model's engine (adr/0052); "" serves whole requests
+    side_channel: str = ""  # its NIXL side channel, host:port
 
     def public(self) -> dict:
         return {"replica": self.index, "state": self.state, "detail": self.detail, "url": self.url,
@@ -58,7 +60,8 @@ class Replica:
                 "nodes": [n[:8] for n in self.place.nodes], "pid": self.pid,
                 "tensor_parallel": self.place.tensor_parallel, "pipeline_parallel": self.place.pipeline_parallel,
                 "placed_because": self.place.reason, "for_s": round(time.time() - self.since, 1),
-                "kv_events": self.kv_events, "kv_replay": self.kv_replay}  # fmt: skip
+                "kv_events": self.kv_events, "kv_replay": self.kv_replay, "phase": self.phase,
+                "side_channel": self.side_channel}  # fmt: skip
 
 
 @dataclass
@@ -90,8 +93,9 @@ class RayReplicaSet:
     owns_process = True
 
     def __init__(self, engine: EngineSpec, places: list[ReplicaPlace], demand: Demand, cfg: RayRuntimeConfig,
-                 gpu: bool = False) -> None:  # fmt: skip
-        self.spec = RaySetSpec(engine.name, engine, [Replica(p.index, p) for p in places])
+                 gpu: bool = False, phases: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.phases = phases  # by replica index: a disaggregated model's prefill and decode engines
+        self.spec = RaySetSpec(engine.name, engine, [self._replica(p) for p in places])
         self.demand = demand
         self.cfg = cfg
         self.gpu = gpu
@@ -103,6 +107,9 @@ class RayReplicaSet:
         self._watch: threading.Thread | None = None
         self._gave_up = False
         self._restoring: set[int] = set()
+
+    def _replica(self, p: ReplicaPlace) -> Replica:
+        return Replica(p.index, p, phase=self.phases[p.index] if p.index < len(self.phases) else "")
 
     # -- events -------------------------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> None:
@@ -138,7 +145,7 @@ class RayReplicaSet:
             if got.refused:
                 raise EngineError(f"engine {self.spec.name!r}: the cluster cannot hold it now: "
                                   + "; ".join(got.refused), hint="add nodes or free resources (ray status)")
-            self.spec.replicas = [Replica(p.index, p) for p in got.places]
+            self.spec.replicas = [self._replica(p) for p in got.places]
         self._stop.clear()
         self._gave_up = False
         for r in self.spec.replicas:
@@ -249,6 +256,7 @@ class RayReplicaSet:
                               f"({type(exc).__name__}: {exc})") from exc
         r.url, r.pid, r.node_id, r.fails = f"http://{got['host']}:{got['port']}", got["pid"], got["node_id"], 0
         r.kv_events, r.kv_replay = got.get("kv_events", ""), got.get("kv_replay", "")
+        r.side_channel = got.get("side_channel", "")
         self._move(r, "starting", f"node {r.node_id[:8]}, pid {r.pid}")
 
     def _exit_code(self, r: Replica) -> int | None:

@@ -159,6 +159,8 @@ def sync_replicas(registry: DeploymentRegistry, set_id: str, slot: Slot, replica
         state = "stopped" if stopped else REPLICA_STATE.get(r["state"], "failed")
         labels = {**{k: v for k, v in parent.labels.items() if k != "role"}, "replica": str(r["replica"]),
                   "node": r["node"]}  # fmt: skip
+        if r.get("phase"):  # a disaggregated model's prefill or decode engine (adr/0052)
+            labels["phase"] = r["phase"]
         if r.get("kv_events"):  # its engine publishes its KV events (gateway.replica_routing: kv_events)
             labels.update(kv_events=r["kv_events"], kv_replay=r.get("kv_replay") or "")
         dep = registry.get(rid)

@@ -21,6 +21,7 @@ from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
 from stack.planner.decisions import Fit
+from stack.planner.disaggregation_args import apply_disaggregation
 from stack.planner.keep_host_copy import KEEP_ENV, keep_host_copy
 from stack.planner.kv_events_args import apply_kv_events
 from stack.planner.plans import ModelPlan, VllmBuild
@@ -102,6 +103,7 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
     apply_prefix_keep(cfg, resolved, catalog, fit, notes)
     apply_tracing(cfg, resolved, catalog, notes)
     apply_kv_events(cfg, resolved, catalog, notes)
+    apply_disaggregation(cfg, resolved, catalog, notes)
     rendered = render_engine_args(resolved.engine, catalog, resolved.engine_origins)
     env = dict(resolved.env)
     cache_root = candidate_cache_root(python, cfg.cache_dir, {**os.environ, **env})
@@ -124,7 +126,8 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
         warnings=tuple(rendered.warnings), notes=tuple(notes), fit=fit, adapters=tuple(adapters),
         drop_env=secret_env_names(cfg), derived=tuple(sorted(derived)), can_sleep=can_sleep,
         keeps_host_copy=resolved.env.get(KEEP_ENV) == "1", slo=tuple(resolved.slo),
-        prefix_cache_bytes=kv_offload.host_bytes(resolved.engine))  # fmt: skip
+        prefix_cache_bytes=kv_offload.host_bytes(resolved.engine),
+        disaggregation=resolved.disaggregation)  # fmt: skip
     return with_fingerprint(plan, catalog)
 
 

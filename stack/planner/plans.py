@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from stack.config.model_extras import Disaggregation
 from stack.config.redact import MASK, named_secret, redact_env, redacted_dump
 from stack.config.schema import HardwareProfile, ModelEntry, StackConfig
 from stack.engine_env import child_args
@@ -115,6 +116,7 @@ class ModelPlan(_Frozen):
     slo: tuple[str, ...] = ()  # the profile's objectives, else its model's (`p95_ttft_ms<800`: the spill's)
     prefix_cache_bytes: int = 0  # host memory of the KV offloading CPU tier kept across sleep (stack.vllm.kv_offload)
     handoff: bool = False  # its GPU memory is handed to the engine waking in its place (manager.sleep_handoff)
+    disaggregation: Disaggregation | None = None  # prefill + decode engines as its Ray replicas (adr/0052)
     fingerprint: str = ""  # the rendered command, hashed (stack.planner.model_planner.fingerprint)
     runs_on: RunsOn = RunsOn(kind="local", detail="a child process of the gateway on a loopback port")
 

@@ -154,6 +154,8 @@ def decide_handoff(cfg: StackConfig, plans: list[ModelPlan], catalog: VllmCatalo
 
 def replicas_of(cfg: StackConfig, plan: ModelPlan) -> int:
     """manager.ray.replicas names a model by its profile, model or served name; unnamed: 1."""
+    if plan.disaggregation is not None:  # its prefill and decode engines (adr/0052)
+        return plan.disaggregation.prefill + plan.disaggregation.decode
     wanted = cfg.manager.ray.replicas
     names = (plan.profile, plan.model.name, plan.served_name)
     return next((wanted[n] for n in names if n in wanted), 1)
@@ -174,17 +176,37 @@ def place_on_cluster(cfg: StackConfig, plans: list[ModelPlan], nodes: list[NodeR
                      on_status: Status = lambda _s: None) -> Placement:  # fmt: skip
     """Every replica of every model on the Ray cluster's live nodes, or ClusterFitError naming what does
     not fit, before anything starts (stack.planner.cluster says the rule)."""
+    refuse_split_beyond_gpus(cfg, plans, nodes)
     placement = check(place([ray_demand(cfg, p) for p in plans], nodes), nodes)
     for p in placement.places:
         on_status(f"ray: {p.model} replica {p.index} -> {p.reason}")
     return placement
 
 
+def refuse_split_beyond_gpus(cfg: StackConfig, plans: list[ModelPlan], nodes: list[NodeRes]) -> None:
+    """A disaggregated model's prefill + decode engines need their GPUs each: said with its own key, before the
+    cluster's refusal names only replica numbers."""
+    have = sum(int(n.gpus) for n in nodes if n.alive)
+    for p in plans:
+        split = p.disaggregation
+        if split is None or p.accelerator != "gpu" or not nodes:
+            continue
+        need = ray_demand(cfg, p)
+        if need.replicas * need.devices > have:
+            raise ConfigError(f"disaggregation of {p.served_name}: {split.prefill} prefill + {split.decode} decode "
+                              f"engines x {need.devices} GPU(s) need {need.replicas * need.devices} GPUs; the Ray "
+                              f"cluster has {have} free", hint="lower prefill or decode (each at least 1), or add "
+                              "GPU nodes to the cluster")  # fmt: skip
+
+
 def runs_on(cfg: StackConfig, plan: ModelPlan, site: ContainerSite | None, cluster: Placement | None) -> RunsOn:
     if cluster is not None:
         places = cluster.of(plan.served_name)
         routing = cfg.gateway.replica_routing_of(plan.profile, plan.model.name, plan.served_name)
-        detail = "; ".join(f"replica {p.index}: {p.reason}" for p in places) + f"; replica routing: {routing}"
+        phases = plan.disaggregation.phases() if plan.disaggregation is not None else ()
+        role = lambda i: f" ({phases[i]})" if i < len(phases) else ""  # noqa: E731
+        detail = "; ".join(f"replica {p.index}{role(p.index)}: {p.reason}" for p in places)
+        detail += f"; {'decode choice' if phases else 'replica routing'}: {routing}"
         return RunsOn(kind="ray", detail=detail, nodes=tuple(n[:8] for p in places for n in p.nodes),
                       replica_routing=routing)  # fmt: skip
     if site is not None:

@@ -173,6 +173,16 @@ def describe_protocol() -> dict[str, Any]:
     return {"endpoints": endpoints, "missing": missing}
 
 
+def kv_connectors() -> list[str] | None:
+    """The KV connectors this vLLM registers (KVConnectorFactory), for disaggregation's `connector`; None when
+    its factory cannot be read (an older layout)."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    except ImportError:
+        return None
+    return sorted(KVConnectorFactory._registry)
+
+
 def torch_family() -> dict[str, str | None]:
     """torch and the packages built against it (the stack checks they are one build: stack.vllm.options)."""
     from importlib import metadata
@@ -194,7 +204,8 @@ def answer(out: str, command: str, args: list[str], found: tuple[str, str] | Non
         print("vllm is not installed in this Python", file=sys.stderr)
         return 3
     elif command == "options":
-        result = {"distribution": found[0], "vllm_version": found[1], "serve_parser_actions": describe_options()}
+        result = {"distribution": found[0], "vllm_version": found[1], "serve_parser_actions": describe_options(),
+                  "kv_connectors": kv_connectors()}  # fmt: skip
     elif command == "protocol":
         result = {"distribution": found[0], "vllm_version": found[1], **describe_protocol()}
     elif command == "check":

@@ -78,9 +78,12 @@ class VllmOption:
 
 
 class VllmCatalog:
-    def __init__(self, distribution: str, version: str, actions: list[dict[str, Any]]) -> None:
+    def __init__(self, distribution: str, version: str, actions: list[dict[str, Any]],
+                 kv_connectors: list[str] | None = None) -> None:  # fmt: skip
         self.distribution = distribution
         self.version = version
+        # KVConnectorFactory's names; None: not read (a dump of another version made before they were kept)
+        self.kv_connectors = tuple(kv_connectors) if kv_connectors is not None else None
         self.options: dict[str, VllmOption] = {}
         for a in actions:
             if not a.get("option_strings"):
@@ -99,7 +102,8 @@ class VllmCatalog:
 
     @classmethod
     def from_dump(cls, data: dict[str, Any]) -> VllmCatalog:
-        return cls(data.get("distribution", "vllm"), data["vllm_version"], data["serve_parser_actions"])
+        return cls(data.get("distribution", "vllm"), data["vllm_version"], data["serve_parser_actions"],
+                   data.get("kv_connectors"))  # fmt: skip
 
     @classmethod
     def load(cls, path: Path) -> VllmCatalog:
@@ -267,12 +271,16 @@ def installed_catalog(python: str, cache_dir: Path, waiting: Waiting | None = No
     cache = cache_dir / "vllm-options" / f"{dist}-{version}.json"
     if cache.is_file():
         try:
-            return VllmCatalog.load(cache)
+            data = json.loads(cache.read_text())
+            if "kv_connectors" in data:  # one written before the connectors were kept is read again, once
+                return VllmCatalog.from_dump(data)
         except (ValueError, KeyError):
-            cache.unlink()  # a broken cache file is rebuilt, never trusted
+            pass
+        cache.unlink()  # a broken or older cache file is rebuilt, never trusted
     with (waiting or _quiet)(f"reading the options of {dist} {version} (once per vLLM version: a child process "
                              f"imports vLLM; cached in {cache.parent})"):  # fmt: skip
         data = _run_introspect(python, "options")
+    data.setdefault("kv_connectors", None)  # read (None: this vLLM's factory could not be): not asked again
     replace_file(cache, json.dumps(data))  # another vstack command may fill the same cache meanwhile
     return VllmCatalog.from_dump(data)
 

@@ -79,6 +79,8 @@ class Attempt:
         self._load: Any = None  # its place in the engine's load, for later TTFT estimates (routing.engine_load)
         self.span: Span | None = None  # its client span, when the request is traced (the dispatcher opens it)
         self._stream_span: Span | None = None
+        self.request_id: str | None = None  # sent as X-Request-Id (a disaggregated request's two calls share it)
+        self.extra_headers: dict[str, str] = {}  # for the client: x-vstack-prefill (routing.disaggregated)
 
     async def __aenter__(self) -> Attempt:
         gw, dep_id = self.gateway, self.dep.id
@@ -109,7 +111,7 @@ class Attempt:
     # -- how it answered ------------------------------------------------------------------------------------
     @property
     def headers(self) -> dict[str, str]:
-        headers = {"x-vstack-deployment": self.dep.id}
+        headers = {"x-vstack-deployment": self.dep.id, **self.extra_headers}
         if self.fallback_reason:
             headers["x-vstack-fallback"] = self.fallback_reason
         if self.request.trace is not None:  # the client can look its request up (console, collector)

@@ -20,7 +20,7 @@ from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.openai_errors import ModelNotFound
 from stack.gateway.registry import Deployment, DeploymentRegistry
 from stack.gateway.routing.cooldowns import Cooldowns
-from stack.gateway.routing.replicas import ReplicaChooser, is_replica
+from stack.gateway.routing.replicas import ReplicaChooser, is_replica, least_outstanding
 from stack.gateway.routing.strategies import STRATEGIES, DeploymentLoad, Strategy
 
 
@@ -100,6 +100,10 @@ class Routing:
         replicas = [d for d in candidates if is_replica(d)]
         if replicas:
             usable = replicas if len(candidates) == 1 else [d for d in replicas if d.id not in cooling]
+            # A disaggregated model's requests go to its decode engines (which ask a prefill engine first:
+            # stack.gateway.routing.disaggregated); its prefill engines serve whole requests only when no decode
+            # engine is ready.
+            usable = [d for d in usable if d.labels.get("phase") != "prefill"] or usable
             if usable:
                 return self.replicas.choose(usable, body, tokens)
             candidates = [d for d in candidates if not is_replica(d)] or candidates
@@ -108,6 +112,15 @@ class Routing:
             return candidates[0] if candidates else None
         lowest = min(d.order for d in candidates)
         return self.strategy([d for d in candidates if d.order == lowest], self.load, self.rng)
+
+    def prefill_for(self, decode: Deployment, exclude: set[str]) -> Deployment | None:
+        """The prefill engine for a request `decode` serves (adr/0052): among its model's ready prefill engines
+        not in `exclude`, the one with the fewest requests in flight, those cooling down last."""
+        ready = [d for d in self.registry.ready(decode.model_group)
+                 if d.labels.get("phase") == "prefill" and d.id not in exclude]  # fmt: skip
+        cooling = self.cooling_down()
+        usable = sorted([d for d in ready if d.id not in cooling] or ready, key=lambda d: d.id)
+        return least_outstanding(usable, self.replicas.outstanding) if usable else None
 
     def cooling_down(self) -> set[str]:
         """The ready deployments left out now (stack.gateway.routing.cooldowns)."""

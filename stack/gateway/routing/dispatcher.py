@@ -31,6 +31,7 @@ from stack.gateway.routing.answer import SSE_HEADERS, Answer, release_after, usa
 from stack.gateway.routing.attempt import Attempt, RoutedRequest
 from stack.gateway.routing.delegation import DELEGATE
 from stack.gateway.routing.deployment_choice import Routing
+from stack.gateway.routing.disaggregated import is_decode, prefill_first
 from stack.gateway.routing.liveness import UNRESPONSIVE, Liveness
 from stack.gateway.routing.model_tasks import check_task
 from stack.gateway.routing.replicas import is_replica
@@ -375,6 +376,8 @@ class Dispatcher:
             if not opts.get("include_usage"):
                 opts["include_usage"], strip_usage = True, True  # counted by us, dropped before the client
             out["stream_options"] = opts
+        if is_decode(at.dep):  # a disaggregated model: its prompt's KV computed on a prefill engine first
+            out = await prefill_first(self, at, BY_NAME[req.endpoint].upstream_path, out)
         at.track_load(out, stream)
         # Guarded until the answer starts: an engine found unresponsive meanwhile raises EngineStalled, which
         # falls back like any failed attempt (nothing was sent to the client yet).
@@ -384,7 +387,8 @@ class Dispatcher:
                 path = BY_NAME[req.endpoint].upstream_path
                 return await delegate.attempt(at, path, orjson.dumps(out), parent, stream, strip_usage)
         async with live.guard(dep_id):
-            resp = await self.local.open(at.dep, BY_NAME[req.endpoint].upstream_path, orjson.dumps(out), parent)
+            resp = await self.local.open(at.dep, BY_NAME[req.endpoint].upstream_path, orjson.dumps(out), parent,
+                                         request_id=at.request_id)  # fmt: skip
         if not stream or not resp.content_type.startswith("text/event-stream"):
             async with live.guard(dep_id):
                 raw = await self.local.read(resp, at.dep)

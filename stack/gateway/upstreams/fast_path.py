@@ -115,15 +115,18 @@ class LocalUpstream:
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session
 
-    async def open(self, dep: Deployment, path: str, payload: bytes,
-                   traceparent: str | None = None) -> aiohttp.ClientResponse:  # fmt: skip
-        """traceparent: the W3C header vLLM continues the trace from (the attempt's span; adr/0042)."""
+    async def open(self, dep: Deployment, path: str, payload: bytes, traceparent: str | None = None,
+                   request_id: str | None = None) -> aiohttp.ClientResponse:  # fmt: skip
+        """traceparent: the W3C header vLLM continues the trace from (the attempt's span; adr/0042); request_id:
+        vLLM's X-Request-Id (a disaggregated request's prefill and decode calls share one, adr/0052)."""
         timeout = aiohttp.ClientTimeout(
             total=dep.timeout_s or self.request_timeout_s, connect=self.connect_timeout_s, sock_read=None
         )
         headers = {"Content-Type": "application/json", **dep.auth()}
         if traceparent is not None:
             headers["traceparent"] = traceparent
+        if request_id is not None:
+            headers["X-Request-Id"] = request_id
         try:
             resp = await self.session.post(
                 f"{dep.api_base}{path}",

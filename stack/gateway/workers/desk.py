@@ -78,7 +78,8 @@ class WorkerCall:
         self.held = False
         self.channel.send({"op": "open", "id": self.rid, "dep": dep.id, "url": f"{dep.api_base}{path}",
                            "auth": dep.auth(), "timeout": dep.timeout_s, "traceparent": traceparent,
-                           "stream": stream, "strip_usage": strip_usage}, payload)  # fmt: skip
+                           "request_id": at.request_id, "stream": stream, "strip_usage": strip_usage},
+                          payload)  # fmt: skip
         try:
             head, data = await self.queue.get()
         except BaseException:  # liveness gave up on the engine, or the client left: the worker drops the call

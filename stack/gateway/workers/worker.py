@@ -240,7 +240,7 @@ class WorkerApp:
         """(the engine's streaming response or None, the reply to the owner, a whole body read, the first chunk)."""
         engine = Engine(head["dep"], head["url"], head.get("timeout"), head.get("auth") or {})
         try:
-            resp = await self.local.open(engine, "", payload, head.get("traceparent"))
+            resp = await self.local.open(engine, "", payload, head.get("traceparent"), head.get("request_id"))
             if head["stream"] and resp.content_type.startswith("text/event-stream"):
                 try:
                     first = await resp.content.readany()

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Prefill/decode disaggregation vs aggregated replicas at the same GPU count (issue 55, item 3b, adr/0052), on
+# nvidia-h200-x2: the Llama-3.1-8B shape (dummy weights) on a local Ray node with the machine's 2 GPUs, behind our
+# gateway (no proxy process): (disagg) 1 prefill + 1 decode engine, one GPU each, vLLM's NixlConnector between
+# them; (agg) 2 aggregated replicas, one GPU each, least_outstanding. Workload: `vllm bench serve --dataset-name
+# random`, 8192 tokens in / 256 out, Poisson arrivals at each rate; goodput under the SLO TTFT <= 2000 ms and TPOT
+# <= 40 ms per request (bench/gpu/disaggregation.py says why), TTFT p95, ITL p95, output tok/s side by side.
+#
+#   bash bench/gpu/disaggregation.sh CONFIG [RATES]     CONFIG: disagg or agg; RATES default "2 4 6" (requests/s)
+#
+# Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh; Ray's part
+# bench/gpu/build_ray_part.sh; NIXL's bench/gpu/build_nixl_part.sh; each call carries at most 64 MiB, so the
+# parts are stashed in /tmp/vstack-parts by calls of their own while the machine stays warm):
+#   run kind=nvidia-h200-x2 carry=[".gpu1"]   command="bash bench/gpu/suite.sh --stash"   (the same for .gpu2, .gpu3, .gpu4)
+#   run                     carry=[".gpuray"] command="bash bench/gpu/suite.sh --stash"
+#   run                     carry=[".gpunixl"] command="bash bench/gpu/disaggregation.sh disagg" timeout_s=600
+#   run                     command="bash bench/gpu/disaggregation.sh agg" timeout_s=600
+# then, here: python3 -m bench.gpu.disaggregation --table FILES_AT_1/disaggregation-disagg.json \
+#                                                         FILES_AT_2/disaggregation-agg.json
+# Two calls, one per configuration: each starts its two engines (~3 min with dummy weights, CUDA graphs) and runs
+# 3 rates x (40 s of arrivals + drain); both in one call would pass the 580 s a call may take. Results under $OUT:
+# disaggregation-CONFIG.json (every rate: goodput, TTFT/TPOT/ITL p50/p95/p99, output tok/s, completed),
+# disaggregation.log (the table), vLLM's result files in disaggregation_runs/, the engines' log tails.
+set -uo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
+if [ "${1:-}" = "--stash" ]; then ls -la "$parts"; exit 0; fi
+config=${1:?"CONFIG: disagg or agg"}
+rates=${2:-"2 4 6"}
+unpack_site
+if [ ! -d "$site/ray" ]; then
+  [ -e "$parts/part.ray.00" ] || { echo "no Ray part in $parts: stash .gpuray/ first (bench/gpu/build_ray_part.sh)"; exit 2; }
+  xz -dc -T16 "$parts/part.ray.00" | tar -C "$site" -xf - || { echo "the Ray part does not unpack"; exit 2; }
+fi
+if [ "$config" = "disagg" ] && ! python3 -c "import nixl; from nixl._api import nixl_agent" > "$out/nixl-import.log" 2>&1; then
+  echo "NIXL does not import here ($(tail -1 "$out/nixl-import.log")): vLLM's NixlConnector needs it. Build the part"
+  echo "with bash bench/gpu/build_nixl_part.sh and carry .gpunixl/ in this call (or stash it in an earlier one)."
+  exit 2
+fi
+export RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
+log="$out/disaggregation.log"
+log_device "$log"
+timeout 580 python3 -m bench.gpu.disaggregation --config "$config" --out "$out/disaggregation-$config.json" \
+  --rates "$rates" 2>&1 | tee -a "$log"
+code=${PIPESTATUS[0]}
+for f in "$out"/disaggregation_state/logs/*.log; do
+  [ -f "$f" ] && grep -v "Capturing CUDA graphs" "$f" | tail -300 > "$out/$(basename "$f" .log)-tail.log"
+done
+rm -rf "$out/disaggregation_state"
+exit "$code"

@@ -1,0 +1,109 @@
+"""Prefill/decode disaggregation (a model's or profile's `disaggregation`, adr/0052): its engines' options.
+
+`prefill` + `decode` engines of one model, each a whole copy of the model on its own GPUs, run as the model's Ray
+replicas (the first `prefill` indices prefill, the rest decode; stack.engine.ray_runtime). Every engine gets the
+same `--kv-transfer-config` (vLLM's NixlConnector, kv_role kv_both: vLLM's own NIXL examples run both sides so);
+which side an engine is on is the gateway's choice of what it sends there (stack.gateway.routing.disaggregated).
+Each engine's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT) is picked at its start on its node, as its
+HTTP port is (stack.engine.ray_host). The fit is one engine's, as for any replica: NixlConnector registers the
+engine's own KV cache for transfer and adds no GPU buffer (kv_buffer_device cuda, vLLM's default on a GPU).
+"""
+
+from __future__ import annotations
+
+import json
+
+from stack.config.resolve import ResolvedProfile
+from stack.config.schema import StackConfig
+from stack.errors import ConfigError
+from stack.planner import data_parallel
+from stack.vllm.options import VllmCatalog
+
+OPTION = "kv_transfer_config"
+FLAG = "--kv-transfer-config"
+SIDE_CHANNEL_HOST = "VLLM_NIXL_SIDE_CHANNEL_HOST"  # vllm/envs.py (0.26 and 0.32 alike)
+SIDE_CHANNEL_PORT = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+
+
+def apply_disaggregation(cfg: StackConfig, resolved: ResolvedProfile, catalog: VllmCatalog, notes: list[str]) -> None:
+    """Refuse what cannot run disaggregated, naming the key and the fix; else set kv_transfer_config."""
+    split = resolved.disaggregation
+    if split is None:
+        return
+    where, name = resolved.disaggregation_origin, resolved.served_name
+    fix_file = where.split(": ")[0]
+    if resolved.hardware.accelerator != "gpu":
+        raise ConfigError(
+            f"{where}: prefill/decode disaggregation on a CPU profile ({resolved.hardware.name}): the "
+            "nixl wheels the stack ships are CUDA builds and the planner does not budget a CPU engine's "
+            "KV transfer",
+            hint=f"serve {name} on a GPU profile, or remove disaggregation in {fix_file}",
+        )
+    if cfg.manager.runtime != "ray":
+        raise ConfigError(f"{where}: prefill/decode disaggregation runs its {split.prefill + split.decode} engines as "
+                          f"Ray replicas; manager.runtime is {cfg.manager.runtime}",
+                          hint="set manager.runtime: ray (one machine: `ray start --head`, manager.ray.engine_host: "
+                          "loopback; docs/guides/disaggregation.md)")  # fmt: skip
+    if data_parallel.ranks(resolved.engine) > 1:
+        origin = resolved.engine_origins.get("data_parallel_size", "engine.data_parallel_size")
+        raise ConfigError(
+            f"{origin}: data_parallel_size with {where}: each prefill and decode engine is one copy of the model",
+            hint="remove data_parallel_size; raise prefill or decode instead",
+        )
+    routing = cfg.gateway.replica_routing_of(resolved.name, resolved.model.name, name)
+    if routing == "kv_events":
+        raise ConfigError(f"{where}: disaggregation with gateway.replica_routing kv_events for {name}: the decode "
+                          "engines' prefix caches are filled by transfers, not by prompts the index could match",
+                          hint=f"route {name} with least_outstanding or round_robin "
+                          "(gateway.replica_routing_models)")  # fmt: skip
+    named = [n for n in (resolved.name, resolved.model.name, name) if n in cfg.manager.ray.replicas]
+    if named:
+        raise ConfigError(f"{where} and manager.ray.replicas.{named[0]} both say how many engines {name} has",
+                          hint="keep disaggregation's prefill and decode counts; remove the manager.ray.replicas "
+                          "entry")  # fmt: skip
+    if OPTION not in catalog:
+        raise ConfigError(
+            f"{where}: this vLLM ({catalog.distribution} {catalog.version}) has no {FLAG}",
+            hint="install a vLLM with KV connectors (0.10 or later), or remove disaggregation",
+        )
+    connector = split.vllm_connector
+    if catalog.kv_connectors is not None and connector not in catalog.kv_connectors:
+        raise ConfigError(f"{where}.connector: {split.connector} needs vLLM's {connector}, which "
+                          f"{catalog.distribution} {catalog.version} does not register (its connectors: "
+                          f"{', '.join(catalog.kv_connectors)})", hint="install a vLLM with NixlConnector "
+                          "(0.9.2 or later), or remove disaggregation")  # fmt: skip
+    own = resolved.engine.get(OPTION)
+    if isinstance(own, str):
+        own = json.loads(own)
+    if own and own.get("kv_connector") not in (None, connector):
+        origin = resolved.engine_origins.get(OPTION, f"engine.{OPTION}")
+        raise ConfigError(f"{origin}: kv_connector {own['kv_connector']} with {where} (connector "
+                          f"{split.connector}: {connector})", hint=f"remove kv_connector from {OPTION}; "
+                          "disaggregation sets it")  # fmt: skip
+    resolved.engine[OPTION] = {**(own or {}), "kv_connector": connector, "kv_role": "kv_both"}
+    resolved.engine_origins[OPTION] = f"{where} (each engine's NIXL side channel is picked at its start)"
+    notes.append(describe(resolved, (own or {}).get("kv_buffer_device")))
+
+
+def describe(resolved: ResolvedProfile, buffer_device: str | None) -> str:
+    """One line for the plan: both sides, their GPUs, and what the connector holds."""
+    split = resolved.disaggregation
+    assert split is not None
+    width = data_parallel.rank_gpus(resolved.engine)
+    each = f"{width} GPU{'s' if width > 1 else ''} each"
+    buffer = ("a host copy of the KV blocks it sends (kv_buffer_device: cpu)" if buffer_device == "cpu"
+              else "no GPU buffer of its own: it registers each engine's KV cache for transfer")  # fmt: skip
+    return (
+        f"disaggregation: {split.prefill} prefill + {split.decode} decode engines x {each} = "
+        f"{(split.prefill + split.decode) * width} GPUs, each engine one copy with the fit above (weights + its "
+        f"own KV cache; a prefill engine's KV holds prompts only until a decode engine has read them); "
+        f"{split.vllm_connector} (kv_role kv_both): {buffer}"
+    )
+
+
+def side_channel(argv: list[str]) -> bool:
+    """Whether this engine transfers its KV over NIXL: it then needs a side-channel port of its own."""
+    if FLAG not in argv:
+        return False
+    config = json.loads(argv[argv.index(FLAG) + 1])
+    return str(config.get("kv_connector", "")).startswith("Nixl")
