@@ -121,8 +121,8 @@ def first_token(base: str, served: str, timeout: float = 600) -> float:
 class Bench:
     """The manager in a thread with its own loop, over LocalEngines it starts (sleep mode on)."""
 
-    def __init__(self, models: dict[str, Path], utilization: float, max_len: int, logs: Path,
-                 launcher: list[str], patched: bool = True, handoff: bool = False) -> None:  # fmt: skip
+    def __init__(self, models: dict[str, Path], utilization: float, max_len: int, logs: Path, launcher: list[str],
+                 patched: bool = True, handoff: bool = False, warm: bool = False) -> None:  # fmt: skip
         import psutil
 
         from stack.config import load_config
@@ -142,13 +142,14 @@ class Bench:
         self.total = sum(g.memory_total for g in info.gpus)
         engine = {"gpu_memory_utilization": utilization, "enforce_eager": True, "max_model_len": max_len}
         self.plans = {n: fit_model(cfg, str(p), hw.name, engine=engine) for n, p in models.items()}
+        # warm: manager.warm_handoff (issue 58, adr/0053), each started engine slept and woken once after staging.
         self.settings = ManagerConfig(min_residency_s=0, quiet_s=0, idle_ttl_s=0, queue_timeout_s=900,
-                                      restart_max=0)  # fmt: skip
+                                      restart_max=0, warm_handoff=warm)  # fmt: skip
         # Ours: the ledger's runtime patches on and the host copy kept, as `vstack up` starts a GPU engine
         # (stack.engine.launch); raw vLLM: the same command with every runtime patch off.
         env = {"VLLM_SERVER_DEV_MODE": "1", **(sleep_copy_env({**engine, "enable_sleep_mode": True}) if patched
                                               else {"VSTACK_RUNTIME_PATCHES": "0"})}  # fmt: skip
-        tag = "handoff-" if handoff else "" if patched else "raw-"
+        tag = ("handoff-warm-" if warm else "handoff-") if handoff else "" if patched else "raw-"
         # manager.sleep_handoff (on by default for one-GPU engines, adr/0016): a broker here, its socket in the
         # patched engines' environment, as stack.assemble.runtimes.handoff_broker does for `vstack up`.
         self.broker = None
@@ -196,6 +197,17 @@ class Bench:
             except OSError:
                 pass
             time.sleep(0.2)
+        return None
+
+    def wait_warm(self, name: str, timeout: float = 120) -> float | None:
+        """Seconds until the warm hand-over (manager.warm_handoff) of `name` ended, None if it did not."""
+        slot, started = self.manager.slots[name], time.monotonic()
+        while time.monotonic() - started < timeout:
+            task = self.manager._warming.get(name)
+            if task is not None and task.done():
+                return round(time.monotonic() - started, 2) if not task.cancelled() and task.result() else None
+            time.sleep(0.1)
+        print(f"warm hand-over of {name} not done after {timeout:.0f} s ({slot.state}: {slot.detail})", flush=True)
         return None
 
     def url(self, name: str) -> str:
@@ -289,8 +301,9 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     false, and vLLM's endpoints by hand on those same engines: raw-patched), "handoff" (the manager with the
     handoff, what `vstack up` does by default for one-GPU engines since 2026-11-24, sequential switches:
     adr/0016), "handoff-overlap" (the same engines, the weights woken while the other sleeps: adr/0035; with
-    "handoff" the two alternate round by round) and "raw" (vLLM unpatched, its own engines started after ours
-    are gone); ours and raw by default."""
+    "handoff" the two alternate round by round), "handoff-warm" (handoff-overlap on engines of their own, each
+    slept and woken once after its start: manager.warm_handoff, adr/0053, issue 58's first switch) and "raw"
+    (vLLM unpatched, its own engines started after ours are gone); ours and raw by default."""
     sides = sides or {"ours", "raw"}
     names = SCENARIOS[scenario]
     logs = work / "logs"
@@ -321,6 +334,8 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
             # The manager stages the host buffers of a level-1 sleeper once it is ready (issue 37): wait for
             # that before the next request puts it to sleep, as an engine serving a while first would have.
             step["staged_after_s"] = b.wait_staged(n) if label != "raw" else None
+            if b.settings.warm_handoff:  # its sleep and wake after staging, before the next start puts it to sleep
+                step["warmed_after_s"] = b.wait_warm(n)
             result["starts"].append(step)
             print("start", json.dumps(step), flush=True)
         return names[-1]
@@ -355,6 +370,16 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                             cur = n
             finally:
                 b.close()
+        if "handoff-warm" in sides:  # the default switch on engines warmed after their start (adr/0053), own engines
+            b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True, warm=True)
+            try:
+                cur = start_all(b, "vstack-handoff-warm")
+                for r in range(repeat):
+                    for n in _cycle(order, cur):
+                        record({"side": "vstack-handoff-warm", "round": r, "from": cur, **b.request(n)}, cur, n)
+                        cur = n
+            finally:
+                b.close()
         if "raw" in sides:
             b = Bench(models, utilization, max_len, logs, launcher, patched=False)
             try:
@@ -372,7 +397,8 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     return result
 
 
-SIDES = ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap", "raw-patched", "raw")
+SIDES = ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap", "vstack-handoff-warm",
+         "raw-patched", "raw")  # fmt: skip
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -396,8 +422,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         row["spread"] = {side: spread(row[side]) for side in SIDES if row[side]}
         for side in SIDES:
             row[side] = median(row[side])
-        ours = [row[side] for side in ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap")
-                if row[side]]  # fmt: skip
+        ours = [row[side] for side in SIDES if side.startswith("vstack") and row[side]]
         row["best_vstack"] = min(ours) if ours else None
         row["ratio_vstack_to_raw"] = round(row["vstack"] / row["raw"], 3) if row["vstack"] and row["raw"] else None
         row["ratio_best_to_raw"] = round(row["best_vstack"] / row["raw"], 3) if ours and row["raw"] else None
