@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from bench.harness.switch_summary import SIDES, median, spread, summarize  # noqa: F401 (the bench's summary)
 from bench.harness.waiting import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -275,21 +275,6 @@ class Bench:
             self.broker.stop()
 
 
-def spread(xs: list[float]) -> dict[str, float]:
-    """The rounds' range and, from four rounds on, their middle half: what a rerun may expect around the median."""
-    xs = sorted(xs)
-    out = {"min": round(xs[0], 3), "max": round(xs[-1], 3), "n": len(xs)}
-    if len(xs) >= 4:
-        q = statistics.quantiles(xs, n=4)
-        out.update(p25=round(q[0], 3), p75=round(q[2], 3))
-    return out
-
-
-def median(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return round(statistics.median(xs), 3) if xs else None
-
-
 def _cycle(order: list[str], cur: str) -> list[str]:
     """Every model once, starting after `cur` and ending on it."""
     return [*order[order.index(cur) + 1 :], *order[: order.index(cur) + 1]]
@@ -397,62 +382,6 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     return result
 
 
-SIDES = ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap", "vstack-handoff-warm",
-         "raw-patched", "raw")  # fmt: skip
-
-
-def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Per direction: median totals of each side, the ratio ours / raw, and the bus limit beside them.
-
-    Round 0 is a warm-up on every side and is left out of the medians (kept in `first_round`): it holds each
-    engine's first sleep after its start (pinned host buffers allocated, 4-8 s on either side) and first wake.
-    With a single round there is nothing else, so it is used."""
-    out: dict[str, Any] = {}
-    rounds = {s.get("round", 0) for s in result["switches"]}
-    for s in result["switches"]:
-        key = f"{s.get('from')}->{s['to']}"
-        row = out.setdefault(key, {**{side: [] for side in SIDES}, "bus": s.get("bus"), "first_round": {}})
-        if s.get("round", 0) == 0:
-            row["first_round"][s["side"]] = s["total_s"]
-        if s.get("round", 0) > 0 or rounds == {0}:
-            row[s["side"]].append(s["total_s"])
-    for row in out.values():
-        row["runs"] = max(len(row[side]) for side in SIDES)
-        row["max"] = {side: max(row[side]) for side in SIDES if row[side]}
-        row["spread"] = {side: spread(row[side]) for side in SIDES if row[side]}
-        for side in SIDES:
-            row[side] = median(row[side])
-        ours = [row[side] for side in SIDES if side.startswith("vstack") and row[side]]
-        row["best_vstack"] = min(ours) if ours else None
-        row["ratio_vstack_to_raw"] = round(row["vstack"] / row["raw"], 3) if row["vstack"] and row["raw"] else None
-        row["ratio_best_to_raw"] = round(row["best_vstack"] / row["raw"], 3) if ours and row["raw"] else None
-        # Against the floor too: the weights moved over the bus, both ways at once (issue 58: <= 1.2x).
-        floor = (row.get("bus") or {}).get("overlapped_s")
-        row["ratio_to_overlapped_bus"] = {side: round(row[side] / floor, 3) for side in SIDES
-                                          if row[side] and floor}  # fmt: skip
-    # The first switch of each side after its engines started (issue 37: 7.0 s against 0.50-0.70 s steady on an
-    # H100, its sleep allocating the pinned host buffers), beside the steady median of the same direction.
-    first: dict[str, Any] = {}
-    for s in result["switches"]:
-        if s["side"] in first:
-            continue
-        key = f"{s.get('from')}->{s['to']}"
-        steady = out.get(key, {}).get(s["side"])
-        first[s["side"]] = {"switch": key, "total_s": s["total_s"], "phases": s.get("phases"),
-                            "steady_median_s": steady,
-                            "ratio_to_steady": round(s["total_s"] / steady, 3) if steady else None}  # fmt: skip
-    out["_first_switch_after_start"] = first
-    cold = [s for s in result["switches"] if s["side"].startswith("vstack") and s.get("kind") == "cold"]
-    out["_checks"] = {"cold_starts_in_switches": len(cold),
-                      "first_switch_le_1.2x_steady": all((f["ratio_to_steady"] or 9) <= 1.2 for side, f in
-                                                         first.items() if side.startswith("vstack")),
-                      "every_switch_le_raw": all((r["ratio_best_to_raw"] or 9) <= 1.0 for k, r in out.items()
-                                                 if not k.startswith("_")),
-                      "every_switch_le_half_raw": all((r["ratio_best_to_raw"] or 9) <= 0.5 for k, r in out.items()
-                                                      if not k.startswith("_"))}  # fmt: skip
-    return out
-
-
 def main(args: Any) -> None:
     import shlex
 
@@ -467,7 +396,7 @@ def main(args: Any) -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
-    from bench.gpu.switch_table import table
+    from bench.harness.switch_summary import table
 
     # Last, once the result is written: what a newcomer reads (medians, spread, ratios; docs/guides/switching.md).
     print("\n" + table(result), flush=True)

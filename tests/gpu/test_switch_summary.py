@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.gpu.switch_table import table
+from bench.harness.switch_summary import table
 from bench.switch_gpu import bus_limit, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,3 +97,12 @@ def test_a_run_recorded_before_the_spread_existed_still_prints_its_table() -> No
 def test_the_bus_limit_gives_the_incoming_weights_alone_beside_both_ways() -> None:
     bus = {"h2d_gbps": 50.0, "d2h_gbps": 40.0, "duplex_each_gbps": 25.0}
     assert bus_limit(10 * 10**9, 5 * 10**9, bus) == {"sequential_s": 0.35, "overlapped_s": 0.4, "in_only_s": 0.1}
+
+
+def test_the_warm_side_is_one_of_ours_with_its_own_first_switch() -> None:
+    result = {"switches": [switch("vstack-handoff-warm", 0, 0.55), switch("raw", 0, 5.0),
+                           switch("vstack-handoff-warm", 1, 0.50), switch("raw", 1, 1.0)]}  # fmt: skip
+    summary = summarize(result)
+    assert summary["8b->3b"]["best_vstack"] == 0.50 and summary["8b->3b"]["ratio_best_to_raw"] == 0.5
+    assert summary["_first_switch_after_start"]["vstack-handoff-warm"]["ratio_to_steady"] == 1.1
+    assert "8b->3b  vstack-handoff-warm  0.500" in table({"switches": result["switches"], "bus": {}})
