@@ -281,14 +281,16 @@ def _cycle(order: list[str], cur: str) -> list[str]:
 
 
 def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path, launcher: list[str],
-        sides: set[str] | None = None) -> dict:  # fmt: skip
+        sides: set[str] | None = None, save: Any = None) -> dict:  # fmt: skip
     """`sides`: "ours" (the manager on patched engines without the memory handoff, i.e. manager.sleep_handoff:
     false, and vLLM's endpoints by hand on those same engines: raw-patched), "handoff" (the manager with the
     handoff, what `vstack up` does by default for one-GPU engines since 2026-11-24, sequential switches:
     adr/0016), "handoff-overlap" (the same engines, the weights woken while the other sleeps: adr/0035; with
     "handoff" the two alternate round by round), "handoff-warm" (handoff-overlap on engines of their own, each
     slept and woken once after its start: manager.warm_handoff, adr/0053, issue 58's first switch) and "raw"
-    (vLLM unpatched, its own engines started after ours are gone); ours and raw by default."""
+    (vLLM unpatched, its own engines started after ours are gone); ours and raw by default; handoff-warm runs
+    last, so a run stopped at the device call's limit keeps the figures the README cites. `save(result)` after
+    each side: a run stopped meanwhile still leaves its JSON."""
     sides = sides or {"ours", "raw"}
     names = SCENARIOS[scenario]
     logs = work / "logs"
@@ -355,16 +357,8 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                             cur = n
             finally:
                 b.close()
-        if "handoff-warm" in sides:  # the default switch on engines warmed after their start (adr/0053), own engines
-            b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True, warm=True)
-            try:
-                cur = start_all(b, "vstack-handoff-warm")
-                for r in range(repeat):
-                    for n in _cycle(order, cur):
-                        record({"side": "vstack-handoff-warm", "round": r, "from": cur, **b.request(n)}, cur, n)
-                        cur = n
-            finally:
-                b.close()
+        if save is not None and result["switches"]:
+            save(result)
         if "raw" in sides:
             b = Bench(models, utilization, max_len, logs, launcher, patched=False)
             try:
@@ -372,6 +366,18 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                 for r in range(repeat):
                     for n in _cycle(order, cur):
                         record({"side": "raw", "round": r, **b.raw(cur, n, by_tag=r == 0)}, cur, n)
+                        cur = n
+            finally:
+                b.close()
+        if save is not None:
+            save(result)
+        if "handoff-warm" in sides:  # the default switch on engines warmed after their start (adr/0053), own engines
+            b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True, warm=True)
+            try:
+                cur = start_all(b, "vstack-handoff-warm")
+                for r in range(repeat):
+                    for n in _cycle(order, cur):
+                        record({"side": "vstack-handoff-warm", "round": r, "from": cur, **b.request(n)}, cur, n)
                         cur = n
             finally:
                 b.close()
@@ -390,7 +396,13 @@ def main(args: Any) -> None:
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sides = set(args.sides.split(",")) if args.sides else None
-    result = run(args.scenario, args.repeat, args.utilization, 2048, work, shlex.split(args.launcher), sides)
+
+    def save(partial: dict) -> None:  # after each side: what a run stopped at the device call's limit leaves
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({**partial, "summary": summarize(partial), "partial": True}, indent=1))
+
+    result = run(args.scenario, args.repeat, args.utilization, 2048, work, shlex.split(args.launcher), sides, save)
     result["date"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(result["summary"], indent=1))
     if args.out:
