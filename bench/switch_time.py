@@ -251,7 +251,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--sides", default=None, help="--gpu: ours,raw (default both; one side per call where the "
                     "starts of both do not fit one device call, e.g. round); handoff: the stack's default, sequential "
-                    "switches with the memory handoff (manager.sleep_handoff); ours: without it")  # fmt: skip
+                    "switches with the memory handoff (manager.sleep_handoff); handoff-overlap: overlapped (the "
+                    "default); handoff-warm: that on engines warmed after their start (manager.warm_handoff); ours: "
+                    "without it")  # fmt: skip
     ap.add_argument("--through", choices=["gateway", "manager", "auto"], default="auto")
     ap.add_argument("--logs", type=Path, default=Path("/tmp/vstack-switch-bench"))
     ap.add_argument("--out", type=Path)
