@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from bench.harness.switch_summary import SIDES, median, spread, summarize  # noqa: F401 (the bench's summary)
 from bench.harness.waiting import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,10 +88,13 @@ def bus(gib: float = 4.0) -> dict[str, float]:
 def bus_limit(w_out: int, w_in: int, b: dict[str, float]) -> dict[str, float | None]:
     """Seconds the bus needs to move A's weights out and B's in: one after the other, and both at once."""
     if "h2d_gbps" not in b:
-        return {"sequential_s": None, "overlapped_s": None}
+        return {"sequential_s": None, "overlapped_s": None, "in_only_s": None}
     seq = w_out / (b["d2h_gbps"] * 1e9) + w_in / (b["h2d_gbps"] * 1e9)
     both = max(w_out, w_in) / (b["duplex_each_gbps"] * 1e9)
-    return {"sequential_s": round(seq, 3), "overlapped_s": round(both, 3)}
+    # What actually crosses when the sleeping engine keeps its weights' host copy (the stack's default where
+    # weights cannot change): only B's weights, host->GPU. Shown beside the goal's base, not instead of it.
+    in_only = w_in / (b["h2d_gbps"] * 1e9)
+    return {"sequential_s": round(seq, 3), "overlapped_s": round(both, 3), "in_only_s": round(in_only, 3)}
 
 
 def make_models(names: list[str], where: Path) -> dict[str, Path]:
@@ -118,8 +121,8 @@ def first_token(base: str, served: str, timeout: float = 600) -> float:
 class Bench:
     """The manager in a thread with its own loop, over LocalEngines it starts (sleep mode on)."""
 
-    def __init__(self, models: dict[str, Path], utilization: float, max_len: int, logs: Path,
-                 launcher: list[str], patched: bool = True, handoff: bool = False) -> None:  # fmt: skip
+    def __init__(self, models: dict[str, Path], utilization: float, max_len: int, logs: Path, launcher: list[str],
+                 patched: bool = True, handoff: bool = False, warm: bool = False) -> None:  # fmt: skip
         import psutil
 
         from stack.config import load_config
@@ -139,13 +142,14 @@ class Bench:
         self.total = sum(g.memory_total for g in info.gpus)
         engine = {"gpu_memory_utilization": utilization, "enforce_eager": True, "max_model_len": max_len}
         self.plans = {n: fit_model(cfg, str(p), hw.name, engine=engine) for n, p in models.items()}
+        # warm: manager.warm_handoff (issue 58, adr/0053), each started engine slept and woken once after staging.
         self.settings = ManagerConfig(min_residency_s=0, quiet_s=0, idle_ttl_s=0, queue_timeout_s=900,
-                                      restart_max=0)  # fmt: skip
+                                      restart_max=0, warm_handoff=warm)  # fmt: skip
         # Ours: the ledger's runtime patches on and the host copy kept, as `vstack up` starts a GPU engine
         # (stack.engine.launch); raw vLLM: the same command with every runtime patch off.
         env = {"VLLM_SERVER_DEV_MODE": "1", **(sleep_copy_env({**engine, "enable_sleep_mode": True}) if patched
                                               else {"VSTACK_RUNTIME_PATCHES": "0"})}  # fmt: skip
-        tag = "handoff-" if handoff else "" if patched else "raw-"
+        tag = ("handoff-warm-" if warm else "handoff-") if handoff else "" if patched else "raw-"
         # manager.sleep_handoff (on by default for one-GPU engines, adr/0016): a broker here, its socket in the
         # patched engines' environment, as stack.assemble.runtimes.handoff_broker does for `vstack up`.
         self.broker = None
@@ -195,6 +199,17 @@ class Bench:
             time.sleep(0.2)
         return None
 
+    def wait_warm(self, name: str, timeout: float = 120) -> float | None:
+        """Seconds until the warm hand-over (manager.warm_handoff) of `name` ended, None if it did not."""
+        slot, started = self.manager.slots[name], time.monotonic()
+        while time.monotonic() - started < timeout:
+            task = self.manager._warming.get(name)
+            if task is not None and task.done():
+                return round(time.monotonic() - started, 2) if not task.cancelled() and task.result() else None
+            time.sleep(0.1)
+        print(f"warm hand-over of {name} not done after {timeout:.0f} s ({slot.state}: {slot.detail})", flush=True)
+        return None
+
     def url(self, name: str) -> str:
         return self.manager.slots[name].runtime.spec.base_url
 
@@ -214,13 +229,26 @@ class Bench:
         total = time.perf_counter() - t0
         last = dict(self.manager.slots[name].last_switch)
         phases = last.get("phases", {})
-        in_phases = sum(v for k, v in phases.items() if k.endswith("_s") and k != "overlap_s" and not (
-            last.get("overlap") and (k.startswith("sleep_") or k in ("wake_weights_s", "reload_weights_s"))))
+        in_phases = sum(
+            v
+            for k, v in phases.items()
+            if k.endswith("_s")
+            and k != "overlap_s"
+            and not (last.get("overlap") and (k.startswith("sleep_") or k in ("wake_weights_s", "reload_weights_s")))
+        )
         in_phases += phases.get("overlap_s", 0.0)
-        return {"to": name, "total_s": round(total, 3), "switch_s": last.get("seconds"), "kind": last.get("kind"),
-                "tier": last.get("tier"), "overlap": last.get("overlap"), "order": last.get("order"),
-                "phases": phases, "first_token_after_switch_s": round(total - admitted, 3),
-                "overhead_s": None if last.get("seconds") is None else round(last["seconds"] - in_phases, 3)}
+        return {
+            "to": name,
+            "total_s": round(total, 3),
+            "switch_s": last.get("seconds"),
+            "kind": last.get("kind"),
+            "tier": last.get("tier"),
+            "overlap": last.get("overlap"),
+            "order": last.get("order"),
+            "phases": phases,
+            "first_token_after_switch_s": round(total - admitted, 3),
+            "overhead_s": None if last.get("seconds") is None else round(last["seconds"] - in_phases, 3),
+        }
 
     def raw(self, frm: str, to: str, by_tag: bool = False) -> dict[str, Any]:
         """vLLM's own endpoints by hand: sleep the awake one (level 1), wake the other, its first token."""
@@ -247,34 +275,22 @@ class Bench:
             self.broker.stop()
 
 
-def spread(xs: list[float]) -> dict[str, float]:
-    """The rounds' range and, from four rounds on, their middle half: what a rerun may expect around the median."""
-    xs = sorted(xs)
-    out = {"min": round(xs[0], 3), "max": round(xs[-1], 3), "n": len(xs)}
-    if len(xs) >= 4:
-        q = statistics.quantiles(xs, n=4)
-        out.update(p25=round(q[0], 3), p75=round(q[2], 3))
-    return out
-
-
-def median(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return round(statistics.median(xs), 3) if xs else None
-
-
 def _cycle(order: list[str], cur: str) -> list[str]:
     """Every model once, starting after `cur` and ending on it."""
     return [*order[order.index(cur) + 1 :], *order[: order.index(cur) + 1]]
 
 
 def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path, launcher: list[str],
-        sides: set[str] | None = None) -> dict:  # fmt: skip
+        sides: set[str] | None = None, save: Any = None) -> dict:  # fmt: skip
     """`sides`: "ours" (the manager on patched engines without the memory handoff, i.e. manager.sleep_handoff:
     false, and vLLM's endpoints by hand on those same engines: raw-patched), "handoff" (the manager with the
     handoff, what `vstack up` does by default for one-GPU engines since 2026-11-24, sequential switches:
     adr/0016), "handoff-overlap" (the same engines, the weights woken while the other sleeps: adr/0035; with
-    "handoff" the two alternate round by round) and "raw" (vLLM unpatched, its own engines started after ours
-    are gone); ours and raw by default."""
+    "handoff" the two alternate round by round), "handoff-warm" (handoff-overlap on engines of their own, each
+    slept and woken once after its start: manager.warm_handoff, adr/0053, issue 58's first switch) and "raw"
+    (vLLM unpatched, its own engines started after ours are gone); ours and raw by default; handoff-warm runs
+    last, so a run stopped at the device call's limit keeps the figures the README cites. `save(result)` after
+    each side: a run stopped meanwhile still leaves its JSON."""
     sides = sides or {"ours", "raw"}
     names = SCENARIOS[scenario]
     logs = work / "logs"
@@ -305,6 +321,8 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
             # The manager stages the host buffers of a level-1 sleeper once it is ready (issue 37): wait for
             # that before the next request puts it to sleep, as an engine serving a while first would have.
             step["staged_after_s"] = b.wait_staged(n) if label != "raw" else None
+            if b.settings.warm_handoff:  # its sleep and wake after staging, before the next start puts it to sleep
+                step["warmed_after_s"] = b.wait_warm(n)
             result["starts"].append(step)
             print("start", json.dumps(step), flush=True)
         return names[-1]
@@ -339,6 +357,8 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                             cur = n
             finally:
                 b.close()
+        if save is not None and result["switches"]:
+            save(result)
         if "raw" in sides:
             b = Bench(models, utilization, max_len, logs, launcher, patched=False)
             try:
@@ -349,67 +369,23 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                         cur = n
             finally:
                 b.close()
+        if save is not None:
+            save(result)
+        if "handoff-warm" in sides:  # the default switch on engines warmed after their start (adr/0053), own engines
+            b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True, warm=True)
+            try:
+                cur = start_all(b, "vstack-handoff-warm")
+                for r in range(repeat):
+                    for n in _cycle(order, cur):
+                        record({"side": "vstack-handoff-warm", "round": r, "from": cur, **b.request(n)}, cur, n)
+                        cur = n
+            finally:
+                b.close()
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
         print("error:", result["error"], flush=True)
     result["summary"] = summarize(result)
     return result
-
-
-SIDES = ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap", "raw-patched", "raw")
-
-
-def summarize(result: dict[str, Any]) -> dict[str, Any]:
-    """Per direction: median totals of each side, the ratio ours / raw, and the bus limit beside them.
-
-    Round 0 is a warm-up on every side and is left out of the medians (kept in `first_round`): it holds each
-    engine's first sleep after its start (pinned host buffers allocated, 4-8 s on either side) and first wake.
-    With a single round there is nothing else, so it is used."""
-    out: dict[str, Any] = {}
-    rounds = {s.get("round", 0) for s in result["switches"]}
-    for s in result["switches"]:
-        key = f"{s.get('from')}->{s['to']}"
-        row = out.setdefault(key, {**{side: [] for side in SIDES}, "bus": s.get("bus"), "first_round": {}})
-        if s.get("round", 0) == 0:
-            row["first_round"][s["side"]] = s["total_s"]
-        if s.get("round", 0) > 0 or rounds == {0}:
-            row[s["side"]].append(s["total_s"])
-    for row in out.values():
-        row["runs"] = max(len(row[side]) for side in SIDES)
-        row["max"] = {side: max(row[side]) for side in SIDES if row[side]}
-        row["spread"] = {side: spread(row[side]) for side in SIDES if row[side]}
-        for side in SIDES:
-            row[side] = median(row[side])
-        ours = [row[side] for side in ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap")
-                if row[side]]  # fmt: skip
-        row["best_vstack"] = min(ours) if ours else None
-        row["ratio_vstack_to_raw"] = round(row["vstack"] / row["raw"], 3) if row["vstack"] and row["raw"] else None
-        row["ratio_best_to_raw"] = round(row["best_vstack"] / row["raw"], 3) if ours and row["raw"] else None
-        # Against the floor too: the weights moved over the bus, both ways at once (issue 58: <= 1.2x).
-        floor = (row.get("bus") or {}).get("overlapped_s")
-        row["ratio_to_overlapped_bus"] = {side: round(row[side] / floor, 3) for side in SIDES
-                                          if row[side] and floor}  # fmt: skip
-    # The first switch of each side after its engines started (issue 37: 7.0 s against 0.50-0.70 s steady on an
-    # H100, its sleep allocating the pinned host buffers), beside the steady median of the same direction.
-    first: dict[str, Any] = {}
-    for s in result["switches"]:
-        if s["side"] in first:
-            continue
-        key = f"{s.get('from')}->{s['to']}"
-        steady = out.get(key, {}).get(s["side"])
-        first[s["side"]] = {"switch": key, "total_s": s["total_s"], "phases": s.get("phases"),
-                            "steady_median_s": steady,
-                            "ratio_to_steady": round(s["total_s"] / steady, 3) if steady else None}  # fmt: skip
-    out["_first_switch_after_start"] = first
-    cold = [s for s in result["switches"] if s["side"].startswith("vstack") and s.get("kind") == "cold"]
-    out["_checks"] = {"cold_starts_in_switches": len(cold),
-                      "first_switch_le_1.2x_steady": all((f["ratio_to_steady"] or 9) <= 1.2 for side, f in
-                                                         first.items() if side.startswith("vstack")),
-                      "every_switch_le_raw": all((r["ratio_best_to_raw"] or 9) <= 1.0 for k, r in out.items()
-                                                 if not k.startswith("_")),
-                      "every_switch_le_half_raw": all((r["ratio_best_to_raw"] or 9) <= 0.5 for k, r in out.items()
-                                                      if not k.startswith("_"))}  # fmt: skip
-    return out
 
 
 def main(args: Any) -> None:
@@ -420,9 +396,19 @@ def main(args: Any) -> None:
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sides = set(args.sides.split(",")) if args.sides else None
-    result = run(args.scenario, args.repeat, args.utilization, 2048, work, shlex.split(args.launcher), sides)
+
+    def save(partial: dict) -> None:  # after each side: what a run stopped at the device call's limit leaves
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({**partial, "summary": summarize(partial), "partial": True}, indent=1))
+
+    result = run(args.scenario, args.repeat, args.utilization, 2048, work, shlex.split(args.launcher), sides, save)
     result["date"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(result["summary"], indent=1))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
+    from bench.harness.switch_summary import table
+
+    # Last, once the result is written: what a newcomer reads (medians, spread, ratios; docs/guides/switching.md).
+    print("\n" + table(result), flush=True)

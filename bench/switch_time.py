@@ -251,7 +251,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--sides", default=None, help="--gpu: ours,raw (default both; one side per call where the "
                     "starts of both do not fit one device call, e.g. round); handoff: the stack's default, sequential "
-                    "switches with the memory handoff (manager.sleep_handoff); ours: without it")  # fmt: skip
+                    "switches with the memory handoff (manager.sleep_handoff); handoff-overlap: overlapped (the "
+                    "default); handoff-warm: that on engines warmed after their start (manager.warm_handoff); ours: "
+                    "without it")  # fmt: skip
     ap.add_argument("--through", choices=["gateway", "manager", "auto"], default="auto")
     ap.add_argument("--logs", type=Path, default=Path("/tmp/vstack-switch-bench"))
     ap.add_argument("--out", type=Path)
@@ -302,8 +304,12 @@ def main() -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
     else:
-        summary = "; ".join(f"{r['kind']}: vstack {r['vstack_s']:.2f} s vs plain vLLM {r['plain_vllm_s']:.2f} s"
-                            for r in rows) or "no row measured"
+        summary = (
+            "; ".join(
+                f"{r['kind']}: vstack {r['vstack_s']:.2f} s vs plain vLLM {r['plain_vllm_s']:.2f} s" for r in rows
+            )
+            or "no row measured"
+        )
         name = "switch-time" if args.repeat > 1 else "switch-time-quick"  # one run of each kind: its own series
         print("wrote", record(name, f"CPU switch times through the {through}: {summary}", figures(rows), raw=result))
 
@@ -312,11 +318,23 @@ def figures(rows: list[dict]) -> list[Figure]:
     """What the manifest and docs/performance.md show of a run."""
     out = []
     for r in rows:
-        out.append(Figure(name=f"{r['kind']} switch, vstack", value=r["vstack_s"], unit="s",
-                          meaning=f"request to first token when the other model is {r['kind']}, through vstack "
-                                  f"(median of {r['runs']}); lower is better"))
-        out.append(Figure(name=f"{r['kind']} switch, plain vLLM", value=r["plain_vllm_s"], unit="s",
-                          meaning="the same moves done by hand on plain vLLM"))
+        out.append(
+            Figure(
+                name=f"{r['kind']} switch, vstack",
+                value=r["vstack_s"],
+                unit="s",
+                meaning=f"request to first token when the other model is {r['kind']}, through vstack "
+                f"(median of {r['runs']}); lower is better",
+            )
+        )
+        out.append(
+            Figure(
+                name=f"{r['kind']} switch, plain vLLM",
+                value=r["plain_vllm_s"],
+                unit="s",
+                meaning="the same moves done by hand on plain vLLM",
+            )
+        )
     return out
 
 

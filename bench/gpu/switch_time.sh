@@ -13,6 +13,22 @@
 #                                                       the handoff sequential and overlapped (adr/0035),
 #                                                       round by round on the same engines, then raw: ~6 min
 #
+#   bash bench/gpu/switch_time.sh pair 5 handoff-overlap,handoff-warm,raw
+#                                                       issue 58: the default switch, then raw vLLM, then the same
+#                                                       switch on engines warmed after their start (manager.
+#                                                       warm_handoff, adr/0053): ~8-8.5 min on an H200 (the
+#                                                       2026-11-28 run of the first two sides took ~5.3 min)
+#
+# Issue 58's device calls (after merging branch `switch-figures`; kind nvidia-h200, timeout_s 600 each):
+#   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"
+#   run                  carry=[".gpu2"] command="bash bench/gpu/suite.sh --stash"
+#   run                  carry=[".gpu3"] command="bash bench/gpu/suite.sh --stash"
+#   run                  carry=[".gpu4"] command="bash bench/gpu/suite.sh --stash"
+#   run                  command="bash bench/gpu/switch_time.sh pair 5 handoff-overlap,handoff-warm,raw"
+# The result JSON is rewritten after each side, so a run stopped at its limit still returns the sides done
+# (handoff-warm runs last). It ends with the summary table (docs/guides/switching.md says what each column means;
+# `python3 -m bench.harness.switch_summary FILE.json` prints it again).
+#
 # Device-tool calls for the lead (from /work/main after merging branch `switch`; the site parts are the GPU
 # suite's, built by `bash bench/gpu/build_site.sh`; back to back, a machine stays warm ~30 s after a call):
 #   run kind=nvidia-h100-x1 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"

@@ -16,7 +16,7 @@ from stack.engine.control_client import control_client
 from stack.engine.diagnose import log_tail
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import EngineError
-from stack.vllm.plugins.host_copy import STAGE_METHOD
+from stack.vllm.plugins.host_copy import STAGE_METHOD, STAGING_METHOD
 
 
 class RuntimeSpec(Protocol):
@@ -66,6 +66,16 @@ class Runtime(Protocol):
         """After a level-2 sleep and a wake of the weights: load them again from the model's files."""
         ...
 
+    def host_copy_busy(self, timeout: float = 10) -> bool:
+        """True while the engine still stages its host buffers (or sleeps or wakes); False once idle, and also
+        when it cannot say (an engine without the runtime patch): a sleep then simply waits for the engine."""
+        try:
+            resp = control_client().post(f"{self.spec.base_url}/collective_rpc", json={"method": STAGING_METHOD},
+                                         headers=auth_header(engine_key(self)), timeout=timeout)  # fmt: skip
+            return resp.status_code == 200 and "busy" in (resp.json().get("results") or [])
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+
     def is_sleeping(self) -> bool: ...
 
     def logs(self, lines: int = 40) -> str:
@@ -97,6 +107,16 @@ class SleepEndpoints:
         (runtime patch gpu-sleep-wake-at-bus-speed); answers once the engine has started doing so."""
         control_post(self.spec.base_url, self.spec.name, "/collective_rpc", {}, timeout,
                      body={"method": STAGE_METHOD})  # fmt: skip
+
+    def host_copy_busy(self, timeout: float = 10) -> bool:
+        """True while the engine still stages its host buffers (or sleeps or wakes); False once idle, and also
+        when it cannot say (an engine without the runtime patch): a sleep then simply waits for the engine."""
+        try:
+            resp = control_client().post(f"{self.spec.base_url}/collective_rpc", json={"method": STAGING_METHOD},
+                                         headers=auth_header(engine_key(self)), timeout=timeout)  # fmt: skip
+            return resp.status_code == 200 and "busy" in (resp.json().get("results") or [])
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
 
     def is_sleeping(self) -> bool:
         resp = control_client().get(f"{self.spec.base_url}/is_sleeping", headers=auth_header(engine_key(self)),

@@ -56,6 +56,7 @@ class ManagerBase:
         self.history: deque[dict] = deque(maxlen=100)  # every finished switch with its phases (the console's)
         self.stopping = False
         self.handoff: HandoffBroker | None = None  # manager.sleep_handoff: set by the composition root
+        self._warming: dict[str, asyncio.Task] = {}  # manager.warm_handoff: each started engine's sleep-and-wake
         self.tracer: Tracer | None = None  # each switch a trace of its own, its phases its spans (adr/0042)
         self._trace: RequestTrace | None = None  # the switch in progress (one at a time: self._lock)
         self.assign_tiers()

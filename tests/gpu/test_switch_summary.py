@@ -3,7 +3,13 @@ Round 0 is every side's warm-up (each engine's first sleep pins its host buffers
 
 from __future__ import annotations
 
-from bench.switch_gpu import summarize
+import json
+from pathlib import Path
+
+from bench.harness.switch_summary import table
+from bench.switch_gpu import bus_limit, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BUS = {"sequential_s": 0.4, "overlapped_s": 0.3}
 
@@ -47,5 +53,56 @@ def test_each_side_has_its_spread_and_its_ratio_to_the_overlapped_bus() -> None:
     row = summarize(result)["8b->3b"]
     assert row["vstack-handoff-overlap"] == 0.50  # the median of the five steady rounds
     assert row["spread"]["vstack-handoff-overlap"] == {"min": 0.46, "max": 0.61, "n": 5, "p25": 0.47, "p75": 0.565}
-    assert row["ratio_to_overlapped_bus"] == {"vstack-handoff-overlap": round(0.50 / 0.3, 3),
-                                              "raw": round(1.0 / 0.3, 3)}
+    assert row["ratio_to_overlapped_bus"] == {
+        "vstack-handoff-overlap": round(0.50 / 0.3, 3),
+        "raw": round(1.0 / 0.3, 3),
+    }
+
+
+RECORDED = ROOT / "bench/results/2026-11-28-h200-switch-pair-medians/switch_time_gpu_pair-handoff-overlap-raw.json"
+
+
+def test_a_recorded_h200_run_gives_the_medians_and_ratios_its_manifest_cites() -> None:
+    result = json.loads(RECORDED.read_text())
+    summary = summarize(result)
+    up, down = summary["llama-3b->llama-8b"], summary["llama-8b->llama-3b"]
+    assert (up["vstack-handoff-overlap"], up["raw"]) == (0.554, 1.03)
+    assert (down["vstack-handoff-overlap"], down["raw"]) == (0.446, 1.022)
+    assert up["spread"]["vstack-handoff-overlap"] == {"min": 0.534, "max": 0.575, "n": 4, "p25": 0.535, "p75": 0.574}
+    assert down["ratio_best_to_raw"] == 0.436 and down["ratio_to_overlapped_bus"]["vstack-handoff-overlap"] == 1.343
+    first = summary["_first_switch_after_start"]["vstack-handoff-overlap"]
+    assert (first["switch"], first["total_s"], first["ratio_to_steady"]) == ("llama-3b->llama-8b", 0.786, 1.419)
+
+
+def test_the_printed_table_shows_median_spread_both_ratios_and_the_first_switch() -> None:
+    text = table(json.loads(RECORDED.read_text()))
+    lines = text.splitlines()
+    assert lines[0].split() == ["switch", "side", "median", "s", "min-max", "s", "(n)", "p25-p75", "s", "x", "raw",
+                                "x", "bus", "first", "x", "steady"]  # fmt: skip
+    row = next(line.split() for line in lines if line.startswith("llama-3b->llama-8b  vstack-handoff-overlap"))
+    assert row[2:] == ["0.554", "0.534-0.575", "(4)", "0.535-0.574", "0.54x", "1.67x", "1.42x"]
+    raw = next(line.split() for line in lines if line.startswith("llama-8b->llama-3b  raw"))
+    assert raw[2:] == ["1.022", "1.014-1.051", "(4)", "1.015-1.044", "-", "3.08x"]
+    assert "both at once 48.38 GB/s each" in text
+    assert "llama-3b->llama-8b 0.786 s = 1.42x its steady median 0.554 s" in text
+
+
+def test_a_run_recorded_before_the_spread_existed_still_prints_its_table() -> None:
+    old = ROOT / "bench/results/2026-11-27-h200-switch-pair-first-switch/switch_time_gpu_pair-handoff-raw.json"
+    row = next(line.split() for line in table(json.loads(old.read_text())).splitlines()
+               if line.startswith("llama-3b->llama-8b  vstack-handoff "))  # fmt: skip
+    assert row[2:] == ["0.630", "0.619-0.641", "(2)", "-", "0.65x", "1.98x", "1.16x"]
+
+
+def test_the_bus_limit_gives_the_incoming_weights_alone_beside_both_ways() -> None:
+    bus = {"h2d_gbps": 50.0, "d2h_gbps": 40.0, "duplex_each_gbps": 25.0}
+    assert bus_limit(10 * 10**9, 5 * 10**9, bus) == {"sequential_s": 0.35, "overlapped_s": 0.4, "in_only_s": 0.1}
+
+
+def test_the_warm_side_is_one_of_ours_with_its_own_first_switch() -> None:
+    result = {"switches": [switch("vstack-handoff-warm", 0, 0.55), switch("raw", 0, 5.0),
+                           switch("vstack-handoff-warm", 1, 0.50), switch("raw", 1, 1.0)]}  # fmt: skip
+    summary = summarize(result)
+    assert summary["8b->3b"]["best_vstack"] == 0.50 and summary["8b->3b"]["ratio_best_to_raw"] == 0.5
+    assert summary["_first_switch_after_start"]["vstack-handoff-warm"]["ratio_to_steady"] == 1.1
+    assert "8b->3b  vstack-handoff-warm  0.500" in table({"switches": result["switches"], "bus": {}})

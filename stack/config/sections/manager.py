@@ -15,8 +15,14 @@ from stack.config.switch_schedulers import SCHEDULERS
 
 # What an engine container gets from the gateway's environment (values never logged): Hub access and the
 # engine overrides an operator set for the gateway (VSTACK_ENGINE__* are passed whole, by prefix).
-PASS_ENV = ["HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
-            "VSTACK_ENGINE__*"]
+PASS_ENV = [
+    "HF_TOKEN",
+    "HF_ENDPOINT",
+    "HF_HUB_OFFLINE",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "VSTACK_ENGINE__*",
+]
 
 
 class DockerRuntimeConfig(BaseModel):
@@ -28,15 +34,17 @@ class DockerRuntimeConfig(BaseModel):
 
     image: str | None = Field(None, description="engine image (default: the image the gateway's container runs)")
     network: str = Field(
-        "engines", description="network the engines join: its name, or the compose network key of the gateway's "
+        "engines",
+        description="network the engines join: its name, or the compose network key of the gateway's "
         "project (engines -> <project>_engines); the gateway must be on it, or reach engines by IP from the host",
     )
     cache_volume: str | None = Field(
-        None, description="volume or host path mounted at /cache (default: the gateway's /cache; on a host: "
-        "vstack-models)",
+        None,
+        description="volume or host path mounted at /cache (default: the gateway's /cache; on a host: vstack-models)",
     )
     config_source: str | None = Field(
-        None, description="host path or volume with configs/, mounted read-only (default: the gateway's own; on a "
+        None,
+        description="host path or volume with configs/, mounted read-only (default: the gateway's own; on a "
         "host: the configs folder in use)",
     )
     name_prefix: str | None = Field(None, description="container names (default: <project>-engine or vstack-engine)")
@@ -48,7 +56,8 @@ class DockerRuntimeConfig(BaseModel):
         description="variables copied from the gateway's environment into engine containers (NAME or PREFIX*)",
     )
     shm_size: str | None = Field(
-        None, description="/dev/shm of an engine container, where vLLM's workers share tensors (default: 2g on "
+        None,
+        description="/dev/shm of an engine container, where vLLM's workers share tensors (default: 2g on "
         "CPU, 16g for GPU engines, whose tensor-parallel workers exchange through it)",
     )
 
@@ -61,12 +70,14 @@ class RayRuntimeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     address: str = Field(
-        "auto", description="the Ray cluster: host:port of its head (GCS), `auto` (RAY_ADDRESS or the local "
+        "auto",
+        description="the Ray cluster: host:port of its head (GCS), `auto` (RAY_ADDRESS or the local "
         "cluster `ray start --head` made), or ray://host:10001 (Ray Client)",
     )
     namespace: str = Field("vstack", description="Ray namespace of the engine actors and placement groups")
     replicas: dict[str, int] = Field(
-        default_factory=dict, description="model (name, profile or served name) -> replicas; others get 1",
+        default_factory=dict,
+        description="model (name, profile or served name) -> replicas; others get 1",
     )
     cpus_per_engine: float = Field(
         1, gt=0, description="Ray CPUs each engine reserves (a CPU engine's whole compute; a GPU engine's API server)"
@@ -77,7 +88,8 @@ class RayRuntimeConfig(BaseModel):
     restore: bool = Field(True, description="start a lost replica again where the cluster has room")
     health_interval_s: float = Field(1.0, gt=0, description="how often each replica's /health is asked")
     engine_host: Literal["node", "loopback"] = Field(
-        "node", description="node: engines listen on their node's cluster IP (an internal network: the gateway "
+        "node",
+        description="node: engines listen on their node's cluster IP (an internal network: the gateway "
         "must reach them there); loopback: 127.0.0.1 (a one-machine test cluster)",
     )
 
@@ -101,19 +113,24 @@ class ManagerConfig(BaseModel):
         None, description="started when the gateway starts (default: the served model only)"
     )
     min_residency_s: float = Field(
-        20, ge=0, description="scheduler residency: a model that is in use stays loaded at least this long before "
-        "another evicts it"
+        20,
+        ge=0,
+        description="scheduler residency: a model that is in use stays loaded at least this long before "
+        "another evicts it",
     )
     quiet_s: float = Field(
         2, ge=0, description="a model without a request for this long may be evicted before min_residency_s"
     )
     scheduler: Literal[tuple(SCHEDULERS)] = Field(  # type: ignore[valid-type]  (the names of the one table)
-        "grouped", description="when a model waiting for its turn takes the machine from a busy one: grouped (as "
+        "grouped",
+        description="when a model waiting for its turn takes the machine from a busy one: grouped (as "
         "soon as as many requests wait for it as the busy one has in flight, else once its oldest request has "
         "waited max_wait_s) or residency (after min_residency_s); adr/0029",
     )
     max_wait_s: float = Field(
-        4, ge=0, description="scheduler grouped: the longest a request waits for its model's turn (plus the "
+        4,
+        ge=0,
+        description="scheduler grouped: the longest a request waits for its model's turn (plus the "
         "drain of the requests in flight and the switch)",
     )
     queue_max: int = Field(64, ge=0, description="requests per model waiting for a switch; more get 503")
@@ -130,11 +147,14 @@ class ManagerConfig(BaseModel):
         "auto", description="auto: engines on a GPU start with --enable-sleep-mode and are put to sleep to switch"
     )
     sleep_level: Literal["auto", 1, 2] = Field(
-        "auto", description="vLLM sleep level per model: auto (level 1, weights kept in pinned host RAM, while "
+        "auto",
+        description="vLLM sleep level per model: auto (level 1, weights kept in pinned host RAM, while "
         "host_memory_budget holds them, then level 2, weights reloaded from the files), or 1 / 2 for all",
     )
     host_memory_budget_gib: float | None = Field(
-        None, gt=0, description="host RAM the level-1 sleepers' weights may take together (default: "
+        None,
+        gt=0,
+        description="host RAM the level-1 sleepers' weights may take together (default: "
         "host_memory_fraction of the RAM available at start, less host_per_engine_gib per engine)",
     )
     host_memory_fraction: float = Field(0.7, gt=0, le=1, description="see host_memory_budget_gib")
@@ -142,24 +162,36 @@ class ManagerConfig(BaseModel):
         3.0, ge=0, description="host RAM an engine process takes besides its weights (Python, CUDA, tokenizer)"
     )
     keep_prefix_cache: Literal["auto"] | bool = Field(
-        "auto", description="GPU engines that sleep keep their prefix cache in pinned host RAM across a switch "
+        "auto",
+        description="GPU engines that sleep keep their prefix cache in pinned host RAM across a switch "
         "(vLLM's KV offloading, CPU tier, and the runtime patch keep-prefix-cache-across-sleep; adr/0027). auto: where "
         "the installed vLLM can; true: as auto, and an error where it cannot; false: off",
     )
     prefix_cache_gib: float | None = Field(
-        None, gt=0, description="host RAM per model for it (default: 4 GiB, or the model's whole GPU KV cache if "
+        None,
+        gt=0,
+        description="host RAM per model for it (default: 4 GiB, or the model's whole GPU KV cache if "
         "smaller); held for the engine's life, counted in the host RAM budget before the level-1 weights",
     )
     overlap_wake: bool = Field(
         True, description="wake the target's weights while the evicted model sleeps when they fit beside it"
     )
     sleep_handoff: Literal["auto"] | bool = Field(
-        "auto", description="a sleeping engine hands its GPU memory to the engine waking in its place, so the "
+        "auto",
+        description="a sleeping engine hands its GPU memory to the engine waking in its place, so the "
         "driver does not clear it between them (adr/0016; 8B -> 3B on an H200: 0.44 s vs 0.94 s raw vLLM). auto: "
         "local engines of one GPU each (measured); true: every local GPU engine that sleeps; false: off",
     )
+    warm_handoff: bool = Field(
+        False,
+        description="with the memory handoff, once a started engine has staged its host buffers it sleeps and "
+        "wakes once (~0.5-1 s; requests queue meanwhile), so its memory is already in the pieces it hands over and "
+        "the first switch after a start costs what later ones do (issue 58: the first release of ~98 GiB is cleared "
+        "by the driver beside the next engine's weight copies; adr/0053). Opt-in until measured on an H200",
+    )
     down_keeps_asleep: bool = Field(
-        True, description="`vstack down` puts each engine with sleep mode (GPU) to sleep and keeps it, holding its "
+        True,
+        description="`vstack down` puts each engine with sleep mode (GPU) to sleep and keeps it, holding its "
         "weights in host RAM within the host RAM budget, so the next `vstack up` wakes it in seconds; engines without "
         "sleep mode stop. `vstack down --all` stops everything (adr/0030)",
     )
@@ -178,7 +210,8 @@ class ManagerConfig(BaseModel):
     restart_backoff_s: float = Field(2, ge=0, description="first restart's delay; doubles each time")
     retry_failed_s: float = Field(30, ge=0, description="a failed model is tried again on a request after this")
     runtime: Literal["local", "docker", "ray"] = Field(
-        "local", description="local: engines are child processes of the gateway; docker: engine containers started "
+        "local",
+        description="local: engines are child processes of the gateway; docker: engine containers started "
         "through the Docker socket (manager.docker says where); ray: engines on a Ray cluster's nodes, with "
         "replicas (manager.ray says where)",
     )

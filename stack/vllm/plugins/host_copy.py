@@ -9,3 +9,6 @@ KEEP_ENV = "VSTACK_SLEEP_KEEP_HOST_COPY"
 # The collective_rpc method (runtime patch) that allocates, and where kept fills, the host buffers of the first
 # sleep in the background once the engine serves: the first switch then costs what later ones do.
 STAGE_METHOD = "vstack_stage_host_copy"
+# The collective_rpc method that answers "busy" while that staging (or a sleep or wake) runs in the engine, else
+# "idle": the manager's warm hand-over (manager.warm_handoff, adr/0053) waits for it instead of blocking requests.
+STAGING_METHOD = "vstack_host_copy_staging"

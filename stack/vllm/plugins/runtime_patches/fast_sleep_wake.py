@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from stack.vllm.plugins.handoff import SOCKET_ENV
-from stack.vllm.plugins.host_copy import KEEP_ENV, STAGE_METHOD
+from stack.vllm.plugins.host_copy import KEEP_ENV, STAGE_METHOD, STAGING_METHOD
 
 MARK = "_vstack_patch"
 SPOT_BYTES = 4096  # bytes compared at each end of an allocation before a kept copy is reused
@@ -341,8 +341,10 @@ def _sleep_check_beside_a_wake(method: Any, allocator_of: Any) -> Any:
         except AssertionError as exc:
             if GREW not in str(exc) or getattr(allocator, "_vstack_sleeps", 0) == done:
                 raise
-            log.info("vstack sleep: done; the GPU's free memory fell meanwhile (another engine woke beside this one "
-                     "and this one's memory was handed over), so vLLM's check that a sleep frees memory is skipped")
+            log.info(
+                "vstack sleep: done; the GPU's free memory fell meanwhile (another engine woke beside this one "
+                "and this one's memory was handed over), so vLLM's check that a sleep frees memory is skipped"
+            )
             return None
 
     setattr(sleep, MARK, "gpu-sleep-wake-at-bus-speed")
@@ -386,6 +388,11 @@ def _stage_host_copy(self: Any) -> str:
     return "staging"
 
 
+def _host_copy_staging(self: Any) -> str:
+    """collective_rpc target: "busy" while a staging, sleep or wake holds the lock, else "idle" (answers at once)."""
+    return "busy" if _busy.locked() else "idle"
+
+
 def _free_handed_back(method: Any) -> Any:
     """vLLM's free callback, after an allocation mapped from handoff pieces got a handle of vLLM's own back."""
 
@@ -418,6 +425,7 @@ def _discard_handed_back(method: Any) -> Any:
 setattr(_sleep, MARK, "gpu-sleep-wake-at-bus-speed")
 setattr(_wake_up, MARK, "gpu-sleep-wake-at-bus-speed")
 setattr(_stage_host_copy, MARK, "gpu-sleep-wake-at-bus-speed")
+setattr(_host_copy_staging, MARK, "gpu-sleep-wake-at-bus-speed")
 
 
 def apply() -> bool:
@@ -436,6 +444,7 @@ def apply() -> bool:
     from vllm.v1.worker.worker_base import WorkerWrapperBase
 
     setattr(WorkerWrapperBase, STAGE_METHOD, _stage_host_copy)  # reached by collective_rpc's method name
+    setattr(WorkerWrapperBase, STAGING_METHOD, _host_copy_staging)
     if os.environ.get(SOCKET_ENV):  # before the allocator exists: it keeps its free callback bound at creation
         for name, wrap in (("_python_free_callback", _free_handed_back), ("discard", _discard_handed_back)):
             if hasattr(cls, name):
