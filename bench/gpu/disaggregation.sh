@@ -40,7 +40,7 @@ export RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
 log="$out/disaggregation.log"
 log_device "$log"
 timeout 580 python3 -m bench.gpu.disaggregation --config "$config" --out "$out/disaggregation-$config.json" \
-  --rates "$rates" 2>&1 | tee -a "$log"
+  --rates "$rates" --seconds "${RUN_SECONDS:-40}" 2>&1 | tee -a "$log"
 code=${PIPESTATUS[0]}
 for f in "$out"/disaggregation_state/logs/*.log; do
   [ -f "$f" ] && grep -v "Capturing CUDA graphs" "$f" | tail -300 > "$out/$(basename "$f" .log)-tail.log"
