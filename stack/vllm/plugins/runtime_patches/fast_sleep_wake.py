@@ -341,10 +341,8 @@ def _sleep_check_beside_a_wake(method: Any, allocator_of: Any) -> Any:
         except AssertionError as exc:
             if GREW not in str(exc) or getattr(allocator, "_vstack_sleeps", 0) == done:
                 raise
-            log.info(
-                "vstack sleep: done; the GPU's free memory fell meanwhile (another engine woke beside this one "
-                "and this one's memory was handed over), so vLLM's check that a sleep frees memory is skipped"
-            )
+            log.info("vstack sleep: done; the GPU's free memory fell meanwhile (another engine woke beside this one "
+                     "and this one's memory was handed over), so vLLM's check that a sleep frees memory is skipped")
             return None
 
     setattr(sleep, MARK, "gpu-sleep-wake-at-bus-speed")
