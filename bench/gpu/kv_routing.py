@@ -115,7 +115,11 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--model", default="meta-llama--Llama-3.1-8B-Instruct", help="a stack/planner/known_configs name")
     ap.add_argument("--rates", default="16 32", help="requests/s, Poisson arrivals")
-    ap.add_argument("--strategies", default=" ".join(STRATEGIES))
+    ap.add_argument(
+        "--strategies",
+        default=" ".join(STRATEGIES),
+        help="kv_events@W: kv_events with gateway.kv_events_load_weight W (default: the setting's)",
+    )
     ap.add_argument("--prefixes", type=int, default=64, help="shared prefixes (sessions' system prompts)")
     ap.add_argument("--prefix-len", type=int, default=4096)
     ap.add_argument("--suffix-len", type=int, default=256)
@@ -162,13 +166,16 @@ def main() -> int:
                 wait_ready(gw, 2, 900)
                 result["ready_s"] = round(time.monotonic() - t0, 1)
                 book = gw.state.routing.replicas
+                default_weight = book.load_weight
                 ids = sorted(d.id for d in gw.state.registry.all() if "replica" in d.labels)
                 bench_serve(gw.url, folder, 4, 16, 999, args, runs_dir, "warm")  # warm-up; loads the tokenizer
                 seed = 0
                 for rate in [float(r) for r in args.rates.split()]:
                     for strategy in args.strategies.split():
                         seed += 1
-                        book.per_group[SERVED] = type(book.routing)(strategy)
+                        name, _, weight = strategy.partition("@")  # kv_events@1: its load weight
+                        book.per_group[SERVED] = type(book.routing)(name)
+                        book.load_weight = float(weight) if weight else default_weight
                         before = engine_counters(gw.url, ids)
                         n = max(32, round(rate * args.seconds))
                         row = {

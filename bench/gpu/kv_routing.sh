@@ -6,6 +6,7 @@
 # each rate for each strategy; TTFT p50/p90 and output tok/s side by side (bench/gpu/kv_routing.py says how).
 #
 #   bash bench/gpu/kv_routing.sh [RATES] [STRATEGIES]     defaults "16 32", "kv_events prefix_affinity round_robin"
+#   (kv_events@1: kv_events with gateway.kv_events_load_weight 1, the weight before 2026-11-29)
 #
 # Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh; Ray's part
 # bench/gpu/build_ray_part.sh):

@@ -112,7 +112,7 @@ def test_a_prompt_goes_to_the_replica_whose_engine_said_it_holds_its_prefix_and_
         assert book.choose(deps, None, PROMPT).id == "engine-m-r1"
         assert book.kv.describe(deps[1].id) | {"batches": 2} == {
             "state": "live", "batches": 2, "replays": 0, "drops": 0, "blocks": 2, "block_size": BS, "stored": 4,
-            "removed": 2, "skipped": 0}  # fmt: skip
+            "removed": 2, "skipped": 0, "expected": 2}  # fmt: skip (the 2 blocks it lost: just routed there again)
         await book.kv.close()
 
     asyncio.run(run())
@@ -187,7 +187,8 @@ def test_the_index_is_bounded_per_replica_and_forgets_its_oldest_blocks_first() 
     assert index.blocks("a") == 3 and len(index.holders) == 3
     assert index.matches(PROMPT, ["a"]) == {"a": 0}  # its first block went first: no prefix reaches the rest
     index.stored("a", [9], 4, [1] * BS, BS)  # its parent (4) is known: indexed, block 2 forgotten
-    assert index.describe("a") == {"blocks": 3, "block_size": BS, "stored": 5, "removed": 0, "skipped": 0}
+    assert index.describe("a") == {"blocks": 3, "block_size": BS, "stored": 5, "removed": 0, "skipped": 0,
+                                   "expected": 0}  # fmt: skip
     index.stored("a", [10], 77, [1] * BS, BS)  # a parent never seen: not indexed
     assert index.describe("a")["skipped"] == 1
 
@@ -202,6 +203,7 @@ def test_the_longest_prefix_wins_until_its_queued_prefill_outweighs_it() -> None
     book = ReplicaChooser("kv_events", load_weight=1.0)
     deps = [replica(0), replica(1)]
     book.kv.index = index_with({"engine-m-r0": 1, "engine-m-r1": 4})
+    book.kv.index.expect_s = 0  # the load term alone: a choice adds no expected blocks
     book.kv.live = lambda _dep: True  # type: ignore[method-assign]
     assert book.choose(deps, None, PROMPT).id == "engine-m-r1"
     assert book.last_choice["costs"] == {"engine-m-r0": len(PROMPT) - 16, "engine-m-r1": len(PROMPT) - 64}
@@ -210,14 +212,42 @@ def test_the_longest_prefix_wins_until_its_queued_prefill_outweighs_it() -> None
         book._chosen["engine-m-r1"] = 48
         book.begin("engine-m-r1")
     assert book.choose(deps, None, PROMPT).id == "engine-m-r0"  # 53 + 485 > 53 + 0 + (64 - 16)
+    for _ in range(11):  # requests past their first token no longer wait for the prefill: they decode
+        book.end("engine-m-r1", queued=False)
+    assert book.choose(deps, None, PROMPT).id == "engine-m-r0"  # ended after their first token: no change
     for _ in range(11):
-        book.end("engine-m-r1")
+        book.prefilled("engine-m-r1")  # their first tokens came: the queue is empty
     assert book.choose(deps, None, PROMPT).id == "engine-m-r1"
     book.load_weight = 0.0
     for _ in range(20):
         book._chosen["engine-m-r1"] = 48
         book.begin("engine-m-r1")
     assert book.choose(deps, None, PROMPT).id == "engine-m-r1"  # weight 0: the longest prefix alone
+
+
+def test_a_prompt_just_routed_is_expected_on_its_replica_until_its_events_come_or_the_wait_passes() -> None:
+    # The H200 run of 2026-11-29 (bench/results/2026-11-29-h200-x2-kv-routing): without this, a prefix's second
+    # request, sent while the first was still prefilling, saw no holder and was prefilled on the other replica too.
+    now = [100.0]
+    book = ReplicaChooser("kv_events")  # load_weight 0.5: a queue counts half the tokens a cache saves
+    book.kv.index = KvIndex(expect_s=5.0, clock=lambda: now[0])
+    book.kv.index.stored("engine-m-r0", [1], None, [9] * BS, BS)  # both replicas' events are live, nothing shared
+    book.kv.index.stored("engine-m-r1", [2], None, [8] * BS, BS)
+    book.kv.live = lambda _dep: True  # type: ignore[method-assign]
+    deps = [replica(0), replica(1)]
+    first = book.choose(deps, None, PROMPT)
+    book.begin(first.id)  # its prefill is queued there: 69 tokens
+    other = next(d for d in deps if d.id != first.id)
+    assert book.choose(deps, None, PROMPT).id == first.id  # expected there: 5 + 0.5 x 69 queued < 69 elsewhere
+    assert book.last_choice["hits"] == {first.id: 64, other.id: 0}
+    assert book.kv.index.describe(first.id)["expected"] == 4
+    book.kv.index.stored(first.id, [11, 12], None, PROMPT[: 2 * BS], BS)  # its events confirm two blocks
+    assert book.kv.index.describe(first.id)["expected"] == 2
+    book.kv.index.removed(first.id, [12])  # and evict one: neither held nor expected any more
+    assert book.kv.index.matches(PROMPT, [first.id]) == {first.id: 16}
+    book.choose(deps, None, PROMPT)
+    now[0] += 5.1  # events never confirmed the rest: after expect_s it is not counted
+    assert book.kv.index.matches(PROMPT, [d.id for d in deps]) == {first.id: 16, other.id: 0}
 
 
 def test_without_live_events_or_token_ids_it_routes_by_prefix_affinity() -> None:

@@ -161,9 +161,10 @@ class GatewayConfig(_Strict):
         "replica_routing, over the gateway-wide one",
     )
     kv_events_load_weight: float = Field(
-        1.0, ge=0, description="kv_events: how much a replica's queued prefill (the uncached prompt tokens of this "
-        "gateway's requests in flight on it) counts against the tokens its cache would save; 0: the longest prefix "
-        "alone",
+        0.5, ge=0, description="kv_events: how much a replica's queued prefill (the uncached prompt tokens of this "
+        "gateway's requests on it before their first token) counts against the tokens its cache would save; 1: "
+        "the least time to the first token for this request alone (a prefix is then prefilled again elsewhere "
+        "whenever its holder has one miss queued, and evicts another); 0: the longest prefix alone",
     )
     kv_events_max_blocks: int = Field(
         262_144, ge=1, description="kv_events: KV blocks remembered per replica (the oldest forgotten first); "

@@ -81,6 +81,7 @@ class Attempt:
         self._stream_span: Span | None = None
         self.request_id: str | None = None  # sent as X-Request-Id (a disaggregated request's two calls share it)
         self.extra_headers: dict[str, str] = {}  # for the client: x-vstack-prefill (routing.disaggregated)
+        self._queued = False  # its prompt's uncached tokens are in its replica's prefill queue (kv_events)
 
     async def __aenter__(self) -> Attempt:
         gw, dep_id = self.gateway, self.dep.id
@@ -88,7 +89,7 @@ class Attempt:
             await gw.adapters.acquire(self.dep, self.adapter)
         if self.dep.kind == "local":
             gw.liveness.begin(dep_id)  # before counting it: an idle engine's silence until now is no stall
-        gw.routing.replicas.begin(dep_id)
+        self._queued = gw.routing.replicas.begin(dep_id)  # in its replica's prefill queue until its first token
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -96,7 +97,7 @@ class Attempt:
         gw, dep_id = self.gateway, self.dep.id
         if self._relayed is not None:
             gw.liveness.detach(dep_id, self._relayed)
-        gw.routing.replicas.end(dep_id)
+        gw.routing.replicas.end(dep_id, self._queued)
         if self._load is not None:
             gw.spill.book.end(self._load, self.usage_seen)
         if self.streaming:
@@ -202,6 +203,9 @@ class Attempt:
     # -- the relays' listener -------------------------------------------------------------------------------
     def first_token(self) -> None:
         self.ttft_s = time.perf_counter() - self.request.started
+        if self._queued:
+            self._queued = False
+            self.gateway.routing.replicas.prefilled(self.dep.id)
         if self.span is not None:
             self.span.event("gen_ai.first_token")
             self._stream_span = self.request.trace.span("gateway.stream", parent=self.span)  # type: ignore[union-attr]

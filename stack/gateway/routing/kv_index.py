@@ -6,6 +6,12 @@ chain of its own (the parent's key and the block's token ids, hashed by Python's
 needs no seed), and keeps per replica vLLM's hash -> that key, to apply BlockRemoved. A prompt's token ids,
 cut in blocks of the same size and chained the same way, then name the blocks it would hit on each replica.
 
+Expected blocks: a prompt just routed to a replica is not in its events until its prefill has stored it (~0.1-1 s
+later); a second request with the same prefix in that window would see no holder and could go elsewhere, to be
+prefilled twice and cached on both (the copy evicts another prefix). So the choice notes the prompt's blocks as
+expected on the chosen replica (`expect`) until its events confirm them or `expect_s` passes, as SGLang's router
+inserts a routed prompt into its tree at once.
+
 Bounded: each replica remembers at most `max_blocks` blocks (its oldest stored first forgotten; vLLM evicts
 least recently used blocks too). A block whose parent the index does not know (forgotten, or stored before the
 gateway listened and not replayed) is not indexed: no prompt can reach it from its first block anyway.
@@ -13,6 +19,7 @@ gateway listened and not replayed) is not indexed: no prompt can reach it from i
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -46,11 +53,14 @@ class ReplicaBlocks:
     stored: int = 0  # blocks indexed since the index (re)started
     removed: int = 0
     skipped: int = 0  # stored blocks not indexed: unknown parent, or keys the gateway cannot compute
+    expected: OrderedDict[int, float] = field(default_factory=OrderedDict)  # our key -> until when (monotonic)
 
 
 class KvIndex:
-    def __init__(self, max_blocks: int = 262_144) -> None:
+    def __init__(self, max_blocks: int = 262_144, expect_s: float = 5.0, clock=time.monotonic) -> None:
         self.max_blocks = max_blocks
+        self.expect_s = expect_s
+        self.clock = clock
         self.replicas: dict[str, ReplicaBlocks] = {}
         self.holders: dict[int, set[str]] = {}
 
@@ -78,6 +88,7 @@ class KvIndex:
                 break
             key = chain(key, token_ids[i * block_size : (i + 1) * block_size])
             self._hold(replica, book, (medium, vllm_hash), key)
+            book.expected.pop(key, None)
             done += 1
         book.stored += done
         return done
@@ -110,6 +121,7 @@ class KvIndex:
         for vllm_hash in block_hashes:
             key = book.by_hash.pop((medium, vllm_hash), None)
             if key is not None:
+                book.expected.pop(key, None)
                 self._release(replica, book, key)
                 book.removed += 1
 
@@ -130,22 +142,47 @@ class KvIndex:
                 if not holders:
                     del self.holders[key]
 
+    def expect(self, replica: str, keys: Sequence[int]) -> None:
+        """A prompt with these block keys was just routed to `replica`: count them as held there until its
+        events store them or expect_s passes (bounded like the blocks themselves)."""
+        book = self.replicas.get(replica)
+        if book is None or not self.expect_s:
+            return
+        until = self.clock() + self.expect_s
+        for key in keys:
+            book.expected.pop(key, None)
+            if key not in book.held:  # held already: its events say when it leaves
+                book.expected[key] = until
+        while len(book.expected) > self.max_blocks:
+            book.expected.popitem(last=False)
+
+    def _expected(self, book: ReplicaBlocks, key: int, now: float) -> bool:
+        until = book.expected.get(key)
+        if until is None:
+            return False
+        if until < now:
+            del book.expected[key]
+            return False
+        return True
+
     # -- the choice --------------------------------------------------------------------------------------------
     def block_size(self, replicas: Iterable[str]) -> int | None:
         return next((b.block_size for r in replicas if (b := self.replicas.get(r)) and b.block_size), None)
 
     def matches(self, token_ids: Sequence[int], replicas: Sequence[str], lora: str | None = None) -> dict[str, int]:
-        """Per replica: the prompt tokens its cache holds from the start (whole blocks)."""
+        """Per replica: the prompt tokens its cache holds from the start (whole blocks), or is expected to hold."""
         size = self.block_size(replicas)
         hits = dict.fromkeys(replicas, 0)
         if size is None:
             return hits
+        now = self.clock()
         alive = {r for r in replicas if r in self.replicas}
         for depth, key in enumerate(prompt_keys(token_ids, size, lora)):
             holding = self.holders.get(key, set())
-            for r in alive - holding:
-                hits[r] = depth * size
-            alive &= holding
+            for r in list(alive):
+                if r not in holding and not self._expected(self.replicas[r], key, now):
+                    hits[r] = depth * size
+                    alive.discard(r)
             if not alive:
                 return hits
         for r in alive:
@@ -159,4 +196,4 @@ class KvIndex:
     def describe(self, replica: str) -> dict[str, int | None]:
         book = self.replicas.get(replica) or ReplicaBlocks()
         return {"blocks": len(book.by_hash), "block_size": book.block_size, "stored": book.stored,
-                "removed": book.removed, "skipped": book.skipped}  # fmt: skip
+                "removed": book.removed, "skipped": book.skipped, "expected": len(book.expected)}  # fmt: skip

@@ -8,7 +8,8 @@
 - round_robin: in turn, the baseline the other two are measured against (bench/replica_routing.py).
 - kv_events: the replica whose engine holds the longest prefix of the prompt, by the engines' own KV events
   (stack.gateway.routing.kv_index), weighed against its load: the least of (prompt tokens it would compute) +
-  load_weight x (the uncached prompt tokens of this gateway's requests in flight on it). Prefix affinity
+  load_weight x (the uncached prompt tokens of this gateway's requests on it still before their first token:
+  its prefill queue, which a request leaves at its first token, not at its end). Prefix affinity
   while no candidate's events are live, or the prompt has no token ids (stack.gateway.routing.prompt_tokens).
 
 A model's own strategy (gateway.replica_routing_models) is set per model group with `configure`.
@@ -25,7 +26,7 @@ from typing import Any
 
 from stack.gateway.registry import Deployment
 from stack.gateway.routing.kv_events import KvEvents
-from stack.gateway.routing.kv_index import KvIndex
+from stack.gateway.routing.kv_index import KvIndex, prompt_keys
 from stack.gateway.routing.prompt_tokens import PromptTokens
 
 
@@ -76,7 +77,7 @@ class ReplicaChooser:
     """The gateway's choice among ready replicas, and its count of requests in flight per replica."""
 
     def __init__(self, routing: str = ReplicaRouting.LEAST_OUTSTANDING, prefix_chars: int = 512,
-                 load_weight: float = 1.0, max_blocks: int = 262_144) -> None:  # fmt: skip
+                 load_weight: float = 0.5, max_blocks: int = 262_144) -> None:  # fmt: skip
         self.routing = ReplicaRouting(routing)
         self.per_group: dict[str, ReplicaRouting] = {}
         self.prefix_chars = prefix_chars
@@ -84,7 +85,7 @@ class ReplicaChooser:
         self.outstanding: dict[str, int] = {}
         self.kv = KvEvents(KvIndex(max_blocks))
         self.tokens = PromptTokens()
-        self.queued: dict[str, deque[int]] = {}  # per replica: uncached prompt tokens of requests in flight
+        self.queued: dict[str, deque[int]] = {}  # per replica: uncached prompt tokens of requests before prefill
         self._chosen: dict[str, int] = {}  # a replica just chosen -> its request's uncached tokens, until begin
         self.last_choice: dict[str, object] = {}  # the last kv_events choice: its figures (tests, debugging)
         self._turns: dict[str, itertools.count] = {}
@@ -136,19 +137,32 @@ class ReplicaChooser:
         costs = {d.id: len(tokens) - hits[d.id] + self.load_weight * sum(self.queued.get(d.id, ())) for d in candidates}
         chosen = min(candidates, key=lambda d: (costs[d.id], self.outstanding.get(d.id, 0), d.id))
         self._chosen[chosen.id] = len(tokens) - hits[chosen.id]
+        if size := self.kv.index.block_size([chosen.id]):
+            self.kv.index.expect(chosen.id, prompt_keys(tokens, size))
         self.last_choice = {"by": "kv_events", "chosen": chosen.id, "hits": hits, "costs": costs}
         return chosen
 
-    def begin(self, dep_id: str) -> None:
+    def begin(self, dep_id: str) -> bool:
+        """A request starts on `dep_id`. True when its uncached prompt tokens join the replica's prefill queue
+        (a kv_events choice): `prefilled` (at its first token) or `end` takes them off."""
         self.outstanding[dep_id] = self.outstanding.get(dep_id, 0) + 1
         if dep_id in self._chosen:
             self.queued.setdefault(dep_id, deque()).append(self._chosen.pop(dep_id))
+            return True
+        return False
 
-    def end(self, dep_id: str) -> None:
-        self.outstanding[dep_id] = max(0, self.outstanding.get(dep_id, 0) - 1)
+    def prefilled(self, dep_id: str) -> None:
+        """A request on `dep_id` has its first token: its prompt is computed, its share leaves the queue (prefills
+        end about in the order they began: the oldest share leaves first)."""
         queued = self.queued.get(dep_id)
-        if queued:  # requests end out of order; the oldest one's share leaves first (an estimate)
+        if queued:
             queued.popleft()
+
+    def end(self, dep_id: str, queued: bool = False) -> None:
+        """A request on `dep_id` ended; `queued`: its share is still in the prefill queue (no first token)."""
+        self.outstanding[dep_id] = max(0, self.outstanding.get(dep_id, 0) - 1)
+        if queued:
+            self.prefilled(dep_id)
 
 
 def is_replica(dep: Deployment) -> bool:
