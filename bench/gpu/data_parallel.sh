@@ -31,8 +31,9 @@ gpus=$(nvidia-smi --list-gpus | wc -l)
 ranks=${RANKS:-$(( gpus < 4 ? gpus : 4 ))}
 workers=${GATEWAY_WORKERS:-4}
 work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-dp}
-mkdir -p "$work/results"
-rm -f "$work"/results/bench-*.json
+results="$out/dp_runs"  # under $OUT: a call cut at its limit still returns the runs it finished
+mkdir -p "$work" "$results"
+rm -f "$results"/bench-*.json
 unpack_site
 log="$out/data_parallel.log"
 log_device "$log"
@@ -75,13 +76,15 @@ bench() {  # TARGET PORT CONCURRENCY
     --base-url "http://127.0.0.1:$2" --model "$served" --tokenizer "${args[0]}" --dataset-name random \
     --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos --num-prompts "$n" \
     --max-concurrency "$3" --request-rate inf --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
-    --save-result --result-dir "$work/results" --result-filename "bench-$1-c$3.json" >> "$work/bench-serve.log" 2>&1
+    --save-result --result-dir "$results" --result-filename "bench-$1-c$3.json" >> "$out/bench-serve.log" 2>&1
   local rc=$?
-  echo "$1 c=$3 n=$n rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s $gateway)" 'BEGIN{print b - a}')" | tee -a "$log"
+  local row
+  row=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{d['output_throughput']:.0f} tok/s, TTFT p50 {d['p50_ttft_ms']:.1f} ms p99 {d['p99_ttft_ms']:.1f} ms\")" "$results/bench-$1-c$3.json" 2>/dev/null)
+  echo "$1 c=$3 n=$n rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s $gateway)" 'BEGIN{print b - a}') $row" | tee -a "$log"
 }
 bench warm-direct $eport 16; bench warm-gateway $gport 16
 for c in $concurrencies; do bench direct $eport "$c"; bench gateway $gport "$c"; bench gateway2 $gport "$c"; bench direct2 $eport "$c"; done
-python3 - "$work/results" "$out" "$ranks" "$workers" <<'PY' | tee -a "$log"
+python3 - "$results" "$out" "$ranks" "$workers" <<'PY' | tee -a "$log"
 import json, re, sys
 from pathlib import Path
 res, out, ranks, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
