@@ -20,8 +20,11 @@
 # Two calls, one per configuration: each starts its two engines (~3 min with dummy weights, CUDA graphs) and runs
 # 3 rates x (40 s of arrivals + drain); both in one call would pass the 580 s a call may take. Results under $OUT:
 # disaggregation-CONFIG.json (every rate: goodput, TTFT/TPOT/ITL p50/p95/p99, output tok/s, completed),
-# disaggregation.log (the table), vLLM's result files in disaggregation_runs/, the engines' log tails.
+# disaggregation.log (the table), vLLM's result files in disaggregation_runs/, the engines' log heads and tails.
+# First run (2026-11-29, x2, vLLM 0.26.0): the flow ran through both engines but NIXL's reads never completed there
+# (bench/results/2026-11-29-h200-x2-disaggregation-nixl); UCX_LOG_LEVEL=info now shows the transports UCX picks.
 set -uo pipefail
+export UCX_LOG_LEVEL=${UCX_LOG_LEVEL:-info}  # which transports UCX picks, in the engines' logs (its first run: reads never completed)
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
 if [ "${1:-}" = "--stash" ]; then ls -la "$parts"; exit 0; fi
 config=${1:?"CONFIG: disagg or agg"}
@@ -44,6 +47,7 @@ timeout 580 python3 -m bench.gpu.disaggregation --config "$config" --out "$out/d
 code=${PIPESTATUS[0]}
 for f in "$out"/disaggregation_state/logs/*.log; do
   [ -f "$f" ] && grep -v "Capturing CUDA graphs" "$f" | tail -300 > "$out/$(basename "$f" .log)-tail.log"
+  [ -f "$f" ] && grep -v "Capturing CUDA graphs" "$f" | grep -v "Releasing expired KV blocks" | head -300 > "$out/$(basename "$f" .log)-head.log"
 done
 rm -rf "$out/disaggregation_state"
 exit "$code"
