@@ -183,7 +183,7 @@ def test_models_shows_smollm2_ready_and_a_viewer_cannot_press_the_buttons(consol
         tab.close()
 
 
-def test_models_shows_the_replica_routing_and_each_replicas_kv_index(browser) -> None:
+def test_models_shows_the_replica_routing_and_each_replicas_kv_index(browser, shots: Path) -> None:
     """Issue 55: a model with two replicas routed on KV events (a gateway of its own with stand-in replicas,
     tests.support.kv_console: no engine): its routing, then each replica's node, state and KV index figures."""
     from tests.support.kv_console import kv_console
@@ -202,6 +202,7 @@ def test_models_shows_the_replica_routing_and_each_replicas_kv_index(browser) ->
             assert second.locator(".kv").inner_text() == ("KV index connecting: 0 blocks · 0 expected · stored 0, "
                                                           "removed 0 · 0 replays, 0 drops")  # fmt: skip
             assert tab.errors == []
+            tab.page.screenshot(path=str(shots / "models-replicas.png"), full_page=True)
         finally:
             tab.close()
 
