@@ -13,6 +13,7 @@ from bench.harness.gateway_thread import app_in_thread
 from stack.config.sections.gateway import GatewayConfig
 from stack.gateway.app import create_app
 from stack.gateway.console.hub import Hub, TooManyStreams
+from tests.support.kv_console import kv_console
 
 USER, ADMIN = "user-secret-key-0123456789", "admin-secret-key-9876543210"
 PAGES = ["models", "live", "activity", "keys", "logs", "playground", "plan"]
@@ -298,3 +299,22 @@ def test_the_keys_page_calls_are_the_admins_same_origin_and_csrf_checked(fresh) 
     assert admin.get("/ui/api/keys").json() == {"keys": [], "revoked": ["carol"]}
     gone = admin.post("/ui/api/keys/nobody/revoke", headers={"X-CSRF-Token": csrf})
     assert gone.status_code == 404 and "vstack keys list" in gone.json()["error"]["message"]
+
+
+def test_models_shows_each_replicas_kv_index_to_a_logged_in_session_only() -> None:
+    """Issue 55: the Models page's data for a model with replicas: how they are picked (replica_routing) and
+    what the gateway's KV index holds of each, behind the console's login like every /ui/api call."""
+    with kv_console({"api_keys": [{"name": "team", "env": "K"}]}, environ={"K": USER}) as (url, _state):
+        r = httpx.get(f"{url}/ui/api/models")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "console_login_required"
+        assert "kv_events" not in r.text
+        c, _ = login(url, USER)
+        (m,) = c.get("/ui/api/models").json()["models"]
+        assert m["model"] == "m" and m["replica_routing"] == "kv_events"
+        kv = {d["labels"]["replica"]: d["kv_events"] for d in m["deployments"]}
+        assert kv["0"] == {"state": "live", "batches": 12, "replays": 1, "drops": 0, "blocks": 64, "block_size": 16,
+                           "stored": 70, "removed": 6, "skipped": 0, "expected": 4}  # fmt: skip
+        assert kv["0"]["blocks"] * kv["0"]["block_size"] == 1024  # the page's "64 blocks × 16 = 1,024 tokens"
+        assert kv["1"]["state"] == "connecting" and kv["1"]["blocks"] == 0 and kv["1"]["block_size"] is None
+        page = c.get("/ui/models").text  # the page loads models.js, which draws these figures
+        assert "/ui/static/pages/models.js" in page

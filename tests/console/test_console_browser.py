@@ -183,6 +183,30 @@ def test_models_shows_smollm2_ready_and_a_viewer_cannot_press_the_buttons(consol
         tab.close()
 
 
+def test_models_shows_the_replica_routing_and_each_replicas_kv_index(browser, shots: Path) -> None:
+    """Issue 55: a model with two replicas routed on KV events (a gateway of its own with stand-in replicas,
+    tests.support.kv_console: no engine): its routing, then each replica's node, state and KV index figures."""
+    from tests.support.kv_console import kv_console
+
+    with kv_console() as (url, _state):
+        tab = Tab(browser, f"{url}/ui", None)  # an open gateway: loopback is the admin, no login
+        try:
+            tab.page.goto(f"{url}/ui/models")
+            tab.page.wait_for_selector('#models tr[data-model="m"] .kv', timeout=30_000)
+            row = tab.page.locator('#models tr[data-model="m"]')
+            assert row.locator("[data-routing]").inner_text() == "routing: kv_events"
+            first, second = row.locator('[data-replica="0"]'), row.locator('[data-replica="1"]')
+            assert first.inner_text().startswith("r0@node0 ready")
+            assert first.locator(".kv").inner_text() == ("KV index live: 64 blocks × 16 = 1,024 tokens · 4 expected"
+                                                         " · stored 70, removed 6 · 1 replay, 0 drops")  # fmt: skip
+            assert second.locator(".kv").inner_text() == ("KV index connecting: 0 blocks · 0 expected · stored 0, "
+                                                          "removed 0 · 0 replays, 0 drops")  # fmt: skip
+            assert tab.errors == []
+            tab.page.screenshot(path=str(shots / "models-replicas.png"), full_page=True)
+        finally:
+            tab.close()
+
+
 def test_another_sites_page_cannot_put_a_model_to_sleep(console: str, browser) -> None:
     """Issue 49, item 1: a page on another origin auto-submits forms to the gateway's admin API and to the
     console's action, as the operator's browser would when visiting it. Both are refused as cross-site, and the

@@ -1,5 +1,6 @@
 "use strict";
-// Models: every configured model with its state, tier, memory and replicas; admin buttons, confirmed.
+// Models: every configured model with its state, tier, memory and replicas (how they are picked, each one's KV
+// index); admin buttons, confirmed.
 (() => {
   const {el, api, post, errorOf, notice, confirm, events, fmt, section, table, role} = VS;
   const app = document.getElementById("app");
@@ -37,6 +38,31 @@
       (a === "unload" && ["ready", "starting", "sleeping", "failed"].includes(state)) || a === "switch");
   }
 
+  const count = (n) => (n ?? 0).toLocaleString("en-US");
+  const plural = (n, one) => `${count(n)} ${one}${n === 1 ? "" : "s"}`;
+
+  // What the gateway's KV index holds of one replica, from its engine's KV events (gateway.replica_routing:
+  // kv_events): blocks × block size = the prompt tokens it can route to that replica's cache.
+  function kvFigures(kv) {
+    const held = kv.block_size ? `${plural(kv.blocks, "block")} × ${kv.block_size} = ${count(kv.blocks * kv.block_size)} tokens`
+      : plural(kv.blocks, "block");
+    return [`KV index ${kv.state}: ${held}`, `${count(kv.expected)} expected`,
+      `stored ${count(kv.stored)}, removed ${count(kv.removed)}` + (kv.skipped ? `, skipped ${count(kv.skipped)}` : ""),
+      `${plural(kv.replays, "replay")}, ${plural(kv.drops, "drop")}`].join(" · ");
+  }
+
+  // A model with replicas: how the gateway picks one, then each replica with its node, state and KV index.
+  function replicaCell(entry, replicas) {
+    if (!replicas.length) {
+      return el("td", {class: "nowrap", text: plural(entry.deployments.length, "deployment")});
+    }
+    return el("td", {class: "replicas"},
+      entry.replica_routing ? el("div", {class: "muted", "data-routing": entry.replica_routing, text: `routing: ${entry.replica_routing}`}) : null,
+      replicas.map((d) => el("div", {"data-replica": d.labels.replica},
+        `r${d.labels.replica}@${d.labels.node} ${d.state}`,
+        d.kv_events ? el("div", {class: "muted kv", text: kvFigures(d.kv_events)}) : null)));
+  }
+
   function row(entry, mgr) {
     const m = entry.manager || {};
     const state = m.state || entry.state;
@@ -57,8 +83,7 @@
         m.for_s !== undefined ? el("div", {class: "muted", text: `for ${fmt(m.for_s, 0)} s`}) : null),
       el("td", {}, m.tier || "–", m.tier_reason ? el("div", {class: "muted", text: m.tier_reason}) : null),
       el("td", {text: memory(m, sleeps)}),
-      el("td", {class: replicas.length ? "" : "nowrap", text: replicas.length ? replicas.map((d) => `r${d.labels.replica}@${d.labels.node} ${d.state}`).join(", ")
-        : `${entry.deployments.length} deployment${entry.deployments.length === 1 ? "" : "s"}`}),
+      replicaCell(entry, replicas),
       el("td", {class: "num", text: `${m.in_flight ?? 0} / ${m.queued ?? 0}`}),
       el("td", {}, detail),
       el("td", {}, el("div", {class: "actions"}, buttons)));
