@@ -67,40 +67,9 @@ until curl -sf "http://127.0.0.1:$eport/health" >/dev/null && curl -sf "http://1
 done
 echo "engine ($ranks data-parallel ranks) and gateway ($workers workers) ready in $(( SECONDS - t0 )) s" | tee -a "$log"
 grep -m4 -E "api_server_count|GPU KV cache size|Maximum concurrency" "$work/engine.log" | tee -a "$log"
-# utime + stime of a gateway and its worker processes (its children), in ticks of 1/100 s
-cpu_s() { for p in $1 $(pgrep -P "$1"); do cat "/proc/$p/stat" 2>/dev/null; done | awk '{s += $14 + $15} END {print s / 100}'; }
-bench() {  # TARGET PORT CONCURRENCY
-  local n=$(( $3 < 64 ? 16 : $3 * 2 ))
-  local before; before=$(cpu_s $gateway)
-  python3 -m vllm.entrypoints.cli.main bench serve --backend openai-chat --endpoint /v1/chat/completions \
-    --base-url "http://127.0.0.1:$2" --model "$served" --tokenizer "${args[0]}" --dataset-name random \
-    --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos --num-prompts "$n" \
-    --max-concurrency "$3" --request-rate inf --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
-    --save-result --result-dir "$results" --result-filename "bench-$1-c$3.json" >> "$out/bench-serve.log" 2>&1
-  local rc=$?
-  local row
-  row=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{d['output_throughput']:.0f} tok/s, TTFT p50 {d['p50_ttft_ms']:.1f} ms p99 {d['p99_ttft_ms']:.1f} ms\")" "$results/bench-$1-c$3.json" 2>/dev/null)
-  echo "$1 c=$3 n=$n rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s $gateway)" 'BEGIN{print b - a}') $row" | tee -a "$log"
-}
+tokenizer=${args[0]}
+source "$root/bench/gpu/serve_bench.sh"
+bench() { bench_at "$1" "$2" "$3" "$gateway"; }  # TARGET PORT CONCURRENCY
 bench warm-direct $eport 16; bench warm-gateway $gport 16
 for c in $concurrencies; do bench direct $eport "$c"; bench gateway $gport "$c"; bench gateway2 $gport "$c"; bench direct2 $eport "$c"; done
-python3 - "$results" "$out" "$ranks" "$workers" <<'PY' | tee -a "$log"
-import json, re, sys
-from pathlib import Path
-res, out, ranks, workers = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-cpu = {m[1]: float(m[2]) for m in re.finditer(r"^(\S+ c=\d+) n=\d+ rc=\d+ gateway_cpu_s=(\S+)", (out / "data_parallel.log").read_text(), re.M)}
-rows = []
-for f in sorted(res.glob("bench-*-c*.json")):
-    d = json.loads(f.read_text())
-    target, c = re.match(r"bench-(.+)-c(\d+)\.json", f.name).groups()
-    gw_cpu = cpu.get(f"{target} c={c}") if target.startswith("gateway") else None
-    tokens = d.get("total_output_tokens") or 0
-    rows.append({"target": target, "concurrency": int(c), "ranks": ranks, "gateway_workers": workers,
-                 "req_s": round(d["request_throughput"], 2), "out_tok_s": round(d["output_throughput"], 1),
-                 "ttft_p50_ms": round(d.get("p50_ttft_ms", d.get("median_ttft_ms", -1)), 1),
-                 "ttft_p99_ms": round(d["p99_ttft_ms"], 1), "tpot_p50_ms": round(d.get("p50_tpot_ms", d.get("median_tpot_ms", -1)), 2),
-                 "gateway_cpu_s": gw_cpu, "gateway_cpu_s_per_1k_tokens": round(gw_cpu / tokens * 1000, 4) if gw_cpu and tokens else None})
-(out / "data_parallel.json").write_text(json.dumps(rows, indent=1))
-for r in sorted(rows, key=lambda r: (r["concurrency"], r["target"])):
-    print(json.dumps(r))
-PY
+serve_rows "$out/data_parallel.json" "ranks=$ranks" "gateway_workers=$workers"

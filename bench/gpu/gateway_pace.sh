@@ -56,24 +56,11 @@ until curl -sf "http://127.0.0.1:$eport/health" >/dev/null && curl -sf "http://1
   sleep 2
 done
 echo "engine and gateway ready in $(( SECONDS - t0 )) s" | tee -a "$log"
-# utime + stime of a gateway and its worker processes (its children), in ticks of 1/100 s
-cpu_s() { for p in $1 $(pgrep -P "$1"); do cat "/proc/$p/stat" 2>/dev/null; done | awk '{s += $14 + $15} END {print s / 100}'; }
-summary() {  # one row of vLLM's result file, as soon as the run ends (a call cut later keeps it)
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('  ', *(f'{k}={round(d[k], 2)}' for k in
-    ('request_throughput', 'output_throughput', 'median_ttft_ms', 'p99_ttft_ms', 'median_tpot_ms') if k in d))" "$1"
-}
-bench() {  # TARGET PORT CONCURRENCY
-  local n=$(( $3 < 64 ? 16 : $3 * 2 ))
+served=llama8b; tokenizer=$model; results="$work/results"
+source "$root/bench/gpu/serve_bench.sh"
+bench() {  # TARGET PORT CONCURRENCY: the gateway on that port counted
   local pid=$gateway; [ "$2" = "$nport" ] && pid=$gatewayn
-  local before; before=$(cpu_s $pid)
-  python3 -m vllm.entrypoints.cli.main bench serve --backend openai-chat --endpoint /v1/chat/completions \
-    --base-url "http://127.0.0.1:$2" --model llama8b --tokenizer "$model" --dataset-name random \
-    --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos --num-prompts "$n" \
-    --max-concurrency "$3" --request-rate inf --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
-    --save-result --result-dir "$work/results" --result-filename "bench-$1-c$3.json" >> "$work/bench-serve.log" 2>&1
-  local rc=$?
-  echo "$1 c=$3 n=$n rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s $pid)" 'BEGIN{print b - a}')" | tee -a "$log"
-  [ "$rc" = 0 ] && summary "$work/results/bench-$1-c$3.json" | tee -a "$log"
+  bench_at "$1" "$2" "$3" "$pid"
 }
 # A warm-up through each target, then each concurrency direct and through the gateway, in alternating order.
 bench warm-direct $eport 16; bench warm-gateway $gport 16
@@ -85,20 +72,4 @@ if [ "$workers" -gt 1 ]; then
 else
   for c in $concurrencies; do bench direct $eport "$c"; bench gateway $gport "$c"; bench gateway2 $gport "$c"; bench direct2 $eport "$c"; done
 fi
-python3 - "$work/results" "$out" <<'PY' | tee -a "$log"
-import json, re, sys
-from pathlib import Path
-res, out = Path(sys.argv[1]), Path(sys.argv[2])
-cpu = {m[1]: float(m[2]) for m in re.finditer(r"^(\S+ c=\d+) n=\d+ rc=\d+ gateway_cpu_s=(\S+)", (out / "gateway_pace.log").read_text(), re.M)}
-rows = []
-for f in sorted(res.glob("bench-*-c*.json")):
-    d = json.loads(f.read_text())
-    target, c = re.match(r"bench-(.+)-c(\d+)\.json", f.name).groups()
-    rows.append({"target": target, "concurrency": int(c), "req_s": round(d["request_throughput"], 2),
-                 "out_tok_s": round(d["output_throughput"], 1), "ttft_p50_ms": round(d.get("p50_ttft_ms", d.get("median_ttft_ms", -1)), 1),
-                 "ttft_p99_ms": round(d["p99_ttft_ms"], 1), "tpot_p50_ms": round(d.get("p50_tpot_ms", d.get("median_tpot_ms", -1)), 2),
-                 "gateway_cpu_s": cpu.get(f"{target} c={c}")})
-(out / "gateway_pace.json").write_text(json.dumps(rows, indent=1))
-for r in sorted(rows, key=lambda r: (r["concurrency"], r["target"])):
-    print(json.dumps(r))
-PY
+serve_rows "$out/gateway_pace.json"
