@@ -31,6 +31,7 @@ from stack.engine.process import EngineSpec
 from stack.engine_env import ENGINE_KEY_ENV
 from stack.errors import EngineError
 from stack.planner.cluster import Demand, ReplicaPlace, place
+from stack.planner.disaggregation_args import for_phase
 
 log = logging.getLogger("stack.engine.ray")
 LOST_AFTER = 3  # failed health checks in a row
@@ -221,7 +222,7 @@ class RayReplicaSet:
 
         p = r.place
         self._move(r, "starting", f"placing on node {p.nodes[0][:8]}: {p.reason}")
-        argv, env = list(self.spec.engine.argv), dict(self.spec.engine.env)
+        argv, env = for_phase(list(self.spec.engine.argv), r.phase), dict(self.spec.engine.env)
         if self.spec.engine.api_key:  # every replica answers the set's one key (the gateway's)
             env[ENGINE_KEY_ENV] = self.spec.engine.api_key
         cpus = self.demand.cpus

@@ -109,3 +109,18 @@ def side_channel(argv: list[str]) -> bool:
         return False
     config = json.loads(argv[argv.index(FLAG) + 1])
     return str(config.get("kv_connector", "")).startswith("Nixl")
+
+
+ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}  # vLLM 0.26+ deprecates kv_both for NixlConnector
+
+
+def for_phase(argv: list[str], phase: str) -> list[str]:
+    """One engine's command: its side's kv_role (kv_producer to prefill, kv_consumer to decode) in place of the
+    plan's kv_both, as vLLM asks of NixlConnector; unchanged for an engine with no phase or no KV transfer."""
+    if phase not in ROLES or FLAG not in argv:
+        return argv
+    at = argv.index(FLAG) + 1
+    config = json.loads(argv[at])
+    if config.get("kv_role") != "kv_both":
+        return argv
+    return [*argv[:at], json.dumps({**config, "kv_role": ROLES[phase]}, separators=(",", ":")), *argv[at + 1 :]]

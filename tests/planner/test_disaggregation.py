@@ -94,6 +94,16 @@ def test_on_the_cpu_the_engines_send_from_a_host_buffer_vllms_only_one_there() -
     assert "(kv_buffer_device: cpu)" in p.notes[-1]
 
 
+def test_each_engine_gets_its_sides_role_as_vllm_asks_of_nixl() -> None:
+    from stack.planner.disaggregation_args import for_phase
+
+    args = list(plan(config()).args)
+    roles = {phase: json.loads(for_phase(args, phase)[args.index(FLAG) + 1]) for phase in ("prefill", "decode")}
+    assert roles == {"prefill": {"kv_connector": "NixlConnector", "kv_role": "kv_producer"},
+                     "decode": {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}}  # fmt: skip
+    assert for_phase(args, "") == args and for_phase(["--port", "1"], "decode") == ["--port", "1"]
+
+
 def test_the_key_refuses_counts_below_one_and_a_connector_vllm_removed() -> None:
     with pytest.raises(ConfigError) as err:
         config({"prefill": 0, "decode": 1})
