@@ -48,18 +48,21 @@ def two_gpus(cpus: int):
     return cluster
 
 
-def config(kind: str, state: Path, model_dir: Path, address: str, max_model_len: int):
+def config(kind: str, state: Path, model_dir: Path, address: str, max_model_len: int, kv_buffer: str = ""):
     from stack.config import load_config
 
     entry: dict = {"name": SERVED, "source": {"path": str(model_dir)}, "served_name": SERVED}
     ray: dict = {"address": address, "engine_host": "loopback"}
+    if kind != "disagg":
+        kv_buffer = ""  # aggregated engines transfer nothing
     if kind == "disagg":
         entry["disaggregation"] = {"prefill": 1, "decode": 1, "connector": "nixl"}
     else:
         ray["replicas"] = {SERVED: 2}
     return load_config(text=json.dumps({
         "models": {SERVED: entry}, "state_dir": str(state), "startup_timeout_s": 900, "fit_check": "warn",
-        "engine": {"load_format": "dummy", "max_model_len": max_model_len, "gpu_memory_utilization": 0.85},
+        "engine": {"load_format": "dummy", "max_model_len": max_model_len, "gpu_memory_utilization": 0.85,
+                   **({"kv_transfer_config": {"kv_buffer_device": kv_buffer}} if kv_buffer else {})},
         "gateway": {"replica_routing_models": {SERVED: "least_outstanding"}, "num_retries": 0,
                     "request_timeout_s": 600},
         "manager": {"runtime": "ray", "idle_ttl_s": 0, "restart_max": 0, "ray": ray},
@@ -113,6 +116,9 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=40, help="of arrivals per rate: num-prompts = rate x this")
     ap.add_argument("--max-model-len", type=int, default=10240)
+    ap.add_argument("--kv-buffer-device", default="", choices=["", "cuda", "cpu"],
+                    help="disagg: NIXL's buffer (cpu: a host copy, sent over host memory; its first GPU run's "
+                    "GPU-to-GPU reads never completed)")
     ap.add_argument("--cpus", type=int, default=16)
     ap.add_argument("--run-timeout", type=float, default=150)
     args = ap.parse_args()
@@ -138,7 +144,7 @@ def main() -> int:
         cluster = two_gpus(args.cpus)
         try:
             state = args.out.parent / "disaggregation_state"
-            cfg = config(args.config, state, folder, cluster.address, args.max_model_len)
+            cfg = config(args.config, state, folder, cluster.address, args.max_model_len, args.kv_buffer_device)
             with ray_gateway_for(cfg, SERVED) as (gw, planned):
                 result["plan_notes"] = [n for n in planned.default.notes if n.startswith(("disaggregation", "plan:"))]
                 result["replicas"] = wait_ready(gw, 2, 420)

@@ -7,6 +7,7 @@
 # <= 40 ms per request (bench/gpu/disaggregation.py says why), TTFT p95, ITL p95, output tok/s side by side.
 #
 #   bash bench/gpu/disaggregation.sh CONFIG [RATES]     CONFIG: disagg or agg; RATES default "2 4 6" (requests/s)
+#   KV_BUFFER=cpu ...   NIXL sends from a host buffer (the path bench/disaggregation_cpu.py ran on the CPU)
 #
 # Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh; Ray's part
 # bench/gpu/build_ray_part.sh; NIXL's bench/gpu/build_nixl_part.sh; each call carries at most 64 MiB, so the
@@ -43,7 +44,7 @@ export RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
 log="$out/disaggregation.log"
 log_device "$log"
 timeout 580 python3 -m bench.gpu.disaggregation --config "$config" --out "$out/disaggregation-$config.json" \
-  --rates "$rates" --seconds "${RUN_SECONDS:-40}" 2>&1 | tee -a "$log"
+  --rates "$rates" --seconds "${RUN_SECONDS:-40}" --kv-buffer-device "${KV_BUFFER:-}" 2>&1 | tee -a "$log"
 code=${PIPESTATUS[0]}
 for f in "$out"/disaggregation_state/logs/*.log; do
   [ -f "$f" ] && grep -v "Capturing CUDA graphs" "$f" | tail -300 > "$out/$(basename "$f" .log)-tail.log"
