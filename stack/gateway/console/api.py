@@ -18,7 +18,7 @@ from stack.gateway.console.logs import tail
 from stack.gateway.console.sessions import COOKIE
 from stack.gateway.console.sources import with_bus_floor
 from stack.gateway.endpoints import BY_NAME
-from stack.gateway.http.admin_routes import Action, models_view, run_model_action
+from stack.gateway.http.admin_routes import Action, managed, models_view, run_model_action
 from stack.gateway.http.endpoint_routes import too_many_tokens
 from stack.gateway.http.key_routes import (
     NewKey,
@@ -58,12 +58,7 @@ async def api_model_action(model: str, action: str, request: Request) -> dict[st
     state = get_state(request)
     if action not in ("load", "unload", "switch", "sleep"):
         raise InvalidRequest(f"unknown action {action!r}: load, unload, switch or sleep", param="action")
-    manager = state.manager
-    if manager is None:
-        raise InvalidRequest("this gateway has no model manager (it serves fixed deployments)", param="model")
-    group = state.routing.resolve(model)
-    if not manager.manages(group):
-        raise ModelNotFound(f"`{model}` is not a model this gateway starts", param="model")
+    manager, group = managed(state, model)
     running = manager.switching()
     if running is not None and action in ("load", "switch"):
         raise InvalidRequest(f"a switch to `{running}` is running: wait until it ends, then try again",

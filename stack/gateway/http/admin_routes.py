@@ -136,14 +136,20 @@ async def model_action(model: str, action: Action, request: Request, wait: bool 
     return await run_model_action(get_state(request), model, action, wait)
 
 
-async def run_model_action(state: GatewayState, model: str, action: Action, wait: bool = True) -> dict[str, Any]:
-    """One admin action on a managed model (the admin API's and the console's): checked before anything runs."""
+def managed(state: GatewayState, model: str) -> tuple[Any, str]:
+    """(the manager, the model group `model` names), or the client's error: no manager, or not a model it starts."""
     manager = state.manager
     if manager is None:
         raise InvalidRequest("this gateway has no model manager (it serves fixed deployments)", param="model")
     group = state.routing.resolve(model)
     if not manager.manages(group):
-        raise ModelNotFound(f"`{group}` is not a model this gateway starts", param="model")
+        raise ModelNotFound(f"`{model}` is not a model this gateway starts", param="model")
+    return manager, group
+
+
+async def run_model_action(state: GatewayState, model: str, action: Action, wait: bool = True) -> dict[str, Any]:
+    """One admin action on a managed model (the admin API's and the console's): checked before anything runs."""
+    manager, group = managed(state, model)
     work = {
         "load": lambda: manager.load(group),
         "switch": lambda: manager.switch(group),
