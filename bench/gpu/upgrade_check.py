@@ -15,7 +15,8 @@ those records, with the adopted reports' paths, to patches/ledger.yaml.
 A call has ~580 s: a profile starts only when its estimate (ESTIMATE_S) fits in what the budget leaves, the rest
 is left for the next call, and a check that finished in an earlier call on the same warm machine is kept
 (resume). Everything lands in $OUT as it happens: summary.json/.md (with the ledger record each check wrote) and
-checks/<profile>/ (the gate's report, the engines' logs, the check's output).
+checks/<profile>/ (the gate's report, the engines' logs, the check's output). Exit 0: every profile checked and
+passed; 1: one failed; 2: no GPU, or the site lacks the pinned vLLM; 3: profiles left for the next call.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def pinned_gpu() -> tuple[str, str]:
 
 def site_mismatch(python: str, dist: str, version: str) -> str | None:
     """Why `python` cannot be both sides of a check of dist==version (None: it can)."""
+    from packaging.version import Version
+
     from stack.errors import StackError
     from stack.vllm.options import installed_version
 
@@ -76,7 +79,8 @@ def site_mismatch(python: str, dist: str, version: str) -> str | None:
         found = installed_version(python)
     except StackError as exc:
         return f"{python}: {exc.message.splitlines()[0]}"
-    if found != (dist, version):
+    # As the check itself decides (stack.upgrade.venv._same_version): a local build tag (+cu130) is the same version.
+    if found[0] != dist or Version(found[1].split("+")[0]) != Version(version):
         return (
             f"{python} has {found[0]} {found[1]}, the gpu extra pins {dist}=={version}: build the site for it "
             f"(bash bench/gpu/build_site.sh --vllm {version}) and stash its parts"

@@ -157,3 +157,16 @@ def test_plan_names_the_pin_and_refuses_what_is_not_a_gpu_profile(tmp_path: Path
         uc.main(["plan", "cpu-smollm2", "--work", str(tmp_path)])
     assert uc.main(["plan", "h200x4-llama-3.1-8b-dp4", "--work", str(tmp_path)]) == 0
     assert "needs 2 GPUs, 1 here" in capsys.readouterr().out
+
+
+def test_a_python_without_the_pinned_vllm_is_refused_with_the_fix() -> None:
+    import sys
+
+    from stack.vllm.options import installed_version
+
+    pytest.importorskip("vllm", reason="needs vLLM (./install.sh --dev)")
+    dist, version = installed_version(sys.executable)
+    assert uc.site_mismatch(sys.executable, dist, version) is None  # this Python could be both sides of its own
+    said = uc.site_mismatch(sys.executable, "vllm", "0.26.0")
+    assert said == (f"{sys.executable} has {dist} {version}, the gpu extra pins vllm==0.26.0: build the site for it "
+                    "(bash bench/gpu/build_site.sh --vllm 0.26.0) and stash its parts")
