@@ -30,7 +30,14 @@ from stack.planner.stack_planner import plan_fetched
 from stack.tune.rate_search import SearchSettings
 from stack.upgrade import answers as ans
 from stack.upgrade.measure import measure_side
-from stack.upgrade.triage import option_changes, parse_check, patch_triage, plugin_load, unpatched_in_log
+from stack.upgrade.triage import (
+    option_changes,
+    parse_check,
+    patch_triage,
+    plugin_load,
+    runtime_outcomes_in_log,
+    unpatched_in_log,
+)
 from stack.upgrade.venv import CandidateEnv, candidate_env
 from stack.upgrade.verdict import GOODPUT_TOLERANCE, MIN_MATCH, Reason, judge
 from stack.vllm.options import engine_python, installed_catalog, installed_version
@@ -88,7 +95,8 @@ def run_check(cfg: StackConfig, req: CheckRequest, hardware: HardwareInfo,
     cand_cat = installed_catalog(cand.python, cfg.cache_dir)
     ledger_path = req.candidate_ledger or req.ledger
     patches = patch_triage(load_ledger(ledger_path), cand.python, own_venv=cand.root is not None)
-    patches.patches += plugin_load(cand.python, ledger_path)  # a runtime patch that raises fails the gate
+    failing, patches.runtime = plugin_load(cand.python, ledger_path)
+    patches.patches += failing  # a runtime patch that raises fails the gate
     scenario_path = find_scenario(req.scenario)
     scenario = load_scenario_file(scenario_path)
     settings = search_settings(scenario, req) if req.goodput else None
@@ -165,7 +173,14 @@ def _check_profile(cfg: StackConfig, req: CheckRequest, hardware: HardwareInfo, 
     for line in unpatched_in_log(candidate.log) if candidate.log else []:  # a patch failed in one of its processes
         verdict.reasons.append(Reason("patches", f"the candidate's engine log ({candidate.log}) says: {line}"))
         verdict.passed = False
+    # Each engine process's runtime patch outcomes (applied / not needed / failed), as it logged them.
+    runtime = {s.side: runtime_outcomes_in_log(s.log) if s.log else [] for s in (pinned, candidate)}
+    if candidate.started and not runtime["candidate"]:
+        verdict.warnings.append(f"the candidate's engine log ({candidate.log}) has no `vstack runtime patches` line: "
+                                "the runtime patch plugin did not load there (is the stack installed in its Python, "
+                                "or its `vllm.general_plugins` entry point declared?)")
     say("passes" if verdict.passed else "fails: " + "; ".join(r.text for r in verdict.reasons))
     return {"profile": name, "slo": [str(c) for c in clauses], "slo_source": slo_source,
             "option_changes": changes, "options_error": options_error, "pinned": pinned.as_dict(),
-            "candidate": candidate.as_dict(), "answers": compared, "verdict": verdict.as_dict()}
+            "candidate": candidate.as_dict(), "answers": compared, "runtime_patches": runtime,
+            "verdict": verdict.as_dict()}

