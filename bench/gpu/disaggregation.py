@@ -92,19 +92,6 @@ def bench_serve(url: str, model_dir: Path, rate: float, n: int, seed: int, args,
             "itl_p99_ms": pick("p99_itl_ms", 2)}  # fmt: skip
 
 
-def wait_ready(gw, replicas: int, timeout: float) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        slot = gw.state.manager.slots[SERVED]
-        reps = slot.runtime.describe()["replicas"]
-        if sum(r["state"] == "ready" for r in reps) >= replicas and str(slot.state) == "ready":
-            return reps
-        if str(slot.state) == "failed":
-            raise SystemExit(f"model failed: {slot.detail}\n{slot.log_tail[-4000:]}")
-        time.sleep(1)
-    raise SystemExit(f"not {replicas} ready replicas after {timeout} s")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", choices=("disagg", "agg"))
@@ -116,9 +103,13 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=40, help="of arrivals per rate: num-prompts = rate x this")
     ap.add_argument("--max-model-len", type=int, default=10240)
-    ap.add_argument("--kv-buffer-device", default="", choices=["", "cuda", "cpu"],
-                    help="disagg: NIXL's buffer (cpu: a host copy, sent over host memory; its first GPU run's "
-                    "GPU-to-GPU reads never completed)")
+    ap.add_argument(
+        "--kv-buffer-device",
+        default="",
+        choices=["", "cuda", "cpu"],
+        help="disagg: NIXL's buffer (cpu: a host copy, sent over host memory; its first GPU run's "
+        "GPU-to-GPU reads never completed)",
+    )
     ap.add_argument("--cpus", type=int, default=16)
     ap.add_argument("--run-timeout", type=float, default=150)
     args = ap.parse_args()
@@ -130,7 +121,7 @@ def main() -> int:
     import ray
 
     from bench.harness.dummy_models import fixture_config, write_model
-    from bench.harness.ray_cluster import ray_gateway_for
+    from bench.harness.ray_cluster import ray_gateway_for, wait_replicas
 
     result: dict = {"date": time.strftime("%Y-%m-%d"), "config": args.config, "model": f"{args.model} (dummy weights)",
                     "slo": {"ttft_ms": SLO["ttft"], "tpot_ms": SLO["tpot"]},
@@ -147,7 +138,7 @@ def main() -> int:
             cfg = config(args.config, state, folder, cluster.address, args.max_model_len, args.kv_buffer_device)
             with ray_gateway_for(cfg, SERVED) as (gw, planned):
                 result["plan_notes"] = [n for n in planned.default.notes if n.startswith(("disaggregation", "plan:"))]
-                result["replicas"] = wait_ready(gw, 2, 420)
+                result["replicas"] = wait_replicas(gw, 2, 420, SERVED)
                 result["ready_s"] = round(time.monotonic() - t0, 1)
                 print(f"{args.config}: 2 engines ready in {result['ready_s']} s", flush=True)
                 warm = bench_serve(gw.url, folder, 2, 8, 999, args, runs_dir, f"{args.config}-warm")

@@ -89,19 +89,6 @@ def bench_serve(url: str, model_dir: Path, rate: float, n: int, seed: int, args,
             "req_s": round(d.get("request_throughput", 0), 2)}  # fmt: skip
 
 
-def wait_ready(gw, replicas: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        slot = gw.state.manager.slots[SERVED]
-        reps = slot.runtime.describe()["replicas"]
-        if sum(r["state"] == "ready" for r in reps) >= replicas and str(slot.state) == "ready":
-            return
-        if str(slot.state) == "failed":
-            raise SystemExit(f"model failed: {slot.detail}\n{slot.log_tail[-4000:]}")
-        time.sleep(1)
-    raise SystemExit(f"not {replicas} ready replicas after {timeout} s")
-
-
 def engine_counters(url: str, dep_ids: list[str]) -> dict[str, float]:
     from bench.harness.scrape import sample_sums
 
@@ -139,7 +126,7 @@ def main() -> int:
     import ray
 
     from bench.harness.dummy_models import fixture_config, write_model
-    from bench.harness.ray_cluster import ray_gateway_for
+    from bench.harness.ray_cluster import ray_gateway_for, wait_replicas
 
     result: dict = {"date": time.strftime("%Y-%m-%d"), "model": f"{args.model} (dummy weights)",
                     "args": dict(vars(args)),
@@ -163,7 +150,7 @@ def main() -> int:
                 args.gpu_memory_utilization,
             )
             with ray_gateway_for(cfg, SERVED) as (gw, _planned):
-                wait_ready(gw, 2, 900)
+                wait_replicas(gw, 2, 900, SERVED)
                 result["ready_s"] = round(time.monotonic() - t0, 1)
                 book = gw.state.routing.replicas
                 default_weight = book.load_weight

@@ -119,11 +119,12 @@ def ray_gateway(cfg) -> Iterator[Gateway]:
         yield gw
 
 
-def wait_replicas(gw: Gateway, ready: int, timeout: float) -> list[dict]:
+def wait_replicas(gw: Gateway, ready: int, timeout: float, served: str = SERVED) -> list[dict]:
+    """The replicas of model `served` once `ready` of them are ready; AssertionError if it fails or the time passes."""
     deadline = time.monotonic() + timeout
     reps: list[dict] = []
     while time.monotonic() < deadline:
-        slot = gw.state.manager.slots[SERVED]
+        slot = gw.state.manager.slots[served]
         reps = slot.runtime.describe()["replicas"] if hasattr(slot.runtime, "describe") else []
         record(gw.pids, reps)  # type: ignore[attr-defined]
         if sum(r["state"] == "ready" for r in reps) >= ready and str(slot.state) == "ready":

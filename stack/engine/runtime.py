@@ -67,14 +67,9 @@ class Runtime(Protocol):
         ...
 
     def host_copy_busy(self, timeout: float = 10) -> bool:
-        """True while the engine still stages its host buffers (or sleeps or wakes); False once idle, and also
-        when it cannot say (an engine without the runtime patch): a sleep then simply waits for the engine."""
-        try:
-            resp = control_client().post(f"{self.spec.base_url}/collective_rpc", json={"method": STAGING_METHOD},
-                                         headers=auth_header(engine_key(self)), timeout=timeout)  # fmt: skip
-            return resp.status_code == 200 and "busy" in (resp.json().get("results") or [])
-        except (httpx.HTTPError, ValueError, AttributeError):
-            return False
+        """True while the engine still stages its host buffers (or sleeps or wakes); False once idle or when it
+        cannot say (SleepEndpoints.host_copy_busy)."""
+        ...
 
     def is_sleeping(self) -> bool: ...
 
