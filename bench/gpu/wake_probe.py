@@ -53,6 +53,7 @@ def main() -> None:
     from vllm.device_allocator.cumem import CuMemAllocator
 
     from stack.vllm.plugins.runtime_patches import fast_sleep_wake as fsw
+    from stack.vllm.plugins.runtime_patches.cuda_ops import CudaOps
 
     upstream_sleep, upstream_wake = CuMemAllocator.sleep, CuMemAllocator.wake_up
     bus()
@@ -77,7 +78,7 @@ def main() -> None:
         wk = timed(lambda: upstream_wake(alloc, ["kv_cache"]))
         say("upstream", round=r, sleep_s=round(s, 3), wake_weights_s=round(ww, 3), wake_kv_s=round(wk, 3),
             weights_gbps=round(wbytes / ww / 1e9, 1))  # fmt: skip
-    ops = fsw.CudaOps()
+    ops = CudaOps()
     for r in range(args.repeat):  # the runtime patch, host copy kept
         s = timed(lambda: fsw.sleep(alloc, ("weights",), ops, keep=True))
         ww = timed(lambda: fsw.wake_up(alloc, ["weights"], ops, keep=True))

@@ -233,3 +233,102 @@ def test_staging_without_a_kept_copy_allocates_the_buffers_the_first_sleep_fills
     fsw.wake_up(alloc, None, dev, keep=False)
     assert weights_bytes(by_tag, dev) == before
     assert all(getattr(d, "_vstack_spare", None) is None for d in alloc.pointer_to_data.values())
+
+
+class QueuedDevice(HostDevice):
+    """Copies to the device run at wait(), as a side stream's do: a wake that forgot to wait leaves garbage, and
+    an unmap before the wait fails the copy (unmapped memory)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queued: list[tuple[int, int, int]] = []
+        self.events: list[str] = []
+
+    def to_device(self, dst: int, src: int, size: int) -> None:
+        self.queued.append((dst, src, size))
+
+    def wait(self) -> None:
+        for dst, src, size in self.queued:
+            HostDevice.to_device(self, dst, src, size)
+        self.queued.clear()
+        self.waits += 1
+        self.events.append("wait")
+
+    def fence(self) -> None:
+        self.events.append("fence")
+
+    def unmap(self, handle) -> None:
+        self.events.append("unmap")
+        super().unmap(handle)
+
+
+@pytest.fixture
+def queued(engine, monkeypatch) -> tuple[QueuedDevice, SimpleNamespace, dict[str, list[int]]]:
+    """The engine fixture's allocations on a QueuedDevice, in an engine the manager drives (its handoff socket)."""
+    _dev, alloc, by_tag = engine
+    dev = QueuedDevice()
+    dev.buffers, dev.mapped = _dev.buffers, _dev.mapped
+    monkeypatch.setenv(fsw.SOCKET_ENV, "/tmp/vstack-handoff-test.sock")
+    monkeypatch.delenv("VSTACK_WAKE_DEFER_WEIGHTS", raising=False)
+    return dev, alloc, by_tag
+
+
+def test_an_overlapped_weights_wake_leaves_its_copies_running_until_the_kv_caches_wake(queued) -> None:
+    dev, alloc, by_tag = queued
+    before = weights_bytes(by_tag, dev)
+    fsw.sleep(alloc, ("weights",), dev, keep=True)
+    waits = dev.waits
+    fsw.wake_up(alloc, ["weights"], dev, keep=True)
+    assert dev.waits == waits and dev.events[-1] == "fence"  # no host wait; the compute stream waits on the GPU
+    weights = [d for d in alloc.pointer_to_data.values() if d.tag == "weights"]
+    assert dev.queued and all(d.cpu_backup_tensor is not None for d in weights)  # the copies' sources still held
+    fsw.wake_up(alloc, ["kv_cache"], dev, keep=True)
+    assert dev.waits == waits + 1 and not dev.queued  # one wait for both calls' work
+    assert weights_bytes(by_tag, dev) == before
+    assert all(d.cpu_backup_tensor is None and d._vstack_host is not None for d in weights)  # the kept copy
+    assert fsw.sleep(alloc, ("weights",), dev, keep=True)["copied"] == 0  # and the next sleep reuses it
+
+
+def test_a_sleep_right_after_a_deferred_wake_waits_for_its_copies_before_unmapping(queued) -> None:
+    dev, alloc, by_tag = queued
+    alloc.pointer_to_data = {p: d for p, d in alloc.pointer_to_data.items() if d.tag == "weights"}  # all awake
+    before = weights_bytes(by_tag, dev)
+    fsw.sleep(alloc, ("weights",), dev, keep=True)
+    fsw.wake_up(alloc, ["weights"], dev, keep=True)
+    dev.events.clear()
+    # Not kept: this sleep copies the weights to the host again, and would copy what the wake had not yet written
+    fsw.sleep(alloc, ("weights",), dev, keep=False)
+    assert dev.events[0] == "wait" and "unmap" in dev.events
+    fsw.wake_up(alloc, None, dev, keep=False)
+    assert weights_bytes(by_tag, dev) == before and not dev.queued
+
+
+@pytest.mark.parametrize(
+    ("env", "tags", "deferred"),
+    [
+        ({}, ["weights"], True),  # the manager's engine (handoff socket): deferred
+        ({"VSTACK_WAKE_DEFER_WEIGHTS": "0"}, ["weights"], False),  # turned off
+        ({}, None, False),  # a whole wake maps the KV cache in the same call: waits once, as before
+        ({"no socket": ""}, ["weights"], False),  # a caller that may read the weights from the host next
+    ],
+)
+def test_only_a_weights_wake_of_an_engine_the_manager_drives_is_deferred(queued, monkeypatch, env, tags,
+                                                                        deferred) -> None:  # fmt: skip
+    dev, alloc, _ = queued
+    for key, value in env.items():
+        if key == "no socket":
+            monkeypatch.delenv(fsw.SOCKET_ENV)
+        else:
+            monkeypatch.setenv(key, value)
+    fsw.sleep(alloc, ("weights",), dev, keep=True)
+    waits = dev.waits
+    fsw.wake_up(alloc, tags, dev, keep=True)
+    assert (dev.waits == waits) is deferred and bool(dev.queued) is deferred
+
+
+def test_a_level2_weights_wake_copies_nothing_and_is_not_deferred(queued) -> None:
+    dev, alloc, _ = queued
+    fsw.sleep(alloc, (), dev, keep=False)  # level 2: nothing offloaded, vLLM reloads the weights after the wake
+    waits = dev.waits
+    fsw.wake_up(alloc, ["weights"], dev, keep=False)
+    assert dev.waits == waits + 1 and getattr(alloc, "_vstack_pending_wake", None) is None

@@ -14,6 +14,9 @@ vLLM's `CuMemAllocator` (0.26-0.33) pays for two things a model switch does not 
    asynchronously on a side stream right after its map, so the next maps (the KV cache's too, in a
    one-call wake) run under the copies; one synchronize ends the wake.
 
+5. In an overlapped switch a weights-only wake returns once its copies are issued and the KV cache's wake maps
+   under them (deferred_wake.py). The device operations themselves: cuda_ops.py.
+
 Level 2 (nothing offloaded) drops the kept copies: level 2 is chosen where host RAM is short. The logs
 say where the time went (`vstack sleep:` / `vstack wake:` lines in the engine log).
 
@@ -38,6 +41,8 @@ from typing import Any, Protocol
 
 from stack.vllm.plugins.handoff import SOCKET_ENV
 from stack.vllm.plugins.host_copy import KEEP_ENV, STAGE_METHOD, STAGING_METHOD
+from stack.vllm.plugins.runtime_patches import deferred_wake
+from stack.vllm.plugins.runtime_patches.cuda_ops import CudaOps
 
 MARK = "_vstack_patch"
 SPOT_BYTES = 4096  # bytes compared at each end of an allocation before a kept copy is reused
@@ -93,6 +98,7 @@ def _spot_check(ops: Ops, reused: list[tuple[int, Any, Any]]) -> list[tuple[int,
 
 def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, keep: bool) -> dict[str, float]:
     """vLLM's CuMemAllocator.sleep: offload the tagged allocations, discard the rest, release all."""
+    deferred_wake.settle(allocator, ops, keep)  # a weights wake's copies still running: done before any unmap
     tags = _tags(offload_tags, allocator.default_tag)
     t0 = time.perf_counter()
     copied = discarded = 0
@@ -162,6 +168,7 @@ def stage(allocator: Any, ops: Ops, keep: bool, offload_tags: tuple[str, ...] | 
     """What the first level-1 sleep would allocate, now: a host buffer per offloaded allocation (pinned on
     the GPU: the slow part) and, where the copy may be kept (`keep`), the copy itself; the first sleep then
     only checks and unmaps (keep) or only copies (not keep), as later sleeps do."""
+    deferred_wake.settle(allocator, ops, keep)
     tags = _tags(offload_tags, allocator.default_tag)
     t0 = time.perf_counter()
     allocated, filled = 0, []
@@ -194,6 +201,7 @@ def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) ->
     moved = mapped = 0
     restored = []
     chosen = [(p, d) for p, d in allocator.pointer_to_data.items() if wanted is None or d.tag in wanted]
+    pending = deferred_wake.take(allocator)  # an earlier weights-only wake's copies: waited for with this call's
     before_wake = getattr(ops, "before_wake", None)  # the memory handoff: pieces another engine handed over
     if before_wake:
         before_wake([d.handle[1] for _p, d in chosen])
@@ -210,85 +218,34 @@ def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) ->
         elif zero_if_reused:
             zero_if_reused(ptr, data.handle[1])
     t_issued = time.perf_counter()
-    ops.wait()
-    for data, host in restored:
-        data._vstack_host = host if keep else None
-        data.cpu_backup_tensor = None
+    if pending is None and deferred_wake.should_defer(wanted, restored):  # the KV cache's wake follows
+        deferred_wake.defer(allocator, ops, deferred_wake.PendingWake(restored, t0, moved))
+    else:
+        ops.wait()  # this call's copies and a deferred weights wake's, on the same stream
+        for data, host in restored:
+            data._vstack_host = host if keep else None
+            data.cpu_backup_tensor = None
+        if pending is not None:
+            deferred_wake.finish(pending, keep, time.perf_counter())
     after_wake = getattr(ops, "after_wake", None)
     handoff = after_wake() if after_wake else None
     done = time.perf_counter()
     gib = 1024**3
     log.info(
-        "vstack wake %s: %.2f GiB mapped, %.2f GiB copied to the GPU in %.3f s (%.1f GB/s; maps and issue %.3f s)",
+        "vstack wake %s: %.2f GiB mapped, %.2f GiB copied to the GPU in %.3f s (%.1f GB/s; maps and issue %.3f s)%s",
         sorted(wanted) if wanted else "all",
         mapped / gib,
         moved / gib,
         done - t0,
         moved / max(done - t0, 1e-9) / 1e9,
         t_issued - t0,
+        "; copies left running, waited for by the next call" if getattr(allocator, deferred_wake.ATTR, None) else "",
     )
     if handoff:
         log.info("vstack wake: %.2f GiB mapped from pieces another engine handed over, %.2f GiB created, %d "
                  "pieces left over", handoff["imported"] / gib, handoff["created"] / gib, handoff["left"])  # fmt: skip
     return {"mapped": mapped, "moved": moved, "seconds": done - t0,
             **{f"handoff_{k}": v for k, v in (handoff or {}).items()}}  # fmt: skip
-
-
-class CudaOps:
-    """The allocator's own map/unmap (vLLM's C extension) and cudaMemcpyAsync on a side stream."""
-
-    H2D, D2H = 1, 2  # cudaMemcpyKind
-
-    def __init__(self) -> None:
-        import ctypes
-
-        import torch
-        from vllm.device_allocator import cumem
-
-        self.cumem, self.torch = cumem, torch
-        fn = cumem.libcudart.lib.cudaMemcpyAsync
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
-        fn.restype = ctypes.c_int
-        self.copy = fn
-        self.stream = torch.cuda.Stream()
-        self.pinned: Any = None
-
-    def map(self, handle: Any) -> None:
-        self.cumem.create_and_map(handle)
-
-    def unmap(self, handle: Any) -> None:
-        self.cumem.unmap_and_release(handle)
-
-    def host_buffer(self, size: int) -> Any:
-        from vllm.utils.platform_utils import is_pin_memory_available
-
-        if not is_pin_memory_available():  # WSL: no page-locked memory; copies still work, slower
-            return self.torch.empty(size, dtype=self.torch.uint8, device="cpu")
-        if self.pinned is None:
-            from stack.vllm.plugins.runtime_patches.pinned_host import PinnedHost
-
-            self.pinned = PinnedHost(self.torch)
-        return self.pinned.buffer(size)  # exact size, pinned on several threads (not torch's power of two)
-
-    def _copy(self, dst: int, src: int, size: int, kind: int) -> None:
-        err = self.copy(dst, src, size, kind, self.stream.cuda_stream)
-        if err:
-            raise RuntimeError(f"cudaMemcpyAsync failed with CUDA error {err}")
-
-    def to_host(self, dst: int, src: int, size: int) -> None:
-        self._copy(dst, src, size, self.D2H)
-
-    def to_device(self, dst: int, src: int, size: int) -> None:
-        self._copy(dst, src, size, self.H2D)
-
-    def wait(self) -> None:
-        self.stream.synchronize()
-
-    def collect(self) -> None:
-        import gc
-
-        gc.collect()
-        self.torch.cuda.empty_cache()
 
 
 def _ops(allocator: Any) -> Any:
@@ -341,8 +298,10 @@ def _sleep_check_beside_a_wake(method: Any, allocator_of: Any) -> Any:
         except AssertionError as exc:
             if GREW not in str(exc) or getattr(allocator, "_vstack_sleeps", 0) == done:
                 raise
-            log.info("vstack sleep: done; the GPU's free memory fell meanwhile (another engine woke beside this one "
-                     "and this one's memory was handed over), so vLLM's check that a sleep frees memory is skipped")
+            log.info(
+                "vstack sleep: done; the GPU's free memory fell meanwhile (another engine woke beside this one "
+                "and this one's memory was handed over), so vLLM's check that a sleep frees memory is skipped"
+            )
             return None
 
     setattr(sleep, MARK, "gpu-sleep-wake-at-bus-speed")
@@ -420,10 +379,8 @@ def _discard_handed_back(method: Any) -> Any:
     return discard
 
 
-setattr(_sleep, MARK, "gpu-sleep-wake-at-bus-speed")
-setattr(_wake_up, MARK, "gpu-sleep-wake-at-bus-speed")
-setattr(_stage_host_copy, MARK, "gpu-sleep-wake-at-bus-speed")
-setattr(_host_copy_staging, MARK, "gpu-sleep-wake-at-bus-speed")
+for _fn in (_sleep, _wake_up, _stage_host_copy, _host_copy_staging):
+    setattr(_fn, MARK, "gpu-sleep-wake-at-bus-speed")
 
 
 def apply() -> bool:

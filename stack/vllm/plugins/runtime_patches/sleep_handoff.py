@@ -65,6 +65,9 @@ class HandoffOps:
     def wait(self) -> None:
         self.base.wait()
 
+    def fence(self) -> None:
+        self.base.fence()
+
     def collect(self) -> None:
         self.base.collect()
 
