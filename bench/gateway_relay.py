@@ -1,7 +1,7 @@
 """The gateway's relay ceiling: streamed tokens/s through the gateway (with N worker processes) vs direct, at a
 load no single client or stand-in process could offer.
 
-    .venv/bin/python bench/gateway_relay.py --streams 64 --cadence-ms 20 --workers 1,2 --rounds 2   # 2 cores
+    .venv/bin/python bench/gateway_relay.py --streams 64 --cadence-ms 20 --chunks 64 --workers 1,2 --rounds 2  # 1.5 min
     python3 bench/gateway_relay.py --streams 512 --cadence-ms 5 --workers 1,4,8     # the GPU host: bench/gpu/relay.sh
 
 Issue 54's goal: the gateway relays >= 60k streamed tokens/s at >= 0.99x direct (4 H200s of an 8B make that many).
@@ -81,12 +81,13 @@ def main() -> None:
     ap.add_argument("--clients", default="auto", help="client processes (auto: cores/4)")
     ap.add_argument("--target", type=float, default=60_000, help="the goal's tokens/s (default 60,000)")
     ap.add_argument("--out", type=Path, help="also write the rows and the verdict as JSON here")
+    ap.add_argument("--logs", type=Path, help="the stand-ins' and gateways' logs here (default: a temporary folder)")
     args = ap.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
     nstand, nclients = auto(args.standins), auto(args.clients)
     cadence_s = args.cadence_ms / 1000
     cores = os.cpu_count() or 1
-    with Children() as kids:
+    with Children(args.logs) as kids:
         up = free_port()
         standins = start_standins(kids, nstand, up, args.chunks, args.cadence_ms)
         targets = [(Tally("direct"), f"http://127.0.0.1:{up}", None)]
@@ -108,7 +109,7 @@ def main() -> None:
               f"x {args.rounds} rounds of {args.seconds:g} s (+ {2 * args.chunks * cadence_s:.1f} s ramp and drain)",
               flush=True)  # fmt: skip
         for _, url, gw in targets:  # warm-up: imports, connection pools, the workers' first streams
-            plan = Plan.at(url, min(args.streams, 64), args.chunks, cadence_s, 1.0)
+            plan = Plan.at(url, min(args.streams, 64), min(args.chunks, 32), cadence_s, 1.0)
             run_round(plan, nclients, lambda pids, gw=gw: sample(gw, pids))
         for n in range(args.rounds):
             for tally, url, gw in targets:
@@ -126,8 +127,8 @@ def main() -> None:
     print("\n".join(table(rows)))
     print("\n".join(lines))
     if args.out:
-        setup = vars(args) | {"out": str(args.out), "standins": nstand, "clients": nclients, "cores": cores,
-                              "offered_tokens_per_s": offered}  # fmt: skip
+        setup = vars(args) | {"out": str(args.out), "logs": str(args.logs), "standins": nstand, "clients": nclients,
+                              "cores": cores, "offered_tokens_per_s": offered}  # fmt: skip
         args.out.write_text(json.dumps({"args": setup, "rows": rows, "verdict": lines}, indent=2) + "\n")
 
 

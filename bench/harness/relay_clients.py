@@ -111,12 +111,12 @@ async def _share(plan: Plan, index: int, processes: int) -> Share:
 
 def _client(plan: Plan, index: int, processes: int, out: mp.Queue) -> None:
     try:
-        import uvloop
+        import uvloop  # as vLLM's and the gateway's own loops: the client costs fewer cores
 
-        share = uvloop.run(_share(plan, index, processes))
-    except ImportError:
-        share = asyncio.run(_share(plan, index, processes))
-    out.put(share)
+        run = uvloop.run
+    except (ImportError, AttributeError):  # no uvloop, or one older than 0.18
+        run = asyncio.run
+    out.put(run(_share(plan, index, processes)))
 
 
 def cpu_of(pid: int) -> float:
