@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.harness.children import Children  # noqa: E402
+from bench.harness.relay_clients import cpu_of  # noqa: E402
 from bench.harness.stream_load import pct  # noqa: E402
 from bench.harness.waiting import free_port, wait_http  # noqa: E402
 
@@ -50,19 +50,6 @@ class Result:
     tokens: int = 0
     cpu_s: float = 0.0
     errors: int = 0
-
-
-def cpu_of(pid: int) -> float:
-    """User + system CPU seconds of a process and its children (a gateway's owner and workers)."""
-    proc = psutil.Process(pid)
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += t.user + t.system
-    return total
 
 
 async def one(session: aiohttp.ClientSession, url: str, chunks: int) -> tuple[float, int]:

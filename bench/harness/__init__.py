@@ -7,6 +7,8 @@
 - `scrape`: the engines' Prometheus text through the gateway's /metrics/targets, with its key.
 - `mock_upstream`: the local OpenAI-compatible stand-in for a cloud provider.
 - `stream_load`: streamed requests timed, in a closed loop of c clients or open-loop (Poisson) arrivals.
+- `relay_clients`, `relay_summary`: streams held in flight by several client processes, counted over one window,
+  and the side-by-side figures of bench/gateway_relay.py (the gateway's relay ceiling).
 - `byte_proxy`, `http_floor`: the floors under the gateway, a byte-forwarding proxy and a bare HTTP one.
 - `ray_cluster`: a real local Ray cluster of several nodes with the stack on it.
 - `models`: the SmolLM2 checkpoint the CPU runs use.

@@ -1,7 +1,7 @@
 """A fast OpenAI-compatible server: the stand-in for a cloud provider in tests, and the upstream that
 isolates a proxy's own cost in bench/gateway_overhead.py.
 
-    python bench/harness/mock_upstream.py --port 9100 [--chunks 20] [--delay-ms 0] [--name mock]
+    python bench/harness/mock_upstream.py --port 9100 [--chunks 20] [--delay-ms 0] [--name mock] [--reuse-port]
 
 Chat and text completions (streaming or not) answer `--chunks` chunks of one word each, `--delay-ms`
 apart; embeddings answer a fixed vector. The requested model name steers failures (a gateway sends
@@ -340,6 +340,9 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=float, default=0)
     ap.add_argument("--name", default="mock")
     ap.add_argument("--kv-transfer", default="answer", help="a prefill request's answer: answer, omit, status-N")
+    ap.add_argument(
+        "--reuse-port", action="store_true", help="SO_REUSEPORT: several on one port (vLLM's --api-server-count)"
+    )
     args = ap.parse_args()
     try:
         import uvloop
@@ -353,6 +356,7 @@ def main() -> None:
         port=args.port,
         print=None,
         access_log=None,
+        reuse_port=args.reuse_port or None,
     )
 
 
