@@ -14,12 +14,12 @@
 #                                                       round by round on the same engines, then raw: ~6 min
 #
 #   bash bench/gpu/switch_time.sh pair 5 handoff-overlap,handoff-warm,raw
-#                                                       issue 58: the default switch, then raw vLLM, then the same
-#                                                       switch on engines warmed after their start (manager.
-#                                                       warm_handoff, adr/0053): ~8-8.5 min on an H200 (the
-#                                                       2026-11-28 run of the first two sides took ~5.3 min)
+#                                                       issue 58: the switch without the warm hand-over, then raw
+#                                                       vLLM, then the default switch: engines warmed after their
+#                                                       start (manager.warm_handoff, adr/0053): 5.5-7.5 min on an
+#                                                       H200 (2026-11-29: 327 s and 441 s)
 #
-# Issue 58's device calls (after merging branch `switch-figures`; kind nvidia-h200, timeout_s 600 each):
+# Issue 58's device calls (kind nvidia-h200, timeout_s 600 each):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"
 #   run                  carry=[".gpu2"] command="bash bench/gpu/suite.sh --stash"
 #   run                  carry=[".gpu3"] command="bash bench/gpu/suite.sh --stash"
