@@ -19,6 +19,14 @@
 #                                                       start (manager.warm_handoff, adr/0053): 5.5-7.5 min on an
 #                                                       H200 (2026-11-29: 327 s and 441 s)
 #
+#   bash bench/gpu/switch_time.sh pair 3 raw; VSTACK_SWITCH_SETTLE_S=1 bash bench/gpu/switch_time.sh pair 3 raw
+#                                                       issue 58's next probe (~2.5 min each): every switch also
+#                                                       sends its request again at once (`first token after the
+#                                                       switch ... the same request again` in the summary); with
+#                                                       the settle, raw vLLM's first request waits 1 s after the
+#                                                       wake: if its extra ~0.05 s goes, it is work the wake leaves
+#                                                       running, else work the first forward does itself
+#
 # Issue 58's device calls (kind nvidia-h200, timeout_s 600 each):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"
 #   run                  carry=[".gpu2"] command="bash bench/gpu/suite.sh --stash"

@@ -145,6 +145,7 @@ def table(result: dict[str, Any]) -> str:
             f"first switch after the start, {side}: {f['switch']} {f['total_s']:.3f} s = "
             f"{_num(f.get('ratio_to_steady'), 2, 'x')} its steady median {_num(f.get('steady_median_s'))} s"
         )
+    lines += first_token_lines(result)
     runs = max((r.get("runs", 0) for k, r in summary.items() if not k.startswith("_")), default=0)
     lines.append(
         f"medians of {runs} steady rounds (round 0, every side's first, is left out: `first_round`); "
@@ -152,6 +153,22 @@ def table(result: dict[str, Any]) -> str:
     )
     lines.append("checks: " + ", ".join(f"{k} {v}" for k, v in summary.get("_checks", {}).items()))
     return "\n".join(lines)
+
+
+def first_token_lines(result: dict[str, Any]) -> list[str]:
+    """Per side, the first token after a switch next to the same request sent again at once (steady rounds):
+    the gap is what the first forward after a wake pays (issue 58: ~0.06-0.09 s of every switch, raw vLLM's too)."""
+    by_side: dict[str, tuple[list[float], list[float]]] = {}
+    for s in result.get("switches", []):
+        again = s.get("first_token_again_s")
+        first = s.get("first_token_after_switch_s", s.get("first_token_s"))
+        if again is None or first is None or s.get("round", 1) == 0:
+            continue
+        firsts, agains = by_side.setdefault(s.get("side", "?"), ([], []))
+        firsts.append(first)
+        agains.append(again)
+    return [f"first token after the switch, {side}: median {_num(median(f))} s; the same request again at once "
+            f"{_num(median(a))} s (n {len(f)})" for side, (f, a) in by_side.items()]  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -106,3 +106,17 @@ def test_the_warm_side_is_one_of_ours_with_its_own_first_switch() -> None:
     assert summary["8b->3b"]["best_vstack"] == 0.50 and summary["8b->3b"]["ratio_best_to_raw"] == 0.5
     assert summary["_first_switch_after_start"]["vstack-handoff-warm"]["ratio_to_steady"] == 1.1
     assert "8b->3b  vstack-handoff-warm  0.500" in table({"switches": result["switches"], "bus": {}})
+
+
+def test_the_first_token_after_a_switch_is_printed_beside_the_same_request_sent_again() -> None:
+    result = {"switches": [
+        {**switch("raw", 0, 1.0), "first_token_s": 0.5, "first_token_again_s": 0.01},  # warm-up round: left out
+        {**switch("raw", 1, 1.0), "first_token_s": 0.08, "first_token_again_s": 0.015},
+        {**switch("raw", 2, 1.0), "first_token_s": 0.06, "first_token_again_s": 0.013},
+        {**switch("vstack-handoff-warm", 1, 0.4), "first_token_after_switch_s": 0.07, "first_token_again_s": 0.02},
+        switch("vstack-handoff-overlap", 1, 0.4),  # recorded before the measure existed: no line
+    ]}  # fmt: skip
+    lines = [line for line in table(result).splitlines() if line.startswith("first token after the switch")]
+    assert lines == ["first token after the switch, raw: median 0.070 s; the same request again at once 0.014 s (n 2)",
+                     "first token after the switch, vstack-handoff-warm: median 0.070 s; the same request again at "
+                     "once 0.020 s (n 1)"]  # fmt: skip
