@@ -77,16 +77,38 @@ def test_a_request_during_the_warm_hand_over_waits_for_it_and_is_served() -> Non
 
 
 def test_a_request_in_flight_keeps_it_serving_and_the_warm_hand_over_is_skipped() -> None:
-    mgr, a, _b = manager(warm=False)  # called by hand below, with a short drain
+    mgr, a, _b = manager(warm=False)  # called by hand below, with a short wait for an idle moment
 
     async def body() -> None:
         ticket = await mgr.admit("a")
         staged = asyncio.create_task(asyncio.sleep(0))
-        assert await asyncio.wait_for(mgr._warm_handoff(mgr.slots["a"], a, staged, drain_s=0.3), 5) is False
+        assert await asyncio.wait_for(mgr._warm_handoff(mgr.slots["a"], a, staged, idle_wait_s=0.3), 5) is False
         ticket.release()
 
     run(body())
     assert a.sleeps == 0 and mgr.slots["a"].state == S.READY
+
+
+def test_while_it_waits_for_an_idle_moment_new_requests_are_served_at_once() -> None:
+    """A long request in flight when the staging ends: the warm hand-over waits for it, but a request arriving
+    meanwhile is admitted at once (not queued behind the wait), and the hand-over runs once both are done."""
+    mgr, a, _b = manager(warm=False)
+    a.busy_polls = 0  # staging done: the hand-over goes straight to its wait
+
+    async def body() -> None:
+        long = await mgr.admit("a")
+        staged = asyncio.create_task(asyncio.sleep(0))
+        warm = asyncio.create_task(mgr._warm_handoff(mgr.slots["a"], a, staged, idle_wait_s=5))
+        await asyncio.sleep(0.3)
+        t0 = asyncio.get_running_loop().time()
+        short = await asyncio.wait_for(mgr.admit("a"), 1)
+        assert asyncio.get_running_loop().time() - t0 < 0.1 and a.sleeps == 0
+        short.release()
+        long.release()
+        assert await asyncio.wait_for(warm, 5) is True
+
+    run(body())
+    assert (a.sleeps, a.wakes) == (1, 1) and mgr.slots["a"].state == S.READY
 
 
 def test_a_failed_warm_sleep_stops_the_engine_rather_than_serving_from_an_unknown_state() -> None:
