@@ -104,9 +104,12 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
     device_gib = device.cuda_total / GIB
     held_to = ""
     scaled_down = hw.accelerator == "gpu" and hw.gpu_count > device.count > 0
-    # A profile scaled down to fewer GPUs keeps this GPU's memory: its card x fewer GPUs cannot hold the
-    # context it was written for (70B bf16 on 2 x A100 80 GB), which the planner refuses before starting.
-    if card < device_gib - 0.05 and not scaled_down:
+    # A profile scaled down to under half its GPUs keeps this GPU's memory: its card x so few GPUs cannot hold
+    # the context it was written for (70B bf16 on 2 x A100 80 GB), which the planner refuses before starting.
+    # From half on (tensor parallel 4 of 8: 4 x 80 GB for 141 GB of weights) the card's memory per GPU holds it,
+    # and the row is held to it as the card would run (issue 57).
+    card_per_gpu = not scaled_down or device.count * 2 >= hw.gpu_count
+    if card < device_gib - 0.05 and card_per_gpu:
         util = float(overrides.get("gpu_memory_utilization") or resolved.engine.get("gpu_memory_utilization")
                      or VLLM_DEFAULT_UTILIZATION)
         overrides["gpu_memory_utilization"] = round(util * card / device_gib, 6)
@@ -132,8 +135,8 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
         # On the hardware it scales, not stack-wide: a stack-level value would apply to every shipped profile,
         # and the single-GPU ones are refused by validation (tensor parallel 2 on one GPU).
         hardware_patch["engine"] = {"tensor_parallel_size": device.count}
-        held_to = (held_to + "; " if held_to else "") + (f"tensor parallel {device.count} of {hw.gpu_count}, "
-                                                          f"{device_gib:.1f} GiB per GPU")
+        per_gpu = f"{card:g} GiB per GPU (the card's)" if held_to else f"{device_gib:.1f} GiB per GPU"
+        held_to = (held_to + "; " if held_to else "") + f"tensor parallel {device.count} of {hw.gpu_count}, {per_gpu}"
     engine_env: dict[str, str] = {}
     if hardware_patch and device.hopper and not str(hw.compute_capability or "").startswith("9."):
         # The card's kernels too, not only its memory: vLLM would serve 4-bit weights through Machete here

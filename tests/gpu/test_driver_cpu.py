@@ -175,3 +175,28 @@ def test_profile_row_on_the_cpu_build(tmp_path: Path, monkeypatch: pytest.Monkey
     assert row["metrics_ok"], row["metrics"]
     assert row["down_exit"] == 0 and row["stopped_clean"]
     assert row["vllm"]["kv_tokens"] > 0 and abs(row["kv_error"]) <= 0.03, (row["planner"], row["vllm"])
+
+
+def test_an_eight_gpu_profile_on_half_its_gpus_or_all_is_held_to_its_cards_memory(tmp_path: Path) -> None:
+    """Issue 57: TP 4 of 8 on four H200s runs as four A100 80 GB would (vLLM's utilization scaled to the card's
+    bytes); TP 8 on eight keeps the profile's own tensor parallel, held the same way; TP 2 of 8 stays on the H200's
+    memory (the 70B's bf16 weights leave no KV cache on 2 x 80 GB)."""
+    import yaml
+
+    from stack.config import load_config
+
+    cfg = load_config()
+    card = cfg.hardware["a100-80gb-x8"].planner.usable_memory_gib or cfg.hardware["a100-80gb-x8"].memory_gib * 0.985
+    util = cfg.hardware["a100-80gb-x8"].engine.get("gpu_memory_utilization") or 0.95
+    for count, tp in ((4, 4), (8, None)):
+        gpus = Device("NVIDIA H200", count, int(139.8 * 2**30), int(140.4 * 2**30))
+        run = prepare(cfg, "a100x8-llama-3.3-70b", gpus, tmp_path / str(count))
+        overlay = yaml.safe_load(run.overlay.read_text())
+        assert overlay["engine"]["gpu_memory_utilization"] * 139.8 == pytest.approx(util * card, rel=1e-4)
+        assert run.engine_overrides.get("tensor_parallel_size") == tp
+        assert "a100-80gb-x8" in run.held_to and ("tensor parallel 4 of 8" in run.held_to) is (count == 4)
+        load_config(run.overlay)  # a valid configuration
+    two = prepare(cfg, "a100x8-llama-3.3-70b", Device("NVIDIA H200", 2, int(139.8 * 2**30), int(140.4 * 2**30)),
+                  tmp_path / "2")  # fmt: skip
+    assert "gpu_memory_utilization" not in yaml.safe_load(two.overlay.read_text())["engine"]
+    assert "139.8 GiB per GPU" in two.held_to
