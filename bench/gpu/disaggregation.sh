@@ -8,6 +8,9 @@
 #
 #   bash bench/gpu/disaggregation.sh CONFIG [RATES]     CONFIG: disagg or agg; RATES default "2 4 6" (requests/s)
 #   KV_BUFFER=cpu ...   NIXL sends from a host buffer (the path bench/disaggregation_cpu.py ran on the CPU)
+#   UCX_TLS=cuda_copy,cuda_ipc,tcp UCX_MEMTYPE_CACHE=n ...   the transports a production NIXL recipe pins
+#                       (ai-dynamo/nixl#1614): the next try if the GPU buffer's reads hang again (exported before
+#                       Ray starts here, so the engines' actors inherit them)
 #
 # Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh; Ray's part
 # bench/gpu/build_ray_part.sh; NIXL's bench/gpu/build_nixl_part.sh; each call carries at most 64 MiB, so the
