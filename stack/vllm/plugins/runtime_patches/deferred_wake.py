@@ -69,11 +69,17 @@ def take(allocator: Any) -> PendingWake | None:
     return pending
 
 
-def finish(pending: PendingWake, keep: bool, waited_at: float) -> None:
-    """Its copies are done (the caller waited): the host copies become the kept ones, and the log says when."""
-    for data, host in pending.restored:
+def keep_copies(restored: list[tuple[Any, Any]], keep: bool) -> None:
+    """The copies of a wake are on the GPU (waited for): each host copy becomes the kept one (or is dropped), and
+    vLLM's backup is cleared, as vLLM's own wake does."""
+    for data, host in restored:
         data._vstack_host = host if keep else None
         data.cpu_backup_tensor = None
+
+
+def finish(pending: PendingWake, keep: bool, waited_at: float) -> None:
+    """Its copies are done (the caller waited): the host copies become the kept ones, and the log says when."""
+    keep_copies(pending.restored, keep)
     seconds = waited_at - pending.started
     rate = pending.moved / max(seconds, 1e-9) / 1e9
     log.info("vstack wake ['weights']: %.2f GiB copied to the GPU, done %.3f s after that wake began (%.1f GB/s; "

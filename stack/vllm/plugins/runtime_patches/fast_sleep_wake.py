@@ -222,9 +222,7 @@ def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) ->
         deferred_wake.defer(allocator, ops, deferred_wake.PendingWake(restored, t0, moved))
     else:
         ops.wait()  # this call's copies and a deferred weights wake's, on the same stream
-        for data, host in restored:
-            data._vstack_host = host if keep else None
-            data.cpu_backup_tensor = None
+        deferred_wake.keep_copies(restored, keep)
         if pending is not None:
             deferred_wake.finish(pending, keep, time.perf_counter())
     after_wake = getattr(ops, "after_wake", None)
