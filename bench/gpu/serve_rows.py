@@ -1,5 +1,6 @@
 """The rows of a GPU script's `vllm bench serve` runs (bench/gpu/serve_bench.sh): one per result file
-bench-TARGET-cN.json, with the gateway's CPU seconds its log line gave (targets named gateway*).
+bench-TARGET-cN.json, with the CPU seconds its log line gave: the gateway's (targets named gateway*), the client's
+and the engine's API server's, and the SSE chunks per request (from a result file saved with --save-detailed).
 
     python3 -m bench.gpu.serve_rows RESULTS_DIR LOG OUT_JSON [KEY=VALUE ...]   (KEY=VALUE: fields of every row)
 """
@@ -11,11 +12,13 @@ import re
 import sys
 from pathlib import Path
 
-LINE = re.compile(r"^(\S+ c=\d+) n=\d+ rc=\d+ gateway_cpu_s=(\S+)", re.M)
+LINE = re.compile(r"^(\S+ c=\d+) n=\d+ rc=\d+ gateway_cpu_s=(\S+)(.*)$", re.M)
+MORE = re.compile(r"(client_cpu_s|engine_api_cpu_s)=([0-9.]+)")  # fields of the line a later script version adds
 
 
 def rows(results: Path, log: Path, extra: dict[str, object]) -> list[dict]:
-    cpu = {m[1]: float(m[2]) for m in LINE.finditer(log.read_text())}
+    lines = {m[1]: m for m in LINE.finditer(log.read_text())}
+    cpu = {k: float(m[2]) for k, m in lines.items()}
     out = []
     for f in sorted(results.glob("bench-*-c*.json")):
         d = json.loads(f.read_text())
@@ -23,13 +26,16 @@ def rows(results: Path, log: Path, extra: dict[str, object]) -> list[dict]:
         gw_cpu = cpu.get(f"{target} c={c}") if target.startswith("gateway") else None
         tokens = d.get("total_output_tokens") or 0
         per_1k = round(gw_cpu / tokens * 1000, 4) if gw_cpu and tokens else None
+        more = {k: float(v) for k, v in MORE.findall(lines[f"{target} c={c}"][3])} if f"{target} c={c}" in lines else {}
+        itls = d.get("itls") or []
+        chunks = round(sum(len(i) + 1 for i in itls) / len(itls), 1) if itls else None
         out.append({"target": target, "concurrency": int(c), **extra,
                     "req_s": round(d["request_throughput"], 2), "out_tok_s": round(d["output_throughput"], 1),
                     "ttft_p50_ms": round(d.get("p50_ttft_ms", d.get("median_ttft_ms", -1)), 1),
                     "ttft_p99_ms": round(d["p99_ttft_ms"], 1),
                     "tpot_p50_ms": round(d.get("p50_tpot_ms", d.get("median_tpot_ms", -1)), 2),
                     "gateway_cpu_s": gw_cpu,
-                    "gateway_cpu_s_per_1k_tokens": per_1k})  # fmt: skip
+                    "gateway_cpu_s_per_1k_tokens": per_1k, **more, "chunks_per_request": chunks})  # fmt: skip
     return sorted(out, key=lambda r: (r["concurrency"], r["target"]))
 
 
