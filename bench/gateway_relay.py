@@ -93,9 +93,10 @@ def main() -> None:
         targets = [(Tally("direct"), f"http://127.0.0.1:{up}", None)]
         for w in counts:
             port = free_port()
+            path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # the GPU site's too
             gw = kids.start(f"gateway-w{w}", [PY, "-m", "stack.entrypoints.gateway", "--upstream",
                                               f"m=http://127.0.0.1:{up}", "--port", str(port), "--workers", str(w)],
-                            env={"PYTHONPATH": str(ROOT)})  # fmt: skip
+                            env={"PYTHONPATH": path})  # fmt: skip
             gw.wait_http(f"http://127.0.0.1:{port}/health", 60)
             targets.append((Tally(f"workers={w}", w), f"http://127.0.0.1:{port}", gw))
         time.sleep(3)  # the workers have connected to their owner

@@ -107,6 +107,11 @@ def make_models(names: list[str], where: Path) -> dict[str, Path]:
     return out
 
 
+def cuda_graphs() -> bool:
+    """VSTACK_SWITCH_CUDA_GRAPHS=1: the engines with CUDA graphs, as the GPU profiles serve (default: eager)."""
+    return os.environ.get("VSTACK_SWITCH_CUDA_GRAPHS", "0") == "1"
+
+
 def first_token(base: str, served: str, timeout: float = 600) -> float:
     t0 = time.perf_counter()
     body = {"model": served, "prompt": "t5 t6 t7", "max_tokens": 4, "stream": True, "ignore_eos": True}
@@ -140,7 +145,12 @@ class Bench:
         cfg, info = load_config(), detect()
         hw, _why = match_profile(info, cfg)
         self.total = sum(g.memory_total for g in info.gpus)
-        engine = {"gpu_memory_utilization": utilization, "enforce_eager": True, "max_model_len": max_len}
+        # Eager by default (short starts); VSTACK_SWITCH_CUDA_GRAPHS=1 runs the engines as the GPU profiles do, with
+        # CUDA graphs: an eager first forward of an 8B takes 0.06-0.10 s awake (issue 58's probe), a floor under
+        # every switch that the profiles' engines do not have.
+        self.cuda_graphs = cuda_graphs()
+        engine = {"gpu_memory_utilization": utilization, "enforce_eager": not self.cuda_graphs,
+                  "max_model_len": max_len}
         self.plans = {n: fit_model(cfg, str(p), hw.name, engine=engine) for n, p in models.items()}
         # warm: manager.warm_handoff (issue 58, adr/0053), each started engine slept and woken once after staging.
         self.settings = ManagerConfig(min_residency_s=0, quiet_s=0, idle_ttl_s=0, queue_timeout_s=900,
@@ -161,8 +171,9 @@ class Bench:
         slots = []
         for name, folder in models.items():
             argv = [*launcher, "serve", str(folder), "--host", "127.0.0.1", "--port", "0", "--served-model-name",
-                    name, "--load-format", "dummy", "--enforce-eager", "--max-model-len", str(max_len),
-                    "--gpu-memory-utilization", str(utilization), "--enable-sleep-mode"]  # fmt: skip
+                    name, "--load-format", "dummy", *([] if self.cuda_graphs else ["--enforce-eager"]),
+                    "--max-model-len", str(max_len), "--gpu-memory-utilization", str(utilization),
+                    "--enable-sleep-mode"]  # fmt: skip
             spec = EngineSpec(name, "bench", argv, env, "127.0.0.1", 0, logs / f"{tag}{name}.log", [])
             factory = lambda s=spec: LocalEngine(with_port(s, free_port()))  # noqa: E731
             plan = self.plans[name]
@@ -306,6 +317,7 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     print("bus:", measured_bus, flush=True)
     models = make_models(names, work / "models")
     result: dict[str, Any] = {"scenario": scenario, "utilization": utilization, "bus": measured_bus,
+                              "cuda_graphs": cuda_graphs(),
                               "sides": sorted(sides), "models": {}, "starts": [], "switches": []}  # fmt: skip
     order = names if scenario == "round" else [names[0], names[1]]
     weights: dict[str, int] = {}

@@ -27,6 +27,13 @@
 #                                                       wake: if its extra ~0.05 s goes, it is work the wake leaves
 #                                                       running, else work the first forward does itself
 #
+#   VSTACK_SWITCH_CUDA_GRAPHS=1 bash bench/gpu/switch_time.sh pair 4 handoff-warm   then `... pair 4 raw` in the
+#                                                       next call: the engines with CUDA graphs, as the GPU profiles
+#                                                       serve (the eager first forward costs 0.06-0.10 s of every
+#                                                       switch, raw vLLM's too: the 2026-11-29 probe); one side per
+#                                                       call (compiling makes each start longer); then
+#                                                       `python3 -m bench.harness.switch_summary A.json B.json`
+#
 # Issue 58's device calls (kind nvidia-h200, timeout_s 600 each):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"
 #   run                  carry=[".gpu2"] command="bash bench/gpu/suite.sh --stash"
@@ -59,9 +66,10 @@ sides=${3:-ours,raw}
 work=${VSTACK_GPU_WORK:-/tmp/vstack-gpu-switch}/$scenario
 mkdir -p "$work"
 unpack_site
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv | tee "$out/switch_time_$scenario.log"
+# The GPU's uuid: two runs on two lent machines (issue 58: a newcomer's rerun) are told apart by it.
+nvidia-smi --query-gpu=name,uuid,memory.total,memory.used,driver_version --format=csv | tee "$out/switch_time_$scenario.log"
 free -g | tee -a "$out/switch_time_$scenario.log"
-tag=$scenario$([ "$sides" = ours,raw ] || echo "-${sides//,/-}")
+tag=$scenario$([ "$sides" = ours,raw ] || echo "-${sides//,/-}")$([ "${VSTACK_SWITCH_CUDA_GRAPHS:-0}" = 1 ] && echo -graphs)
 python3 bench/switch_time.py --gpu --scenario "$scenario" --repeat "$repeat" --sides "$sides" --logs "$work" \
   --out "$out/switch_time_gpu_$tag.json" 2>&1 | tee -a "$out/switch_time_$scenario.log"
 code=${PIPESTATUS[0]}

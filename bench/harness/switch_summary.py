@@ -4,6 +4,7 @@ after a start; and the small table a newcomer reads at the end of
 `bash bench/gpu/switch_time.sh pair 5 handoff-overlap,raw` (docs/guides/switching.md says what each column means).
 
     python3 -m bench.harness.switch_summary bench/results/<run>/switch_time_gpu_<tag>.json   # a recorded run's table
+    python3 -m bench.harness.switch_summary A.json B.json   # one side per call on one machine, as one table
 """
 
 from __future__ import annotations
@@ -171,11 +172,29 @@ def first_token_lines(result: dict[str, Any]) -> list[str]:
             f"{_num(median(a))} s (n {len(f)})" for side, (f, a) in by_side.items()]  # fmt: skip
 
 
+def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Runs of one machine, one side each (a device call too short for both sides' starts) as one: their
+    switches and starts together, the first run's bus; refused when they differ in CUDA graphs or scenario."""
+    for key in ("cuda_graphs", "scenario"):
+        if len({r.get(key, False) for r in results}) > 1:
+            raise ValueError(f"the runs differ in {key!r}: merge only runs of one setting")
+    out = dict(results[0])
+    out["switches"] = [s for r in results for s in r.get("switches", [])]
+    out["starts"] = [s for r in results for s in r.get("starts", [])]
+    out["sides"] = sorted({side for r in results for side in r.get("sides", [])})
+    return out
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    print(table(json.loads(Path(argv[0]).read_text())))
+    try:
+        result = merged([json.loads(Path(a).read_text()) for a in argv])
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(table(result))
     return 0
 
 
