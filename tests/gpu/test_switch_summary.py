@@ -120,3 +120,33 @@ def test_the_first_token_after_a_switch_is_printed_beside_the_same_request_sent_
     assert lines == ["first token after the switch, raw: median 0.070 s; the same request again at once 0.014 s (n 2)",
                      "first token after the switch, vstack-handoff-warm: median 0.070 s; the same request again at "
                      "once 0.020 s (n 1)"]  # fmt: skip
+
+
+def test_one_side_per_call_merges_into_one_table_with_both_ratios(tmp_path: Path, capsys) -> None:
+    """CUDA-graph engines compile at each start, so the default side and raw vLLM run in two device calls; the
+    summary's CLI takes both files and gives the ratio to raw that neither has alone."""
+    from bench.harness.switch_summary import main
+
+    ours = {"scenario": "pair", "cuda_graphs": True, "sides": ["handoff-warm"], "bus": {}, "starts": [],
+            "switches": [switch("vstack-handoff-warm", r, t) for r, t in enumerate([0.5, 0.32, 0.31, 0.33])]}
+    raw = {"scenario": "pair", "cuda_graphs": True, "sides": ["raw"], "bus": {}, "starts": [],
+           "switches": [switch("raw", r, t) for r, t in enumerate([7.0, 1.0, 0.98, 1.02])]}  # fmt: skip
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(ours))
+    b.write_text(json.dumps(raw))
+    assert main([str(a), str(b)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "vstack-handoff-warm" in x and "8b->3b" in x)
+    assert "0.320" in line and "0.32x" in line  # 0.32 / 1.00: the median over raw's median, from the other file
+
+
+def test_runs_of_different_settings_are_not_merged(tmp_path: Path, capsys) -> None:
+    from bench.harness.switch_summary import main
+
+    eager = {"scenario": "pair", "cuda_graphs": False, "switches": [switch("raw", 0, 1.0)]}
+    graphs = {"scenario": "pair", "cuda_graphs": True, "switches": [switch("vstack-handoff-warm", 0, 0.3)]}
+    paths = []
+    for name, run in (("e.json", eager), ("g.json", graphs)):
+        (tmp_path / name).write_text(json.dumps(run))
+        paths.append(str(tmp_path / name))
+    assert main(paths) == 2
+    assert "differ in 'cuda_graphs'" in capsys.readouterr().err
