@@ -10,6 +10,13 @@
 #   GATEWAY_WORKERS=4 bash bench/gpu/gateway_pace.sh 256 128/1024   also a second gateway with 4 worker processes
 #     (adr/0049), benched in the same alternation: direct, gateway (1 process), gateway-w4, direct2
 #
+#   ENGINE_ARGS="--api-server-count 2" GATEWAY_WORKERS=4 BENCH_PROMPTS=768 bash bench/gpu/gateway_pace.sh 256 128/1024
+#     the engine's own front on two processes: at 256 streams x 1,024 tokens one vLLM API server is 97-99% busy,
+#     direct or not (bench/results/2026-11-29-h200-gateway-pace-api-server), so that row measured the engine's
+#     front, and its direct runs differed by 10%; BENCH_PROMPTS: 3 waves of 256 instead of 2
+#   BENCH_PROMPTS=200 GATEWAY_WORKERS=4 bash bench/gpu/gateway_pace.sh 1 1024/16
+#     one stream's TTFT from 200 requests per target (issue 54: <= +1.5 ms; 16 per run gave +-2 ms)
+#
 # Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"   (the same for .gpu2, .gpu3)
 #   run                  carry=[".gpu4"] command="bash bench/gpu/suite.sh --stash && bash bench/gpu/gateway_pace.sh"
@@ -32,7 +39,7 @@ model=$(dummy_model "$work/models/llama-3.1-8b" meta-llama--Llama-3.1-8B-Instruc
 eport=18400; gport=18401
 python3 -m vllm.entrypoints.cli.main serve "$model" --host 127.0.0.1 --port $eport --served-model-name llama8b \
   --load-format dummy --max-num-seqs 256 --max-model-len 4096 --gpu-memory-utilization 0.9 --no-enable-prefix-caching \
-  > "$work/engine.log" 2>&1 &
+  ${ENGINE_ARGS:-} > "$work/engine.log" 2>&1 &
 engine=$!
 workers=${GATEWAY_WORKERS:-1}
 python3 -m stack.entrypoints.gateway --port $gport --upstream "llama8b=http://127.0.0.1:$eport@llama8b" \

@@ -2,7 +2,8 @@
 # $in_len and $out_len: vLLM's own `vllm bench serve` against one target (an engine or a gateway) at a time, the
 # gateway's CPU seconds per run, and the rows of every run at the end (bench/gpu/serve_rows.py). Beside the gateway's
 # CPU each run logs the client's own (bash's `time`: a client at one core measures itself, not the target), the
-# engine's API server's when $engine is set (its process alone, not EngineCore), and the SSE chunks per request
+# engine's API server's when $engine is set (its process alone, not EngineCore; with --api-server-count N the API
+# servers are its children and this counts only the parent), and the SSE chunks per request
 # (vLLM's server folds tokens into one chunk when its reader falls behind, so a slow reader gets fewer chunks).
 # BENCH_PROMPTS=N sets the prompts of every run (default: 2 x the concurrency, 16 under 64 streams).
 
