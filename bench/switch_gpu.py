@@ -53,6 +53,11 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 SCENARIOS = {"pair": ["llama-8b", "llama-3b"], "round": ["llama-8b", "llama-3b", "qwen-7b", "mistral-7b"]}
 
+# One client for every timed call, made before any clock starts: `httpx.post()` and `httpx.stream()` build a
+# client per call, SSL context included (27 ms each on a 2-core VM), which every first token and every raw
+# sleep / wake call measured until 2026-11-29. No keep-alive: each call opens its own connection, as before.
+HTTP = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+
 BUS_CODE = r"""
 import json, sys, time, torch
 n = int(float(sys.argv[1]) * 2**30)
@@ -115,7 +120,7 @@ def cuda_graphs() -> bool:
 def first_token(base: str, served: str, timeout: float = 600) -> float:
     t0 = time.perf_counter()
     body = {"model": served, "prompt": "t5 t6 t7", "max_tokens": 4, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout) as r:
+    with HTTP.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith("data: {") and '"choices"' in line:
@@ -266,16 +271,16 @@ class Bench:
     def raw(self, frm: str, to: str, by_tag: bool = False) -> dict[str, Any]:
         """vLLM's own endpoints by hand: sleep the awake one (level 1), wake the other, its first token."""
         t0 = time.perf_counter()
-        httpx.post(f"{self.url(frm)}/sleep", params={"level": "1"}, timeout=300).raise_for_status()
+        HTTP.post(f"{self.url(frm)}/sleep", params={"level": "1"}, timeout=300).raise_for_status()
         slept = time.perf_counter()
         out: dict[str, Any] = {"to": to, "from": frm, "sleep_s": round(slept - t0, 3)}
         if by_tag:
-            httpx.post(f"{self.url(to)}/wake_up", params={"tags": "weights"}, timeout=300).raise_for_status()
+            HTTP.post(f"{self.url(to)}/wake_up", params={"tags": "weights"}, timeout=300).raise_for_status()
             mid = time.perf_counter()
-            httpx.post(f"{self.url(to)}/wake_up", params={"tags": "kv_cache"}, timeout=300).raise_for_status()
+            HTTP.post(f"{self.url(to)}/wake_up", params={"tags": "kv_cache"}, timeout=300).raise_for_status()
             out.update(wake_weights_s=round(mid - slept, 3), wake_kv_cache_s=round(time.perf_counter() - mid, 3))
         else:
-            httpx.post(f"{self.url(to)}/wake_up", timeout=300).raise_for_status()
+            HTTP.post(f"{self.url(to)}/wake_up", timeout=300).raise_for_status()
         woke = time.perf_counter()
         out["wake_s"] = round(woke - slept, 3)
         settle = float(os.environ.get("VSTACK_SWITCH_SETTLE_S", "0") or 0)  # a pause before the first request

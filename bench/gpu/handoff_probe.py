@@ -18,11 +18,16 @@ libcuda) and the stack's own broker (stack.vllm.plugins.handoff); no vLLM, no to
   handoff    a child creates, maps and writes GIB, exports every piece to the broker here, releases its own
              handles; this process takes the pieces, imports and maps them (manager.sleep_handoff's wake)
 
+  drop       a child hands DROP_GIB over to the broker and releases its handles; nobody takes them, and the
+             broker's close_window() frees them (what a switch leaves: 16.6 GiB in a 3B -> 8B one), timed
+             (adr/0055: freed on a thread of its own since); `--steps drop` runs it alone (no copy or memset)
+
 Each step reports the map time, the copy rate of one pinned host buffer into the mapped memory (a wake's
 weights) and then a memset over the whole range (HBM speed unless the pages are still being cleared).
 One `HANDOFF_PROBE {json}` line per step.
 
     python3 -m bench.gpu.handoff_probe [--gib 80] [--chunk-mib 1024] [--copy-gib 8]   (on the lent GPU)
+    python3 -m bench.gpu.handoff_probe --steps drop --drop-gib 16 --chunk-mib 512        (~20 s; needs no site)
 """
 
 from __future__ import annotations
@@ -93,6 +98,28 @@ def measure(drv: Driver, region: Region, step: str, map_s: float, host: int, cop
         copy_gib=round(copy / GIB, 2), copy_gbps=round(copy / copy_s / 1e9, 1), **extra)  # fmt: skip
 
 
+def drop(chunk_mib: int, pieces: int) -> int:
+    """A sleeping engine's pieces that no wake takes, freed by the broker's close_window(), twice: the time
+    grows with the bytes, and the manager's switch waited for it until adr/0055."""
+    me = [sys.executable, "-m", "bench.gpu.handoff_probe", "--chunk-mib", str(chunk_mib)]
+    for run in range(2):
+        broker = HandoffBroker().start()
+        broker.open_window()
+        try:
+            sleeper = subprocess.Popen([*me, "--pieces", str(pieces), "--role", "handoff", "--sock", broker.path],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+            if sleeper.stdout.readline().strip() != "released":
+                raise SystemExit("the handing-over process did not release its handles: see its error above")
+            held = broker.held_bytes()
+            close_s = timed(broker.close_window)
+            sleeper.communicate("quit\n", timeout=120)
+        finally:
+            broker.stop()
+        say("drop", run=run, gib=round(held / GIB, 2), pieces=pieces, close_window_s=round(close_s, 4),
+            note="close_window() closing the descriptors of memory the sender released: the driver frees it")
+    return 0
+
+
 def child(args: argparse.Namespace) -> int:
     """The engine going to sleep: create, map and write; then release (fresh) or hand over (handoff)."""
     drv = open_driver()
@@ -126,6 +153,8 @@ def main() -> int:
     ap.add_argument("--gib", type=float, default=80, help="memory handed over (a KV cache of an 8B at 0.7 of an H200)")
     ap.add_argument("--chunk-mib", type=int, default=1024, help="piece size (a multiple of the granularity, 2 MiB)")
     ap.add_argument("--copy-gib", type=float, default=8, help="pinned host bytes copied into the mapped memory")
+    ap.add_argument("--steps", default="all", help="all, or drop: only the leftover's free")
+    ap.add_argument("--drop-gib", type=float, default=16.5, help="drop: the bytes nobody takes")
     ap.add_argument("--role", choices=["fresh", "released", "handoff"], help=argparse.SUPPRESS)
     ap.add_argument("--sock", help=argparse.SUPPRESS)
     ap.add_argument("--pieces", type=int, help=argparse.SUPPRESS)
@@ -141,6 +170,8 @@ def main() -> int:
         ctypes.CDLL("libcuda.so.1")
     except OSError as exc:
         raise SystemExit(f"no NVIDIA driver here ({exc}): run this on the lent GPU machine") from exc
+    if args.steps == "drop":
+        return drop(args.chunk_mib, max(1, int(args.drop_gib * GIB // chunk)))
     subprocess.run([*me, "--role", "fresh"], check=True)
     drv = open_driver()
     if chunk % drv.granularity:

@@ -49,6 +49,8 @@ class Switching(ManagerBase):
                 return
             if slot.state == S.FAILED and not force and self.clock() - slot.failed_at < self.settings.retry_failed_s:
                 return
+            if self.handoff is not None and self.handoff.dropping:  # the last switch's leftovers, still being freed
+                await asyncio.to_thread(self.handoff.wait_dropped)
             t0 = self.clock()
             phases: dict[str, float] = {}
             order = Order(False, "")
@@ -146,7 +148,7 @@ class Switching(ManagerBase):
             return slot.state != S.SLEEPING or await self._wake(slot, phases)
         finally:
             if window is not None:
-                left = window.close_window()
+                left = window.close_window(background=True)  # freed after the switch: not on its path
                 phases["handoff_left_gib"] = round(left / 2**30, 2)
 
     def order_for(self, slot: Slot, plan) -> Order:
@@ -186,7 +188,7 @@ class Switching(ManagerBase):
             return await self._overlapped_in_window(slot, victim, phases)
         finally:
             if window is not None:
-                phases["handoff_left_gib"] = round(window.close_window() / 2**30, 2)
+                phases["handoff_left_gib"] = round(window.close_window(background=True) / 2**30, 2)
 
     async def _overlapped_in_window(self, slot: Slot, victim: Slot, phases: dict[str, float]) -> bool:
         self.metrics.evictions.labels(victim.name, str(Evict.SLEEP)).inc()

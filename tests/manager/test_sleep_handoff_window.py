@@ -166,3 +166,48 @@ def test_without_the_handoff_a_release_only_sleep_stays_sequential(tmp_path) -> 
     for name in ("b", "a", "b", "a"):
         run(serve(mgr, name))
     assert "only releases memory" in mgr.slots["a"].last_switch["order"]
+
+
+def test_what_no_engine_took_is_freed_after_the_switch_and_before_the_next(monkeypatch) -> None:
+    """Closing the last descriptor of GPU memory frees it in the driver, taking time with the bytes (16.6 GiB
+    are left after a 3B -> 8B switch on an H200). The switch does not wait for it; the next switch does, before
+    it reads the GPU's memory."""
+    import time as clock
+
+    from stack.vllm.plugins import handoff
+
+    freeing: list[tuple[float, float]] = []
+    real = handoff._close_pieces
+
+    def slow_close(pieces, size=0):  # the driver freeing the bytes: 1 s here
+        t = clock.perf_counter()
+        clock.sleep(1.0)
+        real(pieces, size)
+        freeing.append((t, clock.perf_counter()))
+
+    monkeypatch.setattr(handoff, "_close_pieces", slow_close)
+    broker, a, b, mgr = two_engines(60, TaggedHandingStandIn)
+    for e in (a, b):  # the sleep hands its pieces over after the weights' wake began, as on the GPU
+        e.sleep_s = e.wake_s = 0.3
+    mgr.handoff = broker
+    for name in ("a", "b"):
+        mgr.slots[name].keeps_host_copy = True
+    try:
+        for name in ("b", "a", "b"):
+            run(serve(mgr, name))
+        broker.wait_dropped()  # the last switch's leftover: the one timed next starts with nothing freeing
+        before = len(freeing)
+        run(serve(mgr, "a"))  # b -> a, overlapped: 15 GiB of b's 60 are left for the driver to free
+        served = clock.perf_counter()
+        assert mgr.slots["a"].last_switch["phases"]["handoff_left_gib"] == 15.0
+        assert broker.dropping  # served while the leftover is still being freed
+        opened: list[float] = []
+        real_open = broker.open_window
+        monkeypatch.setattr(broker, "open_window",
+                            lambda *args: (real_open(*args), opened.append(clock.perf_counter())))  # fmt: skip
+        run(serve(mgr, "b"))  # the next switch: its window opens once the last one's leftover is freed
+    finally:
+        broker.stop()
+    assert served < freeing[before][1]  # b -> a's leftover was freed after its request was served
+    assert opened and opened[0] >= freeing[before][1]  # and before the next switch opened its window
+    assert broker.held_bytes() == 0 and not broker.dropping

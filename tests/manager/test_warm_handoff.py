@@ -37,7 +37,7 @@ def manager(warm: bool) -> tuple:
     mgr = build([a, b], settings, capacity_gib=80, sleep=True, gpu=gpu)
     for slot in mgr.slots.values():
         slot.tier, slot.keeps_host_copy = Tier.LEVEL1, True
-    mgr.handoff = object()  # the broker (manager.sleep_handoff): only its presence matters to the warm hand-over
+    mgr.handoff = SimpleNamespace(dropping=False)  # the broker (manager.sleep_handoff): its presence, nothing freeing
     return mgr, a, b
 
 
