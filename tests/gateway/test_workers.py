@@ -147,3 +147,19 @@ def test_metrics_count_the_requests_of_every_worker(pinned: dict[str, httpx.Clie
 def test_auto_workers_is_one_per_four_cores_up_to_eight(cores: int, workers: int) -> None:
     assert resolve_workers("auto", cores) == workers
     assert resolve_workers(3, cores) == 3
+
+
+def test_a_stream_a_worker_relays_starts_with_the_owners_headers_and_hides_the_usage_it_added(
+        pinned: dict[str, httpx.Client]) -> None:  # fmt: skip
+    """The worker starts a stream's answer at the engine's first chunk with the headers the owner's dispatcher
+    gives it (sent with its `open`, one round trip sooner than its `answer`): the same as one process answers."""
+    for client in pinned.values():
+        answer = chat(client, "b", key=OPS)
+        assert answer.status_code == 200, answer.text
+        h = answer.headers
+        assert h["content-type"].startswith("text/event-stream") and h["cache-control"] == "no-cache"
+        assert h["x-accel-buffering"] == "no" and h["x-vstack-deployment"] and h["x-vstack-worker"] in ("1", "2")
+        assert len(answer.headers.get_list("content-type")) == 1
+        events = [line for line in answer.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and len(events) >= 5  # the stand-in's 4 chunks, then [DONE]
+        assert '"usage"' not in answer.text  # the gateway asked for usage to count it; the client did not

@@ -76,10 +76,14 @@ class WorkerCall:
                       strip_usage: bool) -> Answer:  # fmt: skip
         dep = at.dep
         self.held = False
+        # A stream that opens is answered with these headers (the dispatcher returns them unchanged): the worker
+        # starts its answer with them at the first chunk, rather than after one more round trip through here.
+        early = _headers(respond(Answer({**at.headers, **SSE_HEADERS}, media_type="text/event-stream",
+                                        stream=_nothing()))) if stream else None  # fmt: skip
         self.channel.send({"op": "open", "id": self.rid, "dep": dep.id, "url": f"{dep.api_base}{path}",
                            "auth": dep.auth(), "timeout": dep.timeout_s, "traceparent": traceparent,
-                           "request_id": at.request_id, "stream": stream, "strip_usage": strip_usage},
-                          payload)  # fmt: skip
+                           "request_id": at.request_id, "stream": stream, "strip_usage": strip_usage,
+                           "headers": early}, payload)  # fmt: skip
         try:
             head, data = await self.queue.get()
         except BaseException:  # liveness gave up on the engine, or the client left: the worker drops the call
@@ -173,8 +177,7 @@ class WorkerDesk:
             log.exception("unhandled error in the gateway")
             response = JSONResponse(envelope("internal error in the gateway", "server_error", None, None), 500)
         held = call.held and (stream is not None or response.status_code < 400)
-        headers = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in response.raw_headers
-                   if not (held and k == b"content-length")]  # fmt: skip
+        headers = _headers(response, drop=b"content-length" if held else None)
         channel.send({"op": "answer", "id": rid, "status": response.status_code, "headers": headers, "held": held,
                       "stream": stream is not None}, b"" if held or stream is not None else response.body)  # fmt: skip
         if stream is None:
@@ -184,6 +187,15 @@ class WorkerDesk:
                 await channel.send_drained({"op": "chunk", "id": rid}, chunk)
         if not held:
             channel.send({"op": "end", "id": rid})
+
+
+def _headers(response: Any, drop: bytes | None = None) -> list[list[str]]:
+    return [[k.decode("latin-1"), v.decode("latin-1")] for k, v in response.raw_headers if k != drop]
+
+
+async def _nothing() -> AsyncIterator[bytes]:
+    return
+    yield b""
 
 
 def _forget(channel: Channel, rid: int) -> None:

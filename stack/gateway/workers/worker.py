@@ -198,6 +198,10 @@ class WorkerApp:
                         resp, reply, held, first = await self._open(rid, head, data)
                         listener, strip = Relayed(link, head["dep"]), head["strip_usage"]
                         link.send(reply, b"" if resp is not None else held)
+                        if resp is not None and head.get("headers") is not None:  # a stream opened: answered now
+                            await self._stream(send, resp, listener, strip, first, head["headers"], done, rid)
+                            finished = True
+                            break
                     elif op == "cut":
                         if listener is not None:
                             listener.cut = head.get("why") or "the engine stopped making progress"
@@ -214,13 +218,7 @@ class WorkerApp:
                             await send({"type": "http.response.body", "body": held if head["held"] else data})
                         elif head["held"]:
                             assert resp is not None and listener is not None
-                            relay = fast_path.relay(resp, listener, strip_usage=strip, first=first)
-                            async for chunk in relay:
-                                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                            done()
-                            await send({"type": "http.response.body", "body": b"", "more_body": False})
-                            link.send({"op": "ended", "id": rid, "usage": listener.usage_seen,
-                                       "failed": listener.failed_kind})  # fmt: skip
+                            await self._stream(send, resp, listener, strip, first, None, done, rid)
                         else:
                             while (msg := await queue.get())[0]["op"] == "chunk":
                                 await send({"type": "http.response.body", "body": msg[1], "more_body": True})
@@ -235,6 +233,20 @@ class WorkerApp:
                 resp.close()
             link.queues.pop(rid, None)
         return not forward
+
+    async def _stream(self, send: Send, resp: Any, listener: Relayed, strip: bool, first: bytes,
+                      headers: list[list[str]] | None, done: Any, rid: int) -> None:  # fmt: skip
+        """The engine's stream relayed to the client (its answer started here first when `headers` are given),
+        then its end told to the owner."""
+        if headers is not None:
+            out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers] + [(b"x-vstack-worker", self.index)]
+            await send({"type": "http.response.start", "status": 200, "headers": out})
+        async for chunk in fast_path.relay(resp, listener, strip_usage=strip, first=first):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        done()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        assert self.link is not None
+        self.link.send({"op": "ended", "id": rid, "usage": listener.usage_seen, "failed": listener.failed_kind})
 
     async def _open(self, rid: int, head: dict[str, Any], payload: bytes) -> tuple[Any, dict[str, Any], bytes, bytes]:
         """(the engine's streaming response or None, the reply to the owner, a whole body read, the first chunk)."""
