@@ -199,7 +199,7 @@ class WorkerApp:
                         listener, strip = Relayed(link, head["dep"]), head["strip_usage"]
                         link.send(reply, b"" if resp is not None else held)
                         if resp is not None and head.get("headers") is not None:  # a stream opened: answered now
-                            await self._stream(send, resp, listener, strip, first, head["headers"], done, rid)
+                            await self._stream(send, resp, listener, strip, first, head["headers"], done, rid, queue)
                             finished = True
                             break
                     elif op == "cut":
@@ -218,7 +218,7 @@ class WorkerApp:
                             await send({"type": "http.response.body", "body": held if head["held"] else data})
                         elif head["held"]:
                             assert resp is not None and listener is not None
-                            await self._stream(send, resp, listener, strip, first, None, done, rid)
+                            await self._stream(send, resp, listener, strip, first, None, done, rid, queue)
                         else:
                             while (msg := await queue.get())[0]["op"] == "chunk":
                                 await send({"type": "http.response.body", "body": msg[1], "more_body": True})
@@ -235,14 +235,19 @@ class WorkerApp:
         return not forward
 
     async def _stream(self, send: Send, resp: Any, listener: Relayed, strip: bool, first: bytes,
-                      headers: list[list[str]] | None, done: Any, rid: int) -> None:  # fmt: skip
+                      headers: list[list[str]] | None, done: Any, rid: int, queue: asyncio.Queue) -> None:  # fmt: skip
         """The engine's stream relayed to the client (its answer started here first when `headers` are given),
-        then its end told to the owner."""
+        then its end told to the owner. Meanwhile the owner's liveness may cut it (the engine stalled): the
+        connection is closed and the relay ends the stream with the reason, as one process does."""
         if headers is not None:
             out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers] + [(b"x-vstack-worker", self.index)]
             await send({"type": "http.response.start", "status": 200, "headers": out})
-        async for chunk in fast_path.relay(resp, listener, strip_usage=strip, first=first):
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        watch = asyncio.get_running_loop().create_task(_cut_when_told(queue, resp, listener))
+        try:
+            async for chunk in fast_path.relay(resp, listener, strip_usage=strip, first=first):
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            watch.cancel()
         done()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         assert self.link is not None
@@ -315,6 +320,17 @@ class WorkerApp:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             finally:
                 resp.close()
+
+
+async def _cut_when_told(queue: asyncio.Queue, resp: Any, listener: Relayed) -> None:
+    """The owner's `cut` for a stream being relayed: its reason kept, the engine's connection closed (the owner's
+    `answer` of a stream started early arrives here too, and needs nothing)."""
+    while True:
+        head, _ = await queue.get()
+        if head["op"] == "cut":
+            listener.cut = head.get("why") or "the engine stopped making progress"
+            resp.close()
+            return
 
 
 def bind(host: str, port: int, listen: bool) -> socket.socket:
