@@ -192,7 +192,9 @@ class Switching(ManagerBase):
 
     async def _overlapped_in_window(self, slot: Slot, victim: Slot, phases: dict[str, float]) -> bool:
         self.metrics.evictions.labels(victim.name, str(Evict.SLEEP)).inc()
+        t = self.clock()
         before, held = self.probe.used(), self._held()
+        readings_s = self.clock() - t  # NVML, read before and after the sleep: a phase of its own
         level = victim.tier.sleep_level or 1
         self.move(victim, S.SLEEPING, f"sleep level {level}, overlapped with {slot.name}'s wake")
         self.move(slot, S.STARTING, f"waking weights beside {victim.name}'s sleep")
@@ -204,7 +206,10 @@ class Switching(ManagerBase):
             self._slept(victim, level)
         # Mapped meanwhile: the target's weights; and what the victim handed over, still in use on the GPU.
         grown = (0 if isinstance(woke, BaseException) else (slot.weights_gpu or 0)) + self._held() - held
-        if isinstance(slept, BaseException) or not self._verify_sleep(victim, before, self.probe.used(), grown):
+        t = self.clock()
+        after = None if isinstance(slept, BaseException) else self.probe.used()
+        phases["memory_readings_s"] = round(readings_s + self.clock() - t, 4)
+        if isinstance(slept, BaseException) or not self._verify_sleep(victim, before, after, grown):
             if isinstance(slept, BaseException):
                 log.warning("sleep of %s failed (%s): stopping it", victim.name, slept)
             await self.stop_engine(victim, "sleep did not free memory; stopped")

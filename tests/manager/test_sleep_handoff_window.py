@@ -211,3 +211,26 @@ def test_what_no_engine_took_is_freed_after_the_switch_and_before_the_next(monke
     assert served < freeing[before][1]  # b -> a's leftover was freed after its request was served
     assert opened and opened[0] >= freeing[before][1]  # and before the next switch opened its window
     assert broker.held_bytes() == 0 and not broker.dropping
+
+
+def test_an_overlapped_switch_times_its_memory_readings_as_a_phase() -> None:
+    """NVML is read before the sleep and after it; on the GPU those readings may be part of the 25-38 ms a 3B -> 8B
+    switch spent outside every phase (2026-11-29). A GPU whose readings take 50 ms each shows them as 0.1 s."""
+    import time as clock
+
+    broker, a, b, mgr = two_engines(60, TaggedHandingStandIn)
+    for e in (a, b):
+        e.sleep_s = e.wake_s = 0.3
+    mgr.handoff = broker
+    for name in ("a", "b"):
+        mgr.slots[name].keeps_host_copy = True
+    try:
+        for name in ("b", "a", "b"):
+            run(serve(mgr, name))
+        reading = mgr.probe.used
+        mgr.probe.used = lambda: (clock.sleep(0.05), reading())[1]  # type: ignore[method-assign]
+        run(serve(mgr, "a"))
+    finally:
+        broker.stop()
+    last = mgr.slots["a"].last_switch
+    assert last["overlap"] and 0.1 <= last["phases"]["memory_readings_s"] < 0.3, last
