@@ -6,8 +6,9 @@ worker reports how the stream went (its usage, a failure) and the owner counts i
 Messages (stack.gateway.workers.wire), worker -> owner: handle (a request), opened / failed (an attempt's
 outcome), progress (an engine's stream moves: liveness), ended (a stream's end), gone (the client left).
 Owner -> worker: forward (a check refused it: the owner's route answers it, with its usual error), open (call
-this engine), cut (liveness closed the stream), answer (status and headers; the body, unless the worker holds
-it), chunk / end (a stream the owner relays itself: a cloud deployment's).
+this engine; for a stream, the headers to answer with once it opens: the worker starts there), cut (liveness
+closed the stream), answer (status and headers of any other answer; the body, unless the worker holds it),
+chunk / end (a stream the owner relays itself: a cloud deployment's).
 """
 
 from __future__ import annotations
@@ -168,6 +169,10 @@ class WorkerDesk:
         stream = None
         try:
             answer = await state.dispatcher.handle(route.name, parsed, None, caller)
+            if call.held and answer.stream is not None:  # the worker answered at its first chunk (the open's headers)
+                async for _nothing_relayed in answer.stream:  # ends with the worker's relay; releases what it held
+                    pass
+                return
             response, stream = respond(answer), answer.stream
         except GatewayError as exc:  # as the route's error handler renders it
             if not isinstance(exc, UpstreamError):

@@ -198,7 +198,7 @@ class WorkerApp:
                         resp, reply, held, first = await self._open(rid, head, data)
                         listener, strip = Relayed(link, head["dep"]), head["strip_usage"]
                         link.send(reply, b"" if resp is not None else held)
-                        if resp is not None and head.get("headers") is not None:  # a stream opened: answered now
+                        if resp is not None:  # a stream opened: answered now, with the headers its `open` gave
                             await self._stream(send, resp, listener, strip, first, head["headers"], done, rid, queue)
                             finished = True
                             break
@@ -216,9 +216,6 @@ class WorkerApp:
                         if not head["stream"]:
                             done()
                             await send({"type": "http.response.body", "body": held if head["held"] else data})
-                        elif head["held"]:
-                            assert resp is not None and listener is not None
-                            await self._stream(send, resp, listener, strip, first, None, done, rid, queue)
                         else:
                             while (msg := await queue.get())[0]["op"] == "chunk":
                                 await send({"type": "http.response.body", "body": msg[1], "more_body": True})
@@ -235,13 +232,12 @@ class WorkerApp:
         return not forward
 
     async def _stream(self, send: Send, resp: Any, listener: Relayed, strip: bool, first: bytes,
-                      headers: list[list[str]] | None, done: Any, rid: int, queue: asyncio.Queue) -> None:  # fmt: skip
-        """The engine's stream relayed to the client (its answer started here first when `headers` are given),
-        then its end told to the owner. Meanwhile the owner's liveness may cut it (the engine stalled): the
-        connection is closed and the relay ends the stream with the reason, as one process does."""
-        if headers is not None:
-            out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers] + [(b"x-vstack-worker", self.index)]
-            await send({"type": "http.response.start", "status": 200, "headers": out})
+                      headers: list[list[str]], done: Any, rid: int, queue: asyncio.Queue) -> None:  # fmt: skip
+        """The engine's stream answered with the owner's `headers` and relayed to the client, then its end told to
+        the owner. Meanwhile the owner's liveness may cut it (the engine stalled): the connection is closed and
+        the relay ends the stream with the reason, as one process does."""
+        out = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers] + [(b"x-vstack-worker", self.index)]
+        await send({"type": "http.response.start", "status": 200, "headers": out})
         watch = asyncio.get_running_loop().create_task(_cut_when_told(queue, resp, listener))
         try:
             async for chunk in fast_path.relay(resp, listener, strip_usage=strip, first=first):
