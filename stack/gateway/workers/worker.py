@@ -319,8 +319,7 @@ class WorkerApp:
 
 
 async def _cut_when_told(queue: asyncio.Queue, resp: Any, listener: Relayed) -> None:
-    """The owner's `cut` for a stream being relayed: its reason kept, the engine's connection closed (the owner's
-    `answer` of a stream started early arrives here too, and needs nothing)."""
+    """The owner's `cut` for a stream being relayed: its reason kept, the engine's connection closed."""
     while True:
         head, _ = await queue.get()
         if head["op"] == "cut":

@@ -142,13 +142,13 @@ class HandoffBroker:
     def close_window(self, background: bool = False) -> int:
         """End every window; the pieces nobody took are closed (freed). Returns the bytes dropped. `background`:
         closed by a thread of their own, after this returns. Closing the last descriptor of GPU memory frees it
-        in the driver, which takes time growing with the bytes (the 16.6 GiB a 3B -> 8B switch leaves is the
-        likely part of its 25-38 ms outside every phase, 2026-11-29): the switch need not wait for that."""
+        in the driver, ~15-23 us a piece on an H200 (4-7 ms for 16.5 GiB in 512 MiB pieces, 30-47 ms for 2,048
+        of 2 MiB: adr/0055): a switch need not wait for that."""
         with self._lock:
             self._windows.clear()
             pieces, self._pieces = self._pieces, defaultdict(list)
+            self.stats["dropped"] += sum(len(fds) for fds in pieces.values())
         dropped = sum(size * len(fds) for (_dev, size), fds in pieces.items())
-        self.stats["dropped"] += sum(len(fds) for fds in pieces.values())
         if not pieces:
             return 0
         if not background:
@@ -243,7 +243,6 @@ class HandoffBroker:
         finally:
             for _size, fd in out:  # sent (the engine holds its own copies) or not: ours are closed either way
                 os.close(fd)
-
 
 
 def _close_pieces(pieces: dict[tuple[str, int], list[int]], size: int = 0) -> None:
