@@ -99,8 +99,8 @@ def measure(drv: Driver, region: Region, step: str, map_s: float, host: int, cop
 
 
 def drop(chunk_mib: int, pieces: int) -> int:
-    """A sleeping engine's pieces that no wake takes, freed by the broker's close_window(), twice: the time
-    grows with the bytes, and the manager's switch waited for it until adr/0055."""
+    """A sleeping engine's pieces that no wake takes, freed by the broker's close_window(), twice: the manager's
+    switch waited for it until adr/0055 (on an H200 the time follows the count of pieces, not the bytes)."""
     me = [sys.executable, "-m", "bench.gpu.handoff_probe", "--chunk-mib", str(chunk_mib)]
     for run in range(2):
         broker = HandoffBroker().start()

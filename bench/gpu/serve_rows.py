@@ -18,15 +18,15 @@ MORE = re.compile(r"(client_cpu_s|engine_api_cpu_s)=([0-9.]+)")  # fields of the
 
 def rows(results: Path, log: Path, extra: dict[str, object]) -> list[dict]:
     lines = {m[1]: m for m in LINE.finditer(log.read_text())}
-    cpu = {k: float(m[2]) for k, m in lines.items()}
     out = []
     for f in sorted(results.glob("bench-*-c*.json")):
         d = json.loads(f.read_text())
         target, c = re.match(r"bench-(.+)-c(\d+)\.json", f.name).groups()  # type: ignore[union-attr]
-        gw_cpu = cpu.get(f"{target} c={c}") if target.startswith("gateway") else None
+        line = lines.get(f"{target} c={c}")
+        gw_cpu = float(line[2]) if line is not None and target.startswith("gateway") else None
         tokens = d.get("total_output_tokens") or 0
         per_1k = round(gw_cpu / tokens * 1000, 4) if gw_cpu and tokens else None
-        more = {k: float(v) for k, v in MORE.findall(lines[f"{target} c={c}"][3])} if f"{target} c={c}" in lines else {}
+        more = {k: float(v) for k, v in MORE.findall(line[3])} if line is not None else {}
         itls = d.get("itls") or []
         chunks = round(sum(len(i) + 1 for i in itls) / len(itls), 1) if itls else None
         out.append({"target": target, "concurrency": int(c), **extra,

@@ -127,16 +127,24 @@ class TaggedHandingStandIn(HandingStandIn):
         StandIn.wake_up(self, tags, timeout)
 
 
-def test_with_the_handoff_a_release_only_sleep_overlaps_the_weights_and_hands_its_memory_to_the_kv_cache() -> None:
-    """60 GiB each on 80: B's 15 GiB of weights fit beside A. A keeps its host copy, so its sleep only releases
-    memory (sequential without the handoff); with it, A's sleep runs under B's weight wake and its memory goes to
-    B's KV cache in the same window, counted as freed, and nothing is held after."""
+def overlapping_pair() -> tuple[HandoffBroker, TaggedHandingStandIn, TaggedHandingStandIn, object]:
+    """60 GiB each on 80, both keeping their host copy, with the handoff: from the 4th switch on (b, a, b, then a)
+    the sleep only releases memory and runs under the other's weight wake. Sleeps and wakes take 0.3 s, so a
+    sleep hands its pieces over after the weights' wake began, as on the GPU."""
     broker, a, b, mgr = two_engines(60, TaggedHandingStandIn)
     for e in (a, b):
         e.sleep_s = e.wake_s = 0.3
     mgr.handoff = broker
     for name in ("a", "b"):
         mgr.slots[name].keeps_host_copy = True
+    return broker, a, b, mgr
+
+
+def test_with_the_handoff_a_release_only_sleep_overlaps_the_weights_and_hands_its_memory_to_the_kv_cache() -> None:
+    """60 GiB each on 80: B's 15 GiB of weights fit beside A. A keeps its host copy, so its sleep only releases
+    memory (sequential without the handoff); with it, A's sleep runs under B's weight wake and its memory goes to
+    B's KV cache in the same window, counted as freed, and nothing is held after."""
+    broker, a, b, mgr = overlapping_pair()
     try:
         for name in ("b", "a", "b", "a"):  # the last: b held a copy since its last sleep (release only)
             run(serve(mgr, name))
@@ -186,12 +194,7 @@ def test_what_no_engine_took_is_freed_after_the_switch_and_before_the_next(monke
         freeing.append((t, clock.perf_counter()))
 
     monkeypatch.setattr(handoff, "_close_pieces", slow_close)
-    broker, a, b, mgr = two_engines(60, TaggedHandingStandIn)
-    for e in (a, b):  # the sleep hands its pieces over after the weights' wake began, as on the GPU
-        e.sleep_s = e.wake_s = 0.3
-    mgr.handoff = broker
-    for name in ("a", "b"):
-        mgr.slots[name].keeps_host_copy = True
+    broker, _a, _b, mgr = overlapping_pair()
     try:
         for name in ("b", "a", "b"):
             run(serve(mgr, name))
@@ -218,12 +221,7 @@ def test_an_overlapped_switch_times_its_memory_readings_as_a_phase() -> None:
     switch spent outside every phase (2026-11-29). A GPU whose readings take 50 ms each shows them as 0.1 s."""
     import time as clock
 
-    broker, a, b, mgr = two_engines(60, TaggedHandingStandIn)
-    for e in (a, b):
-        e.sleep_s = e.wake_s = 0.3
-    mgr.handoff = broker
-    for name in ("a", "b"):
-        mgr.slots[name].keeps_host_copy = True
+    broker, _a, _b, mgr = overlapping_pair()
     try:
         for name in ("b", "a", "b"):
             run(serve(mgr, name))
