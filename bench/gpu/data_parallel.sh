@@ -11,6 +11,9 @@
 #   RANKS=2 ...            data_parallel_size (default: the GPUs nvidia-smi lists, at most 4)
 #   GATEWAY_WORKERS=1 ...  the gateway's worker processes (default 4)
 #   API_SERVERS=1 ...      engine.api_server_count (default: vLLM's, one API server per rank)
+#   BENCH_CLIENTS=2 ...    each run split across 2 `vllm bench serve` processes (bench/gpu/serve_bench.sh): at 512
+#                          streams on 2 ranks one client was the limit (2026-11-29: ~1 core, 21-24k tok/s direct,
+#                          27-28k through the gateway; bench/results/2026-11-29-h200-x2-data-parallel-client-bound)
 #
 # Device-tool calls (the site parts are the GPU suite's, bench/gpu/build_site.sh; kind nvidia-h200-x4, or x2 with
 # RANKS=2), back to back:

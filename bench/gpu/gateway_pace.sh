@@ -13,9 +13,11 @@
 #   ENGINE_ARGS="--api-server-count 2" GATEWAY_WORKERS=4 BENCH_PROMPTS=768 bash bench/gpu/gateway_pace.sh 256 128/1024
 #     the engine's own front on two processes: at 256 streams x 1,024 tokens one vLLM API server is 97-99% busy,
 #     direct or not (bench/results/2026-11-29-h200-gateway-pace-api-server), so that row measured the engine's
-#     front, and its direct runs differed by 10%; BENCH_PROMPTS: 3 waves of 256 instead of 2
+#     front, and its direct runs differed by 10%; BENCH_PROMPTS: 3 waves of 256 instead of 2 (~420 s with the
+#     engine's start: its own call; the warm-ups send 16 prompts whatever BENCH_PROMPTS says)
 #   BENCH_PROMPTS=200 GATEWAY_WORKERS=4 bash bench/gpu/gateway_pace.sh 1 1024/16
-#     one stream's TTFT from 200 requests per target (issue 54: <= +1.5 ms; 16 per run gave +-2 ms)
+#     one stream's TTFT from 200 requests per target (issue 54: <= +1.5 ms; 16 per run gave +-2 ms); 327 s on x2
+#     (bench/results/2026-11-29-h200-x2-gateway-pace-one-stream)
 #
 # Device-tool calls, back to back (the site parts are the GPU suite's, bench/gpu/build_site.sh):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"   (the same for .gpu2, .gpu3)

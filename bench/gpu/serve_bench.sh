@@ -2,14 +2,23 @@
 # $in_len and $out_len: vLLM's own `vllm bench serve` against one target (an engine or a gateway) at a time, the
 # gateway's CPU seconds per run, and the rows of every run at the end (bench/gpu/serve_rows.py). Beside the gateway's
 # CPU each run logs the client's own (bash's `time`: a client at one core measures itself, not the target), the
-# engine's API server's when $engine is set (its process alone, not EngineCore; with --api-server-count N the API
-# servers are its children and this counts only the parent), and the SSE chunks per request
+# engine's API servers' when $engine is set (not EngineCore), and the SSE chunks per request
 # (vLLM's server folds tokens into one chunk when its reader falls behind, so a slow reader gets fewer chunks).
-# BENCH_PROMPTS=N sets the prompts of every run (default: 2 x the concurrency, 16 under 64 streams).
+# BENCH_PROMPTS=N sets the prompts of every measured run (default: 2 x the concurrency, 16 under 64 streams); a
+# warm-up (a target named warm-*) always sends 16 (BENCH_PROMPTS=768 once sent 768 at 16 streams: 265 s lost).
+# BENCH_CLIENTS=N splits each measured run across N `vllm bench serve` processes at once (concurrency and prompts
+# divided, a seed each), merged into one result file (bench/gpu/serve_rows.py --merge): one client process tops out
+# near one core at ~25k streamed tok/s (2026-11-29, x2: 62-69 CPU-s a run), so past that it measures itself.
 
 # utime + stime of a process and its children (a gateway's workers), in ticks of 1/100 s
 cpu_s() { for p in $1 $(pgrep -P "$1"); do cat "/proc/$p/stat" 2>/dev/null; done | awk '{s += $14 + $15} END {print s / 100}'; }
-cpu_one() { awk '{print ($14 + $15) / 100}' "/proc/$1/stat" 2>/dev/null || echo 0; }  # that process alone
+# the engine's API servers: its own process and, with --api-server-count N, the children vLLM titles
+# VLLM::APIServer_<i> (2026-11-29, x2: counting the parent alone read 0.01 s at 24k tok/s); EngineCore not counted
+cpu_api() {
+  [ "$1" = 0 ] && { echo 0; return; }
+  { echo "$1"; pgrep -f '^VLLM::APIServer'; } | sort -u | while read -r p; do cat "/proc/$p/stat" 2>/dev/null; done \
+    | awk '{s += $14 + $15} END {print s / 100}'
+}
 
 summary() {  # one row of vLLM's result file, as soon as the run ends (a call cut later keeps it)
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('  ', *(f'{k}={round(d[k], 2)}' for k in
@@ -17,20 +26,39 @@ summary() {  # one row of vLLM's result file, as soon as the run ends (a call cu
     *([f\"chunks_per_request={sum(len(i) + 1 for i in d['itls']) / len(d['itls']):.1f}\"] if d.get('itls') else []))" "$1"
 }
 
+client_run() {  # PORT CONCURRENCY PROMPTS SEED FILE: one `vllm bench serve` process
+  python3 -m vllm.entrypoints.cli.main bench serve --backend openai-chat --endpoint /v1/chat/completions \
+    --base-url "http://127.0.0.1:$1" --model "$served" --tokenizer "$tokenizer" --dataset-name random \
+    --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos --num-prompts "$3" --seed "$4" \
+    --max-concurrency "$2" --request-rate inf --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
+    --save-result --save-detailed --result-dir "$results" --result-filename "$5" >> "$out/bench-serve.log" 2>&1
+}
+
+clients_run() {  # TARGET PORT CONCURRENCY PROMPTS CLIENTS: the run split across CLIENTS processes, merged
+  local k rc=0 parts=()
+  for (( k = 0; k < $5; k++ )); do
+    client_run "$2" $(( $3 / $5 )) $(( $4 / $5 )) $(( k + 1 )) "bench-$1-c$3.part$k.json" & parts+=("$results/bench-$1-c$3.part$k.json")
+  done
+  for (( k = 0; k < $5; k++ )); do wait -n || rc=1; done
+  [ "$rc" = 0 ] && python3 -m bench.gpu.serve_rows --merge "$results/bench-$1-c$3.json" "${parts[@]}" >> "$out/bench-serve.log" 2>&1 || rc=1
+  rm -f "${parts[@]}"
+  return $rc
+}
+
 bench_at() {  # TARGET PORT CONCURRENCY PID: PID's CPU (with its children's) is counted for the run
-  local n=${BENCH_PROMPTS:-$(( $3 < 64 ? 16 : $3 * 2 ))}
-  local before api_before client_cpu; before=$(cpu_s "$4"); api_before=$(cpu_one "${engine:-0}")
+  local n=${BENCH_PROMPTS:-$(( $3 < 64 ? 16 : $3 * 2 ))} clients=${BENCH_CLIENTS:-1}
+  case $1 in warm*) n=16; clients=1 ;; esac
+  local before api_before client_cpu; before=$(cpu_s "$4"); api_before=$(cpu_api "${engine:-0}")
   local TIMEFORMAT='%U %S'
-  client_cpu=$( { time python3 -m vllm.entrypoints.cli.main bench serve --backend openai-chat --endpoint /v1/chat/completions \
-    --base-url "http://127.0.0.1:$2" --model "$served" --tokenizer "$tokenizer" --dataset-name random \
-    --random-input-len "$in_len" --random-output-len "$out_len" --ignore-eos --num-prompts "$n" \
-    --max-concurrency "$3" --request-rate inf --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
-    --save-result --save-detailed --result-dir "$results" --result-filename "bench-$1-c$3.json" \
-    >> "$out/bench-serve.log" 2>&1; echo "rc=$?" >&2; } 2>&1 | tr '\n' ' ')
+  if [ "$clients" -gt 1 ]; then
+    client_cpu=$( { time clients_run "$1" "$2" "$3" "$n" "$clients"; echo "rc=$?" >&2; } 2>&1 | tr '\n' ' ')
+  else
+    client_cpu=$( { time client_run "$2" "$3" "$n" 0 "bench-$1-c$3.json"; echo "rc=$?" >&2; } 2>&1 | tr '\n' ' ')
+  fi
   local rc; rc=$(sed -n 's/.*rc=\([0-9]*\).*/\1/p' <<< "$client_cpu")
   client_cpu=$(awk '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) s += $i} END {print s}' <<< "${client_cpu/rc=$rc/}")
-  echo "$1 c=$3 n=$n rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s "$4")" 'BEGIN{print b - a}')" \
-    "client_cpu_s=$client_cpu engine_api_cpu_s=$(awk -v a="$api_before" -v b="$(cpu_one "${engine:-0}")" 'BEGIN{print b - a}')" \
+  echo "$1 c=$3 n=$n clients=$clients rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s "$4")" 'BEGIN{print b - a}')" \
+    "client_cpu_s=$client_cpu engine_api_cpu_s=$(awk -v a="$api_before" -v b="$(cpu_api "${engine:-0}")" 'BEGIN{print b - a}')" \
     | tee -a "$log"
   [ "$rc" = 0 ] && summary "$results/bench-$1-c$3.json" | tee -a "$log"
 }

@@ -3,6 +3,11 @@ bench-TARGET-cN.json, with the CPU seconds its log line gave: the gateway's (tar
 and the engine's API server's, and the SSE chunks per request (from a result file saved with --save-detailed).
 
     python3 -m bench.gpu.serve_rows RESULTS_DIR LOG OUT_JSON [KEY=VALUE ...]   (KEY=VALUE: fields of every row)
+    python3 -m bench.gpu.serve_rows --merge OUT_JSON PART_JSON...   one run's result from its clients' files
+
+A run split across several clients (BENCH_CLIENTS) is merged as one client would have reported it: requests and
+tokens summed over the longest client's duration (the clients start together, so this errs low by their start
+skew), TTFT and TPOT percentiles over every client's requests (linear interpolation, as numpy's and vLLM's).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-LINE = re.compile(r"^(\S+ c=\d+) n=\d+ rc=\d+ gateway_cpu_s=(\S+)(.*)$", re.M)
+LINE = re.compile(r"^(\S+ c=\d+) n=\d+(?: clients=\d+)? rc=\d+ gateway_cpu_s=(\S+)(.*)$", re.M)
 MORE = re.compile(r"(client_cpu_s|engine_api_cpu_s)=([0-9.]+)")  # fields of the line a later script version adds
 
 
@@ -39,7 +44,55 @@ def rows(results: Path, log: Path, extra: dict[str, object]) -> list[dict]:
     return sorted(out, key=lambda r: (r["concurrency"], r["target"]))
 
 
+def percentile(values: list[float], q: float) -> float:
+    """numpy.percentile's default (linear) on a non-empty list."""
+    v = sorted(values)
+    at = (len(v) - 1) * q / 100
+    lo = int(at)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (at - lo)
+
+
+def merge(parts: list[dict]) -> dict:
+    """One result file from the clients' own (saved with --save-detailed)."""
+    duration = max(p["duration"] for p in parts)
+    done = [
+        (ttft, itl, n)
+        for p in parts
+        for ttft, itl, n, error in zip(p["ttfts"], p["itls"], p["output_lens"], p["errors"], strict=True)
+        if not error and n > 0
+    ]
+    if not done:
+        raise ValueError("no client finished a request")
+    ttfts = [ttft * 1000 for ttft, _, _ in done]
+    tpots = [sum(itl) * 1000 / (n - 1) for _, itl, n in done if n > 1] or [0.0]
+    completed = sum(p["completed"] for p in parts)
+    tokens = sum(p["total_output_tokens"] for p in parts)
+    return {
+        "duration": duration,
+        "clients": len(parts),
+        "client_durations": [p["duration"] for p in parts],
+        "completed": completed,
+        "total_output_tokens": tokens,
+        "request_throughput": completed / duration,
+        "output_throughput": tokens / duration,
+        "median_ttft_ms": percentile(ttfts, 50),
+        "p99_ttft_ms": percentile(ttfts, 99),
+        "median_tpot_ms": percentile(tpots, 50),
+        "p99_tpot_ms": percentile(tpots, 99),
+        "ttfts": [ttft for ttft, _, _ in done],
+        "itls": [itl for _, itl, _ in done],
+        "output_lens": [n for *_, n in done],
+    }
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--merge"]:
+        out_json, *part_files = argv[1:]
+        merged = merge([json.loads(Path(f).read_text()) for f in part_files])
+        Path(out_json).write_text(json.dumps(merged) + "\n")
+        rate = merged["output_throughput"]
+        print(f"merged {len(part_files)} clients: {merged['completed']} requests, {rate:.0f} tok/s")
+        return 0
     results, log, out_json, *pairs = argv
     extra = {k: int(v) if v.isdigit() else v for k, v in (p.split("=", 1) for p in pairs)}
     found = rows(Path(results), Path(log), extra)
