@@ -8,6 +8,7 @@
 #
 #   bash bench/gpu/disaggregation.sh CONFIG [RATES]     CONFIG: disagg or agg; RATES default "2 4 6" (requests/s)
 #   KV_BUFFER=cpu ...   NIXL sends from a host buffer (the path bench/disaggregation_cpu.py ran on the CPU)
+#   NIXL_PROBE=0 ...    skip the NIXL read probe the disagg config runs first (bench/gpu/nixl_probe.py; ~30 s)
 #   UCX_TLS=cuda_copy,cuda_ipc,tcp UCX_MEMTYPE_CACHE=n ...   the transports a production NIXL recipe pins
 #                       (ai-dynamo/nixl#1614): the next try if the GPU buffer's reads hang again (exported before
 #                       Ray starts here, so the engines' actors inherit them)
@@ -27,6 +28,8 @@
 # disaggregation.log (the table), vLLM's result files in disaggregation_runs/, the engines' log heads and tails.
 # First run (2026-11-29, x2, vLLM 0.26.0): the flow ran through both engines but NIXL's reads never completed there
 # (bench/results/2026-11-29-h200-x2-disaggregation-nixl); UCX_LOG_LEVEL=info now shows the transports UCX picks.
+# The disagg call now starts with bench/gpu/nixl_probe.py (~30-60 s, its own budget taken from the call's 575 s):
+# its lines head disaggregation.log, and nixl_probe.log comes back whole.
 set -uo pipefail
 export UCX_LOG_LEVEL=${UCX_LOG_LEVEL:-info}  # which transports UCX picks, in the engines' logs (its first run: reads never completed)
 source "$(dirname "${BASH_SOURCE[0]}")/site.sh"
@@ -43,10 +46,32 @@ if [ "$config" = "disagg" ] && ! python3 -c "import nixl; from nixl._api import 
   echo "with bash bench/gpu/build_nixl_part.sh and carry .gpunixl/ in this call (or stash it in an earlier one)."
   exit 2
 fi
+rm -f "$out/nixl-import.log"  # a call returns 8 files at most: this one only when it says why
+# NIXL between the two GPUs first, in seconds (bench/gpu/nixl_probe.py): the first run spent its call to learn that
+# no read completed. Unless KV_BUFFER or UCX_TLS is given, the engines get the first config whose reads completed;
+# none completing ends the call here. NIXL_PROBE=0 skips it.
+if [ "$config" = "disagg" ] && [ "${NIXL_PROBE:-1}" = 1 ]; then
+  timeout 300 python3 -m bench.gpu.nixl_probe > "$out/nixl_probe.log" 2>&1
+  grep NIXL_PROBE "$out/nixl_probe.log" | tee -a "$out/disaggregation.log"
+  works() { grep "NIXL_PROBE" "$out/nixl_probe.log" | grep "\"config\": \"$1\"" | grep -q '"state": "done"'; }
+  if [ -z "${KV_BUFFER:-}${UCX_TLS:-}" ] && ! works cuda; then
+    if works cuda+pinned-tls; then
+      export UCX_TLS=cuda_copy,cuda_ipc,tcp UCX_MEMTYPE_CACHE=n
+      echo "NIXL: GPU reads completed only with UCX_TLS=$UCX_TLS: the engines get it" | tee -a "$out/disaggregation.log"
+    elif works cpu; then
+      KV_BUFFER=cpu
+      echo "NIXL: no GPU-to-GPU read completed, host buffers did: the engines get kv_buffer_device cpu" \
+        | tee -a "$out/disaggregation.log"
+    else
+      echo "NIXL: no read completed in any config (nixl_probe.log): nothing to measure" | tee -a "$out/disaggregation.log"
+      exit 3
+    fi
+  fi
+fi
 export RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
 log="$out/disaggregation.log"
 log_device "$log"
-timeout 580 python3 -m bench.gpu.disaggregation --config "$config" --out "$out/disaggregation-$config.json" \
+timeout $(( 575 - SECONDS )) python3 -m bench.gpu.disaggregation --config "$config" --out "$out/disaggregation-$config.json" \
   --rates "$rates" --seconds "${RUN_SECONDS:-40}" --kv-buffer-device "${KV_BUFFER:-}" 2>&1 | tee -a "$log"
 code=${PIPESTATUS[0]}
 for f in "$out"/disaggregation_state/logs/*.log; do
