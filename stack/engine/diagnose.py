@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -41,8 +42,34 @@ def log_size(path: Path) -> int:
         return 0
 
 
+# vLLM's API server ends a failed start with "Engine core initialization failed. See root cause above.": its own
+# traceback fills the tail, and the engine core's exception (the one a user can act on) sits ~70 lines above it,
+# logged under "EngineCore failed to start." with the core's line prefix.
+ROOT_CAUSE_POINTER = "See root cause above"
+ROOT_CAUSE_START = "EngineCore failed to start"
+
+
+def engine_core_cause(lines: list[str], keep: int = 6) -> list[str]:
+    """The engine core's logged exception: its first line and its last `keep` (the frames nearest the raise and
+    the error itself); [] when the log has none."""
+    starts = [i for i, line in enumerate(lines) if ROOT_CAUSE_START in line]
+    if not starts:
+        return []
+    first = lines[starts[-1]]
+    # the lines of that one log call: "(EngineCore pid=4900) ERROR 11-29 14:11:31 [core.py:1510] ..."
+    prefix = first.split(" ERROR ")[0] if " ERROR " in first else ""
+    where = re.search(r" \[[^\]]+:\d+\] ", first)
+    block = [first]
+    for line in lines[starts[-1] + 1 :]:
+        if not line.startswith(prefix) or " ERROR " not in line or (where and where[0] not in line):
+            break
+        block.append(line)
+    return block if len(block) <= keep + 2 else [first, "...", *block[-keep:]]
+
+
 def log_tail(path: Path, lines: int = 40, start: int = 0) -> str:
-    """The last `lines` lines of a log, none before byte `start` (a log that earlier runs appended to)."""
+    """The last `lines` lines of a log, none before byte `start` (a log that earlier runs appended to); headed by
+    the engine core's own error when vLLM's tail only points above it."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
@@ -50,7 +77,13 @@ def log_tail(path: Path, lines: int = 40, start: int = 0) -> str:
             text = f.read().decode(errors="replace")
     except FileNotFoundError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    all_lines = text.splitlines()
+    tail = all_lines[-lines:]
+    if any(ROOT_CAUSE_POINTER in line for line in tail):
+        cause = engine_core_cause(all_lines[: len(all_lines) - len(tail)])
+        if cause:
+            return "\n".join(["the engine core's error, above the lines below:", *cause, "...", *tail])
+    return "\n".join(tail)
 
 
 def explain_failure(tail: str, exit_code: int | None) -> tuple[str, str]:
