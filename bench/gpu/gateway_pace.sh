@@ -10,7 +10,7 @@
 #   GATEWAY_WORKERS=4 bash bench/gpu/gateway_pace.sh 256 128/1024   also a second gateway with 4 worker processes
 #     (adr/0049), benched in the same alternation: direct, gateway (1 process), gateway-w4, direct2
 #
-#   ENGINE_ARGS="--api-server-count 2" GATEWAY_WORKERS=4 BENCH_PROMPTS=768 bash bench/gpu/gateway_pace.sh 256 128/1024
+#   ENGINE_ARGS="--api-server-count 2" GATEWAY_WORKERS=4 BENCH_PROMPTS=768 BENCH_CLIENTS=2 bash bench/gpu/gateway_pace.sh 256 128/1024
 #     the engine's own front on two processes: at 256 streams x 1,024 tokens one vLLM API server is 97-99% busy,
 #     direct or not (bench/results/2026-11-29-h200-gateway-pace-api-server), so that row measured the engine's
 #     front, and its direct runs differed by 10%; BENCH_PROMPTS: 3 waves of 256 instead of 2 (~420 s with the

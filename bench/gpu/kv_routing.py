@@ -101,7 +101,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--model", default="meta-llama--Llama-3.1-8B-Instruct", help="a stack/planner/known_configs name")
-    ap.add_argument("--rates", default="16 32", help="requests/s, Poisson arrivals")
+    ap.add_argument("--rates", default="24 32", help="requests/s, Poisson arrivals")
     ap.add_argument(
         "--strategies",
         default=" ".join(STRATEGIES),
