@@ -241,6 +241,7 @@ def test_every_dashboard_query_evaluates_in_prometheus(deployment: Deployment, d
     must_have = ["vstack_gateway_requests_total[", "vstack_gateway_request_duration_seconds_bucket",
                  "vstack_gateway_tokens_total", "vllm:kv_cache_usage_perc", "vllm:num_requests_waiting",
                  "vllm:time_to_first_token_seconds_bucket", "vstack_gateway_deployment_up)"]
+    assert _chat(deployment, MODEL).status_code == 200  # data of its own: CI reruns a failed test alone
 
     # rate() needs two scrapes of a series: right after the first requests there may be one.
     deadline = time.monotonic() + 60
