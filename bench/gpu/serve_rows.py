@@ -17,6 +17,8 @@ import re
 import sys
 from pathlib import Path
 
+from stack.load.summary import percentile  # numpy's linear interpolation, as vLLM's bench
+
 LINE = re.compile(r"^(\S+ c=\d+) n=\d+(?: clients=\d+)? rc=\d+ gateway_cpu_s=(\S+)(.*)$", re.M)
 MORE = re.compile(r"(client_cpu_s|engine_api_cpu_s)=([0-9.]+)")  # fields of the line a later script version adds
 
@@ -42,14 +44,6 @@ def rows(results: Path, log: Path, extra: dict[str, object]) -> list[dict]:
                     "gateway_cpu_s": gw_cpu,
                     "gateway_cpu_s_per_1k_tokens": per_1k, **more, "chunks_per_request": chunks})  # fmt: skip
     return sorted(out, key=lambda r: (r["concurrency"], r["target"]))
-
-
-def percentile(values: list[float], q: float) -> float:
-    """numpy.percentile's default (linear) on a non-empty list."""
-    v = sorted(values)
-    at = (len(v) - 1) * q / 100
-    lo = int(at)
-    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (at - lo)
 
 
 def merge(parts: list[dict]) -> dict:
