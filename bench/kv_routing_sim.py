@@ -38,13 +38,15 @@ from stack.gateway.routing.kv_index import KvIndex, prompt_keys
 from stack.gateway.routing.replicas import ReplicaChooser
 
 BS = 16
-# name -> (routing, load weight, expected blocks, a request leaves the prefill queue at its first token)
+# name -> (routing, load weight, expected blocks, a request leaves the prefill queue at its first token,
+# gateway.kv_events_balance_threshold)
 STRATEGIES = {
-    "kv_events": ("kv_events", 0.5, True, True),
-    "kv_events@1": ("kv_events", 1.0, True, True),
-    "kv_events-before": ("kv_events", 1.0, False, False),
-    "prefix_affinity": ("prefix_affinity", 0.5, False, True),
-    "round_robin": ("round_robin", 0.5, False, True),
+    "kv_events": ("kv_events", 0.5, True, True, 32),
+    "kv_events-unbalanced": ("kv_events", 0.5, True, True, None),
+    "kv_events@1": ("kv_events", 1.0, True, True, 32),
+    "kv_events-before": ("kv_events", 1.0, False, False, None),
+    "prefix_affinity": ("prefix_affinity", 0.5, False, True, None),
+    "round_robin": ("round_robin", 0.5, False, True, None),
 }
 
 
@@ -73,9 +75,9 @@ class Engine:
 
 class Sim:
     def __init__(self, strategy: str, args: argparse.Namespace) -> None:
-        routing, weight, expect, at_first_token = STRATEGIES[strategy]
+        routing, weight, expect, at_first_token, balance = STRATEGIES[strategy]
         self.args, self.at_first_token = args, at_first_token
-        self.book = ReplicaChooser(routing, load_weight=weight)
+        self.book = ReplicaChooser(routing, load_weight=weight, balance_threshold=balance)
         self.book.kv.index = KvIndex(expect_s=5.0 if expect else 0.0, clock=lambda: self.now)
         self.book.kv.live = lambda _dep: True  # type: ignore[method-assign]  # both engines' events are live
         self.deps = [Deployment(id=f"r{i}", model_group="m", kind="local", upstream_model="m", state="ready",
@@ -258,9 +260,17 @@ def record(rows: list[dict], args: argparse.Namespace) -> None:
                        meaning=f"{old['ttft_mean_ms']} vs {new['ttft_mean_ms']} ms (prefix_affinity "
                        f"{hash_['ttft_mean_ms']}, round robin {rr['ttft_mean_ms']})"),
             ]  # fmt: skip
-    folder = write("kv-routing-sim", "The gateway's replica choice (its own code) on a model of two engines' "
-                   "prefix caches, the H200 x2 run's workload: TTFT p50/p90/p99 and the engines' hit rate per "
-                   "strategy and rate, the choice as in that run beside the mended one", figures,
+        if {"kv_events", "kv_events-unbalanced", "prefix_affinity"} <= names:
+            new, off, hash_ = cell(rate, "kv_events"), cell(rate, "kv_events-unbalanced"), cell(rate, "prefix_affinity")
+            figures.append(Figure(
+                name=f"{args.prefixes} prefixes, {rate:g}/s: TTFT p90, kv_events without its balance rule / with it",
+                value=round(off["ttft_p90_ms"] / new["ttft_p90_ms"], 2), unit="x",
+                meaning=f"{off['ttft_p90_ms']} vs {new['ttft_p90_ms']} ms (prefix_affinity {hash_['ttft_p90_ms']}); "
+                f"p99 {off['ttft_p99_ms']} vs {new['ttft_p99_ms']} ms"))  # fmt: skip
+    workload = "the H200 x2 run's workload" if args.prefixes == 64 else f"{args.prefixes} shared prefix(es)"
+    folder = write("kv-routing-sim", f"The gateway's replica choice (its own code) on a model of two engines' "
+                   f"prefix caches, {workload}: TTFT p50/p90/p99 and the engines' hit rate per strategy and rate "
+                   "(the choice as in the first H200 run, mended, and without the balance rule)", figures,
                    raw={"args": vars(args), "rows": rows})  # fmt: skip
     print(f"wrote {folder}")
 

@@ -105,7 +105,8 @@ def main() -> int:
     ap.add_argument(
         "--strategies",
         default=" ".join(STRATEGIES),
-        help="kv_events@W: kv_events with gateway.kv_events_load_weight W (default: the setting's)",
+        help="kv_events@W: kv_events with gateway.kv_events_load_weight W (default: the setting's);"
+        " kv_events-unbalanced: without its balance rule (gateway.kv_events_balance_threshold: null)",
     )
     ap.add_argument("--prefixes", type=int, default=64, help="shared prefixes (sessions' system prompts)")
     ap.add_argument("--prefix-len", type=int, default=4096)
@@ -153,7 +154,7 @@ def main() -> int:
                 wait_replicas(gw, 2, 900, SERVED)
                 result["ready_s"] = round(time.monotonic() - t0, 1)
                 book = gw.state.routing.replicas
-                default_weight = book.load_weight
+                default_weight, default_balance = book.load_weight, book.balance_threshold
                 ids = sorted(d.id for d in gw.state.registry.all() if "replica" in d.labels)
                 bench_serve(gw.url, folder, 4, 16, 999, args, runs_dir, "warm")  # warm-up; loads the tokenizer
                 seed = 0
@@ -161,8 +162,11 @@ def main() -> int:
                     for strategy in args.strategies.split():
                         seed += 1
                         name, _, weight = strategy.partition("@")  # kv_events@1: its load weight
+                        name, unbalanced = name.removesuffix("-unbalanced"), name.endswith("-unbalanced")
                         book.per_group[SERVED] = type(book.routing)(name)
                         book.load_weight = float(weight) if weight else default_weight
+                        book.balance_threshold = None if unbalanced else default_balance
+                        balanced = book.balanced
                         before = engine_counters(gw.url, ids)
                         n = max(32, round(rate * args.seconds))
                         row = {
@@ -175,6 +179,7 @@ def main() -> int:
                         q = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
                         h = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
                         row["prefix_hit_rate"] = round(h / q, 3) if q else None
+                        row["balanced"] = book.balanced - balanced  # requests the balance rule moved
                         row["kv_index"] = {i: book.kv.describe(i) for i in ids}
                         result["runs"].append(row)
                         print(json.dumps({k: v for k, v in row.items() if k != "kv_index"}), flush=True)

@@ -7,6 +7,12 @@
 #
 #   bash bench/gpu/kv_routing.sh [RATES] [STRATEGIES]     defaults "24 32", "kv_events prefix_affinity round_robin"
 #   (kv_events@1: kv_events with gateway.kv_events_load_weight 1, the weight before 2026-11-29)
+#   PREFIXES=1 bash bench/gpu/kv_routing.sh "32 48"
+#     one prompt shared by every request (an app's system prompt, 4k tokens) instead of 64: the hash keys on the
+#     prompt's first 512 characters, so it sends every request to one replica; kv_events' balance rule
+#     (gateway.kv_events_balance_threshold, adr/0050) spreads them (bench/kv_routing_sim.py --prefixes 1: p90 at
+#     48/s 22 vs 63 ms for the hash). The 64-prefix workload at "32 40": 2026-11-29's second run (24, 32) had
+#     round robin saturated only at 32 (28.3 of 32 req/s), so the tokens/s goal (1.3x) needs a rate past it.
 #   (rates 24 and 32: the 2026-11-29 run at 24 had round robin's p90 at 445 ms, the model of it in
 #   bench/kv_routing_sim.py puts the strategies apart from 24 up, most at 32; 16 and below all answer alike)
 #
@@ -33,6 +39,7 @@ export RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
 log="$out/kv_routing.log"
 log_device "$log"
 timeout 580 python3 -m bench.gpu.kv_routing --out "$out/kv-routing.json" --rates "$rates" --strategies "$strategies" --seconds "${RUN_SECONDS:-30}" \
+  --prefixes "${PREFIXES:-64}" \
   2>&1 | tee -a "$log"
 code=${PIPESTATUS[0]}
 for f in "$out"/kv_routing_state/logs/*.log; do [ -f "$f" ] && grep -v "Capturing CUDA graphs" "$f" | tail -300 > "$out/$(basename "$f" .log)-tail.log"; done

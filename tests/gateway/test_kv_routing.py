@@ -343,3 +343,32 @@ def test_a_model_without_a_tokenizer_is_said_once_and_its_prompts_have_no_ids(ca
     assert asyncio.run(run()) == [None, None, None]
     said = [r.getMessage() for r in caplog.records if "no tokenizer" in r.getMessage()]
     assert len(said) == 1 and "routed by prefix affinity" in said[0] and "/models/m" in said[0]
+
+
+def test_past_the_balance_threshold_the_least_busy_replica_takes_a_prompt_only_the_other_holds() -> None:
+    # One prompt every request shares (an app's system prompt): without the rule every request stays on the
+    # replica that cached it first, however many it already runs (bench/kv_routing_sim.py --prefixes 1).
+    book = ReplicaChooser("kv_events", balance_threshold=2)
+    deps = [replica(0), replica(1)]
+    book.kv.index = index_with({"engine-m-r0": 4, "engine-m-r1": 0})  # r1's events live, none of this prompt
+    book.kv.live = lambda _dep: True  # type: ignore[method-assign]
+    for _ in range(2):  # two in flight on r0, none on r1: within the threshold, the cache decides
+        assert book.choose(deps, None, PROMPT).id == "engine-m-r0"
+        book.begin("engine-m-r0")
+        book.prefilled("engine-m-r0")
+    assert book.choose(deps, None, PROMPT).id == "engine-m-r0"
+    book.begin("engine-m-r0")  # three in flight: a spread of 3 > 2
+    chosen = book.choose(deps, None, PROMPT)
+    assert chosen.id == "engine-m-r1" and book.last_choice["by"] == "balance"
+    assert book.last_choice["spread"] == 3 and book.last_choice["hits"] == {"engine-m-r0": 64, "engine-m-r1": 0}
+    assert book.begin("engine-m-r1")  # its uncached prompt (all of it) is queued on r1 ...
+    assert list(book.queued["engine-m-r1"]) == [len(PROMPT)]
+    assert book.kv.index.matches(PROMPT, ["engine-m-r1"])["engine-m-r1"] == 64  # ... and expected there now
+    book.end("engine-m-r0")
+    book.end("engine-m-r0")  # 1 in flight on each: both hold the prompt, so the shorter queue wins (r0's is empty)
+    assert book.choose(deps, None, PROMPT).id == "engine-m-r0" and book.last_choice["by"] == "kv_events"
+    book.balance_threshold = None
+    for _ in range(10):
+        book.begin("engine-m-r0")
+    book.kv.index = index_with({"engine-m-r0": 4})  # only r0 holds it again
+    assert book.choose(deps, None, PROMPT).id == "engine-m-r0"  # no rule: the cache alone, 11 in flight or not

@@ -166,6 +166,11 @@ class GatewayConfig(_Strict):
         "the least time to the first token for this request alone (a prefix is then prefilled again elsewhere "
         "whenever its holder has one miss queued, and evicts another); 0: the longest prefix alone",
     )
+    kv_events_balance_threshold: int | None = Field(
+        32, ge=1, description="kv_events: when the replicas' requests in flight (this gateway's) differ by more "
+        "than this, the least busy replica takes the request whatever the caches hold (SGLang router's rule and "
+        "default): a prompt every request shares no longer keeps them all on one replica; null: never",
+    )
     kv_events_max_blocks: int = Field(
         262_144, ge=1, description="kv_events: KV blocks remembered per replica (the oldest forgotten first); "
         "about 100 bytes each",

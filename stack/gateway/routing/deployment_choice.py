@@ -38,7 +38,8 @@ class Routing:
         self.default_group = default_group
         self.aliases = {"default": default_group, **settings.aliases}
         self.replicas = ReplicaChooser(settings.replica_routing, settings.affinity_prefix_chars,
-                                       settings.kv_events_load_weight, settings.kv_events_max_blocks)  # fmt: skip
+                                       settings.kv_events_load_weight, settings.kv_events_max_blocks,
+                                       settings.kv_events_balance_threshold)  # fmt: skip
         self.load = DeploymentLoad(in_flight=self.replicas.outstanding)
         self.cooldowns = Cooldowns(settings.allowed_fails, settings.cooldown_s)
         self.strategy = STRATEGIES[Strategy(settings.routing_strategy)]

@@ -77,11 +77,14 @@ class ReplicaChooser:
     """The gateway's choice among ready replicas, and its count of requests in flight per replica."""
 
     def __init__(self, routing: str = ReplicaRouting.LEAST_OUTSTANDING, prefix_chars: int = 512,
-                 load_weight: float = 0.5, max_blocks: int = 262_144) -> None:  # fmt: skip
+                 load_weight: float = 0.5, max_blocks: int = 262_144,
+                 balance_threshold: int | None = 32) -> None:  # fmt: skip
         self.routing = ReplicaRouting(routing)
         self.per_group: dict[str, ReplicaRouting] = {}
         self.prefix_chars = prefix_chars
         self.load_weight = load_weight
+        self.balance_threshold = balance_threshold
+        self.balanced = 0  # kv_events requests sent to the least busy replica by the balance rule
         self.outstanding: dict[str, int] = {}
         self.kv = KvEvents(KvIndex(max_blocks))
         self.tokens = PromptTokens()
@@ -133,14 +136,31 @@ class ReplicaChooser:
         if not tokens or not any(self.kv.live(d.id) for d in candidates):
             self.last_choice = {"by": "prefix_affinity"}
             return self._affinity(candidates, body)
-        hits = self.kv.index.matches(tokens, [d.id for d in candidates])
-        costs = {d.id: len(tokens) - hits[d.id] + self.load_weight * sum(self.queued.get(d.id, ())) for d in candidates}
-        chosen = min(candidates, key=lambda d: (costs[d.id], self.outstanding.get(d.id, 0), d.id))
+        ids = [d.id for d in candidates]
+        hits = self.kv.index.matches(tokens, ids)
+        if (spread := self._imbalance(candidates)) is not None:
+            chosen = least_outstanding(candidates, self.outstanding)
+            self.balanced += 1
+            self.last_choice = {"by": "balance", "chosen": chosen.id, "hits": hits, "spread": spread}
+        else:
+            costs = {i: len(tokens) - hits[i] + self.load_weight * sum(self.queued.get(i, ())) for i in ids}
+            chosen = min(candidates, key=lambda d: (costs[d.id], self.outstanding.get(d.id, 0), d.id))
+            self.last_choice = {"by": "kv_events", "chosen": chosen.id, "hits": hits, "costs": costs}
         self._chosen[chosen.id] = len(tokens) - hits[chosen.id]
         if size := self.kv.index.block_size([chosen.id]):
             self.kv.index.expect(chosen.id, prompt_keys(tokens, size))
-        self.last_choice = {"by": "kv_events", "chosen": chosen.id, "hits": hits, "costs": costs}
         return chosen
+
+    def _imbalance(self, candidates: list[Deployment]) -> int | None:
+        """The spread of requests in flight when it passes `balance_threshold` (else None). SGLang's router rule
+        (its cache-aware policy's balance_abs_threshold, 32): past it the least busy replica takes the request
+        whatever the caches hold, so one prompt shared by every request (an app's system prompt) does not keep
+        every request on the replica that cached it first while the other idles."""
+        if self.balance_threshold is None or len(candidates) < 2:
+            return None
+        loads = [self.outstanding.get(d.id, 0) for d in candidates]
+        spread = max(loads) - min(loads)
+        return spread if spread > self.balance_threshold else None
 
     def begin(self, dep_id: str) -> bool:
         """A request starts on `dep_id`. True when its uncached prompt tokens join the replica's prefill queue
