@@ -13,7 +13,9 @@
 #   API_SERVERS=1 ...      engine.api_server_count (default: vLLM's, one API server per rank)
 #   BENCH_CLIENTS=2 ...    each run split across 2 `vllm bench serve` processes (bench/gpu/serve_bench.sh): at 512
 #                          streams on 2 ranks one client was the limit (2026-11-29: ~1 core, 21-24k tok/s direct,
-#                          27-28k through the gateway; bench/results/2026-11-29-h200-x2-data-parallel-client-bound)
+#                          27-28k through the gateway; bench/results/2026-11-29-h200-x2-data-parallel-client-bound);
+#                          with 2 (493 s on x2): ~12k tok/s a client, gateway >= 1.00x direct in every pairing
+#                          (bench/results/2026-11-29-h200-x2-data-parallel-two-clients)
 #
 # Device-tool calls (the site parts are the GPU suite's, bench/gpu/build_site.sh; kind nvidia-h200-x4, or x2 with
 # RANKS=2), back to back:

@@ -14,7 +14,9 @@
 #     the engine's own front on two processes: at 256 streams x 1,024 tokens one vLLM API server is 97-99% busy,
 #     direct or not (bench/results/2026-11-29-h200-gateway-pace-api-server), so that row measured the engine's
 #     front, and its direct runs differed by 10%; BENCH_PROMPTS: 3 waves of 256 instead of 2 (~420 s with the
-#     engine's start: its own call; the warm-ups send 16 prompts whatever BENCH_PROMPTS says)
+#     engine's start: its own call; the warm-ups send 16 prompts whatever BENCH_PROMPTS says). Ran 2026-11-29 on x2
+#     in 499 s (bench/results/2026-11-29-h200-x2-gateway-pace-two-api-servers): tokens 0.999x / 0.964x (4 workers),
+#     TTFT p50 1.10-1.13x, p99 1.18x
 #   BENCH_PROMPTS=200 GATEWAY_WORKERS=4 bash bench/gpu/gateway_pace.sh 1 1024/16
 #     one stream's TTFT from 200 requests per target (issue 54: <= +1.5 ms; 16 per run gave +-2 ms); 327 s on x2
 #     (bench/results/2026-11-29-h200-x2-gateway-pace-one-stream)
