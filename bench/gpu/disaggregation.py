@@ -65,7 +65,9 @@ def config(kind: str, state: Path, model_dir: Path, address: str, max_model_len:
                    **({"kv_transfer_config": {"kv_buffer_device": kv_buffer}} if kv_buffer else {})},
         "gateway": {"replica_routing_models": {SERVED: "least_outstanding"}, "num_retries": 0,
                     "request_timeout_s": 600},
-        "manager": {"runtime": "ray", "idle_ttl_s": 0, "restart_max": 0, "ray": ray},
+        # both configurations without sleep mode: a disaggregated model's engines never have it (adr/0052:
+        # NIXL registers their KV cache at start), so the aggregated ones go without it too, like for like
+        "manager": {"runtime": "ray", "idle_ttl_s": 0, "restart_max": 0, "ray": ray, "down_keeps_asleep": False},
     }))  # fmt: skip
 
 

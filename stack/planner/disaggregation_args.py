@@ -86,6 +86,23 @@ def apply_disaggregation(cfg: StackConfig, resolved: ResolvedProfile, catalog: V
     notes.append(describe(resolved, resolved.engine[OPTION].get("kv_buffer_device")))
 
 
+def keep_awake(resolved: ResolvedProfile, notes: list[str]) -> None:
+    """A disaggregated model's engines run without sleep mode, whoever turned it on (manager.sleep: auto does for
+    switching or `vstack down`). NixlConnector registers an engine's KV cache with NIXL once, at its start: a
+    sleep unmaps that memory under the registration (Dynamo patches vLLM's scheduler and NIXL's registration to
+    sleep such engines at all), and sleep mode's allocator (CUDA virtual memory) is memory that plain CUDA IPC
+    cannot share. On the lent x2, engines with sleep mode moved their first KV blocks at 63 MB/s where a NIXL
+    read of plain GPU memory ran at 383 GB/s (bench/results/2026-11-29-h200-x2-nixl-probe; the cause not yet
+    isolated). The manager then starts and stops them, never sleeps them (can_sleep is False)."""
+    if resolved.disaggregation is None or not resolved.engine.get("enable_sleep_mode"):
+        return
+    origin = resolved.engine_origins.pop("enable_sleep_mode", "engine.enable_sleep_mode")
+    del resolved.engine["enable_sleep_mode"]
+    notes.append(f"sleep mode off for {resolved.served_name}'s engines ({origin} asked for it): NIXL registers "
+                 "each engine's KV cache at its start and a sleep would unmap it; they are started and stopped, "
+                 "never put to sleep")  # fmt: skip
+
+
 def describe(resolved: ResolvedProfile, buffer_device: str | None) -> str:
     """One line for the plan: both sides, their GPUs, and what the connector holds."""
     split = resolved.disaggregation

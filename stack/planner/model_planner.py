@@ -21,7 +21,7 @@ from stack.errors import ConfigError, StackError
 from stack.hardware import HardwareInfo, match_profile
 from stack.models import ModelFiles, find_local
 from stack.planner.decisions import Fit
-from stack.planner.disaggregation_args import apply_disaggregation
+from stack.planner.disaggregation_args import apply_disaggregation, keep_awake
 from stack.planner.keep_host_copy import KEEP_ENV, keep_host_copy
 from stack.planner.kv_events_args import apply_kv_events
 from stack.planner.plans import ModelPlan, VllmBuild
@@ -94,6 +94,7 @@ def plan_model(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
         catalog=catalog,
         derived=derived,
     )
+    keep_awake(resolved, notes)  # a disaggregated model's engines: NIXL holds their KV cache's memory
     can_sleep = bool(resolved.engine.get("enable_sleep_mode")) and resolved.hardware.accelerator == "gpu"
     if can_sleep:
         keep, why = keep_host_copy(resolved.engine)

@@ -184,3 +184,21 @@ def test_each_ray_replica_carries_its_phase_to_the_gateway() -> None:
     where = runs_on(cfg, p, None, Placement(places, []))
     assert where.detail.startswith("replica 0 (prefill): the freest node; replica 1 (decode): the freest node")
     assert where.detail.endswith("; decode choice: least_outstanding")
+
+
+def test_a_disaggregated_models_engines_run_without_sleep_mode_whoever_asked_for_it() -> None:
+    # manager.sleep auto turns sleep mode on for `vstack down` (down_keeps_asleep); NIXL registers each engine's
+    # KV cache once at its start, and a sleep would unmap that memory under it (adr/0052).
+    from stack.planner.stack_planner import with_sleep
+
+    cfg, why = with_sleep(config(), H200X2)
+    assert cfg.engine.get("enable_sleep_mode") is True and why  # what every other engine gets
+    p = plan(cfg)
+    assert "--enable-sleep-mode" not in p.args and not p.can_sleep
+    note = next(n for n in p.notes if n.startswith("sleep mode off"))
+    assert note.startswith(f"sleep mode off for {p.served_name}'s engines") and "NIXL registers" in note
+    alone = plan(config(), target=MODEL)  # without disaggregation's engines the same model keeps what it was given
+    other = plan(with_sleep(load_config(text=json.dumps({"manager": {"runtime": "ray"}, "models": {MODEL: {}}})),
+                            H200X2)[0])  # fmt: skip
+    assert "--enable-sleep-mode" in other.args and other.can_sleep
+    assert not any(n.startswith("sleep mode off") for n in alone.notes + other.notes)
