@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -166,7 +167,7 @@ def main() -> int:
                         book.per_group[SERVED] = type(book.routing)(name)
                         book.load_weight = float(weight) if weight else default_weight
                         book.balance_threshold = None if unbalanced else default_balance
-                        balanced = book.balanced
+                        made = Counter(book.choices.get(SERVED, {}))
                         before = engine_counters(gw.url, ids)
                         n = max(32, round(rate * args.seconds))
                         row = {
@@ -179,7 +180,7 @@ def main() -> int:
                         q = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
                         h = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
                         row["prefix_hit_rate"] = round(h / q, 3) if q else None
-                        row["balanced"] = book.balanced - balanced  # requests the balance rule moved
+                        row["choices"] = dict(Counter(book.choices.get(SERVED, {})) - made)  # by cache, balance ...
                         row["kv_index"] = {i: book.kv.describe(i) for i in ids}
                         result["runs"].append(row)
                         print(json.dumps({k: v for k, v in row.items() if k != "kv_index"}), flush=True)

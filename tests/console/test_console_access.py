@@ -311,6 +311,7 @@ def test_models_shows_each_replicas_kv_index_to_a_logged_in_session_only() -> No
         c, _ = login(url, USER)
         (m,) = c.get("/ui/api/models").json()["models"]
         assert m["model"] == "m" and m["replica_routing"] == "kv_events"
+        assert m["replica_choices"] == {"kv_events": 1200, "balance": 3}  # by the caches; by the balance rule
         kv = {d["labels"]["replica"]: d["kv_events"] for d in m["deployments"]}
         assert kv["0"] == {"state": "live", "batches": 12, "replays": 1, "drops": 0, "blocks": 64, "block_size": 16,
                            "stored": 70, "removed": 6, "skipped": 0, "expected": 4}  # fmt: skip

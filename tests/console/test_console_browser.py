@@ -195,6 +195,7 @@ def test_models_shows_the_replica_routing_and_each_replicas_kv_index(browser, sh
             tab.page.wait_for_selector('#models tr[data-model="m"] .kv', timeout=30_000)
             row = tab.page.locator('#models tr[data-model="m"]')
             assert row.locator("[data-routing]").inner_text() == "routing: kv_events"
+            assert row.locator("[data-choices]").inner_text() == "choices: 1,200 by cache · 3 to the least busy"
             first, second = row.locator('[data-replica="0"]'), row.locator('[data-replica="1"]')
             assert first.inner_text().startswith("r0@node0 ready")
             assert first.locator(".kv").inner_text() == ("KV index live: 64 blocks × 16 = 1,024 tokens · 4 expected"

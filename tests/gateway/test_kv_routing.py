@@ -372,3 +372,4 @@ def test_past_the_balance_threshold_the_least_busy_replica_takes_a_prompt_only_t
         book.begin("engine-m-r0")
     book.kv.index = index_with({"engine-m-r0": 4})  # only r0 holds it again
     assert book.choose(deps, None, PROMPT).id == "engine-m-r0"  # no rule: the cache alone, 11 in flight or not
+    assert book.choices["m"] == {"kv_events": 5, "balance": 1}  # what /admin/models and the console show

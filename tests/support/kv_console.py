@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Iterator, Mapping
 
 from bench.harness.gateway_thread import app_in_thread
@@ -24,8 +25,8 @@ def replica(i: int) -> Deployment:
 
 def fill(state) -> None:
     """Replica 0: live, 70 blocks stored and 6 removed (64 held), 4 expected, one replay; replica 1: still
-    connecting, nothing held. Subscriptions set by hand: no engine publishes here (the events' own path is
-    tests/gateway/test_kv_routing.py's)."""
+    connecting, nothing held; 1,200 choices made by the caches and 3 by the balance rule. Subscriptions set by
+    hand: no engine publishes here (the events' own path is tests/gateway/test_kv_routing.py's)."""
     state.routing.replicas.configure("m", "kv_events", None)  # as the engines' hook does from the plan
     kv = state.routing.replicas.kv
     kv.subs["engine-m-r0"] = Subscription("", "", state="live", batches=12, replays=1)
@@ -35,6 +36,7 @@ def fill(state) -> None:
     index.removed("engine-m-r0", list(range(64, 70)))
     index.expect_s = 3600.0  # not expired while a slow machine runs the test
     index.expect("engine-m-r0", [101, 102, 103, 104])
+    state.routing.replicas.choices["m"] = Counter({"kv_events": 1200, "balance": 3})  # as 1,203 choices leave it
 
 
 @contextlib.contextmanager

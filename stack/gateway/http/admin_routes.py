@@ -92,6 +92,8 @@ def models_view(state: GatewayState) -> dict[str, Any]:
         )
         if any("replica" in d.labels for d in deps):  # how its replicas are chosen (gateway.replica_routing)
             out[-1]["replica_routing"] = str(state.routing.replicas.routing_of(group))
+            if made := state.routing.replicas.choices.get(group):  # kv_events: by the cache, the balance rule, ...
+                out[-1]["replica_choices"] = dict(made)
     manager = state.manager
     gateway = {"log": state.log_problem(), "unresponsive": state.dispatcher.liveness.unresponsive(),
                "runtime_state": state.runtime.report()}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Any
@@ -84,7 +84,7 @@ class ReplicaChooser:
         self.prefix_chars = prefix_chars
         self.load_weight = load_weight
         self.balance_threshold = balance_threshold
-        self.balanced = 0  # kv_events requests sent to the least busy replica by the balance rule
+        self.choices: dict[str, Counter[str]] = {}  # per model routed on kv_events: how each choice was made
         self.outstanding: dict[str, int] = {}
         self.kv = KvEvents(KvIndex(max_blocks))
         self.tokens = PromptTokens()
@@ -133,19 +133,21 @@ class ReplicaChooser:
 
     def _kv_events(self, candidates: list[Deployment], body: dict[str, Any] | None,
                    tokens: Sequence[int] | None) -> Deployment:  # fmt: skip
+        made = self.choices.setdefault(candidates[0].model_group, Counter())
         if not tokens or not any(self.kv.live(d.id) for d in candidates):
             self.last_choice = {"by": "prefix_affinity"}
+            made["prefix_affinity"] += 1
             return self._affinity(candidates, body)
         ids = [d.id for d in candidates]
         hits = self.kv.index.matches(tokens, ids)
         if (spread := self._imbalance(candidates)) is not None:
             chosen = least_outstanding(candidates, self.outstanding)
-            self.balanced += 1
-            self.last_choice = {"by": "balance", "chosen": chosen.id, "hits": hits, "spread": spread}
+            by, self.last_choice = "balance", {"by": "balance", "chosen": chosen.id, "hits": hits, "spread": spread}
         else:
             costs = {i: len(tokens) - hits[i] + self.load_weight * sum(self.queued.get(i, ())) for i in ids}
             chosen = min(candidates, key=lambda d: (costs[d.id], self.outstanding.get(d.id, 0), d.id))
-            self.last_choice = {"by": "kv_events", "chosen": chosen.id, "hits": hits, "costs": costs}
+            by, self.last_choice = "kv_events", {"by": "kv_events", "chosen": chosen.id, "hits": hits, "costs": costs}
+        made[by] += 1
         self._chosen[chosen.id] = len(tokens) - hits[chosen.id]
         if size := self.kv.index.block_size([chosen.id]):
             self.kv.index.expect(chosen.id, prompt_keys(tokens, size))

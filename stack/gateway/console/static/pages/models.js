@@ -51,6 +51,14 @@
       `${plural(kv.replays, "replay")}, ${plural(kv.drops, "drop")}`].join(" · ");
   }
 
+  // How its kv_events choices were made: by the caches, by the balance rule (gateway.kv_events_balance_threshold:
+  // the least busy replica), or by prefix affinity (no tokens, or no replica's events live yet).
+  function choiceFigures(made) {
+    const parts = [["kv_events", "by cache"], ["balance", "to the least busy"], ["prefix_affinity", "by prefix hash"]]
+      .filter(([k]) => made[k]).map(([k, what]) => `${count(made[k])} ${what}`);
+    return `choices: ${parts.join(" · ")}`;
+  }
+
   // A model with replicas: how the gateway picks one, then each replica with its node, state and KV index.
   function replicaCell(entry, replicas) {
     if (!replicas.length) {
@@ -58,6 +66,7 @@
     }
     return el("td", {class: "replicas"},
       entry.replica_routing ? el("div", {class: "muted", "data-routing": entry.replica_routing, text: `routing: ${entry.replica_routing}`}) : null,
+      entry.replica_choices ? el("div", {class: "muted", "data-choices": "", text: choiceFigures(entry.replica_choices)}) : null,
       replicas.map((d) => el("div", {"data-replica": d.labels.replica},
         `r${d.labels.replica}@${d.labels.node} ${d.state}`,
         d.kv_events ? el("div", {class: "muted kv", text: kvFigures(d.kv_events)}) : null)));
