@@ -10,7 +10,8 @@ engine directly (bench/harness/mock_upstream.py, paced: `--chunks` one-token chu
 the gateway (`python -m stack.entrypoints.gateway`, local fast path) with each `--workers` count. Rounds are
 interleaved so that drift hits every target alike. Per target: relayed tokens/s (the completion tokens of
 every stream of a burst over the burst's wall time), TTFT p50/p99 over every round's streams, and the gateway's
-CPU seconds (owner and workers together) per 1,000 tokens; ratios are against workers=1.
+CPU seconds (owner and workers together) per 1,000 tokens, and the owner's own CPU per request (with workers it
+decides every request, the one serial point at a burst: adr/0049); ratios are against workers=1.
 
 On a machine with few cores the stand-in engine, the client and the gateway's processes share them: a second
 worker competes with the others for the same cores, and the figures say what that costs or gains here; on the
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -49,6 +51,8 @@ class Result:
     tokens_per_s: list[float] = field(default_factory=list)
     tokens: int = 0
     cpu_s: float = 0.0
+    owner_cpu_s: float = 0.0  # the owner process alone: with workers, the one serial point (adr/0049)
+    requests: int = 0
     errors: int = 0
 
 
@@ -71,6 +75,7 @@ async def one(session: aiohttp.ClientSession, url: str, chunks: int) -> tuple[fl
 async def burst(r: Result, url: str, streams: int, chunks: int) -> None:
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     cpu = cpu_of(r.pid) if r.pid else 0.0
+    owner = own_cpu(r.pid) if r.pid else 0.0
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
         start = time.perf_counter()
         done = await asyncio.gather(*(one(session, url, chunks) for _ in range(streams)), return_exceptions=True)
@@ -81,8 +86,16 @@ async def burst(r: Result, url: str, streams: int, chunks: int) -> None:
     tokens = sum(n for _, n in ok)
     r.tokens += tokens
     r.tokens_per_s.append(tokens / wall)
+    r.requests += streams
     if r.pid:
         r.cpu_s += cpu_of(r.pid) - cpu
+        r.owner_cpu_s += own_cpu(r.pid) - owner
+
+
+def own_cpu(pid: int) -> float:
+    """User + system CPU seconds of the gateway's owner process, without its workers."""
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
 
 
 def main() -> None:
@@ -123,14 +136,15 @@ def report(targets: list[tuple[Result, str]], args: argparse.Namespace) -> None:
     print(f"\n{args.streams} streams started together x {args.rounds} rounds, {args.chunks} tokens each, "
           f"{args.cadence_ms:g} ms apart; {os.cpu_count()} CPU cores")  # fmt: skip
     print(f"{'target':<11} {'tok/s':>9} {'x w=1':>6} {'TTFT p50':>10} {'x w=1':>6} {'TTFT p99':>10} {'x w=1':>6} "
-          f"{'CPU s/1k tok':>12} {'errors':>6}")  # fmt: skip
+          f"{'CPU s/1k tok':>12} {'owner ms/req':>12} {'errors':>6}")  # fmt: skip
     rows = []
     for r, _ in targets:
         tps = sum(r.tokens_per_s) / len(r.tokens_per_s) if r.tokens_per_s else 0.0
         p50, p99 = pct(r.ttft, 50) * 1000, pct(r.ttft, 99) * 1000
         cpu = r.cpu_s / r.tokens * 1000 if r.pid and r.tokens else float("nan")
+        owner = r.owner_cpu_s / r.requests * 1000 if r.pid and r.requests else float("nan")
         row = {"target": r.name, "tokens_per_s": tps, "ttft_p50_ms": p50, "ttft_p99_ms": p99,
-               "cpu_s_per_1k_tokens": cpu, "errors": r.errors}  # fmt: skip
+               "cpu_s_per_1k_tokens": cpu, "owner_cpu_ms_per_request": owner, "errors": r.errors}  # fmt: skip
         rows.append(row)
         if base is not None and base.tokens_per_s:
             b_tps = sum(base.tokens_per_s) / len(base.tokens_per_s)
@@ -138,7 +152,7 @@ def report(targets: list[tuple[Result, str]], args: argparse.Namespace) -> None:
         else:
             ratios = (float("nan"),) * 3
         print(f"{r.name:<11} {tps:>9,.0f} {ratios[0]:>6.2f} {p50:>8.1f}ms {ratios[1]:>6.2f} {p99:>8.1f}ms "
-              f"{ratios[2]:>6.2f} {cpu:>12.3f} {r.errors:>6}")  # fmt: skip
+              f"{ratios[2]:>6.2f} {cpu:>12.3f} {owner:>12.3f} {r.errors:>6}")  # fmt: skip
     if args.out:
         args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "rows": rows}, indent=2))
 
