@@ -20,7 +20,7 @@ from pathlib import Path
 from stack.load.summary import percentile  # numpy's linear interpolation, as vLLM's bench
 
 LINE = re.compile(r"^(\S+ c=\d+) n=\d+(?: clients=\d+)? rc=\d+ gateway_cpu_s=(\S+)(.*)$", re.M)
-MORE = re.compile(r"(client_cpu_s|engine_api_cpu_s)=([0-9.]+)")  # fields of the line a later script version adds
+MORE = re.compile(r"(client_cpu_s|engine_api_cpu_s|to_engine_p50_ms|to_engine_p99_ms)=([0-9.]+)")  # added later
 
 
 def rows(results: Path, log: Path, extra: dict[str, object]) -> list[dict]:

@@ -11,6 +11,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 # Streams on a CPU engine take seconds; cloud calls up to minutes.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# sub-millisecond at one stream, tens of ms at a burst, seconds behind a switch
+TO_ENGINE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class GatewayMetrics:
@@ -43,6 +45,15 @@ class GatewayMetrics:
             "Request start to the first streamed chunk",
             ["model", "deployment"],
             buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.to_engine = Histogram(
+            "vstack_gateway_time_to_engine_call_seconds",
+            "A request's arrival at the gateway to its call to a local engine, per attempt: the gateway's own share "
+            "of the first token (checks, admission and any wait for a switch, routing; with workers, the owner's "
+            "decision and its frames)",
+            ["model", "deployment"],
+            buckets=TO_ENGINE_BUCKETS,
             registry=r,
         )
         self.tokens = Counter(

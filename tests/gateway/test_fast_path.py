@@ -9,6 +9,7 @@ import asyncio
 import json
 import re
 import socket
+import time
 from collections import Counter
 
 import httpx
@@ -194,3 +195,30 @@ def test_a_client_closing_right_after_the_last_byte_is_no_abort(gw) -> None:
                for s in f.samples if s.name == "vstack_gateway_requests_total"]  # fmt: skip
     counted = {s.labels["status"]: s.value for s in samples if s.labels.get("deployment") == "engine"}
     assert counted == {"200": 20}, counted
+
+
+def to_engine(url: str, deployment: str) -> tuple[float, float]:
+    """(count, sum) of vstack_gateway_time_to_engine_call_seconds for one deployment."""
+    name = "vstack_gateway_time_to_engine_call_seconds"
+    got = {s.name: s.value for f in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=5).text)
+           for s in f.samples if s.name in (f"{name}_count", f"{name}_sum") and s.labels["deployment"] == deployment}
+    return got.get(f"{name}_count", 0.0), got.get(f"{name}_sum", 0.0)
+
+
+def test_each_requests_time_from_arrival_to_its_engine_call_is_measured(gw) -> None:
+    """The gateway's own share of a first token (vstack_gateway_time_to_engine_call_seconds), streamed or not,
+    on the fast path and on the route's (a chunked upload); never more than the client waited for its answer."""
+    count, total = to_engine(gw.url, "engine")
+    waited = 0.0
+    for body in ({**CHAT, "stream": True}, CHAT, {**CHAT, "stream": True}):
+        t0 = time.perf_counter()
+        assert httpx.post(f"{gw.url}/v1/chat/completions", json=body, timeout=30).status_code == 200
+        waited += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    chunked = httpx.post(f"{gw.url}/v1/chat/completions", content=iter([json.dumps(CHAT).encode()]),
+                         headers={"content-type": "application/json"}, timeout=30)  # fmt: skip
+    waited += time.perf_counter() - t0
+    assert chunked.status_code == 200
+    after, spent = to_engine(gw.url, "engine")
+    assert after == count + 4
+    assert 0 < spent - total < waited

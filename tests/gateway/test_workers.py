@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.waiting import free_port, wait_http
 from stack.config.sections.gateway import resolve_workers
@@ -141,6 +142,29 @@ def test_metrics_count_the_requests_of_every_worker(pinned: dict[str, httpx.Clie
     for client in (one, two, two):
         assert chat(client, "a", key=OPS).status_code == 200
     assert requests_served(one, "a") == before + 3  # one /metrics, whichever worker serves it
+
+
+def test_the_time_from_a_workers_receipt_to_its_engine_call_is_counted_by_the_owner(
+    pinned: dict[str, httpx.Client],
+) -> None:
+    """vstack_gateway_time_to_engine_call_seconds with workers: the worker's arrival and call times (one clock on
+    the host) reach the owner, which counts every request once, whichever worker served it (adr/0049)."""
+    name = "vstack_gateway_time_to_engine_call_seconds"
+
+    def seen() -> tuple[float, float]:
+        got = {s.name: s.value for f in text_string_to_metric_families(admin(pinned["1"], "GET", "/metrics").text)
+               for s in f.samples if s.name in (f"{name}_count", f"{name}_sum") and s.labels["model"] == "a"}
+        return got.get(f"{name}_count", 0.0), got.get(f"{name}_sum", 0.0)
+
+    count, total = seen()
+    waited = 0.0
+    for client in (pinned["1"], pinned["2"], pinned["2"]):
+        t0 = time.perf_counter()
+        assert chat(client, "a", key=OPS).status_code == 200
+        waited += time.perf_counter() - t0
+    after, spent = seen()
+    assert after == count + 3
+    assert 0 < spent - total < waited
 
 
 @pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 1), (4, 1), (8, 2), (16, 4), (64, 8), (256, 8)])

@@ -16,6 +16,7 @@ middlewares' wrappers and tasks, and Starlette's response classes (bench/gateway
 from __future__ import annotations
 
 import logging
+import time
 
 import orjson
 from pydantic import ValidationError
@@ -50,6 +51,7 @@ class OpenAIFastPath:
         if route is None or headers is None:
             return await self.app(scope, receive, send)
         dispatcher = self.state.dispatcher
+        arrived = time.perf_counter()  # for vstack_gateway_time_to_engine_call_seconds
         entered = clock() if dispatcher.tracer is not None else 0  # tracing off: not even the clock (adr/0042)
         body, gone = await _read_body(receive)
         if gone:
@@ -63,7 +65,7 @@ class OpenAIFastPath:
         if entered:
             trace = dispatcher.trace(route.name, entered, _text(headers.get(b"traceparent")))
             trace.span("gateway.receive", start=entered).close(**{"vstack.key_name": checked[1].key_name or "-"})  # type: ignore[union-attr]
-        await self._serve(scope, receive, send, route.name, checked[0], checked[1], trace)
+        await self._serve(scope, receive, send, route.name, checked[0], checked[1], trace, arrived)
 
     def _check(self, route: Endpoint, headers: dict[bytes, bytes], body: bytes) -> tuple[dict, Caller] | None:
         """(the parsed body, who sent it), or None where a check refuses the request."""
@@ -78,14 +80,14 @@ class OpenAIFastPath:
         return parsed, name
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str, body: dict,
-                     caller: Caller, trace: RequestTrace | None = None) -> None:  # fmt: skip
+                     caller: Caller, trace: RequestTrace | None = None, arrived: float = 0.0) -> None:  # fmt: skip
         def gone() -> None:
             scope["state"]["client_gone"] = True
 
         async with until_the_client_leaves(receive, gone) as done:
             stream = None
             try:
-                answer = await self.state.dispatcher.handle(endpoint, body, trace, caller)
+                answer = await self.state.dispatcher.handle(endpoint, body, trace, caller, arrived)
                 response, stream = respond(answer), answer.stream
             except GatewayError as exc:  # as the route's error handler renders it
                 if not isinstance(exc, UpstreamError):

@@ -39,6 +39,7 @@ class RoutedRequest:
     adapter: Adapter | None
     spilled: bool  # the manager is switching the model in: its fallbacks serve meanwhile
     started: float = 0.0  # when routing began (latency and time to first token count from here)
+    arrived: float = 0.0  # when the gateway received it (time.perf_counter: one clock for its worker processes)
     verdict: Verdict | None = None  # its TTFT estimate against the model's SLO (stack.gateway.routing.slo_spill)
     slo_spill: bool = False  # ... which broke it: straight to the fallbacks
     local_only: bool = False  # the fallbacks failed a spilled request: the local engines answer after all
@@ -73,6 +74,7 @@ class Attempt:
         self.status: str | None = None  # set once it answered
         self.usage_seen: dict | None = None
         self.ttft_s: float | None = None
+        self.called = False  # its engine call counted (vstack_gateway_time_to_engine_call_seconds)
         self.streaming = False
         self.stream_status = "200"
         self._relayed: Any = None  # the local stream being relayed (liveness may cut it)
@@ -201,6 +203,15 @@ class Attempt:
         trace.root.close(error=None if status == "200" else status, **attrs)
 
     # -- the relays' listener -------------------------------------------------------------------------------
+    def engine_called(self, at: float) -> None:
+        """This attempt's first engine call began at `at` (time.perf_counter, in this process or a worker's); a
+        disaggregated attempt's decode call after its prefill's is not counted again."""
+        if self.called:
+            return
+        self.called = True
+        arrived = self.request.arrived or self.request.started
+        self.gateway.metrics.to_engine.labels(self.request.group, self.dep.id).observe(max(0.0, at - arrived))
+
     def first_token(self) -> None:
         self.ttft_s = time.perf_counter() - self.request.started
         if self._queued:

@@ -25,6 +25,7 @@ When things go wrong:
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -73,6 +74,7 @@ async def prefill_first(gw: Any, at: Any, path: str, out: dict[str, Any]) -> dic
         span = at.request.trace.span("gateway.prefill", parent=at.span) if at.span is not None else None
         gw.routing.replicas.begin(dep.id)  # the least outstanding choice among prefill engines counts it
         try:
+            at.engine_called(time.perf_counter())  # the prefill engine's call is the request's first
             resp = await gw.local.open(dep, path, orjson.dumps(prefill_body(out)), request_id=at.request_id)
             raw = await gw.local.read(resp, dep)
         except UpstreamError as err:

@@ -97,14 +97,16 @@ class Dispatcher:
             "gen_ai.operation.name": entry.operation or endpoint})  # fmt: skip
 
     async def handle(
-        self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None = None, caller: Caller | None = None
+        self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None = None, caller: Caller | None = None,
+        arrived: float = 0.0,
     ) -> Answer:
         """trace: the request's spans (self.trace), finished here however the request ends; caller: who sent it
-        (its named key's limits, class and usage: stack.gateway.tenants)."""
+        (its named key's limits, class and usage: stack.gateway.tenants); arrived: when the gateway received it
+        (time.perf_counter; 0: now), for vstack_gateway_time_to_engine_call_seconds."""
         if trace is None:
-            return await self._handle(endpoint, body, None, caller)
+            return await self._handle(endpoint, body, None, caller, arrived)
         try:
-            return await self._handle(endpoint, body, trace, caller)
+            return await self._handle(endpoint, body, trace, caller, arrived)
         except BaseException as exc:
             if trace.root.end is None:  # not ended by an attempt: refused, failed or the client gone here
                 status = 499 if isinstance(exc, asyncio.CancelledError) else getattr(exc, "status", 500)
@@ -114,9 +116,10 @@ class Dispatcher:
             raise
 
     async def _handle(
-        self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None, caller: Caller | None
+        self, endpoint: str, body: dict[str, Any], trace: RequestTrace | None, caller: Caller | None, arrived: float
     ) -> Answer:
         started, model = time.perf_counter(), str(body.get("model", "-"))
+        arrived = arrived or started
         who = caller.tenant.name if caller is not None and caller.tenant is not None else ""
         try:
             adapter, group = self._admissible(endpoint, body, model)
@@ -147,7 +150,7 @@ class Dispatcher:
                     held.callback(ticket.release)
                 request = RoutedRequest(endpoint, body, model, group, adapter, verdict=verdict, slo_spill=slo_spill,
                                         spilled=self.admission is not None and ticket is None and not quota.over_limit,
-                                        quota=quota, tenant=who, trace=trace)  # fmt: skip
+                                        quota=quota, tenant=who, trace=trace, arrived=arrived)  # fmt: skip
                 try:
                     answer = await self._route(request, held)
                 except (UpstreamError, NoDeployment, RateLimited):
@@ -159,7 +162,8 @@ class Dispatcher:
                         held.callback(ticket.release)
                     late = dataclasses.replace(verdict, why=f"{verdict.why}; the fallbacks failed: answered here")  # type: ignore[arg-type]
                     request = RoutedRequest(endpoint, body, model, group, adapter, spilled=False, verdict=late,
-                                            local_only=True, quota=quota, tenant=who, trace=trace)  # fmt: skip
+                                            local_only=True, quota=quota, tenant=who, trace=trace,
+                                            arrived=arrived)  # fmt: skip
                     answer = await self._route(request, held)
             except (UpstreamError, NoDeployment, RateLimited) as err:
                 self.metrics.requests.labels(group, "-", str(err.status)).inc()
@@ -387,6 +391,7 @@ class Dispatcher:
                 path = BY_NAME[req.endpoint].upstream_path
                 return await delegate.attempt(at, path, orjson.dumps(out), parent, stream, strip_usage)
         async with live.guard(dep_id):
+            at.engine_called(time.perf_counter())
             resp = await self.local.open(at.dep, BY_NAME[req.endpoint].upstream_path, orjson.dumps(out), parent,
                                          request_id=at.request_id)  # fmt: skip
         if not stream or not resp.content_type.startswith("text/event-stream"):

@@ -90,6 +90,8 @@ class WorkerCall:
         except BaseException:  # liveness gave up on the engine, or the client left: the worker drops the call
             self.channel.send({"op": "cut", "id": self.rid})
             raise
+        if head.get("called"):
+            at.engine_called(head["called"])
         if head["op"] == "failed":
             raise UpstreamError(head["message"], status=head["status"], retryable=head["retryable"],
                                 reason=head["reason"], upstream_body=data or None)  # fmt: skip
@@ -168,7 +170,7 @@ class WorkerDesk:
         DELEGATE.set(call)  # this task's context only
         stream = None
         try:
-            answer = await state.dispatcher.handle(route.name, parsed, None, caller)
+            answer = await state.dispatcher.handle(route.name, parsed, None, caller, head.get("arrived") or 0.0)
             if call.held and answer.stream is not None:  # the worker answered at its first chunk (the open's headers)
                 async for _nothing_relayed in answer.stream:  # ends with the worker's relay; releases what it held
                     pass

@@ -141,6 +141,7 @@ class WorkerApp:
         headers = _plain_headers(scope, self.settings.max_body_bytes) if route is not None else None
         if route is None or headers is None:
             return await self.proxy(scope, receive, send)
+        arrived = time.perf_counter()  # the owner's clock too (CLOCK_MONOTONIC): its time-to-engine-call metric
         body, gone = await _read_body(receive)
         if gone:
             return None
@@ -148,7 +149,7 @@ class WorkerApp:
             route.reads.model_validate(orjson.loads(body))
         except (orjson.JSONDecodeError, ValidationError):
             return await self.proxy(scope, replay(body, receive), send)
-        if not await self.relay(scope, receive, send, headers, body):
+        if not await self.relay(scope, receive, send, headers, body, arrived):
             await self.proxy(scope, replay(body, receive), send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -175,13 +176,13 @@ class WorkerApp:
             self.server.should_exit = True
 
     async def relay(self, scope: Scope, receive: Receive, send: Send, headers: dict[bytes, bytes],
-                    body: bytes) -> bool:  # fmt: skip
+                    body: bytes, arrived: float = 0.0) -> bool:  # fmt: skip
         """Serve one plain request with the owner's decision; False: the owner forwards it to its route."""
         link = self.link
         assert link is not None
         rid, queue = link.open()
         link.send({"op": "handle", "id": rid, "path": scope["path"], "auth": _text(headers.get(b"authorization")),
-                   "xkey": _text(headers.get(b"x-api-key"))}, body)  # fmt: skip
+                   "xkey": _text(headers.get(b"x-api-key")), "arrived": arrived}, body)  # fmt: skip
         resp, held, first, listener, strip = None, b"", b"", None, False
         finished = forward = False
         try:
@@ -252,6 +253,7 @@ class WorkerApp:
     async def _open(self, rid: int, head: dict[str, Any], payload: bytes) -> tuple[Any, dict[str, Any], bytes, bytes]:
         """(the engine's streaming response or None, the reply to the owner, a whole body read, the first chunk)."""
         engine = Engine(head["dep"], head["url"], head.get("timeout"), head.get("auth") or {})
+        called = time.perf_counter()  # told to the owner with the outcome: its time-to-engine-call metric
         try:
             resp = await self.local.open(engine, "", payload, head.get("traceparent"), head.get("request_id"))
             if head["stream"] and resp.content_type.startswith("text/event-stream"):
@@ -261,14 +263,14 @@ class WorkerApp:
                     resp.close()
                     raise UpstreamError(f"{engine.id} failed before its first token", status=502,
                                         reason="error") from exc  # fmt: skip
-                return resp, {"op": "opened", "id": rid, "stream": True}, b"", first
+                return resp, {"op": "opened", "id": rid, "stream": True, "called": called}, b"", first
             raw = await self.local.read(resp, engine)
         except UpstreamError as exc:
             reply = {"op": "failed", "id": rid, "message": exc.message, "status": exc.status, "reason": exc.reason,
-                     "retryable": exc.retryable}  # fmt: skip
+                     "retryable": exc.retryable, "called": called}  # fmt: skip
             return None, reply, exc.upstream_body or b"", b""
         reply = {"op": "opened", "id": rid, "stream": False, "status": resp.status, "usage": usage_in(raw),
-                 "ctype": resp.content_type}  # fmt: skip
+                 "ctype": resp.content_type, "called": called}  # fmt: skip
         return None, reply, raw, b""
 
     async def proxy(self, scope: Scope, receive: Receive, send: Send) -> None:
