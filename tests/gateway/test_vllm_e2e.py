@@ -304,7 +304,9 @@ def test_a_keys_class_is_handed_to_vllm_priority_scheduling(vllm_engine) -> None
                       "max_tokens": 2}).status_code == 200  # no priority field: still served  # fmt: skip
     with run_gateway(settings, default_model=SERVED, deployments=[dep]) as gw, \
             concurrent.futures.ThreadPoolExecutor(32) as pool:  # fmt: skip
-        lows = [pool.submit(first_token, "batch", 32) for _ in range(20)]
+        # 64 tokens each: long enough that 20 overlap even when a busy machine spreads their arrival (with 32, CI28's
+        # main run never saw two waiting in 60 s; alone it passed)
+        lows = [pool.submit(first_token, "batch", 64) for _ in range(20)]
         wait_for(lambda: _waiting(vllm_engine.url) >= 2, 60, "low-class requests waiting in the engine")
         high = first_token("chat", 2)
         later = [f.result() for f in lows if f.result() > high]
