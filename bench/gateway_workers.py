@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -75,7 +74,7 @@ async def one(session: aiohttp.ClientSession, url: str, chunks: int) -> tuple[fl
 async def burst(r: Result, url: str, streams: int, chunks: int) -> None:
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     cpu = cpu_of(r.pid) if r.pid else 0.0
-    owner = own_cpu(r.pid) if r.pid else 0.0
+    owner = cpu_of(r.pid, children=False) if r.pid else 0.0
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
         start = time.perf_counter()
         done = await asyncio.gather(*(one(session, url, chunks) for _ in range(streams)), return_exceptions=True)
@@ -89,13 +88,7 @@ async def burst(r: Result, url: str, streams: int, chunks: int) -> None:
     r.requests += streams
     if r.pid:
         r.cpu_s += cpu_of(r.pid) - cpu
-        r.owner_cpu_s += own_cpu(r.pid) - owner
-
-
-def own_cpu(pid: int) -> float:
-    """User + system CPU seconds of the gateway's owner process, without its workers."""
-    t = psutil.Process(pid).cpu_times()
-    return t.user + t.system
+        r.owner_cpu_s += cpu_of(r.pid, children=False) - owner
 
 
 def main() -> None:

@@ -119,11 +119,12 @@ def _client(plan: Plan, index: int, processes: int, out: mp.Queue) -> None:
     out.put(run(_share(plan, index, processes)))
 
 
-def cpu_of(pid: int) -> float:
-    """User + system CPU seconds of a process and its children (a gateway's owner and workers); 0 once gone."""
+def cpu_of(pid: int, children: bool = True) -> float:
+    """User + system CPU seconds of a process and its children (a gateway's owner and workers; children=False:
+    the process alone, a gateway's owner without its workers); 0 once gone."""
     try:
         proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
+        procs = [proc, *(proc.children(recursive=True) if children else [])]
     except psutil.NoSuchProcess:
         return 0.0
     total = 0.0

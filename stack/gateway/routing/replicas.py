@@ -140,13 +140,14 @@ class ReplicaChooser:
             return self._affinity(candidates, body)
         ids = [d.id for d in candidates]
         hits = self.kv.index.matches(tokens, ids)
+        why: dict[str, object]
         if (spread := self._imbalance(candidates)) is not None:
-            chosen = least_outstanding(candidates, self.outstanding)
-            by, self.last_choice = "balance", {"by": "balance", "chosen": chosen.id, "hits": hits, "spread": spread}
+            by, why, chosen = "balance", {"spread": spread}, least_outstanding(candidates, self.outstanding)
         else:
             costs = {i: len(tokens) - hits[i] + self.load_weight * sum(self.queued.get(i, ())) for i in ids}
             chosen = min(candidates, key=lambda d: (costs[d.id], self.outstanding.get(d.id, 0), d.id))
-            by, self.last_choice = "kv_events", {"by": "kv_events", "chosen": chosen.id, "hits": hits, "costs": costs}
+            by, why = "kv_events", {"costs": costs}
+        self.last_choice = {"by": by, "chosen": chosen.id, "hits": hits, **why}
         made[by] += 1
         self._chosen[chosen.id] = len(tokens) - hits[chosen.id]
         if size := self.kv.index.block_size([chosen.id]):
