@@ -142,14 +142,16 @@ class Bench:
         from stack.engine.sleep_copy import sleep_copy_env
         from stack.hardware import detect, match_profile
         from stack.manager.manager import ModelManager
-        from stack.manager.memory import NvmlProbe, host_budget_bytes
+        from stack.manager.memory import NvmlProbe, capacity_bytes, host_budget_bytes
         from stack.manager.policy import Capacity
         from stack.manager.slot import Slot
         from stack.planner.fit_planner import fit_model
 
         cfg, info = load_config(), detect()
         hw, _why = match_profile(info, cfg)
-        self.total = sum(g.memory_total for g in info.gpus)
+        # One GPU's memory, as `vstack up` budgets it: both engines run on the first GPU (on the lent x2 the sum of
+        # two let the 3B start beside the awake 8B, and vLLM refused it: 2026-11-29).
+        self.total = capacity_bytes(ManagerConfig(), info)
         # Eager by default (short starts); VSTACK_SWITCH_CUDA_GRAPHS=1 runs the engines as the GPU profiles do, with
         # CUDA graphs: an eager first forward of an 8B takes 0.06-0.10 s awake (issue 58's probe), a floor under
         # every switch that the profiles' engines do not have.

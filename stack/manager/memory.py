@@ -60,12 +60,20 @@ class NoProbe:
 
 
 def capacity_bytes(settings: ManagerConfig, hardware: object) -> int:
-    """What the engines may hold together: the configured budget, else GPU memory, else free RAM x headroom."""
+    """What the engines may hold together, per GPU: the configured budget, else one GPU's memory (the smallest),
+    else free RAM x headroom.
+
+    Per GPU, because that is the unit of an engine's need (the planner's `requested`: vLLM's
+    gpu_memory_utilization x one GPU) and because every engine this gateway starts counts its GPUs from the first
+    (vLLM's default: a tensor-parallel 2 engine takes GPUs 0 and 1, a single-GPU one GPU 0), so the first GPU holds
+    every engine's need. The sum over GPUs let a second 0.7-of-a-GPU engine start beside an awake one on a
+    2-GPU host, where vLLM refused it ("Free memory on device cuda:0 ... less than desired"): the lent x2's
+    switch bench, 2026-11-29."""
     if settings.memory_budget_gib:
         return int(settings.memory_budget_gib * GIB)
     gpus = list(getattr(hardware, "gpus", []) or [])
     if gpus:
-        return sum(g.memory_total for g in gpus)
+        return min(g.memory_total for g in gpus)
     available = getattr(hardware, "ram_available", 0) or psutil.virtual_memory().available
     return int(available * settings.memory_headroom)
 

@@ -117,3 +117,22 @@ def test_state_machine_table() -> None:
         check_move("a", S.STOPPED, S.READY)
     with pytest.raises(TransitionError):
         check_move("a", S.SLEEPING, S.READY)  # a wake goes through starting (health checked)
+
+
+def test_a_two_gpu_host_budgets_one_gpu_and_the_second_engine_puts_the_first_to_sleep() -> None:
+    """The lent x2's switch bench (2026-11-29): capacity summed over 2 H200s let a 0.7-of-a-GPU 3B start beside the
+    awake 0.7-of-a-GPU 8B, and vLLM refused it on GPU 0 (every engine counts its GPUs from the first)."""
+    from types import SimpleNamespace
+
+    from stack.config.sections.manager import ManagerConfig
+    from stack.manager.memory import capacity_bytes
+
+    h200 = SimpleNamespace(memory_total=int(139.8 * GIB))
+    hardware = SimpleNamespace(gpus=[h200, h200])
+    total = capacity_bytes(ManagerConfig(), hardware)
+    assert total == h200.memory_total
+    need = 0.7 * 139.8
+    plan = plan_switch(m("llama-3b", need=need), [m("llama-8b", S.READY, need=need, can_sleep=True)],
+                       Capacity(total, sleep_supported=True))  # fmt: skip
+    assert plan.evict == (Eviction("llama-8b", Evict.SLEEP),) and plan.fits
+    assert capacity_bytes(ManagerConfig(memory_budget_gib=100), hardware) == 100 * GIB  # the user's budget, as given

@@ -201,7 +201,10 @@ class ManagerConfig(BaseModel):
     )
     eviction: Literal["lru", "largest"] = Field("lru", description="which resident model gives way first")
     memory_budget_gib: float | None = Field(
-        None, gt=0, description="memory the engines may use together (default: what is free when the gateway starts)"
+        None,
+        gt=0,
+        description="memory the engines may use together, per GPU on a GPU host (every engine counts its GPUs from "
+        "the first; default: one GPU's memory; on the CPU the RAM free at start x memory_headroom)",
     )
     memory_headroom: float = Field(
         0.85, gt=0, le=1, description="CPU: the fraction of free RAM engines may use together"
