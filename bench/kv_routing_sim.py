@@ -170,13 +170,16 @@ class Sim:
         self.done.append(r)
 
 
-def workload(rate: float, seconds: float, prefixes: int, prefix_len: int, suffix_len: int, seed: int) -> list[Request]:
-    """vLLM bench's prefix_repetition: each request a random prefix of `prefixes` and a suffix of its own."""
+def workload(rate: float, seconds: float, prefixes: int, prefix_len: int, suffix_len: int, seed: int,
+             hot_share: float = 0.0) -> list[Request]:  # fmt: skip
+    """vLLM bench's prefix_repetition: each request a random prefix of `prefixes` and a suffix of its own; with
+    `hot_share`, that share of the requests has one more prefix of its own (one app's system prompt beside the
+    sessions of many: bench/gpu/kv_routing.sh's HOT_SHARE runs it as a second client)."""
     rng = random.Random(seed)
-    heads = [[rng.randrange(1, 1 << 30) for _ in range(prefix_len)] for _ in range(prefixes)]
+    heads = [[rng.randrange(1, 1 << 30) for _ in range(prefix_len)] for _ in range(prefixes + 1)]
     out, t = [], 0.0
     while (t := t + rng.expovariate(rate)) < seconds:
-        p = rng.randrange(prefixes)
+        p = prefixes if hot_share and rng.random() < hot_share else rng.randrange(prefixes)
         tokens = heads[p] + [rng.randrange(1, 1 << 30) for _ in range(suffix_len)]
         body = {"prompt": " ".join(f"t{x}" for x in heads[p][:128]) + f" q{t}"}  # affinity reads its first chars
         out.append(Request(t, tokens, prompt_keys(tokens, BS), body))
@@ -194,6 +197,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3, help="workloads per (rate, strategy); figures pooled")
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--prefixes", type=int, default=64)
+    ap.add_argument("--hot-share", type=float, default=0.0, help="share of requests on one more, hot prefix")
     ap.add_argument("--prefix-len", type=int, default=4096)
     ap.add_argument("--suffix-len", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=13_109, help="per replica (the H200 run's index held 13,109)")
@@ -208,7 +212,8 @@ def main() -> int:
         for strategy in args.strategies.split():
             done: list[Request] = []
             for seed in range(args.seeds):
-                reqs = workload(rate, args.seconds, args.prefixes, args.prefix_len, args.suffix_len, seed)
+                reqs = workload(rate, args.seconds, args.prefixes, args.prefix_len, args.suffix_len, seed,
+                                args.hot_share)
                 done += Sim(strategy, args).run(reqs)
             ttft = [r.ttft * 1000 for r in done]
             hit = sum(r.hit_tokens for r in done) / sum(len(r.tokens) for r in done)
@@ -267,7 +272,17 @@ def record(rows: list[dict], args: argparse.Namespace) -> None:
                 value=round(off["ttft_p90_ms"] / new["ttft_p90_ms"], 2), unit="x",
                 meaning=f"{off['ttft_p90_ms']} vs {new['ttft_p90_ms']} ms (prefix_affinity {hash_['ttft_p90_ms']}); "
                 f"p99 {off['ttft_p99_ms']} vs {new['ttft_p99_ms']} ms"))  # fmt: skip
+        if {"kv_events", "prefix_affinity", "round_robin"} <= names and args.hot_share:
+            new, hash_, rr = cell(rate, "kv_events"), cell(rate, "prefix_affinity"), cell(rate, "round_robin")
+            mix = f"mixed ({args.hot_share:g} on one hot prefix), {rate:g}/s"
+            figures += [Figure(name=f"{mix}: TTFT p90, {b} / kv_events",
+                               value=round(other["ttft_p90_ms"] / new["ttft_p90_ms"], 2), unit="x",
+                               meaning=f"{other['ttft_p90_ms']} vs {new['ttft_p90_ms']} ms; hit rate "
+                               f"{other['hit_rate']} vs {new['hit_rate']}")
+                        for b, other in (("prefix_affinity", hash_), ("round robin", rr))]  # fmt: skip
     workload = "the H200 x2 run's workload" if args.prefixes == 64 else f"{args.prefixes} shared prefix(es)"
+    if args.hot_share:
+        workload += f", with {args.hot_share:g} of the requests on one more, hot prefix"
     folder = write("kv-routing-sim", f"The gateway's replica choice (its own code) on a model of two engines' "
                    f"prefix caches, {workload}: TTFT p50/p90/p99 and the engines' hit rate per strategy and rate "
                    "(the choice as in the first H200 run, mended, and without the balance rule)", figures,

@@ -70,15 +70,19 @@ def config(state: Path, model_dir: Path, address: str, max_model_len: int, memor
     }))  # fmt: skip
 
 
-def bench_serve(url: str, model_dir: Path, rate: float, n: int, seed: int, args, result_dir: Path, name: str) -> dict:
+def bench_serve(url: str, model_dir: Path, rate: float, n: int, seed: int, args, result_dir: Path, name: str,
+                prefixes: int | None = None) -> dict:  # fmt: skip
+    """One `vllm bench serve` client; with `args.hot_share` two at once (mixed)."""
+    if args.hot_share and prefixes is None:
+        return mixed(url, model_dir, rate, n, seed, args, result_dir, name)
     cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai",
            "--endpoint", "/v1/completions", "--base-url", url, "--model", SERVED, "--tokenizer", str(model_dir),
            "--dataset-name", "prefix_repetition", "--prefix-repetition-prefix-len", str(args.prefix_len),
            "--prefix-repetition-suffix-len", str(args.suffix_len), "--prefix-repetition-num-prefixes",
-           str(args.prefixes), "--prefix-repetition-output-len", str(args.output_len), "--num-prompts", str(n),
-           "--request-rate", str(rate), "--burstiness", "1", "--seed", str(seed), "--ignore-eos",
+           str(prefixes or args.prefixes), "--prefix-repetition-output-len", str(args.output_len), "--num-prompts",
+           str(n), "--request-rate", str(rate), "--burstiness", "1", "--seed", str(seed), "--ignore-eos",
            "--percentile-metrics", "ttft,tpot,e2el", "--metric-percentiles", "50,90,99", "--save-result",
-           "--result-dir", str(result_dir), "--result-filename", f"{name}.json"]  # fmt: skip
+           "--save-detailed", "--result-dir", str(result_dir), "--result-filename", f"{name}.json"]  # fmt: skip
     with open(result_dir / "bench-serve.log", "a") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=args.run_timeout).returncode
     if rc != 0:
@@ -88,6 +92,33 @@ def bench_serve(url: str, model_dir: Path, rate: float, n: int, seed: int, args,
             "ttft_p90_ms": round(d.get("p90_ttft_ms", -1), 1), "ttft_p99_ms": round(d.get("p99_ttft_ms", -1), 1),
             "tpot_p50_ms": round(d.get("p50_tpot_ms", -1), 2), "out_tok_s": round(d.get("output_throughput", 0), 1),
             "req_s": round(d.get("request_throughput", 0), 2)}  # fmt: skip
+
+
+def mixed(url: str, model_dir: Path, rate: float, n: int, seed: int, args, result_dir: Path, name: str) -> dict:
+    """`args.hot_share` of the arrivals on one prefix of their own (an app's system prompt), the rest on
+    `args.prefixes` (many sessions'): two Poisson clients at once, their requests pooled into one result
+    (bench.gpu.serve_rows.merge, the BENCH_CLIENTS merge) and its percentiles taken over every request."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bench.gpu.serve_rows import merge
+    from stack.load.summary import percentile
+
+    hot_rate, hot_n = rate * args.hot_share, max(8, round(n * args.hot_share))
+    with ThreadPoolExecutor(2) as pool:
+        hot = pool.submit(bench_serve, url, model_dir, hot_rate, hot_n, seed + 10_000, args, result_dir,
+                          f"{name}-hot", 1)  # fmt: skip
+        cold = pool.submit(bench_serve, url, model_dir, rate - hot_rate, max(8, n - hot_n), seed, args, result_dir,
+                           f"{name}-cold", args.prefixes)  # fmt: skip
+        parts = {"hot": hot.result(), "cold": cold.result()}
+    if any(p.get("rc") != 0 for p in parts.values()):
+        return {"rc": max(abs(p.get("rc") or 0) for p in parts.values()) or 1, "parts": parts}
+    merged = merge([json.loads((result_dir / f"{name}-{k}.json").read_text()) for k in parts])
+    ttfts = [t * 1000 for t in merged["ttfts"]]
+    return {"rc": 0, "completed": merged["completed"], "ttft_p50_ms": round(percentile(ttfts, 50), 1),
+            "ttft_p90_ms": round(percentile(ttfts, 90), 1), "ttft_p99_ms": round(percentile(ttfts, 99), 1),
+            "tpot_p50_ms": round(merged["median_tpot_ms"], 2), "out_tok_s": round(merged["output_throughput"], 1),
+            "req_s": round(merged["request_throughput"], 2),
+            "parts": {k: {x: v.get(x) for x in ("ttft_p90_ms", "req_s")} for k, v in parts.items()}}  # fmt: skip
 
 
 def engine_counters(url: str, dep_ids: list[str]) -> dict[str, float]:
@@ -110,6 +141,7 @@ def main() -> int:
         " kv_events-unbalanced: without its balance rule (gateway.kv_events_balance_threshold: null)",
     )
     ap.add_argument("--prefixes", type=int, default=64, help="shared prefixes (sessions' system prompts)")
+    ap.add_argument("--hot-share", type=float, default=0.0, help="this share of the arrivals on one more prefix")
     ap.add_argument("--prefix-len", type=int, default=4096)
     ap.add_argument("--suffix-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
@@ -157,7 +189,8 @@ def main() -> int:
                 book = gw.state.routing.replicas
                 default_weight, default_balance = book.load_weight, book.balance_threshold
                 ids = sorted(d.id for d in gw.state.registry.all() if "replica" in d.labels)
-                bench_serve(gw.url, folder, 4, 16, 999, args, runs_dir, "warm")  # warm-up; loads the tokenizer
+                # the warm-up (one client) loads the tokenizer
+                bench_serve(gw.url, folder, 4, 16, 999, args, runs_dir, "warm", args.prefixes)
                 seed = 0
                 for rate in [float(r) for r in args.rates.split()]:
                     for strategy in args.strategies.split():

@@ -7,6 +7,14 @@
 #
 #   bash bench/gpu/kv_routing.sh [RATES] [STRATEGIES]     defaults "24 32", "kv_events prefix_affinity round_robin"
 #   (kv_events@1: kv_events with gateway.kv_events_load_weight 1, the weight before 2026-11-29)
+#   HOT_SHARE=0.5 bash bench/gpu/kv_routing.sh "40 48"
+#     the mixed workload: half the arrivals on one prompt of their own (an app's system prompt), half on the 64
+#     prefixes (many sessions), two Poisson clients pooled into one result. Round robin loses where the 64 prefixes
+#     outgrow a replica's cache (10.5x at 32/s, 2026-11-29), the hash where one prompt piles onto one replica (81x
+#     at 48/s with one prefix); on this mix `bench/kv_routing_sim.py --hot-share 0.5` puts kv_events' p90 at 48/s
+#     2.6x under the hash and 5.0x under round robin (97 / 255 / 482 ms; bench/results/2026-11-29-cpu-kv-routing-
+#     sim-1958). The model has no decode slowdown, so it understates the hash's pile-up: with one prefix it said
+#     63 ms where the H200s measured 6.5 s.
 #   PREFIXES=1 bash bench/gpu/kv_routing.sh "32 48"
 #     one prompt shared by every request (an app's system prompt, 4k tokens) instead of 64: the hash keys on the
 #     prompt's first 512 characters, so it sends every request to one replica; kv_events' balance rule
@@ -39,7 +47,7 @@ export RAY_USAGE_STATS_ENABLED=0 RAY_DEDUP_LOGS=0
 log="$out/kv_routing.log"
 log_device "$log"
 timeout 580 python3 -m bench.gpu.kv_routing --out "$out/kv-routing.json" --rates "$rates" --strategies "$strategies" --seconds "${RUN_SECONDS:-30}" \
-  --prefixes "${PREFIXES:-64}" \
+  --prefixes "${PREFIXES:-64}" --hot-share "${HOT_SHARE:-0}" \
   2>&1 | tee -a "$log"
 code=${PIPESTATUS[0]}
 for f in "$out"/kv_routing_state/logs/*.log; do [ -f "$f" ] && grep -v "Capturing CUDA graphs" "$f" | tail -300 > "$out/$(basename "$f" .log)-tail.log"; done

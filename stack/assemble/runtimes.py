@@ -126,7 +126,8 @@ def adopt_early(launch: Launch, early: EarlyEngine) -> tuple[Runtime, Callable[[
 def managed(launch: Launch, plan: ModelPlan, preload: bool,
             pair: tuple[Runtime, Callable[[], Runtime]] | None = None) -> ManagedEngine:  # fmt: skip
     from stack.gateway.engines import ManagedEngine
-    from stack.manager.memory import engine_need, engine_weights
+    from stack.manager.memory import engine_need, engine_weights, pinned_gpus
+    from stack.planner.stack_planner import gpus_per_engine
 
     engine, factory = pair or runtime_pair(launch, plan)
     need, source = engine_need(plan.fit)
@@ -144,6 +145,7 @@ def managed(launch: Launch, plan: ModelPlan, preload: bool,
                          keeps_host_copy=plan.keeps_host_copy, slo=list(plan.slo),
                          prefix_cache_bytes=plan.prefix_cache_bytes,
                          scheduling=str(plan.engine.get("scheduling_policy") or ""),
+                         gpus=pinned_gpus(plan.env, gpus_per_engine(plan)) if plan.accelerator == "gpu" else None,
                          **replica_routing(launch, plan))  # fmt: skip
 
 
@@ -189,7 +191,7 @@ def engine_supervisor(engines: list[ManagedEngine], startup_timeout_s: float, st
 
     slots = [Slot(m.model_group, m.engine, m.factory, m.need, m.need_source, m.can_sleep,
                   weights_gpu=m.weights_gpu, weights_host=m.weights_host, keeps_host_copy=m.keeps_host_copy,
-                  prefix_cache_bytes=m.prefix_cache_bytes)
+                  prefix_cache_bytes=m.prefix_cache_bytes, gpus=m.gpus)
              for m in engines]  # fmt: skip
     manager = ModelManager(
         slots, settings or PLAIN, capacity or Capacity(total=1 << 62, sleep_supported=False), probe=probe,

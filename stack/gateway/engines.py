@@ -48,6 +48,7 @@ class ManagedEngine:
     scheduling: str = ""  # its engine's scheduling_policy: `priority` takes each request's class (adr/0043)
     replica_routing: str = ""  # its own gateway.replica_routing_models entry ("": the gateway-wide one)
     model_path: str = ""  # its folder, when its replicas publish KV events: the gateway's tokenizer for them
+    gpus: frozenset[int] | None = None  # the GPUs its environment pins it to (stack.manager.memory.pinned_gpus)
 
 
 class EngineSupervisor:

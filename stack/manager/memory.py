@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 import psutil
@@ -76,6 +77,18 @@ def capacity_bytes(settings: ManagerConfig, hardware: object) -> int:
         return min(g.memory_total for g in gpus)
     available = getattr(hardware, "ram_available", 0) or psutil.virtual_memory().available
     return int(available * settings.memory_headroom)
+
+
+def pinned_gpus(env: Mapping[str, str], count: int) -> frozenset[int] | None:
+    """The GPUs an engine's environment pins it to (CUDA_VISIBLE_DEVICES as indices, the first `count` of them: its
+    tensor x pipeline x data parallel GPUs), so that models pinned to different GPUs of one host are budgeted apart
+    and resident together. None (it counts from GPU 0, as every unpinned engine does) without the variable, or
+    with a value that is not a list of indices (UUIDs, MIG names): such an engine is taken to share every GPU."""
+    value = (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        return None
+    return frozenset(int(p) for p in parts[: max(1, count)])
 
 
 def engine_need(fit: Fit | None) -> tuple[int | None, str]:

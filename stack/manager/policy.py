@@ -38,6 +38,13 @@ class ModelView:
     busy: int = 0  # requests in flight plus requests admitted and waiting for it
     can_sleep: bool = False
     residue: int = 0  # bytes a sleeping engine still holds (measured after its sleep)
+    gpus: frozenset[int] | None = None  # the GPUs its engine is pinned to (CUDA_VISIBLE_DEVICES); None: from the first
+
+
+def shares_gpu(a: ModelView, b: ModelView) -> bool:
+    """Whether two models' engines compete for one GPU's memory: every engine counts its GPUs from the first unless
+    its environment pins it (stack.manager.memory.pinned_gpus), so only two pinned to disjoint GPUs do not."""
+    return a.gpus is None or b.gpus is None or bool(a.gpus & b.gpus)
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ def plan_switch(
     if target.state == ModelState.READY:
         return SwitchPlan(SwitchKind.RESIDENT, reason=f"{target.name} is resident")
     kind = SwitchKind.SLEEPING if target.state == ModelState.SLEEPING else SwitchKind.COLD
+    others = [m for m in others if shares_gpu(m, target)]  # capacity is per GPU: the others on its GPUs
     need = capacity.total if target.need is None else target.need
     need -= held(target, capacity)  # a sleeping engine's residue is already counted
     used = sum(held(m, capacity) for m in others)

@@ -41,6 +41,7 @@ class Slot:
     prefix_cache_bytes: int = 0  # host RAM its prefix cache takes across sleep (stack.vllm.kv_offload)
     keeps_host_copy: bool = False  # its engine keeps the weights' host copy between sleeps (stack.engine.sleep_copy)
     host_copy_held: bool = False  # ... and holds one now (an earlier level-1 sleep of this engine process)
+    gpus: frozenset[int] | None = None  # pinned by its environment (stack.manager.memory.pinned_gpus); None: from 0
 
     def waited_s(self, now: float) -> float:
         """How long its oldest queued request has waited (0: none waits)."""
@@ -61,7 +62,7 @@ class Slot:
 
     def view(self) -> ModelView:
         return ModelView(self.name, self.state, self.need, self.last_used, self.ready_since,
-                         self.in_flight, self.sleeps, self.residue)  # fmt: skip
+                         self.in_flight, self.sleeps, self.residue, self.gpus)  # fmt: skip
 
     def public(self, now: float) -> dict:
         return {
@@ -73,6 +74,7 @@ class Slot:
             "in_flight": self.in_flight, "queued": self.waiting,
             "idle_s": round(now - self.last_used, 1) if self.last_used else None,
             "restarts": len(self.restarts), "last_switch": self.last_switch,
+            "gpus": None if self.gpus is None else sorted(self.gpus),
             "log_tail": self.log_tail if self.state == ModelState.FAILED else "",
             "engine": getattr(self.runtime.spec, "base_url", None),
             **(self.runtime.describe() if hasattr(self.runtime, "describe") else {}),  # replicas on Ray

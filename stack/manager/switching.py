@@ -18,7 +18,7 @@ import time
 from stack.errors import EngineError
 from stack.manager.base import ManagerBase
 from stack.manager.memory import NoProbe
-from stack.manager.policy import Evict, EvictionOrder, SwitchKind, held, plan_switch
+from stack.manager.policy import Evict, EvictionOrder, SwitchKind, held, plan_switch, shares_gpu
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
 from stack.manager.switch_cost import typical_switch_s
@@ -159,7 +159,9 @@ class Switching(ManagerBase):
         sleepers = [e.name for e in plan.evict if e.action == Evict.SLEEP]
         if len(sleepers) != len(plan.evict):
             return Order(False, "a model is stopped, not put to sleep: sequential")
-        free = self.capacity.total - sum(held(s.view(), self.capacity) for s in self.slots.values())
+        target = slot.view()  # capacity is per GPU: what the models on its GPUs hold
+        free = self.capacity.total - sum(held(s.view(), self.capacity) for s in self.slots.values()
+                                         if shares_gpu(s.view(), target))  # fmt: skip
         victim = self.slots[sleepers[0]]
         release_only = victim.host_copy_held and (victim.tier.sleep_level or 1) == 1
         order = switch_order(slot.weights_gpu, free, self.capacity.total, target_tier=slot.tier, evicted=sleepers,

@@ -145,6 +145,10 @@ def decide_handoff(cfg: StackConfig, plans: list[ModelPlan], catalog: VllmCatalo
     sleepers = [p for p in plans if p.can_sleep]
     if mode is False or cfg.manager.runtime != "local" or len(sleepers) < 2:
         return plans, None
+    pins = {p.env.get("CUDA_VISIBLE_DEVICES", "").replace(" ", "") for p in sleepers}
+    if len(pins) > 1:  # a piece of one GPU's memory cannot back another GPU's engine
+        return plans, ("sleep handoff off: the engines are pinned to different GPUs (CUDA_VISIBLE_DEVICES "
+                       f"{', '.join(sorted(repr(x) for x in pins))}); memory is handed over only on one GPU")
     if mode == "auto" and (wide := [p.profile for p in sleepers if gpus_per_engine(p) > 1]):
         return plans, (f"sleep handoff off: {', '.join(wide)} run on several GPUs each (measured on one-GPU engines "
                        "only; manager.sleep_handoff: true turns it on)")  # fmt: skip

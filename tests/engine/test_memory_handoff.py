@@ -136,6 +136,11 @@ def test_the_plan_decides_the_handoff_and_the_gateway_opens_it_only_there(tmp_pa
     assert auto.manager.sleep_handoff == "auto"  # on by default where it was measured
     plans, note = decide_handoff(auto, three(tp=2), catalog)  # an engine on two GPUs: not measured, off under auto
     assert [p.handoff for p in plans] == [False] * 3 and note and note.startswith("sleep handoff off")
+    pin = lambda p, gpu: p.model_copy(update={"env": {**p.env, "CUDA_VISIBLE_DEVICES": gpu}})  # noqa: E731
+    pinned = [pin(p, gpu) for p, gpu in zip(three(), "012", strict=True)]
+    forced = load_config(text='{"manager": {"sleep_handoff": true}}')
+    plans, note = decide_handoff(forced, pinned, catalog)  # one GPU's memory pieces cannot back another's engine
+    assert [p.handoff for p in plans] == [False] * 3 and "pinned to different GPUs" in (note or "")
     for cfg, given in ((auto, three()), (load_config(text='{"manager": {"sleep_handoff": true}}'), three(tp=2))):
         plans, note = decide_handoff(cfg, given, catalog)
         assert [p.handoff for p in plans] == [True, True, False] and note and "between 2 engines" in note

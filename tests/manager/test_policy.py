@@ -136,3 +136,28 @@ def test_a_two_gpu_host_budgets_one_gpu_and_the_second_engine_puts_the_first_to_
                        Capacity(total, sleep_supported=True))  # fmt: skip
     assert plan.evict == (Eviction("llama-8b", Evict.SLEEP),) and plan.fits
     assert capacity_bytes(ManagerConfig(memory_budget_gib=100), hardware) == 100 * GIB  # the user's budget, as given
+
+
+def test_models_pinned_to_different_gpus_stay_resident_together_and_one_sharing_a_gpu_evicts() -> None:
+    on_gpu = lambda *ids: frozenset(ids)  # noqa: E731
+    one_gpu = Capacity(int(139.8 * GIB), sleep_supported=True)
+    need = 0.9 * 139.8
+    awake = m("llama-8b", S.READY, need=need, can_sleep=True, gpus=on_gpu(0))
+    apart = plan_switch(m("qwen-7b", need=need, gpus=on_gpu(1)), [awake], one_gpu)
+    assert apart.evict == () and apart.fits and "on an empty machine" in apart.reason
+    beside = plan_switch(m("qwen-7b", need=need, gpus=on_gpu(0, 1)), [awake], one_gpu)  # tensor parallel over both
+    assert beside.evict == (Eviction("llama-8b", Evict.SLEEP),)
+    unpinned = plan_switch(m("qwen-7b", need=need), [awake], one_gpu)  # counts from GPU 0, as vLLM does
+    assert unpinned.evict == (Eviction("llama-8b", Evict.SLEEP),)
+
+
+@pytest.mark.parametrize(
+    ("value", "count", "gpus"),
+    [("1", 1, {1}), ("2,3", 2, {2, 3}), (" 2, 3 ", 1, {2}), ("", 1, None), ("GPU-c834433d", 1, None),
+     ("MIG-1/2/3", 1, None), ("0,x", 1, None)],
+)  # fmt: skip
+def test_an_engines_pinned_gpus_are_read_from_its_cuda_visible_devices(value: str, count: int, gpus) -> None:
+    from stack.manager.memory import pinned_gpus
+
+    got = pinned_gpus({"CUDA_VISIBLE_DEVICES": value} if value else {}, count)
+    assert got == (None if gpus is None else frozenset(gpus))
