@@ -88,3 +88,10 @@ def engine_python_env(keep_secrets: bool = False, **extra: str) -> dict[str, str
     env = {**(os.environ if keep_secrets else without_secrets(os.environ)), **extra}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
     return env
+
+
+def visible_gpus(env: Mapping[str, str]) -> list[int] | None:
+    """The GPU indices an engine's CUDA_VISIBLE_DEVICES lists, in its order; None when unset or not a list of
+    indices (UUIDs, MIG names: GPUs we cannot place it on by index)."""
+    parts = [p.strip() for p in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if p.strip()]
+    return [int(p) for p in parts] if parts and all(p.isdigit() for p in parts) else None

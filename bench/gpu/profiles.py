@@ -162,7 +162,9 @@ def prepare(cfg: Any, profile: str, device: Device, work: Path, extra_models: li
         "engine": {k: v for k, v in overrides.items() if k not in hardware_patch.get("engine", {})},
         "models": model_patch,
         **({"hardware": {hw.name: hardware_patch}} if hardware_patch else {}),
-        **({"manager": manager} if manager else {}),
+        # The switching benches measure models taking turns on one GPU: on a host of several, not spread apart
+        # (manager.gpu_placement, adr/0056), unless the bench asks.
+        **({"manager": {"gpu_placement": "first", **manager}} if manager else {}),
         # CPU (the driver's own test): one fixed KV space, so that the planner and the engine see the same.
         **({"env": {"VLLM_CPU_KVCACHE_SPACE": "1"}} if hw.accelerator == "cpu" else {"env": engine_env}),
     }

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import psutil
 
 from stack.config.sections.manager import ManagerConfig
+from stack.engine_env import visible_gpus
 from stack.planner.decisions import Fit
 
 log = logging.getLogger("stack.manager")
@@ -84,11 +85,8 @@ def pinned_gpus(env: Mapping[str, str], count: int) -> frozenset[int] | None:
     tensor x pipeline x data parallel GPUs), so that models pinned to different GPUs of one host are budgeted apart
     and resident together. None (it counts from GPU 0, as every unpinned engine does) without the variable, or
     with a value that is not a list of indices (UUIDs, MIG names): such an engine is taken to share every GPU."""
-    value = (env.get("CUDA_VISIBLE_DEVICES") or "").strip()
-    parts = [p.strip() for p in value.split(",") if p.strip()]
-    if not parts or not all(p.isdigit() for p in parts):
-        return None
-    return frozenset(int(p) for p in parts[: max(1, count)])
+    listed = visible_gpus(env)
+    return None if listed is None else frozenset(listed[: max(1, count)])
 
 
 def engine_need(fit: Fit | None) -> tuple[int | None, str]:

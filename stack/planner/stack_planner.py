@@ -23,6 +23,7 @@ from stack.hardware import HardwareInfo
 from stack.models import ModelFiles
 from stack.planner import data_parallel
 from stack.planner.cluster import Demand, NodeRes, Placement, check, place
+from stack.planner.gpu_placement import place_on_gpus
 from stack.planner.model_planner import plan_model, with_fingerprint
 from stack.planner.plans import ContainerSite, ModelPlan, RunsOn, StackPlan, VllmBuild
 from stack.planner.serving import LOOK_UP
@@ -46,8 +47,9 @@ def plan_stack(cfg: StackConfig, target: str | None, hardware: HardwareInfo, cat
     cfg, notes = with_sleep(cfg, hardware)
     default = plan_fetched(cfg, target, hardware, catalog, fetch, on_status, parsers)
     others = plan_others(cfg, default, hardware, catalog, fetch, on_status, parsers) if cfg.manager.models else []
-    models, handoff_note = decide_handoff(cfg, [default, *others], catalog)
-    notes += [handoff_note] if handoff_note else []
+    models, placement_note = place_on_gpus(cfg, [default, *others], len(hardware.gpus or []), catalog)
+    models, handoff_note = decide_handoff(cfg, models, catalog)
+    notes += [n for n in (placement_note, handoff_note) if n]
     cluster = None
     if cfg.manager.runtime == "ray":
         refuse_data_parallel_on_ray(models)
@@ -216,7 +218,9 @@ def runs_on(cfg: StackConfig, plan: ModelPlan, site: ContainerSite | None, clust
     if site is not None:
         return RunsOn(kind="container", detail=f"an engine container of {site.image} on network {site.network} "
                       f"({'sharing' if site.shares_cache else 'with its own model cache, not'} the gateway's /cache)")
-    return RunsOn(kind="local", detail="a child process of the gateway on a loopback port")
+    gpus = plan.env.get("CUDA_VISIBLE_DEVICES") if plan.accelerator == "gpu" else None
+    on_gpus = f", GPU {gpus} (CUDA_VISIBLE_DEVICES)" if gpus else ""
+    return RunsOn(kind="local", detail=f"a child process of the gateway on a loopback port{on_gpus}")
 
 
 def unconfigured_line(plan: ModelPlan) -> str:

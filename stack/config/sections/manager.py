@@ -176,6 +176,13 @@ class ManagerConfig(BaseModel):
     overlap_wake: bool = Field(
         True, description="wake the target's weights while the evicted model sleeps when they fit beside it"
     )
+    gpu_placement: Literal["spread", "first"] = Field(
+        "spread",
+        description="on a host of several GPUs, with several local models: spread pins each engine (CUDA_VISIBLE_"
+        "DEVICES) to the GPUs the models planned before it use least, so models on different GPUs stay resident "
+        "together; first leaves every engine on the first GPUs, as vLLM starts it (adr/0056). An engine whose env "
+        "sets CUDA_VISIBLE_DEVICES keeps it",
+    )
     sleep_handoff: Literal["auto"] | bool = Field(
         "auto",
         description="a sleeping engine hands its GPU memory to the engine waking in its place, so the "
