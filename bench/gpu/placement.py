@@ -25,8 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gpu.device import Device, detect  # noqa: E402
 from bench.gpu.profiles import prepare, vstack  # noqa: E402
-from bench.gpu.switching import ENGINE, MODEL_A, MODEL_B, first_token, states  # noqa: E402
-from bench.harness.waiting import free_port  # noqa: E402
+from bench.gpu.switching import ENGINE, MODEL_A, MODEL_B, first_token, served, states  # noqa: E402
 
 GIB = 1024**3
 
@@ -38,29 +37,15 @@ def side(cfg: Any, device: Device, work: Path, log_dir: Path, placement: str) ->
     out: dict[str, Any] = {"placement": placement, "steps": []}
     plan = vstack(run, "plan", MODEL_A, timeout=300)
     out["plan_lines"] = [line.strip() for line in plan.stdout.splitlines() if "GPU" in line][:6]
-    baseline = device.used_bytes()
-    port = free_port()
-    t0 = time.perf_counter()
-    try:
-        up = vstack(run, "up", MODEL_A, "--port", str(port))
-        out["a_started_s"] = round(time.perf_counter() - t0, 1)
-        if up.returncode != 0:
-            out["error"] = (up.stdout + up.stderr)[-3000:]
+    with served(run, device, log_dir, f"placement-{placement}", out) as base:
+        if base is None:
             return out
-        base = f"http://127.0.0.1:{port}"
         first_token(base, MODEL_A)
         for model in (MODEL_B, MODEL_A, MODEL_B, MODEL_A):
             seconds = first_token(base, model)
             out["steps"].append({"to": model, "first_token_s": round(seconds, 3), "states": states(base, run.state_dir),
                                  "used_gib": [round(u / GIB, 1) for u in device.used_bytes()]})  # fmt: skip
             print(placement, json.dumps(out["steps"][-1]), flush=True)
-    except Exception as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        vstack(run, "down", "--all", timeout=300)
-        out["stopped_clean"], out["memory_after"] = device.wait_released(baseline)
-        for log in (run.state_dir / "logs").glob("*.log"):
-            (log_dir / f"placement-{placement}--{log.name}").write_bytes(log.read_bytes()[-200_000:])
     return out
 
 

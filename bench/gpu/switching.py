@@ -13,8 +13,10 @@ POST B/wake_up, B's first token; and back.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,21 +68,39 @@ def states(base: str, state_dir: Path) -> dict[str, str]:
     return {m["model"]: m["state"] for m in models}
 
 
+@contextlib.contextmanager
+def served(run: Any, device: Device, log_dir: Path, tag: str, out: dict[str, Any]) -> Iterator[str | None]:
+    """`vstack up` of the run's default model on a free port: its base URL, or None (out["error"] says why) when
+    it did not come up; then `vstack down --all`, the GPUs' memory checked given back, the engines' log tails kept
+    as `tag--NAME.log`. An exception inside is recorded in out["error"]."""
+    baseline = device.used_bytes()
+    port = free_port()
+    t0 = time.perf_counter()
+    try:
+        up = vstack(run, "up", run.profile, "--port", str(port))
+        out["a_started_s"] = round(time.perf_counter() - t0, 1)
+        if up.returncode != 0:
+            out["error"] = (up.stdout + up.stderr)[-3000:]
+            yield None
+        else:
+            yield f"http://127.0.0.1:{port}"
+    except Exception as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        vstack(run, "down", "--all", timeout=300)
+        out["stopped_clean"], out["memory_after"] = device.wait_released(baseline)
+        for log in (run.state_dir / "logs").glob("*.log"):
+            (log_dir / f"{tag}--{log.name}").write_bytes(log.read_bytes()[-400_000:])
+
+
 def ours(cfg: Any, device: Device, work: Path, log_dir: Path) -> dict[str, Any]:
     run = prepare(cfg, MODEL_A, device, work, extra_models=[MODEL_B], engine=ENGINE,
                   manager={"models": [MODEL_A, MODEL_B], "min_residency_s": 0, "quiet_s": 0,
                            "queue_timeout_s": 600})
     out: dict[str, Any] = {"steps": []}
-    baseline = device.used_bytes()
-    port = free_port()
-    t0 = time.perf_counter()
-    try:
-        up = vstack(run, "up", MODEL_A, "--port", str(port))
-        out["a_started_s"] = round(time.perf_counter() - t0, 1)
-        if up.returncode != 0:
-            out["error"] = (up.stdout + up.stderr)[-3000:]
+    with served(run, device, log_dir, "switch", out) as base:
+        if base is None:
             return out
-        base = f"http://127.0.0.1:{port}"
         first_token(base, MODEL_A)
         plan = [(MODEL_B, "cold"), (MODEL_A, "wake"), (MODEL_B, "wake"), (MODEL_A, "wake")]
         for model, kind in plan:
@@ -88,13 +108,6 @@ def ours(cfg: Any, device: Device, work: Path, log_dir: Path) -> dict[str, Any]:
             out["steps"].append({"to": model, "kind": kind, "first_token_s": round(seconds, 3),
                                  "states": states(base, run.state_dir), "gpu_gib_by_pid": per_process(device),
                                  "used_gib": [round(u / GIB, 2) for u in device.used_bytes()]})
-    except Exception as exc:
-        out["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        vstack(run, "down", "--all", timeout=300)
-        out["stopped_clean"], out["memory_after"] = device.wait_released(baseline)
-        for log in (run.state_dir / "logs").glob("*.log"):
-            (log_dir / f"switch--{log.name}").write_bytes(log.read_bytes()[-400_000:])
     return out
 
 
