@@ -90,8 +90,9 @@ def engine_python_env(keep_secrets: bool = False, **extra: str) -> dict[str, str
     return env
 
 
-def visible_gpus(env: Mapping[str, str]) -> list[int] | None:
-    """The GPU indices an engine's CUDA_VISIBLE_DEVICES lists, in its order; None when unset or not a list of
-    indices (UUIDs, MIG names: GPUs we cannot place it on by index)."""
+def visible_gpus(env: Mapping[str, str], count: int) -> list[int] | None:
+    """The GPU indices an engine of `count` GPUs uses by its CUDA_VISIBLE_DEVICES: the first `count` listed (vLLM's
+    ranks take the visible devices in order); None when unset or not a list of indices (UUIDs, MIG names: GPUs we
+    cannot place it on by index)."""
     parts = [p.strip() for p in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if p.strip()]
-    return [int(p) for p in parts] if parts and all(p.isdigit() for p in parts) else None
+    return [int(p) for p in parts[: max(1, count)]] if parts and all(p.isdigit() for p in parts) else None

@@ -85,8 +85,8 @@ def pinned_gpus(env: Mapping[str, str], count: int) -> frozenset[int] | None:
     tensor x pipeline x data parallel GPUs), so that models pinned to different GPUs of one host are budgeted apart
     and resident together. None (it counts from GPU 0, as every unpinned engine does) without the variable, or
     with a value that is not a list of indices (UUIDs, MIG names): such an engine is taken to share every GPU."""
-    listed = visible_gpus(env)
-    return None if listed is None else frozenset(listed[: max(1, count)])
+    used = visible_gpus(env, count)
+    return None if used is None else frozenset(used)
 
 
 def engine_need(fit: Fit | None) -> tuple[int | None, str]:

@@ -160,8 +160,8 @@ class Switching(ManagerBase):
         if len(sleepers) != len(plan.evict):
             return Order(False, "a model is stopped, not put to sleep: sequential")
         target = slot.view()  # capacity is per GPU: what the models on its GPUs hold
-        free = self.capacity.total - sum(held(s.view(), self.capacity) for s in self.slots.values()
-                                         if shares_gpu(s.view(), target))  # fmt: skip
+        views = [s.view() for s in self.slots.values()]
+        free = self.capacity.total - sum(held(v, self.capacity) for v in views if shares_gpu(v, target))
         victim = self.slots[sleepers[0]]
         release_only = victim.host_copy_held and (victim.tier.sleep_level or 1) == 1
         order = switch_order(slot.weights_gpu, free, self.capacity.total, target_tier=slot.tier, evicted=sleepers,

@@ -26,6 +26,11 @@ def rank_gpus(engine: dict[str, Any]) -> int:
     return int(engine.get("tensor_parallel_size") or 1) * int(engine.get("pipeline_parallel_size") or 1)
 
 
+def engine_gpus(engine: dict[str, Any]) -> int:
+    """GPUs one engine process group holds: its model's (tensor x pipeline), times its data-parallel copies."""
+    return rank_gpus(engine) * ranks(engine)
+
+
 def api_servers(engine: dict[str, Any]) -> int:
     """The API server processes vLLM starts: api_server_count when set, else one per rank (vLLM's default)."""
     given = engine.get("api_server_count")

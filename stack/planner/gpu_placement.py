@@ -39,8 +39,8 @@ def place_on_gpus(cfg: StackConfig, plans: list[ModelPlan], gpus: int, catalog: 
     out = []
     for plan in plans:
         need = plan.fit.budget.requested if plan.fit is not None else 1 << 62  # unknown: a whole GPU
-        width = data_parallel.rank_gpus(plan.engine) * data_parallel.ranks(plan.engine)  # the engine's GPUs
-        pinned = visible_gpus(plan.env)
+        width = data_parallel.engine_gpus(plan.engine)
+        pinned = visible_gpus(plan.env, width)
         if plan.accelerator != "gpu" or width >= gpus or VAR in plan.env:
             for i in pinned if pinned is not None else range(min(width, gpus)):
                 if i < gpus:
@@ -60,4 +60,3 @@ def place_on_gpus(cfg: StackConfig, plans: list[ModelPlan], gpus: int, catalog: 
     where = ", ".join(f"{name} on GPU {value}" for name, value in placed.items())
     return out, (f"GPU placement: {where}, each on the GPUs the models before it use least (manager.gpu_placement: "
                  f"spread; pin one with {VAR} in its env)")  # fmt: skip
-

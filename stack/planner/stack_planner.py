@@ -123,7 +123,7 @@ def model_gpus(engine: dict) -> int:
 
 def gpus_per_engine(plan: ModelPlan) -> int:
     """GPUs one engine process group holds: its model's, times its data-parallel copies."""
-    return model_gpus(plan.engine) * data_parallel.ranks(plan.engine)
+    return data_parallel.engine_gpus(plan.engine)
 
 
 def refuse_data_parallel_on_ray(plans: list[ModelPlan]) -> None:

@@ -52,6 +52,15 @@ def test_a_pinned_engine_keeps_its_gpus_and_the_others_go_around_it(base) -> Non
     assert plans[0] is given[0]  # untouched: the user's pin
 
 
+def test_a_pinned_engine_counts_on_the_gpus_it_uses_not_every_one_it_lists(base) -> None:
+    """vLLM's ranks take the visible devices in order: a one-GPU engine shown GPUs 0 and 1 holds GPU 0 only, as the
+    manager budgets it (stack.manager.memory.pinned_gpus), so the next model goes to GPU 1."""
+    given = [model(base, "a", CUDA_VISIBLE_DEVICES="0,1"), model(base, "b")]
+    plans, _ = place_on_gpus(CFG, given, 2, CATALOG, environ={})
+    assert gpus_of(plans) == {"a": "0,1", "b": "1"}
+    assert pinned_gpus(plans[0].env, 1) == frozenset({0})
+
+
 def test_nothing_is_placed_where_placing_would_change_nothing_or_the_user_chose(base) -> None:
     two = [model(base, "a"), model(base, "b")]
     ray = load_config(text='{"manager": {"runtime": "ray"}}')
