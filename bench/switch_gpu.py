@@ -312,7 +312,9 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     handoff, what `vstack up` does by default for one-GPU engines since 2026-11-24, sequential switches:
     adr/0016), "handoff-overlap" (the same engines, the weights woken while the other sleeps: adr/0035; with
     "handoff" the two alternate round by round), "handoff-warm" (handoff-overlap on engines of their own, each
-    slept and woken once after its start: manager.warm_handoff, adr/0053, issue 58's first switch) and "raw"
+    slept and woken once after its start: manager.warm_handoff, adr/0053, issue 58's first switch),
+    "handoff-spare" (the same, a switch's leftover kept for the next wake: manager.handoff_spare, adr/0057; with
+    "handoff-warm" the two alternate round by round on one pair of engines) and "raw"
     (vLLM unpatched, its own engines started after ours are gone); ours and raw by default; handoff-warm runs
     last, so a run stopped at the device call's limit keeps the figures the README cites. `save(result)` after
     each side: a run stopped meanwhile still leaves its JSON."""
@@ -397,14 +399,22 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                 b.close()
         if save is not None:
             save(result)
-        if "handoff-warm" in sides:  # the default switch on engines warmed after their start (adr/0053), own engines
+        # The default switch on engines warmed after their start (adr/0053), engines of their own; with
+        # "handoff-spare" (manager.handoff_spare, adr/0057) on the same engines, the two alternating round by round.
+        warm_modes = [m for m in ("handoff-warm", "handoff-spare") if m in sides]
+        if warm_modes:
             b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True, warm=True)
             try:
-                cur = start_all(b, "vstack-handoff-warm")
+                cur = start_all(b, f"vstack-{warm_modes[0]}")
                 for r in range(repeat):
-                    for n in _cycle(order, cur):
-                        record({"side": "vstack-handoff-warm", "round": r, "from": cur, **b.request(n)}, cur, n)
-                        cur = n
+                    for mode in warm_modes:
+                        spare = mode == "handoff-spare"
+                        if not spare and b.broker is not None:
+                            b.broker.drop_spare()  # a round without it starts as the default does: nothing kept
+                        b.manager.settings = b.manager.settings.model_copy(update={"handoff_spare": spare})
+                        for n in _cycle(order, cur):
+                            record({"side": f"vstack-{mode}", "round": r, "from": cur, **b.request(n)}, cur, n)
+                            cur = n
             finally:
                 b.close()
     except Exception as exc:

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.gpu.device import Device, detect  # noqa: E402
-from bench.gpu.profiles import prepare, vstack  # noqa: E402
+from bench.gpu.profiles import prepare  # noqa: E402
 from bench.gpu.switching import ENGINE, MODEL_A, MODEL_B, first_token, served, states  # noqa: E402
 
 GIB = 1024**3
@@ -35,17 +35,20 @@ def side(cfg: Any, device: Device, work: Path, log_dir: Path, placement: str) ->
                   manager={"models": [MODEL_A, MODEL_B], "min_residency_s": 0, "quiet_s": 0,
                            "queue_timeout_s": 600, "gpu_placement": placement})  # fmt: skip
     out: dict[str, Any] = {"placement": placement, "steps": []}
-    plan = vstack(run, "plan", MODEL_A, timeout=300)
-    out["plan_lines"] = [line.strip() for line in plan.stdout.splitlines() if "GPU" in line][:6]
     with served(run, device, log_dir, f"placement-{placement}", out) as base:
-        if base is None:
-            return out
-        first_token(base, MODEL_A)
-        for model in (MODEL_B, MODEL_A, MODEL_B, MODEL_A):
-            seconds = first_token(base, model)
-            out["steps"].append({"to": model, "first_token_s": round(seconds, 3), "states": states(base, run.state_dir),
-                                 "used_gib": [round(u / GIB, 1) for u in device.used_bytes()]})  # fmt: skip
-            print(placement, json.dumps(out["steps"][-1]), flush=True)
+        if base is not None:
+            first_token(base, MODEL_A)
+            for model in (MODEL_B, MODEL_A, MODEL_B, MODEL_A):
+                seconds = first_token(base, model)
+                out["steps"].append({"to": model, "first_token_s": round(seconds, 3),
+                                     "states": states(base, run.state_dir),
+                                     "used_gib": [round(u / GIB, 1) for u in device.used_bytes()]})  # fmt: skip
+                print(placement, json.dumps(out["steps"][-1]), flush=True)
+    # What the planner decided, as the gateway logged it at `vstack up` (one line; wrapped tables lose it).
+    gateway = log_dir / f"placement-{placement}--gateway.log"
+    lines = gateway.read_text(errors="replace").splitlines() if gateway.exists() else []
+    out["placement_lines"] = [line.split(" INFO ", 1)[-1] for line in lines
+                              if "GPU placement:" in line or "sleep handoff" in line][:4]  # fmt: skip
     return out
 
 

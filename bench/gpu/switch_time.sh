@@ -33,6 +33,11 @@
 #                                                       switch, raw vLLM's too: the 2026-11-29 probe); one side per
 #                                                       call (compiling makes each start longer); then
 #                                                       `python3 -m bench.harness.switch_summary A.json B.json`
+#   VSTACK_SWITCH_CUDA_GRAPHS=1 bash bench/gpu/switch_time.sh pair 4 handoff-warm,handoff-spare
+#                                                       the default switch and the same with the last switch's
+#                                                       leftover kept for the next weights wake (manager.
+#                                                       handoff_spare, adr/0057), alternating round by round on
+#                                                       one pair of warmed engines: ~4 min on the lent x2
 #
 # Issue 58's device calls (kind nvidia-h200, timeout_s 600 each):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"

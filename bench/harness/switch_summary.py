@@ -5,6 +5,8 @@ after a start; and the small table a newcomer reads at the end of
 
     python3 -m bench.harness.switch_summary bench/results/<run>/switch_time_gpu_<tag>.json   # a recorded run's table
     python3 -m bench.harness.switch_summary A.json B.json   # one side per call on one machine, as one table
+    python3 -m bench.harness.switch_summary A.json B.json --out A-B.json   # ... and the merged run kept, with
+                                                          # its summary, the files it came from and each call's bus
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def median(xs: list[float]) -> float | None:
 
 
 SIDES = ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap", "vstack-handoff-warm",
-         "raw-patched", "raw")  # fmt: skip
+         "vstack-handoff-spare", "raw-patched", "raw")  # fmt: skip
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -88,8 +90,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 
 # Sides in the order a reader compares them: ours first, raw vLLM last (bench.switch_gpu.SIDES plus variants).
-ORDER = ("vstack-handoff-overlap", "vstack-handoff-warm", "vstack-handoff", "vstack", "vstack-sequential",
-         "raw-patched", "raw")  # fmt: skip
+ORDER = ("vstack-handoff-overlap", "vstack-handoff-warm", "vstack-handoff-spare", "vstack-handoff", "vstack",
+         "vstack-sequential", "raw-patched", "raw")  # fmt: skip
 HEAD = ("switch", "side", "median s", "min-max s (n)", "p25-p75 s", "x raw", "x bus", "first x steady")
 
 
@@ -186,15 +188,30 @@ def merged(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
+    out = None
+    if "--out" in argv:
+        i = argv.index("--out")
+        out, argv = (argv[i + 1] if i + 1 < len(argv) else ""), argv[:i] + argv[i + 2 :]
+        if not out:
+            print("error: --out needs a file name, e.g. --out switch_time_gpu_pair-a-b.json", file=sys.stderr)
+            return 2
+    if not argv or {"-h", "--help"} & set(argv):
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        result = merged([json.loads(Path(a).read_text()) for a in argv])
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        results = [json.loads(Path(a).read_text()) for a in argv]
+        result = merged(results)
+    except FileNotFoundError as exc:
+        print(f"error: no such result file: {exc.filename} (give the switch_time_gpu_*.json of a run)", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError) as exc:  # not JSON, or not a switch run's JSON
+        print(f"error: {exc}: give the switch_time_gpu_*.json files of one machine's runs", file=sys.stderr)
         return 2
     print(table(result))
+    if out:
+        kept = {**result, "summary": summarize(result), "merged_from": [Path(a).name for a in argv],
+                "bus_runs": [r.get("bus") for r in results]}  # fmt: skip
+        Path(out).write_text(json.dumps(kept, indent=2) + "\n")
     return 0
 
 

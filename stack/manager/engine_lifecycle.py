@@ -22,6 +22,7 @@ S = ModelState
 
 class Lifecycle(ManagerBase):
     async def _cold_start(self, slot: Slot) -> None:
+        await self._drop_spare()  # vLLM's start checks that NVML shows its share of the GPU free
         if slot.factory is not None:
             slot.runtime = slot.factory()  # a fresh free port each time (subscribers see it on the move)
         slot.host_copy_held = False  # a new engine process: its first sleep copies
@@ -158,6 +159,16 @@ class Lifecycle(ManagerBase):
             except EngineError as exc:
                 log.warning("sleep of %s failed (%s): stopping it", victim.name, exc.message)
         await self.stop_engine(victim, "evicted" if action == Evict.STOP else "sleep did not free memory; stopped")
+
+    def _spare_for(self, slept: list[Slot]) -> int:
+        """Bytes of a switch's leftover kept for the next wake (manager.handoff_spare, adr/0057): the weights of
+        the models it put to sleep, the likeliest next wake's. 0 when off."""
+        return sum(v.weights_gpu or 0 for v in slept) if self.settings.handoff_spare else 0
+
+    async def _drop_spare(self) -> None:
+        if self.settings.handoff_spare and self.handoff is not None and self.handoff.held_bytes():
+            dropped = await asyncio.to_thread(self.handoff.drop_spare)
+            log.info("freed the %s spare of the memory handoff before an engine start", gib(dropped))
 
     def _held(self) -> int:
         """Bytes the memory-handoff broker holds for a wake (manager.sleep_handoff), 0 without it."""

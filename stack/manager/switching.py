@@ -24,6 +24,7 @@ from stack.manager.states import ModelState
 from stack.manager.switch_cost import typical_switch_s
 from stack.manager.tiers import Order, switch_order
 from stack.tracing.record import clock
+from stack.vllm.plugins.handoff import HandoffBroker
 
 log = logging.getLogger("stack.manager")
 S = ModelState
@@ -148,8 +149,7 @@ class Switching(ManagerBase):
             return slot.state != S.SLEEPING or await self._wake(slot, phases)
         finally:
             if window is not None:
-                left = window.close_window(background=True)  # freed after the switch: not on its path
-                phases["handoff_left_gib"] = round(left / 2**30, 2)
+                self._close_window(window, [self.slots[e.name] for e in plan.evict if e.action == Evict.SLEEP], phases)
 
     def order_for(self, slot: Slot, plan) -> Order:
         """Overlap or sequential (stack.manager.tiers.switch_order), from the memory held right now: the
@@ -178,6 +178,14 @@ class Switching(ManagerBase):
         self.decisions = [*self.decisions[-19:], entry]
         log.info("switch decision for %s: %s (%s)", name, kind, reason)
 
+    def _close_window(self, window: HandoffBroker, slept: list[Slot], phases: dict[str, float]) -> None:
+        """The handoff window's end: what no engine took is freed after the switch, not on its path (adr/0055),
+        but for a spare the next wake maps (manager.handoff_spare, adr/0057)."""
+        phases["handoff_left_gib"] = round(window.close_window(background=True, keep_bytes=self._spare_for(slept))
+                                           / 2**30, 2)  # fmt: skip
+        if self.settings.handoff_spare:
+            phases["handoff_spare_gib"] = round(window.held_bytes() / 2**30, 2)
+
     async def _overlapped(self, slot: Slot, victim: Slot, phases: dict[str, float]) -> bool:
         """Put `victim` to sleep while `slot`'s weights come back (opposite directions of the bus); then the
         KV cache once the victim's memory is verifiably free. switch_order allowed it: the weights fit beside
@@ -190,7 +198,7 @@ class Switching(ManagerBase):
             return await self._overlapped_in_window(slot, victim, phases)
         finally:
             if window is not None:
-                phases["handoff_left_gib"] = round(window.close_window(background=True) / 2**30, 2)
+                self._close_window(window, [victim], phases)
 
     async def _overlapped_in_window(self, slot: Slot, victim: Slot, phases: dict[str, float]) -> bool:
         self.metrics.evictions.labels(victim.name, str(Evict.SLEEP)).inc()

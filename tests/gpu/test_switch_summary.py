@@ -137,6 +137,19 @@ def test_one_side_per_call_merges_into_one_table_with_both_ratios(tmp_path: Path
     assert main([str(a), str(b)]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "vstack-handoff-warm" in x and "8b->3b" in x)
     assert "0.320" in line and "0.32x" in line  # 0.32 / 1.00: the median over raw's median, from the other file
+    kept = tmp_path / "a-b.json"
+    assert main([str(a), str(b), "--out", str(kept)]) == 0
+    run = json.loads(kept.read_text())
+    assert run["merged_from"] == ["a.json", "b.json"] and len(run["switches"]) == 8
+    assert run["summary"]["8b->3b"]["ratio_best_to_raw"] == 0.32
+
+
+def test_a_missing_result_file_is_named(tmp_path: Path, capsys) -> None:
+    from bench.harness.switch_summary import main
+
+    assert main([str(tmp_path / "nope.json")]) == 2
+    err = capsys.readouterr().err
+    assert "no such result file" in err and "nope.json" in err
 
 
 def test_runs_of_different_settings_are_not_merged(tmp_path: Path, capsys) -> None:

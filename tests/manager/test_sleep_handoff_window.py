@@ -232,3 +232,88 @@ def test_an_overlapped_switch_times_its_memory_readings_as_a_phase() -> None:
         broker.stop()
     last = mgr.slots["a"].last_switch
     assert last["overlap"] and 0.1 <= last["phases"]["memory_readings_s"] < 0.3, last
+
+
+def test_with_a_spare_the_next_weights_wake_maps_the_last_switchs_leftover_not_fresh_memory() -> None:
+    """manager.handoff_spare (adr/0057): on the lent x2 H200 a weights wake's fresh memory took 0.38 s to map for
+    15.5 GiB, handed-over pieces 0.05 s for 81.6 GiB. With it on, the 15 GiB b -> a leaves (b's 60 handed, a's KV
+    cache takes 45) stay with the broker, and a -> b's weights wake takes them instead of creating its own; the
+    sleeps still verify (the spare is counted as memory the broker holds, not as the engines')."""
+    broker, a, b, mgr = overlapping_pair()
+    mgr.settings = mgr.settings.model_copy(update={"handoff_spare": True})
+    try:
+        for name in ("b", "a", "b", "a"):  # the last: b -> a overlapped, b's weights the spare's budget
+            run(serve(mgr, name))
+        first = mgr.slots["a"].last_switch["phases"]
+        assert first["handoff_left_gib"] == 0.0 and first["handoff_spare_gib"] == 15.0
+        assert broker.held_bytes() == 15 * GIB  # kept between switches: NVML shows it in use
+        taken_before = len(b.taken)
+        run(serve(mgr, "b"))  # a -> b: b's weights wake runs beside a's sleep, before a hands anything over
+    finally:
+        broker.stop()
+    weights_wake, kv_wake = b.taken[taken_before:]
+    assert weights_wake == 15 * GIB and kv_wake == 45 * GIB  # the spare, then a's pieces
+    last = mgr.slots["b"].last_switch
+    assert last["overlap"] and last["phases"]["handoff_spare_gib"] == 15.0  # a's leftover kept in turn
+    assert mgr.slots["a"].state == S.SLEEPING and a.starts == 1 and mgr.slots["b"].state == S.READY
+    assert broker.held_bytes() == 0  # stop() frees the spare with the rest
+
+
+def test_without_the_spare_the_same_weights_wake_finds_nothing_to_map() -> None:
+    """The control: the default frees the leftover after each switch (adr/0055), so a -> b's weights wake beside
+    a's sleep finds no piece and creates all 15 GiB."""
+    broker, _a, b, mgr = overlapping_pair()
+    try:
+        for name in ("b", "a", "b", "a"):
+            run(serve(mgr, name))
+        assert "handoff_spare_gib" not in mgr.slots["a"].last_switch["phases"]
+        taken_before = len(b.taken)
+        run(serve(mgr, "b"))
+    finally:
+        broker.stop()
+    assert b.taken[taken_before:] == [0, 45 * GIB]
+
+
+def test_the_spare_is_freed_before_an_engine_starts() -> None:
+    """vLLM's start checks that NVML shows its share of the GPU free: the spare goes first, and the start sees it
+    gone (the stand-in records the broker's holdings at its start)."""
+    seen: list[int] = []
+    broker, a, _b, mgr = overlapping_pair()
+    mgr.settings = mgr.settings.model_copy(update={"handoff_spare": True})
+    try:
+        for name in ("b", "a", "b", "a"):
+            run(serve(mgr, name))
+        assert broker.held_bytes() == 15 * GIB
+        run(mgr.unload("a"))  # stopped: its next request starts it cold
+        real_start = a.start
+        a.start = lambda: (seen.append(broker.held_bytes()), real_start())[1]  # type: ignore[method-assign]
+        run(serve(mgr, "a"))
+    finally:
+        broker.stop()
+    assert seen == [0] and mgr.slots["a"].state == S.READY
+
+
+def test_the_broker_keeps_the_smallest_pieces_up_to_the_spare_and_drop_spare_frees_them() -> None:
+    """Pieces by size as the patch hands them (512/32/2 MiB): a 40 MiB spare keeps the 2 and 32 MiB ones, not a
+    512 MiB one; take_pieces reaches them with no window open; drop_spare does nothing while a window is open."""
+    mib = 1024**2
+    broker = HandoffBroker().start()
+    try:
+        broker.open_window()
+        fds = [os.memfd_create("piece") for _ in range(4)]
+        assert put_pieces(broker.path, "gpu-0", [(2 * mib, fds[0]), (2 * mib, fds[1]), (32 * mib, fds[2]),
+                                                 (512 * mib, fds[3])])  # fmt: skip
+        for fd in fds:
+            os.close(fd)
+        assert broker.close_window(keep_bytes=40 * mib) == 512 * mib  # the bytes freed
+        assert broker.held_bytes() == 36 * mib
+        got = take_pieces(broker.path, "gpu-0", {2 * mib: 1})
+        assert [size for size, _fd in got] == [2 * mib]
+        for _size, fd in got:
+            os.close(fd)
+        broker.open_window()
+        assert broker.drop_spare() == 0 and broker.held_bytes() == 34 * mib  # a switch is using it
+        broker.close_window(keep_bytes=34 * mib)
+        assert broker.drop_spare() == 34 * mib and broker.held_bytes() == 0
+    finally:
+        broker.stop()

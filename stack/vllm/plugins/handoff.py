@@ -139,14 +139,16 @@ class HandoffBroker:
         with self._lock:
             self._windows.add(device or "*")
 
-    def close_window(self, background: bool = False) -> int:
+    def close_window(self, background: bool = False, keep_bytes: int = 0) -> int:
         """End every window; the pieces nobody took are closed (freed). Returns the bytes dropped. `background`:
         closed by a thread of their own, after this returns. Closing the last descriptor of GPU memory frees it
         in the driver, ~15-23 us a piece on an H200 (4-7 ms for 16.5 GiB in 512 MiB pieces, 30-47 ms for 2,048
-        of 2 MiB: adr/0055): a switch need not wait for that."""
+        of 2 MiB: adr/0055): a switch need not wait for that. `keep_bytes` (manager.handoff_spare, adr/0057): up
+        to that many bytes of them stay as spare, smallest pieces first, for the next wake to map instead of
+        asking the driver for memory it clears first; drop_spare() frees them."""
         with self._lock:
             self._windows.clear()
-            pieces, self._pieces = self._pieces, defaultdict(list)
+            pieces, self._pieces = self._pieces, _spare(self._pieces, keep_bytes)
             self.stats["dropped"] += sum(len(fds) for fds in pieces.values())
         dropped = sum(size * len(fds) for (_dev, size), fds in pieces.items())
         if not pieces:
@@ -158,6 +160,16 @@ class HandoffBroker:
         self._dropping = threading.Thread(target=_close_pieces, args=(pieces, dropped), name="gpu memory drop",
                                           daemon=True)  # fmt: skip
         self._dropping.start()
+        return dropped
+
+    def drop_spare(self) -> int:
+        """Free the spare close_window kept (waiting for the driver), unless a window is open: before an engine
+        starts or wakes without the handoff, which asks the driver for memory NVML must show free. The bytes."""
+        with self._lock:
+            if self._windows:
+                return 0
+        dropped = self.close_window(background=True)
+        self.wait_dropped()
         return dropped
 
     @property
@@ -243,6 +255,18 @@ class HandoffBroker:
         finally:
             for _size, fd in out:  # sent (the engine holds its own copies) or not: ours are closed either way
                 os.close(fd)
+
+
+def _spare(pieces: dict[tuple[str, int], list[int]], keep_bytes: int) -> dict[tuple[str, int], list[int]]:
+    """Take up to `keep_bytes` out of `pieces` (in place), smallest pieces first: a wake's weights are many
+    tensors, so most of their pieces are small, and the driver's cost goes by the piece, not the byte."""
+    kept: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for key in sorted(pieces, key=lambda k: k[1]):
+        size, fds = key[1], pieces[key]
+        while fds and size <= keep_bytes:
+            kept[key].append(fds.pop())
+            keep_bytes -= size
+    return kept
 
 
 def _close_pieces(pieces: dict[tuple[str, int], list[int]], size: int = 0) -> None:
