@@ -314,7 +314,8 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     "handoff" the two alternate round by round), "handoff-warm" (handoff-overlap on engines of their own, each
     slept and woken once after its start: manager.warm_handoff, adr/0053, issue 58's first switch),
     "handoff-spare" (the same, a switch's leftover kept for the next wake: manager.handoff_spare, adr/0057; with
-    "handoff-warm" the two alternate round by round on one pair of engines) and "raw"
+    "handoff-warm" the two alternate round by round on one pair of engines), "handoff-kept" (the same engines
+    after those rounds, each sleep keeping its weights mapped: manager.sleep_keeps_weights, adr/0058) and "raw"
     (vLLM unpatched, its own engines started after ours are gone); ours and raw by default; handoff-warm runs
     last, so a run stopped at the device call's limit keeps the figures the README cites. `save(result)` after
     each side: a run stopped meanwhile still leaves its JSON."""
@@ -401,11 +402,13 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
             save(result)
         # The default switch on engines warmed after their start (adr/0053), engines of their own; with
         # "handoff-spare" (manager.handoff_spare, adr/0057) on the same engines, the two alternating round by round.
+        # "handoff-kept" (manager.sleep_keeps_weights, adr/0058) runs after them on the same engines, its own
+        # rounds: a model that kept its weights would make the next round's first wake of another side cheap.
         warm_modes = [m for m in ("handoff-warm", "handoff-spare") if m in sides]
-        if warm_modes:
+        if warm_modes or "handoff-kept" in sides:
             b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True, warm=True)
             try:
-                cur = start_all(b, f"vstack-{warm_modes[0]}")
+                cur = start_all(b, f"vstack-{(warm_modes or ['handoff-kept'])[0]}")
                 for r in range(repeat):
                     for mode in warm_modes:
                         spare = mode == "handoff-spare"
@@ -414,6 +417,15 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                         b.manager.settings = b.manager.settings.model_copy(update={"handoff_spare": spare})
                         for n in _cycle(order, cur):
                             record({"side": f"vstack-{mode}", "round": r, "from": cur, **b.request(n)}, cur, n)
+                            cur = n
+                if "handoff-kept" in sides:
+                    if b.broker is not None:
+                        b.broker.drop_spare()
+                    b.manager.settings = b.manager.settings.model_copy(update={"handoff_spare": False,
+                                                                               "sleep_keeps_weights": True})
+                    for r in range(repeat):  # round 0: the first wake is of a model slept without keeping
+                        for n in _cycle(order, cur):
+                            record({"side": "vstack-handoff-kept", "round": r, "from": cur, **b.request(n)}, cur, n)
                             cur = n
             finally:
                 b.close()

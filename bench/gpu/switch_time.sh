@@ -38,6 +38,9 @@
 #                                                       leftover kept for the next weights wake (manager.
 #                                                       handoff_spare, adr/0057), alternating round by round on
 #                                                       one pair of warmed engines: ~4 min on the lent x2
+#   VSTACK_SWITCH_CUDA_GRAPHS=1 bash bench/gpu/switch_time.sh pair 4 handoff-warm,handoff-kept
+#                                                       the default, then on the same engines each sleep keeping
+#                                                       its weights mapped (manager.sleep_keeps_weights, adr/0058)
 #
 # Issue 58's device calls (kind nvidia-h200, timeout_s 600 each):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"

@@ -34,7 +34,7 @@ def median(xs: list[float]) -> float | None:
 
 
 SIDES = ("vstack", "vstack-sequential", "vstack-handoff", "vstack-handoff-overlap", "vstack-handoff-warm",
-         "vstack-handoff-spare", "raw-patched", "raw")  # fmt: skip
+         "vstack-handoff-spare", "vstack-handoff-kept", "raw-patched", "raw")  # fmt: skip
 
 
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
@@ -90,7 +90,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 
 # Sides in the order a reader compares them: ours first, raw vLLM last (bench.switch_gpu.SIDES plus variants).
-ORDER = ("vstack-handoff-overlap", "vstack-handoff-warm", "vstack-handoff-spare", "vstack-handoff", "vstack",
+ORDER = ("vstack-handoff-overlap", "vstack-handoff-warm", "vstack-handoff-spare", "vstack-handoff-kept",
+         "vstack-handoff", "vstack",
          "vstack-sequential", "raw-patched", "raw")  # fmt: skip
 HEAD = ("switch", "side", "median s", "min-max s (n)", "p25-p75 s", "x raw", "x bus", "first x steady")
 

@@ -16,7 +16,7 @@ from stack.engine.control_client import control_client
 from stack.engine.diagnose import log_tail
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import EngineError
-from stack.vllm.plugins.host_copy import STAGE_METHOD, STAGING_METHOD
+from stack.vllm.plugins.host_copy import KEEP_WEIGHTS_METHOD, STAGE_METHOD, STAGING_METHOD
 
 
 class RuntimeSpec(Protocol):
@@ -102,6 +102,12 @@ class SleepEndpoints:
         (runtime patch gpu-sleep-wake-at-bus-speed); answers once the engine has started doing so."""
         control_post(self.spec.base_url, self.spec.name, "/collective_rpc", {}, timeout,
                      body={"method": STAGE_METHOD})  # fmt: skip
+
+    def keep_weights_mapped(self, timeout: float = 30) -> None:
+        """Have the engine's next sleep leave its weights mapped and release only the KV cache (runtime patch
+        gpu-sleep-wake-at-bus-speed; manager.sleep_keeps_weights, adr/0058)."""
+        control_post(self.spec.base_url, self.spec.name, "/collective_rpc", {}, timeout,
+                     body={"method": KEEP_WEIGHTS_METHOD}, key=engine_key(self))  # fmt: skip
 
     def host_copy_busy(self, timeout: float = 10) -> bool:
         """True while the engine still stages its host buffers (or sleeps or wakes); False once idle, and also

@@ -10,10 +10,10 @@ import logging
 from stack.engine.runtime import logs_of
 from stack.errors import EngineError
 from stack.manager.base import ManagerBase
-from stack.manager.policy import Evict, sleep_freed_enough
+from stack.manager.policy import Evict, held, shares_gpu, sleep_freed_enough
 from stack.manager.slot import Slot
 from stack.manager.states import ModelState
-from stack.manager.tiers import Tier
+from stack.manager.tiers import Tier, overlap_margin
 from stack.planner.sizing import gib
 
 log = logging.getLogger("stack.manager")
@@ -119,7 +119,7 @@ class Lifecycle(ManagerBase):
     def _ready(self, slot: Slot, detail: str) -> None:
         now = self.clock()
         slot.ready_since = slot.last_used = now
-        slot.residue, slot.log_tail = 0, ""
+        slot.residue, slot.log_tail, slot.weights_kept = 0, "", False
         _mark_asleep(slot, 0)
         self.move(slot, S.READY, detail)
 
@@ -141,29 +141,56 @@ class Lifecycle(ManagerBase):
                      slot.name, level, slot.tier)  # fmt: skip
             await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
 
-    async def evict(self, victim: Slot, action: Evict) -> None:
+    async def evict(self, victim: Slot, action: Evict, keep_weights: bool = False) -> None:
+        """Sleep or stop `victim`; `keep_weights` (_keeps_weights decided it): a level-1 sleep leaves its weights
+        mapped."""
         if victim.state not in (S.READY, S.SLEEPING):
             return
         self.metrics.evictions.labels(victim.name, str(action)).inc()
         if action == Evict.SLEEP and victim.state == S.READY and victim.sleeps:
-            before, held = self.probe.used(), self._held()
+            before, handed = self.probe.used(), self._held()
             level = victim.tier.sleep_level or 1
-            self.move(victim, S.SLEEPING, f"sleep level {level}")
+            kept = ", weights kept on the GPU" if keep_weights else ""
+            self.move(victim, S.SLEEPING, f"sleep level {level}{kept}")
             try:
                 with self._phase(f"manager.sleep {victim.name}", **{"vstack.sleep_level": level}):
-                    await asyncio.to_thread(victim.runtime.sleep, level)
-                self._slept(victim, level)
+                    await asyncio.to_thread(self._sleep_engine, victim, level, keep_weights)
+                self._slept(victim, level, keep_weights)
                 # Memory this sleep handed over for the next wake is still in use on the GPU, but not this engine's.
-                if self._verify_sleep(victim, before, self.probe.used(), self._held() - held):
+                if self._verify_sleep(victim, before, self.probe.used(), self._held() - handed):
                     return
             except EngineError as exc:
                 log.warning("sleep of %s failed (%s): stopping it", victim.name, exc.message)
         await self.stop_engine(victim, "evicted" if action == Evict.STOP else "sleep did not free memory; stopped")
 
+    @staticmethod
+    def _sleep_engine(victim: Slot, level: int, keep_weights: bool) -> None:
+        """The engine's sleep (blocking: run in a thread); asked first to keep its weights mapped, for this sleep
+        only (the engine forgets it once it slept)."""
+        if keep_weights:
+            victim.runtime.keep_weights_mapped()  # type: ignore[attr-defined]
+        victim.runtime.sleep(level)
+
+    def _keeps_weights(self, victim: Slot, target: Slot) -> bool:
+        """manager.sleep_keeps_weights (adr/0058): `victim`'s level-1 sleep may leave its weights mapped when its
+        engine can, and they fit, with the overlap's margin, beside `target` at its full need and everything
+        else held on their GPU. Switching back then maps a KV cache and copies no weights."""
+        if not (self.settings.sleep_keeps_weights and victim.weights_gpu and (victim.tier.sleep_level or 1) == 1
+                and callable(getattr(victim.runtime, "keep_weights_mapped", None))):  # fmt: skip
+            return False
+        v, t = victim.view(), target.view()
+        beside = sum(held(s.view(), self.capacity) for s in self.slots.values()
+                     if s is not victim and s is not target and shares_gpu(s.view(), v))  # fmt: skip
+        need = self.capacity.total if t.need is None else t.need
+        total = self.capacity.total
+        return beside + need + victim.weights_gpu + overlap_margin(total) <= total
+
     def _spare_for(self, slept: list[Slot]) -> int:
         """Bytes of a switch's leftover kept for the next wake (manager.handoff_spare, adr/0057): the weights of
         the models it put to sleep, the likeliest next wake's. 0 when off."""
-        return sum(v.weights_gpu or 0 for v in slept) if self.settings.handoff_spare else 0
+        if not self.settings.handoff_spare:
+            return 0
+        return sum(v.weights_gpu or 0 for v in slept if not v.weights_kept)  # kept weights need no memory back
 
     async def _drop_spare(self) -> None:
         if self.settings.handoff_spare and self.handoff is not None and self.handoff.held_bytes():
@@ -178,7 +205,9 @@ class Lifecycle(ManagerBase):
         """True when the sleep is done with: NVML shows its memory freed (`grown`: bytes another engine mapped
         meanwhile, an overlapped wake), or it is an attached engine that cannot be stopped instead."""
         freed = None if before is None or after is None else before - after + grown
-        if freed is not None and sleep_freed_enough(freed, 0, victim.need, self.settings.sleep_min_freed):
+        kept = (victim.weights_gpu or 0) if victim.weights_kept else 0  # still mapped, by design
+        expect = None if victim.need is None else victim.need - kept
+        if freed is not None and sleep_freed_enough(freed, 0, expect, self.settings.sleep_min_freed):
             victim.residue = max(0, (victim.need or 0) - freed)
             self.move(victim, S.SLEEPING, f"asleep (level {victim.tier.sleep_level}), {freed / 2**30:.1f} GiB freed")
             return True
@@ -191,15 +220,16 @@ class Lifecycle(ManagerBase):
         return False
 
     @staticmethod
-    def _slept(victim: Slot, level: int) -> None:
+    def _slept(victim: Slot, level: int, weights_kept: bool = False) -> None:
         """A level-1 sleep left the weights' host copy in the engine (kept there where it keeps one); level 2
         dropped it. Its record says so: a gateway that re-attaches it wakes it before serving (adr/0030)."""
         victim.host_copy_held = victim.keeps_host_copy and level == 1
+        victim.weights_kept = weights_kept
         _mark_asleep(victim, level)
 
     async def stop_engine(self, slot: Slot, why: str) -> None:
         self.move(slot, S.STOPPING, why)
-        slot.host_copy_held = False  # a new engine process starts without one
+        slot.host_copy_held = slot.weights_kept = False  # a new engine process starts without either
         with self._phase(f"manager.stop {slot.name}"):
             await asyncio.to_thread(slot.runtime.stop, self.stop_grace_s)
         slot.residue = 0

@@ -41,6 +41,7 @@ class Slot:
     prefix_cache_bytes: int = 0  # host RAM its prefix cache takes across sleep (stack.vllm.kv_offload)
     keeps_host_copy: bool = False  # its engine keeps the weights' host copy between sleeps (stack.engine.sleep_copy)
     host_copy_held: bool = False  # ... and holds one now (an earlier level-1 sleep of this engine process)
+    weights_kept: bool = False  # asleep with its weights still mapped on the GPU (manager.sleep_keeps_weights)
     gpus: frozenset[int] | None = None  # pinned by its environment (stack.manager.memory.pinned_gpus); None: from 0
 
     def waited_s(self, now: float) -> float:
@@ -75,6 +76,7 @@ class Slot:
             "idle_s": round(now - self.last_used, 1) if self.last_used else None,
             "restarts": len(self.restarts), "last_switch": self.last_switch,
             "gpus": None if self.gpus is None else sorted(self.gpus),
+            "weights_kept": self.weights_kept,  # asleep with its weights on the GPU (manager.sleep_keeps_weights)
             "log_tail": self.log_tail if self.state == ModelState.FAILED else "",
             "engine": getattr(self.runtime.spec, "base_url", None),
             **(self.runtime.describe() if hasattr(self.runtime, "describe") else {}),  # replicas on Ray

@@ -142,9 +142,12 @@ class Switching(ManagerBase):
         if window is not None:
             window.open_window()
         try:
+            one = len(plan.evict) == 1  # weights kept beside the target: decided for one model put to sleep only
             for e in plan.evict:
                 t = self.clock()
-                await self.evict(self.slots[e.name], e.action)
+                victim = self.slots[e.name]
+                keep = one and e.action == Evict.SLEEP and self._keeps_weights(victim, slot)
+                await self.evict(victim, e.action, keep)
                 phases[f"{e.action}_{e.name}_s"] = round(self.clock() - t, 3)
             return slot.state != S.SLEEPING or await self._wake(slot, phases)
         finally:
@@ -164,7 +167,8 @@ class Switching(ManagerBase):
         free = self.capacity.total - sum(held(v, self.capacity) for v in views if shares_gpu(v, target))
         victim = self.slots[sleepers[0]]
         release_only = victim.host_copy_held and (victim.tier.sleep_level or 1) == 1
-        order = switch_order(slot.weights_gpu, free, self.capacity.total, target_tier=slot.tier, evicted=sleepers,
+        weights = 0 if slot.weights_kept else slot.weights_gpu  # kept mapped through its sleep: nothing to place
+        order = switch_order(weights, free, self.capacity.total, target_tier=slot.tier, evicted=sleepers,
                              enabled=self.settings.overlap_wake, release_only=release_only,
                              handoff=self.handoff is not None)  # fmt: skip
         if order.overlap and not isinstance(self.probe, NoProbe) and self.probe.used() is None:
@@ -206,16 +210,20 @@ class Switching(ManagerBase):
         before, held = self.probe.used(), self._held()
         readings_s = self.clock() - t  # NVML, read before and after the sleep: a phase of its own
         level = victim.tier.sleep_level or 1
-        self.move(victim, S.SLEEPING, f"sleep level {level}, overlapped with {slot.name}'s wake")
+        keep = self._keeps_weights(victim, slot)
+        mapped = 0 if slot.weights_kept else (slot.weights_gpu or 0)  # what the target's weights wake maps
+        self.move(victim, S.SLEEPING, f"sleep level {level}, overlapped with {slot.name}'s wake"
+                  + (", weights kept on the GPU" if keep else ""))  # fmt: skip
         self.move(slot, S.STARTING, f"waking weights beside {victim.name}'s sleep")
         t = self.clock()
-        slept, woke = await asyncio.gather(self._timed(phases, f"sleep_{victim.name}_s", victim.runtime.sleep, level),
+        slept, woke = await asyncio.gather(self._timed(phases, f"sleep_{victim.name}_s", self._sleep_engine, victim,
+                                                       level, keep),
                                            self._wake_weights(slot, phases), return_exceptions=True)  # fmt: skip
         phases["overlap_s"] = round(self.clock() - t, 3)
         if not isinstance(slept, BaseException):
-            self._slept(victim, level)
+            self._slept(victim, level, keep)
         # Mapped meanwhile: the target's weights; and what the victim handed over, still in use on the GPU.
-        grown = (0 if isinstance(woke, BaseException) else (slot.weights_gpu or 0)) + self._held() - held
+        grown = (0 if isinstance(woke, BaseException) else mapped) + self._held() - held
         t = self.clock()
         after = None if isinstance(slept, BaseException) else self.probe.used()
         phases["memory_readings_s"] = round(readings_s + self.clock() - t, 4)

@@ -151,6 +151,26 @@ def test_a_weight_changed_while_awake_is_copied_again_and_said(engine, caplog, m
     assert weights_bytes(by_tag, dev) == changed  # the new bytes, not the stale copy
 
 
+def test_a_sleep_asked_to_keep_the_weights_mapped_releases_only_the_kv_cache(engine) -> None:
+    """manager.sleep_keeps_weights (adr/0058): after KEEP_WEIGHTS_METHOD the next sleep neither copies nor unmaps
+    the weights (they stay on the GPU, bytes intact), releases the KV cache, and the wake maps the KV cache alone;
+    the sleep after that is a whole one again (the request holds for one sleep)."""
+    dev, alloc, by_tag = engine
+    before = weights_bytes(by_tag, dev)
+    alloc._vstack_keep_mapped = True  # what the collective_rpc target sets
+    slept = fsw.sleep(alloc, ("weights",), dev, keep=True)
+    assert slept["copied"] == 0 and slept["discarded"] == 8 * MIB and not dev.copies
+    assert dev.mapped == set(by_tag["weights"]) and weights_bytes(by_tag, dev) == before
+    woke_weights = fsw.wake_up(alloc, ["weights"], dev, keep=True)  # the manager's split wake: nothing to do
+    assert woke_weights["mapped"] == 0 and woke_weights["moved"] == 0
+    woke = fsw.wake_up(alloc, ["kv_cache"], dev, keep=True)
+    assert woke["mapped"] == 8 * MIB and weights_bytes(by_tag, dev) == before
+    again = fsw.sleep(alloc, ("weights",), dev, keep=True)  # not asked this time: the weights go to the host
+    assert again["copied"] == sum(len(b) for b in before.values()) and not dev.mapped
+    fsw.wake_up(alloc, None, dev, keep=True)
+    assert weights_bytes(by_tag, dev) == before
+
+
 def test_level2_drops_the_kept_copies(engine) -> None:
     dev, alloc, by_tag = engine
     fsw.sleep(alloc, ("weights",), dev, keep=True)

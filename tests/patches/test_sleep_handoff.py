@@ -210,3 +210,29 @@ def test_the_free_memory_check_is_skipped_only_for_a_sleep_that_completed() -> N
     other.sleep = fsw._sleep_check_beside_a_wake(other.sleep, lambda: allocator)
     with pytest.raises(AssertionError, match="something else"):
         other().sleep(1)
+
+
+def test_a_sleep_that_keeps_its_weights_mapped_hands_over_only_its_kv_cache(gpu) -> None:
+    """manager.sleep_keeps_weights (adr/0058) with the handoff: A's weights stay mapped in their pieces (bytes
+    intact), its 64 MiB KV cache goes to the broker, B's KV cache wakes in it; A's wake then maps its KV cache
+    alone and takes nothing for its weights."""
+    for alloc, ops in ((gpu.a, gpu.ops_a), (gpu.b, gpu.ops_b)):
+        fsw.sleep(alloc, ("weights",), ops, keep=True)
+    fsw.wake_up(gpu.a, None, gpu.ops_a, keep=True)
+    weights_a = tagged(gpu.a, "weights")
+    gpu.broker.open_window("gpu-0")  # A -> B, A keeping its weights
+    gpu.a._vstack_keep_mapped = True
+    slept = fsw.sleep(gpu.a, ("weights",), gpu.ops_a, keep=True)
+    assert slept["handoff_handed"] == 64 * MIB and slept["discarded"] == 64 * MIB and slept["copied"] == 0
+    assert tagged(gpu.a, "weights") == weights_a  # still mapped, readable, untouched
+    fsw.wake_up(gpu.b, ["weights"], gpu.ops_b, keep=True)
+    woke = fsw.wake_up(gpu.b, ["kv_cache"], gpu.ops_b, keep=True)
+    assert woke["handoff_imported"] == 64 * MIB  # A's KV cache
+    gpu.broker.close_window()
+    gpu.broker.open_window("gpu-0")  # B -> A
+    fsw.sleep(gpu.b, ("weights",), gpu.ops_b, keep=True)
+    woke_weights = fsw.wake_up(gpu.a, ["weights"], gpu.ops_a, keep=True)
+    assert woke_weights["mapped"] == 0 and woke_weights["moved"] == 0  # nothing to map or copy
+    woke = fsw.wake_up(gpu.a, ["kv_cache"], gpu.ops_a, keep=True)
+    assert woke["mapped"] == 64 * MIB and tagged(gpu.a, "weights") == weights_a
+    gpu.broker.close_window()

@@ -197,6 +197,13 @@ class ManagerConfig(BaseModel):
         "~98 GiB is cleared by the driver beside the next engine's weight copies; H200: first switch 1.05x steady "
         "with it, 1.40x without; adr/0053). false: no pause after a start, a slower first switch",
     )
+    sleep_keeps_weights: bool = Field(
+        False,
+        description="a level-1 sleep in a switch leaves the sleeping model's weights mapped on the GPU, releasing "
+        "(and handing over) only its KV cache, where those weights fit beside the model woken in its place plus "
+        "a margin: switching back then maps a KV cache and copies no weights (adr/0058). The sleeping model holds "
+        "its weights' memory meanwhile; a switch that needs it stops that model. Off until a GPU run measures it",
+    )
     handoff_spare: bool = Field(
         False,
         description="with the memory handoff, the memory a switch's evicted model handed over and the woken one did "

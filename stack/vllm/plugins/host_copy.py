@@ -12,3 +12,7 @@ STAGE_METHOD = "vstack_stage_host_copy"
 # The collective_rpc method that answers "busy" while that staging (or a sleep or wake) runs in the engine, else
 # "idle": the manager's warm hand-over (manager.warm_handoff, adr/0053) waits for it instead of blocking requests.
 STAGING_METHOD = "vstack_host_copy_staging"
+# The collective_rpc method that has the engine's next sleep leave its weights mapped on the GPU (only the KV cache
+# is released, and handed over): the manager's choice where the weights fit beside the model woken in its place
+# (manager.sleep_keeps_weights, adr/0058). The wake after it maps the KV cache alone.
+KEEP_WEIGHTS_METHOD = "vstack_keep_weights_mapped"

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from stack.vllm.plugins.handoff import SOCKET_ENV
-from stack.vllm.plugins.host_copy import KEEP_ENV, STAGE_METHOD, STAGING_METHOD
+from stack.vllm.plugins.host_copy import KEEP_ENV, KEEP_WEIGHTS_METHOD, STAGE_METHOD, STAGING_METHOD
 from stack.vllm.plugins.runtime_patches import deferred_wake
 from stack.vllm.plugins.runtime_patches.cuda_ops import CudaOps
 
@@ -103,6 +103,10 @@ def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, 
     t0 = time.perf_counter()
     copied = discarded = 0
     items = list(allocator.pointer_to_data.items())
+    # KEEP_WEIGHTS_METHOD asked for this sleep only: the offloaded allocations (the weights) stay mapped, untouched.
+    keep_mapped, allocator._vstack_keep_mapped = getattr(allocator, "_vstack_keep_mapped", False), False
+    if keep_mapped:
+        items = [(p, d) for p, d in items if d.tag not in tags]
     kept_ok = []
     for ptr, data in items:
         size = data.handle[1]
@@ -200,7 +204,9 @@ def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) ->
     t0 = time.perf_counter()
     moved = mapped = 0
     restored = []
-    chosen = [(p, d) for p, d in allocator.pointer_to_data.items() if wanted is None or d.tag in wanted]
+    # An allocation a sleep left mapped (KEEP_WEIGHTS_METHOD) is not asleep: nothing to map or copy for it.
+    chosen = [(p, d) for p, d in allocator.pointer_to_data.items()
+              if (wanted is None or d.tag in wanted) and getattr(d, "is_asleep", True)]  # fmt: skip
     pending = deferred_wake.take(allocator)  # an earlier weights-only wake's copies: waited for with this call's
     before_wake = getattr(ops, "before_wake", None)  # the memory handoff: pieces another engine handed over
     if before_wake:
@@ -343,6 +349,14 @@ def _stage_host_copy(self: Any) -> str:
     return "staging"
 
 
+def _keep_weights_mapped(self: Any) -> str:
+    """collective_rpc target: the next sleep leaves the weights mapped (manager.sleep_keeps_weights, adr/0058)."""
+    from vllm.device_allocator.cumem import CuMemAllocator
+
+    CuMemAllocator.get_instance()._vstack_keep_mapped = True
+    return "the next sleep keeps the weights mapped"
+
+
 def _host_copy_staging(self: Any) -> str:
     """collective_rpc target: "busy" while a staging, sleep or wake holds the lock, else "idle" (answers at once)."""
     return "busy" if _busy.locked() else "idle"
@@ -377,7 +391,7 @@ def _discard_handed_back(method: Any) -> Any:
     return discard
 
 
-for _fn in (_sleep, _wake_up, _stage_host_copy, _host_copy_staging):
+for _fn in (_sleep, _wake_up, _stage_host_copy, _host_copy_staging, _keep_weights_mapped):
     setattr(_fn, MARK, "gpu-sleep-wake-at-bus-speed")
 
 
@@ -398,6 +412,7 @@ def apply() -> bool:
 
     setattr(WorkerWrapperBase, STAGE_METHOD, _stage_host_copy)  # reached by collective_rpc's method name
     setattr(WorkerWrapperBase, STAGING_METHOD, _host_copy_staging)
+    setattr(WorkerWrapperBase, KEEP_WEIGHTS_METHOD, _keep_weights_mapped)
     if os.environ.get(SOCKET_ENV):  # before the allocator exists: it keeps its free callback bound at creation
         for name, wrap in (("_python_free_callback", _free_handed_back), ("discard", _discard_handed_back)):
             if hasattr(cls, name):

@@ -1,0 +1,145 @@
+"""manager.sleep_keeps_weights (adr/0058): a level-1 sleep in a switch leaves the sleeping model's weights mapped
+where they fit beside the model woken in its place, so switching back maps a KV cache and copies no weights.
+Stand-in engines on a fake GPU (NVML's used bytes are what they hold); the engine's side (the runtime patch's
+sleep that skips the weights) is tested in tests/patches/test_fast_sleep_wake.py."""
+
+from __future__ import annotations
+
+import os
+
+from stack.manager.states import ModelState
+from stack.vllm.plugins.handoff import put_pieces
+
+from .conftest import GIB, FakeGpu, StandIn, run
+from .test_sleep_handoff_window import PIECE, TaggedHandingStandIn, two_engines
+from .test_switch_order import call, gpu_manager, serve
+
+S = ModelState
+
+
+class Keeping:
+    """What the runtime patch does after KEEP_WEIGHTS_METHOD: the next sleep keeps the weights up (held on the
+    GPU), and a weights wake of an engine whose weights are up has nothing to do."""
+
+    keep_next = False
+    kept_sleeps = 0
+
+    def keep_weights_mapped(self, timeout: float = 30) -> None:
+        self.keep_next = True
+
+    def sleep(self, level: int = 1, timeout: float = 120) -> None:
+        keep, self.keep_next = self.keep_next, False
+        super().sleep(level, timeout)  # type: ignore[misc]
+        if keep:
+            self.weights_up, self.kept_sleeps = True, self.kept_sleeps + 1
+
+    def wake_up(self, tags: list[str] | None = None, timeout: float = 120) -> None:
+        if tags == ["weights"] and self.asleep and self.weights_up:
+            self.calls.append(("wake weights (kept)", 0.0, 0.0))
+            return
+        wake_s, self.wake_s = self.wake_s, (0.0 if self.weights_up else self.wake_s)  # nothing to copy back
+        try:
+            super().wake_up(tags, timeout)  # type: ignore[misc]
+        finally:
+            self.wake_s = wake_s
+
+
+class KeepingStandIn(Keeping, StandIn):
+    pass
+
+
+class KeepingHandingStandIn(Keeping, TaggedHandingStandIn):
+    """Hands over what its sleep releases: everything, or the KV cache alone when it keeps its weights."""
+
+    def sleep(self, level: int = 1, timeout: float = 120) -> None:
+        keep, self.keep_next = self.keep_next, False
+        StandIn.sleep(self, level, timeout)
+        fds = [os.memfd_create("piece") for _ in range((self.need - (self.weights if keep else 0)) // PIECE)]
+        self.handed.append(put_pieces(self.broker_path, "gpu-0", [(PIECE, fd) for fd in fds]))
+        self.handed_bytes = len(fds) * PIECE
+        for fd in fds:
+            os.close(fd)
+        if keep:
+            self.weights_up, self.kept_sleeps = True, self.kept_sleeps + 1
+
+
+def pair(keep: bool, need_gib: int = 60) -> tuple[KeepingStandIn, KeepingStandIn, object, FakeGpu]:
+    """60 GiB each on 80 with 15 GiB of weights: 60 + 15 + the margin (2.1 GiB) fit, so one's weights stay
+    beside the other; a weights wake takes 0.5 s when it copies."""
+    gpu = FakeGpu()
+    a, b = (KeepingStandIn(n, need=need_gib * GIB, gpu=gpu) for n in ("a", "b"))
+    for e in (a, b):
+        e.weights, e.wake_s = 15 * GIB, 0.5
+    return a, b, gpu_manager([a, b], gpu, capacity_gib=80, sleep_keeps_weights=keep), gpu
+
+
+def test_a_switch_back_maps_no_weights_when_the_sleeping_model_kept_them() -> None:
+    a, b, mgr, gpu = pair(keep=True)
+    for name in ("a", "b"):  # a sleeps for b: its 15 GiB of weights fit beside b's 60
+        run(serve(mgr, name))
+    assert mgr.slots["a"].state == S.SLEEPING and mgr.slots["a"].weights_kept and a.kept_sleeps == 1
+    assert gpu.used() == 60 * GIB + 15 * GIB + GIB // 8  # b awake, a's weights and context
+    assert mgr.slots["a"].residue >= 15 * GIB  # counted as held by the sleeping model
+    assert mgr.slots["a"].public(0)["weights_kept"] is True  # what /admin/models shows
+    run(serve(mgr, "a"))  # b sleeps (keeping its weights), a wakes its KV cache only
+    assert mgr.slots["a"].state == S.READY and not mgr.slots["a"].weights_kept
+    assert mgr.slots["b"].state == S.SLEEPING and mgr.slots["b"].weights_kept
+    assert a.starts == 1 and b.starts == 1  # no sleep was judged a failure
+    assert mgr.slots["a"].last_switch["seconds"] < 0.4  # no 0.5 s weights copy in it
+    assert gpu.used() == 60 * GIB + 15 * GIB + GIB // 8
+
+
+def test_off_by_default_the_same_switch_copies_the_weights_back() -> None:
+    a, _b, mgr, gpu = pair(keep=False)
+    for name in ("a", "b", "a"):
+        run(serve(mgr, name))
+    assert a.kept_sleeps == 0 and not mgr.slots["b"].weights_kept
+    assert mgr.slots["a"].last_switch["seconds"] >= 0.5  # the weights came back over the bus
+    assert gpu.used() == 60 * GIB + GIB // 8
+
+
+def test_weights_are_not_kept_where_they_would_not_fit_beside_the_woken_model() -> None:
+    """70 GiB each on 80: 70 + 15 + the margin is past 80, so the sleep releases everything as before."""
+    a, _b, mgr, gpu = pair(keep=True, need_gib=70)
+    for name in ("a", "b"):
+        run(serve(mgr, name))
+    assert a.kept_sleeps == 0 and not mgr.slots["a"].weights_kept
+    assert gpu.used() == 70 * GIB + GIB // 8
+
+
+def test_a_third_model_that_needs_the_kept_weights_memory_gets_it() -> None:
+    """a asleep with its 15 GiB kept, b awake, c (60 GiB) asked: b sleeps (its weights would not fit beside c and
+    a's), and c fits beside a's kept weights; a later one that needs more stops a."""
+    gpu = FakeGpu()
+    a, b, c = (KeepingStandIn(n, need=60 * GIB, gpu=gpu) for n in ("a", "b", "c"))
+    for e in (a, b, c):
+        e.weights = 15 * GIB
+    mgr = gpu_manager([a, b, c], gpu, capacity_gib=80, sleep_keeps_weights=True)
+    for name in ("a", "b", "c"):
+        run(serve(mgr, name))
+    assert mgr.slots["c"].state == S.READY and mgr.slots["a"].weights_kept
+    assert mgr.slots["b"].state == S.SLEEPING and not mgr.slots["b"].weights_kept
+    assert gpu.used() <= 80 * GIB
+
+
+def test_with_the_handoff_an_overlapped_switch_back_wakes_only_the_kv_cache_from_the_others_pieces() -> None:
+    """The default setup on a GPU (memory handoff, kept host copies, overlapped switches): b sleeps beside a's
+    wake keeping its weights, hands over only its KV cache (45 GiB), which a's KV cache takes; a's weights wake
+    has nothing to copy because a kept them."""
+    broker, a, b, mgr = two_engines(60, KeepingHandingStandIn)
+    for e in (a, b):
+        e.sleep_s = e.wake_s = 0.3
+    mgr.handoff = broker
+    mgr.settings = mgr.settings.model_copy(update={"sleep_keeps_weights": True})
+    for name in ("a", "b"):
+        mgr.slots[name].keeps_host_copy = True
+    try:
+        for name in ("b", "a", "b", "a"):
+            run(serve(mgr, name))
+    finally:
+        broker.stop()
+    last = mgr.slots["a"].last_switch
+    assert last["overlap"] and mgr.slots["b"].weights_kept and mgr.slots["b"].state == S.SLEEPING
+    assert call(a, "wake weights (kept)")  # nothing mapped or copied for a's weights
+    assert b.handed_bytes == 45 * GIB and a.taken[-1] == 45 * GIB  # b's KV cache became a's
+    assert b.starts == 1 and a.starts == 1 and last["phases"]["handoff_left_gib"] == 0.0
