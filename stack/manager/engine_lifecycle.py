@@ -153,8 +153,9 @@ class Lifecycle(ManagerBase):
             kept = ", weights kept on the GPU" if keep_weights else ""
             self.move(victim, S.SLEEPING, f"sleep level {level}{kept}")
             try:
+                keep_weights = keep_weights and await self._ask_keep_weights(victim)
                 with self._phase(f"manager.sleep {victim.name}", **{"vstack.sleep_level": level}):
-                    await asyncio.to_thread(self._sleep_engine, victim, level, keep_weights)
+                    await asyncio.to_thread(victim.runtime.sleep, level)
                 self._slept(victim, level, keep_weights)
                 # Memory this sleep handed over for the next wake is still in use on the GPU, but not this engine's.
                 if self._verify_sleep(victim, before, self.probe.used(), self._held() - handed):
@@ -164,12 +165,16 @@ class Lifecycle(ManagerBase):
         await self.stop_engine(victim, "evicted" if action == Evict.STOP else "sleep did not free memory; stopped")
 
     @staticmethod
-    def _sleep_engine(victim: Slot, level: int, keep_weights: bool) -> None:
-        """The engine's sleep (blocking: run in a thread); asked first to keep its weights mapped, for this sleep
-        only (the engine forgets it once it slept)."""
-        if keep_weights:
-            victim.runtime.keep_weights_mapped()  # type: ignore[attr-defined]
-        victim.runtime.sleep(level)
+    async def _ask_keep_weights(victim: Slot) -> bool:
+        """Ask `victim`'s engine to keep its weights mapped through its next sleep (that sleep only). False when it
+        cannot (an engine without the runtime patch answers an error): it then sleeps as always."""
+        try:
+            await asyncio.to_thread(victim.runtime.keep_weights_mapped)  # type: ignore[attr-defined]
+            return True
+        except Exception as exc:  # any failure here only costs the optimisation
+            log.warning("model %s: its engine cannot keep its weights through a sleep (%s); a plain sleep",
+                        victim.name, getattr(exc, "message", exc))  # fmt: skip
+            return False
 
     def _keeps_weights(self, victim: Slot, target: Slot) -> bool:
         """manager.sleep_keeps_weights (adr/0058): `victim`'s level-1 sleep may leave its weights mapped when its
@@ -209,6 +214,9 @@ class Lifecycle(ManagerBase):
         expect = None if victim.need is None else victim.need - kept
         if freed is not None and sleep_freed_enough(freed, 0, expect, self.settings.sleep_min_freed):
             victim.residue = max(0, (victim.need or 0) - freed)
+            if kept and victim.residue < 0.9 * kept:  # NVML says they went after all: the next wake copies them
+                log.warning("model %s: asked to keep its weights through the sleep, it released them", victim.name)
+                victim.weights_kept = False
             self.move(victim, S.SLEEPING, f"asleep (level {victim.tier.sleep_level}), {freed / 2**30:.1f} GiB freed")
             return True
         if not victim.runtime.owns_process:

@@ -210,14 +210,13 @@ class Switching(ManagerBase):
         before, held = self.probe.used(), self._held()
         readings_s = self.clock() - t  # NVML, read before and after the sleep: a phase of its own
         level = victim.tier.sleep_level or 1
-        keep = self._keeps_weights(victim, slot)
+        keep = self._keeps_weights(victim, slot) and await self._ask_keep_weights(victim)
         mapped = 0 if slot.weights_kept else (slot.weights_gpu or 0)  # what the target's weights wake maps
         self.move(victim, S.SLEEPING, f"sleep level {level}, overlapped with {slot.name}'s wake"
                   + (", weights kept on the GPU" if keep else ""))  # fmt: skip
         self.move(slot, S.STARTING, f"waking weights beside {victim.name}'s sleep")
         t = self.clock()
-        slept, woke = await asyncio.gather(self._timed(phases, f"sleep_{victim.name}_s", self._sleep_engine, victim,
-                                                       level, keep),
+        slept, woke = await asyncio.gather(self._timed(phases, f"sleep_{victim.name}_s", victim.runtime.sleep, level),
                                            self._wake_weights(slot, phases), return_exceptions=True)  # fmt: skip
         phases["overlap_s"] = round(self.clock() - t, 3)
         if not isinstance(slept, BaseException):

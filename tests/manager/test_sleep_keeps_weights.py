@@ -143,3 +143,30 @@ def test_with_the_handoff_an_overlapped_switch_back_wakes_only_the_kv_cache_from
     assert call(a, "wake weights (kept)")  # nothing mapped or copied for a's weights
     assert b.handed_bytes == 45 * GIB and a.taken[-1] == 45 * GIB  # b's KV cache became a's
     assert b.starts == 1 and a.starts == 1 and last["phases"]["handoff_left_gib"] == 0.0
+
+
+def test_an_engine_that_cannot_keep_its_weights_sleeps_as_always() -> None:
+    """An engine without the runtime patch answers the request with an error: the sleep goes on as a plain one,
+    the model is not stopped, and the switch back copies its weights."""
+    from stack.errors import EngineError
+
+    a, _b, mgr, gpu = pair(keep=True)
+
+    def refuse(timeout: float = 30) -> None:
+        raise EngineError("engine 'a': POST /collective_rpc answered 500")
+
+    a.keep_weights_mapped = refuse  # type: ignore[method-assign]
+    for name in ("a", "b"):
+        run(serve(mgr, name))
+    assert mgr.slots["a"].state == S.SLEEPING and not mgr.slots["a"].weights_kept and a.starts == 1
+    assert gpu.used() == 60 * GIB + GIB // 8
+
+
+def test_an_engine_that_released_its_weights_anyway_is_not_counted_as_keeping_them() -> None:
+    """NVML decides: the request answered but the sleep freed the weights too, so the model is not marked as
+    keeping them and its next wake is planned as one that copies them."""
+    a, _b, mgr, _gpu = pair(keep=True)
+    a.keep_weights_mapped = lambda timeout=30: None  # type: ignore[method-assign]  # says yes, keeps nothing
+    for name in ("a", "b"):
+        run(serve(mgr, name))
+    assert mgr.slots["a"].state == S.SLEEPING and not mgr.slots["a"].weights_kept and a.starts == 1
