@@ -150,10 +150,10 @@ class Lifecycle(ManagerBase):
         if action == Evict.SLEEP and victim.state == S.READY and victim.sleeps:
             before, handed = self.probe.used(), self._held()
             level = victim.tier.sleep_level or 1
+            keep_weights = keep_weights and await self._ask_keep_weights(victim)
             kept = ", weights kept on the GPU" if keep_weights else ""
             self.move(victim, S.SLEEPING, f"sleep level {level}{kept}")
             try:
-                keep_weights = keep_weights and await self._ask_keep_weights(victim)
                 with self._phase(f"manager.sleep {victim.name}", **{"vstack.sleep_level": level}):
                     await asyncio.to_thread(victim.runtime.sleep, level)
                 self._slept(victim, level, keep_weights)
