@@ -9,6 +9,7 @@ it, so a lost node never leaves an engine serving that nobody routes to or stops
 from __future__ import annotations
 
 import ctypes
+import random
 import shutil
 import signal
 import socket
@@ -47,7 +48,32 @@ def node_ip(engine_host: str) -> str:
     return ray.util.get_node_ip_address()
 
 
-def free_port_on(host: str) -> int:
+# Ports for a replica's sockets come from below the kernel's ephemeral range and above Ray's worker ports
+# (10002-19999 by default). A port the kernel hands out (bind to 0) is free only until the next socket that asks
+# for any port: vLLM's own ZMQ sockets and every outgoing connection draw from that range, and CI saw one take a
+# KV-event port between its pick and vLLM's bind (zmq "Address already in use", the replica failed to start).
+PORTS_FROM = 20000
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def free_port_on(host: str, tries: int = 64) -> int:
+    """A port free on `host` now, drawn at random outside the ephemeral range (see PORTS_FROM); the kernel's
+    pick if none of `tries` is free there."""
+    top = _ephemeral_start()
+    for _ in range(tries if top > PORTS_FROM else 0):
+        port = random.randrange(PORTS_FROM, top)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
