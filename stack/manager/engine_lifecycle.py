@@ -184,8 +184,8 @@ class Lifecycle(ManagerBase):
                 and callable(getattr(victim.runtime, "keep_weights_mapped", None))):  # fmt: skip
             return False
         v, t = victim.view(), target.view()
-        beside = sum(held(s.view(), self.capacity) for s in self.slots.values()
-                     if s is not victim and s is not target and shares_gpu(s.view(), v))  # fmt: skip
+        others = [s.view() for s in self.slots.values() if s is not victim and s is not target]
+        beside = sum(held(o, self.capacity) for o in others if shares_gpu(o, v))
         need = self.capacity.total if t.need is None else t.need
         total = self.capacity.total
         return beside + need + victim.weights_gpu + overlap_margin(total) <= total
@@ -198,7 +198,8 @@ class Lifecycle(ManagerBase):
         return sum(v.weights_gpu or 0 for v in slept if not v.weights_kept)  # kept weights need no memory back
 
     async def _drop_spare(self) -> None:
-        if self.settings.handoff_spare and self.handoff is not None and self.handoff.held_bytes():
+        # The broker's own holdings decide, not the setting: a spare kept before the setting was turned off counts.
+        if self.handoff is not None and self.handoff.held_bytes():
             dropped = await asyncio.to_thread(self.handoff.drop_spare)
             log.info("freed the %s spare of the memory handoff before an engine start", gib(dropped))
 

@@ -37,7 +37,7 @@ def manager(warm: bool) -> tuple:
     mgr = build([a, b], settings, capacity_gib=80, sleep=True, gpu=gpu)
     for slot in mgr.slots.values():
         slot.tier, slot.keeps_host_copy = Tier.LEVEL1, True
-    mgr.handoff = SimpleNamespace(dropping=False)  # the broker (manager.sleep_handoff): its presence, nothing freeing
+    mgr.handoff = SimpleNamespace(dropping=False, held_bytes=lambda: 0)  # the broker: present, nothing held or freeing
     return mgr, a, b
 
 

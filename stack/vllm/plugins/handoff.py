@@ -151,7 +151,7 @@ class HandoffBroker:
             pieces, self._pieces = self._pieces, _spare(self._pieces, keep_bytes)
             self.stats["dropped"] += sum(len(fds) for fds in pieces.values())
         dropped = sum(size * len(fds) for (_dev, size), fds in pieces.items())
-        if not pieces:
+        if not dropped:  # nothing, or everything kept as spare: no thread to start
             return 0
         if not background:
             _close_pieces(pieces)
