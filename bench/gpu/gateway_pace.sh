@@ -67,7 +67,7 @@ until curl -sf "http://127.0.0.1:$eport/health" >/dev/null && curl -sf "http://1
   sleep 2
 done
 echo "engine and gateway ready in $(( SECONDS - t0 )) s" | tee -a "$log"
-served=llama8b; tokenizer=$model; results="$work/results"
+served=llama8b; tokenizer=$model; results="$work/results"; engine_metrics="http://127.0.0.1:$eport/metrics"
 source "$root/bench/gpu/serve_bench.sh"
 bench() {  # TARGET PORT CONCURRENCY: the gateway on that port counted
   local pid=$gateway; [ "$2" = "$nport" ] && pid=$gatewayn

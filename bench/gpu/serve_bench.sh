@@ -10,7 +10,10 @@
 # divided, a seed each), merged into one result file (bench/gpu/serve_rows.py --merge): one client process tops out
 # near one core at ~25k streamed tok/s (2026-11-29, x2: 62-69 CPU-s a run), so past that it measures itself.
 # A run through a gateway also logs the gateway's own share of the first token in that run (to_engine_p50_ms,
-# to_engine_p99_ms: its arrival-to-engine-call histogram scraped before and after, bench/gpu/to_engine.py).
+# to_engine_p99_ms: its arrival-to-engine-call histogram scraped before and after, bench/gpu/to_engine.py). With
+# $engine_metrics set (the engine's /metrics URL) every run also logs the engine's own first token
+# (engine_ttft_mean_ms, _p50_ms, _p99_ms: vLLM's histogram from its arrival), direct or not, so a gap between the
+# client's TTFT through a gateway and direct splits into the engine's and what passed outside it.
 
 # utime + stime of a process and its children (a gateway's workers), in ticks of 1/100 s
 cpu_s() { for p in $1 $(pgrep -P "$1"); do cat "/proc/$p/stat" 2>/dev/null; done | awk '{s += $14 + $15} END {print s / 100}'; }
@@ -53,6 +56,8 @@ bench_at() {  # TARGET PORT CONCURRENCY PID: PID's CPU (with its children's) is 
   local before api_before client_cpu; before=$(cpu_s "$4"); api_before=$(cpu_api "${engine:-0}")
   local prom="" to_engine=""
   case $1 in *direct*) ;; *) prom="${TMPDIR:-/tmp}/vstack-metrics-$1-c$3"; curl -s "http://127.0.0.1:$2/metrics" > "$prom.before" ;; esac
+  local eprom="${TMPDIR:-/tmp}/vstack-engine-metrics-$1-c$3" engine_ttft=""
+  [ -n "${engine_metrics:-}" ] && curl -s "$engine_metrics" > "$eprom.before"
   local TIMEFORMAT='%U %S'
   if [ "$clients" -gt 1 ]; then
     client_cpu=$( { time clients_run "$1" "$2" "$3" "$n" "$clients"; echo "rc=$?" >&2; } 2>&1 | tr '\n' ' ')
@@ -64,9 +69,13 @@ bench_at() {  # TARGET PORT CONCURRENCY PID: PID's CPU (with its children's) is 
     to_engine=" $(python3 -m bench.gpu.to_engine --fields "$prom.before" "$prom.after" 2>/dev/null)"
     rm -f "$prom.before" "$prom.after"  # kept out of $results: a device call returns 8 files at most
   fi
+  if [ -n "${engine_metrics:-}" ] && curl -s "$engine_metrics" > "$eprom.after"; then
+    engine_ttft=" $(python3 -m bench.gpu.to_engine --engine "$eprom.before" "$eprom.after" 2>/dev/null)"
+    rm -f "$eprom.before" "$eprom.after"
+  fi
   client_cpu=$(awk '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) s += $i} END {print s}' <<< "${client_cpu/rc=$rc/}")
   echo "$1 c=$3 n=$n clients=$clients rc=$rc gateway_cpu_s=$(awk -v a="$before" -v b="$(cpu_s "$4")" 'BEGIN{print b - a}')" \
-    "client_cpu_s=$client_cpu engine_api_cpu_s=$(awk -v a="$api_before" -v b="$(cpu_api "${engine:-0}")" 'BEGIN{print b - a}')$to_engine" \
+    "client_cpu_s=$client_cpu engine_api_cpu_s=$(awk -v a="$api_before" -v b="$(cpu_api "${engine:-0}")" 'BEGIN{print b - a}')$to_engine$engine_ttft" \
     | tee -a "$log"
   [ "$rc" = 0 ] && summary "$results/bench-$1-c$3.json" | tee -a "$log"
 }

@@ -20,7 +20,10 @@ from pathlib import Path
 from stack.load.summary import percentile  # numpy's linear interpolation, as vLLM's bench
 
 LINE = re.compile(r"^(\S+ c=\d+) n=\d+(?: clients=\d+)? rc=\d+ gateway_cpu_s=(\S+)(.*)$", re.M)
-MORE = re.compile(r"(client_cpu_s|engine_api_cpu_s|to_engine_p50_ms|to_engine_p99_ms)=([0-9.]+)")  # added later
+MORE = re.compile(  # added later
+    r"(client_cpu_s|engine_api_cpu_s|to_engine_p50_ms|to_engine_p99_ms|to_engine_mean_ms|engine_ttft_p50_ms"
+    r"|engine_ttft_p99_ms|engine_ttft_mean_ms)=([0-9.]+)"
+)
 
 
 def rows(results: Path, log: Path, extra: dict[str, object]) -> list[dict]:
