@@ -132,7 +132,8 @@ class Bench:
     """The manager in a thread with its own loop, over LocalEngines it starts (sleep mode on)."""
 
     def __init__(self, models: dict[str, Path], utilization: float, max_len: int, logs: Path, launcher: list[str],
-                 patched: bool = True, handoff: bool = False, warm: bool = False) -> None:  # fmt: skip
+                 patched: bool = True, handoff: bool = False, warm: bool = False,
+                 keep: bool = False) -> None:  # fmt: skip
         import psutil
 
         from stack.config import load_config
@@ -160,8 +161,10 @@ class Bench:
                   "max_model_len": max_len}
         self.plans = {n: fit_model(cfg, str(p), hw.name, engine=engine) for n, p in models.items()}
         # warm: manager.warm_handoff (issue 58, adr/0053), each started engine slept and woken once after staging.
+        # keep: manager.sleep_keeps_weights (adr/0058, the default since 2026-11-30), from the engines' start on;
+        # off for every other side, which measure the switches that copy weights.
         self.settings = ManagerConfig(min_residency_s=0, quiet_s=0, idle_ttl_s=0, queue_timeout_s=900,
-                                      restart_max=0, warm_handoff=warm)  # fmt: skip
+                                      restart_max=0, warm_handoff=warm, sleep_keeps_weights=keep)  # fmt: skip
         # Ours: the ledger's runtime patches on and the host copy kept, as `vstack up` starts a GPU engine
         # (stack.engine.launch); raw vLLM: the same command with every runtime patch off.
         env = {"VLLM_SERVER_DEV_MODE": "1", **(sleep_copy_env({**engine, "enable_sleep_mode": True}) if patched
@@ -315,7 +318,8 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     slept and woken once after its start: manager.warm_handoff, adr/0053, issue 58's first switch),
     "handoff-spare" (the same, a switch's leftover kept for the next wake: manager.handoff_spare, adr/0057; with
     "handoff-warm" the two alternate round by round on one pair of engines), "handoff-kept" (the same engines
-    after those rounds, each sleep keeping its weights mapped: manager.sleep_keeps_weights, adr/0058) and "raw"
+    after those rounds, each sleep keeping its weights mapped: manager.sleep_keeps_weights, adr/0058, the default
+    since 2026-11-30; alone, on engines of their own that keep from their start) and "raw"
     (vLLM unpatched, its own engines started after ours are gone); ours and raw by default; handoff-warm runs
     last, so a run stopped at the device call's limit keeps the figures the README cites. `save(result)` after
     each side: a run stopped meanwhile still leaves its JSON."""
@@ -406,7 +410,10 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
         # rounds: a model that kept its weights would make the next round's first wake of another side cheap.
         warm_modes = [m for m in ("handoff-warm", "handoff-spare") if m in sides]
         if warm_modes or "handoff-kept" in sides:
-            b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True, warm=True)
+            # handoff-kept alone: the stack's default since 2026-11-30, engines kept from their start on, so its
+            # first switch after the start is the one a user gets.
+            b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True, warm=True,
+                      keep=not warm_modes)  # fmt: skip
             try:
                 cur = start_all(b, f"vstack-{(warm_modes or ['handoff-kept'])[0]}")
                 for r in range(repeat):
@@ -423,7 +430,7 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                         b.broker.drop_spare()
                     b.manager.settings = b.manager.settings.model_copy(update={"handoff_spare": False,
                                                                                "sleep_keeps_weights": True})
-                    for r in range(repeat):  # round 0: the first wake is of a model slept without keeping
+                    for r in range(repeat):  # after other sides, round 0 wakes a model slept without keeping
                         for n in _cycle(order, cur):
                             record({"side": "vstack-handoff-kept", "round": r, "from": cur, **b.request(n)}, cur, n)
                             cur = n

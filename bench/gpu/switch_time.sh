@@ -39,8 +39,15 @@
 #                                                       handoff_spare, adr/0057), alternating round by round on
 #                                                       one pair of warmed engines: ~4 min on the lent x2
 #   VSTACK_SWITCH_CUDA_GRAPHS=1 bash bench/gpu/switch_time.sh pair 4 handoff-warm,handoff-kept
-#                                                       the default, then on the same engines each sleep keeping
+#                                                       the switch that copies weights (the default until
+#                                                       2026-11-30), then on the same engines each sleep keeping
 #                                                       its weights mapped (manager.sleep_keeps_weights, adr/0058)
+#   VSTACK_SWITCH_CUDA_GRAPHS=1 bash bench/gpu/switch_time.sh pair 4 handoff-kept,raw
+#                                                       the stack's default switch since 2026-11-30 (each sleep
+#                                                       keeps its weights mapped where they fit: manager.
+#                                                       sleep_keeps_weights, adr/0058) on engines that keep from
+#                                                       their start on, so its first switch is a user's; raw vLLM
+#                                                       first, in the same call
 #
 # Issue 58's device calls (kind nvidia-h200, timeout_s 600 each):
 #   run kind=nvidia-h200 carry=[".gpu1"] command="bash bench/gpu/suite.sh --stash"

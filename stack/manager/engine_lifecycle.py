@@ -147,6 +147,11 @@ class Lifecycle(ManagerBase):
         if victim.state not in (S.READY, S.SLEEPING):
             return
         self.metrics.evictions.labels(victim.name, str(action)).inc()
+        if action == Evict.RELEASE:
+            if victim.state == S.SLEEPING and victim.weights_kept and await self._release_kept(victim):
+                return
+            if victim.state == S.SLEEPING and not victim.weights_kept:
+                return  # nothing kept (NVML said so after its sleep): nothing to release
         if action == Evict.SLEEP and victim.state == S.READY and victim.sleeps:
             before, handed = self.probe.used(), self._held()
             level = victim.tier.sleep_level or 1
@@ -162,7 +167,31 @@ class Lifecycle(ManagerBase):
                     return
             except EngineError as exc:
                 log.warning("sleep of %s failed (%s): stopping it", victim.name, exc.message)
-        await self.stop_engine(victim, "evicted" if action == Evict.STOP else "sleep did not free memory; stopped")
+        why = {Evict.STOP: "evicted", Evict.RELEASE: "its kept weights were not released; stopped"}
+        await self.stop_engine(victim, why.get(action, "sleep did not free memory; stopped"))
+
+    async def _release_kept(self, victim: Slot) -> bool:
+        """The weights a sleeper kept mapped (manager.sleep_keeps_weights) back to its host copy, for a model that
+        needs their memory: it stays asleep and its next wake copies them, as a plain level-1 sleeper's does. True
+        when NVML shows them freed (or cannot say); False: the caller stops it."""
+        before, handed = self.probe.used(), self._held()
+        try:
+            with self._phase(f"manager.release {victim.name}"):
+                await asyncio.to_thread(victim.runtime.release_kept_weights)  # type: ignore[attr-defined]
+        except Exception as exc:  # an engine that cannot: stopped instead, as before this existed
+            log.warning("model %s: its kept weights could not be released (%s)", victim.name,
+                        getattr(exc, "message", exc))  # fmt: skip
+            return False
+        after, weights = self.probe.used(), victim.weights_gpu or 0
+        freed = None if before is None or after is None else before - after + self._held() - handed
+        if freed is not None and freed < 0.9 * weights:
+            log.warning("model %s: releasing its kept weights freed %.1f GiB of %.1f", victim.name, freed / 2**30,
+                        weights / 2**30)  # fmt: skip
+            return False
+        victim.weights_kept = False
+        self.move(victim, S.SLEEPING, "asleep (level 1), its weights released for another model"
+                  + ("" if freed is None else f": {freed / 2**30:.1f} GiB freed"))  # fmt: skip
+        return True
 
     @staticmethod
     async def _ask_keep_weights(victim: Slot) -> bool:
@@ -214,10 +243,11 @@ class Lifecycle(ManagerBase):
         kept = (victim.weights_gpu or 0) if victim.weights_kept else 0  # still mapped, by design
         expect = None if victim.need is None else victim.need - kept
         if freed is not None and sleep_freed_enough(freed, 0, expect, self.settings.sleep_min_freed):
-            victim.residue = max(0, (victim.need or 0) - freed)
-            if kept and victim.residue < 0.9 * kept:  # NVML says they went after all: the next wake copies them
+            held = max(0, (victim.need or 0) - freed)
+            if kept and held < 0.9 * kept:  # NVML says they went after all: the next wake copies them
                 log.warning("model %s: asked to keep its weights through the sleep, it released them", victim.name)
-                victim.weights_kept = False
+                victim.weights_kept, kept = False, 0
+            victim.residue = max(0, held - kept)  # the kept weights are counted apart (Slot.view: kept)
             self.move(victim, S.SLEEPING, f"asleep (level {victim.tier.sleep_level}), {freed / 2**30:.1f} GiB freed")
             return True
         if not victim.runtime.owns_process:

@@ -24,6 +24,7 @@ class SwitchKind(StrEnum):
 class Evict(StrEnum):
     SLEEP = "sleep"
     STOP = "stop"
+    RELEASE = "release"  # a sleeper's kept weights (manager.sleep_keeps_weights) leave the GPU; it stays asleep
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ class ModelView:
     ready_since: float = 0.0
     busy: int = 0  # requests in flight plus requests admitted and waiting for it
     can_sleep: bool = False
-    residue: int = 0  # bytes a sleeping engine still holds (measured after its sleep)
+    residue: int = 0  # bytes a sleeping engine still holds (measured after its sleep), its kept weights aside
+    kept: int = 0  # bytes of weights a sleeping engine keeps mapped (manager.sleep_keeps_weights, adr/0058)
     gpus: frozenset[int] | None = None  # the GPUs its engine is pinned to (CUDA_VISIBLE_DEVICES); None: from the first
 
 
@@ -73,7 +75,7 @@ def held(m: ModelView, capacity: Capacity) -> int:
     if m.state in (ModelState.READY, ModelState.STARTING, ModelState.STOPPING):
         return capacity.total if m.need is None else m.need
     if m.state == ModelState.SLEEPING:
-        return m.residue
+        return m.residue + m.kept
     return 0
 
 
@@ -126,18 +128,29 @@ def plan_switch(
         sleep = capacity.sleep_supported and m.can_sleep
         evictions.append(Eviction(m.name, Evict.SLEEP if sleep else Evict.STOP))
         free += held(m, capacity) - (m.residue if sleep else 0)
-    # Second pass: sleeping engines still hold a residue (CUDA context); stop them if it is still short.
+    # Second pass: weights a sleeper kept mapped go back to its host copy (it stays asleep, its wake copies them
+    # as any level-1 wake does) before any engine is stopped.
+    for m in ORDERS[order]([m for m in others if m.state == ModelState.SLEEPING and m.kept]):
+        if free >= need:
+            break
+        evictions.append(Eviction(m.name, Evict.RELEASE))
+        free += m.kept
+    # Third pass: sleeping engines still hold a residue (CUDA context); stop them if it is still short.
     asleep = [m for m in others if m.state == ModelState.SLEEPING] + [
         m for m in awake if Eviction(m.name, Evict.SLEEP) in evictions
     ]
     for m in ORDERS[order](asleep):
         if free >= need:
             break
-        if Eviction(m.name, Evict.SLEEP) in evictions:
-            evictions[evictions.index(Eviction(m.name, Evict.SLEEP))] = Eviction(m.name, Evict.STOP)
+        gained = m.residue
+        for action in (Evict.SLEEP, Evict.RELEASE):
+            if Eviction(m.name, action) in evictions:
+                evictions[evictions.index(Eviction(m.name, action))] = Eviction(m.name, Evict.STOP)
+                break
         else:
             evictions.append(Eviction(m.name, Evict.STOP))
-        free += m.residue
+            gained += m.kept
+        free += gained
     fits = free >= need
     moves = ", ".join(f"{e.action} {e.name}" for e in evictions) or "nothing to evict"
     why = f"{target.name} needs {_gib(need)}, {_gib(capacity.total - used)} free: {moves}"

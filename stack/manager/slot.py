@@ -62,8 +62,9 @@ class Slot:
         return self.can_sleep and self.tier != Tier.COLD
 
     def view(self) -> ModelView:
+        kept = (self.weights_gpu or 0) if self.weights_kept and self.state == ModelState.SLEEPING else 0
         return ModelView(self.name, self.state, self.need, self.last_used, self.ready_since,
-                         self.in_flight, self.sleeps, self.residue, self.gpus)  # fmt: skip
+                         self.in_flight, self.sleeps, self.residue, kept, self.gpus)  # fmt: skip
 
     def public(self, now: float) -> dict:
         return {

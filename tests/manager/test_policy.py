@@ -13,6 +13,7 @@ from stack.manager.policy import (
     IdleAction,
     ModelView,
     SwitchKind,
+    held,
     idle_action,
     plan_switch,
     restart_delay,
@@ -56,6 +57,19 @@ def test_sleeping_engines_are_stopped_when_their_residue_is_in_the_way() -> None
     plan = plan_switch(m("b", need=70), others, GPU)
     # c goes to sleep (70 -> 8 GiB), still 6 GiB short: the older sleeper a is stopped as well.
     assert plan.evict == (Eviction("c", Evict.SLEEP), Eviction("a", Evict.STOP)) and plan.fits
+
+
+def test_a_sleepers_kept_weights_are_released_before_any_engine_is_stopped() -> None:
+    """manager.sleep_keeps_weights: a (asleep, 1 GiB residue, 15 GiB of weights kept) and c awake. b needs 70 of 80:
+    c sleeps (frees 69), still 4 short, so a's kept weights are released (15), not a stopped. Needing more than
+    that too (79), a is stopped after all: its release becomes a stop, and what it frees counts once."""
+    a = m("a", S.SLEEPING, need=60, used=1, residue=GIB, kept=15 * GIB)
+    c = m("c", S.READY, need=60, used=5, can_sleep=True, residue=GIB)
+    plan = plan_switch(m("b", need=70), [a, c], GPU)
+    assert plan.evict == (Eviction("c", Evict.SLEEP), Eviction("a", Evict.RELEASE)) and plan.fits
+    plan = plan_switch(m("b", need=79), [a, c], GPU)
+    assert plan.evict == (Eviction("c", Evict.SLEEP), Eviction("a", Evict.STOP)) and plan.fits
+    assert held(a, GPU) == 16 * GIB  # the residue and the kept weights
 
 
 def test_unknown_need_never_shares_the_machine() -> None:

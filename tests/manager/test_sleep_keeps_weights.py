@@ -27,6 +27,12 @@ class Keeping:
     def keep_weights_mapped(self, timeout: float = 30) -> None:
         self.keep_next = True
 
+    def release_kept_weights(self, timeout: float = 60) -> None:
+        """RELEASE_WEIGHTS_METHOD: the kept weights leave the GPU; the engine stays asleep."""
+        self.calls.append(("release kept weights", 0.0, 0.0))
+        if self.asleep:
+            self.weights_up = False
+
     def sleep(self, level: int = 1, timeout: float = 120) -> None:
         keep, self.keep_next = self.keep_next, False
         super().sleep(level, timeout)  # type: ignore[misc]
@@ -79,7 +85,8 @@ def test_a_switch_back_maps_no_weights_when_the_sleeping_model_kept_them() -> No
         run(serve(mgr, name))
     assert mgr.slots["a"].state == S.SLEEPING and mgr.slots["a"].weights_kept and a.kept_sleeps == 1
     assert gpu.used() == 60 * GIB + 15 * GIB + GIB // 8  # b awake, a's weights and context
-    assert mgr.slots["a"].residue >= 15 * GIB  # counted as held by the sleeping model
+    assert mgr.slots["a"].view().kept == 15 * GIB  # counted as held by the sleeping model, apart from its residue
+    assert mgr.slots["a"].residue < GIB
     assert mgr.slots["a"].public(0)["weights_kept"] is True  # what /admin/models shows
     run(serve(mgr, "a"))  # b sleeps (keeping its weights), a wakes its KV cache only
     assert mgr.slots["a"].state == S.READY and not mgr.slots["a"].weights_kept
@@ -89,7 +96,7 @@ def test_a_switch_back_maps_no_weights_when_the_sleeping_model_kept_them() -> No
     assert gpu.used() == 60 * GIB + 15 * GIB + GIB // 8
 
 
-def test_off_by_default_the_same_switch_copies_the_weights_back() -> None:
+def test_turned_off_the_same_switch_copies_the_weights_back() -> None:
     a, _b, mgr, gpu = pair(keep=False)
     for name in ("a", "b", "a"):
         run(serve(mgr, name))
@@ -109,7 +116,7 @@ def test_weights_are_not_kept_where_they_would_not_fit_beside_the_woken_model() 
 
 def test_a_third_model_that_needs_the_kept_weights_memory_gets_it() -> None:
     """a asleep with its 15 GiB kept, b awake, c (60 GiB) asked: b sleeps (its weights would not fit beside c and
-    a's), and c fits beside a's kept weights; a later one that needs more stops a."""
+    a's), and c fits beside a's kept weights."""
     gpu = FakeGpu()
     a, b, c = (KeepingStandIn(n, need=60 * GIB, gpu=gpu) for n in ("a", "b", "c"))
     for e in (a, b, c):
@@ -119,6 +126,54 @@ def test_a_third_model_that_needs_the_kept_weights_memory_gets_it() -> None:
         run(serve(mgr, name))
     assert mgr.slots["c"].state == S.READY and mgr.slots["a"].weights_kept
     assert mgr.slots["b"].state == S.SLEEPING and not mgr.slots["b"].weights_kept
+    assert gpu.used() <= 80 * GIB
+
+
+def test_a_model_that_needs_a_sleepers_kept_weights_has_them_released_and_the_sleeper_stays_asleep() -> None:
+    """a asleep keeping 15 GiB, b awake (60 GiB), c asked with 70 GiB of 80: b sleeps and a's weights go back to
+    its host copy (it is not stopped); a's next wake copies them, as a plain sleeper's does."""
+    gpu = FakeGpu()
+    a, b = (KeepingStandIn(n, need=60 * GIB, gpu=gpu) for n in ("a", "b"))
+    c = KeepingStandIn("c", need=70 * GIB, gpu=gpu)
+    for e in (a, b, c):
+        e.weights, e.wake_s = 15 * GIB, 0.3
+    mgr = gpu_manager([a, b, c], gpu, capacity_gib=80, sleep_keeps_weights=True)
+    for name in ("a", "b"):
+        run(serve(mgr, name))
+    assert mgr.slots["a"].weights_kept
+    run(serve(mgr, "c"))
+    assert mgr.slots["c"].state == S.READY
+    assert mgr.slots["a"].state == S.SLEEPING and not mgr.slots["a"].weights_kept and a.starts == 1
+    assert call(a, "release kept weights") and not a.weights_up
+    assert mgr.slots["b"].state == S.SLEEPING and b.starts == 1
+    assert "release a" in mgr.decisions[-1]["evict"] and "stop a" not in mgr.decisions[-1]["evict"]
+    assert gpu.used() <= 80 * GIB
+    run(serve(mgr, "a"))  # its weights come back over the bus: a plain level-1 wake, not a start
+    assert mgr.slots["a"].state == S.READY and a.starts == 1
+    assert mgr.slots["a"].last_switch["kind"] == "sleeping" and mgr.slots["a"].last_switch["seconds"] >= 0.3
+
+
+def test_a_sleeper_whose_weights_cannot_be_released_is_stopped_as_before() -> None:
+    """An engine that answers the release with an error (or keeps its memory): stopped, so the model asked gets
+    its memory all the same."""
+    from stack.errors import EngineError
+
+    gpu = FakeGpu()
+    a, b = (KeepingStandIn(n, need=60 * GIB, gpu=gpu) for n in ("a", "b"))
+    c = KeepingStandIn("c", need=70 * GIB, gpu=gpu)
+    for e in (a, b, c):
+        e.weights = 15 * GIB
+    mgr = gpu_manager([a, b, c], gpu, capacity_gib=80, sleep_keeps_weights=True)
+    for name in ("a", "b"):
+        run(serve(mgr, name))
+
+    def refuse(timeout: float = 60) -> None:
+        raise EngineError("engine 'a': POST /collective_rpc answered 500")
+
+    a.release_kept_weights = refuse  # type: ignore[method-assign]
+    run(serve(mgr, "c"))
+    assert mgr.slots["c"].state == S.READY and mgr.slots["a"].state == S.STOPPED
+    assert "not released" in mgr.slots["a"].detail
     assert gpu.used() <= 80 * GIB
 
 

@@ -171,6 +171,33 @@ def test_a_sleep_asked_to_keep_the_weights_mapped_releases_only_the_kv_cache(eng
     assert weights_bytes(by_tag, dev) == before
 
 
+def test_weights_a_sleep_kept_mapped_are_released_later_and_the_wake_brings_them_back(engine) -> None:
+    """RELEASE_WEIGHTS_METHOD (another model needs the memory): the weights a kept sleep left mapped go to a host
+    copy and are unmapped; the KV cache, asleep already, is not touched again (HostDevice refuses a second unmap);
+    the engine's next wake restores the same bytes. Awake, or with nothing kept, a release does nothing."""
+    dev, alloc, by_tag = engine
+    before = weights_bytes(by_tag, dev)
+    total_w = sum(len(b) for b in before.values())
+    assert fsw.release_kept(alloc, dev, keep=True) is None and dev.mapped == set(alloc.pointer_to_data)  # awake
+    alloc._vstack_keep_mapped = True
+    fsw.sleep(alloc, ("weights",), dev, keep=True)  # the first sleep keeps them: no host copy yet
+    released = fsw.release_kept(alloc, dev, keep=True)
+    assert released is not None and released["copied"] == total_w and released["discarded"] == 0
+    assert not dev.mapped and all(d.is_asleep for d in alloc.pointer_to_data.values())
+    assert fsw.release_kept(alloc, dev, keep=True) is None  # nothing mapped any more
+    fsw.wake_up(alloc, ["weights"], dev, keep=True)
+    fsw.wake_up(alloc, ["kv_cache"], dev, keep=True)
+    assert weights_bytes(by_tag, dev) == before
+    alloc._vstack_keep_mapped = True  # kept again, now with a host copy from the release: reused, not copied
+    fsw.sleep(alloc, ("weights",), dev, keep=True)
+    d2h = dev.copied("d2h")
+    again = fsw.release_kept(alloc, dev, keep=True)
+    assert again is not None and again["copied"] == 0 and again["reused"] == total_w
+    assert dev.copied("d2h") - d2h < 3 * 2 * fsw.SPOT_BYTES and not dev.mapped
+    fsw.wake_up(alloc, None, dev, keep=True)
+    assert weights_bytes(by_tag, dev) == before
+
+
 def test_level2_drops_the_kept_copies(engine) -> None:
     dev, alloc, by_tag = engine
     fsw.sleep(alloc, ("weights",), dev, keep=True)

@@ -198,11 +198,13 @@ class ManagerConfig(BaseModel):
         "with it, 1.40x without; adr/0053). false: no pause after a start, a slower first switch",
     )
     sleep_keeps_weights: bool = Field(
-        False,
+        True,
         description="a level-1 sleep in a switch leaves the sleeping model's weights mapped on the GPU, releasing "
         "(and handing over) only its KV cache, where those weights fit beside the model woken in its place plus "
-        "a margin: switching back then maps a KV cache and copies no weights (adr/0058). The sleeping model holds "
-        "its weights' memory meanwhile; a switch that needs it stops that model. Off until a GPU run measures it",
+        "a margin: switching back then maps a KV cache and copies no weights (adr/0058; on an H200, 8B <-> 3B in "
+        "0.13-0.14 s instead of 0.28-0.36 s). The sleeping model holds its weights' memory meanwhile; a switch "
+        "that needs it has them released (the model stays asleep, its wake copies them as before). false: every "
+        "level-1 sleep moves the weights to host RAM",
     )
     handoff_spare: bool = Field(
         False,

@@ -16,3 +16,7 @@ STAGING_METHOD = "vstack_host_copy_staging"
 # is released, and handed over): the manager's choice where the weights fit beside the model woken in its place
 # (manager.sleep_keeps_weights, adr/0058). The wake after it maps the KV cache alone.
 KEEP_WEIGHTS_METHOD = "vstack_keep_weights_mapped"
+# The collective_rpc method that has a sleeping engine whose sleep kept its weights mapped release them (copied to
+# its host copy where it holds none): another model needs their memory (adr/0058). The engine stays asleep; its
+# next wake maps and copies the weights as any level-1 wake does.
+RELEASE_WEIGHTS_METHOD = "vstack_release_kept_weights"

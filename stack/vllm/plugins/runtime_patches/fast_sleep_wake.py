@@ -40,7 +40,13 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from stack.vllm.plugins.handoff import SOCKET_ENV
-from stack.vllm.plugins.host_copy import KEEP_ENV, KEEP_WEIGHTS_METHOD, STAGE_METHOD, STAGING_METHOD
+from stack.vllm.plugins.host_copy import (
+    KEEP_ENV,
+    KEEP_WEIGHTS_METHOD,
+    RELEASE_WEIGHTS_METHOD,
+    STAGE_METHOD,
+    STAGING_METHOD,
+)
 from stack.vllm.plugins.runtime_patches import deferred_wake
 from stack.vllm.plugins.runtime_patches.cuda_ops import CudaOps
 
@@ -102,7 +108,8 @@ def sleep(allocator: Any, offload_tags: tuple[str, ...] | str | None, ops: Ops, 
     tags = _tags(offload_tags, allocator.default_tag)
     t0 = time.perf_counter()
     copied = discarded = 0
-    items = list(allocator.pointer_to_data.items())
+    # What is mapped: all of it, but for a release of weights an earlier sleep kept mapped (RELEASE_WEIGHTS_METHOD).
+    items = [(p, d) for p, d in allocator.pointer_to_data.items() if not getattr(d, "is_asleep", False)]
     # KEEP_WEIGHTS_METHOD asked for this sleep only: the offloaded allocations (the weights) stay mapped, untouched.
     keep_mapped, allocator._vstack_keep_mapped = getattr(allocator, "_vstack_keep_mapped", False), False
     if keep_mapped:
@@ -357,6 +364,30 @@ def _keep_weights_mapped(self: Any) -> str:
     return "the next sleep keeps the weights mapped"
 
 
+def release_kept(allocator: Any, ops: Ops, keep: bool) -> dict[str, float] | None:
+    """The weights a level-1 sleep left mapped (KEEP_WEIGHTS_METHOD), released as that sleep would have released
+    them: to the kept host copy (spot-checked) or a new one, unmapped, handed over where a broker waits. None when
+    nothing is mapped: the engine is awake (a release never wakes or sleeps anything else) or kept nothing."""
+    weights = [d for d in allocator.pointer_to_data.values() if d.tag == "weights"]
+    asleep = [d for d in allocator.pointer_to_data.values() if getattr(d, "is_asleep", False)]
+    if not asleep or all(getattr(d, "is_asleep", False) for d in weights):
+        return None
+    return sleep(allocator, ("weights",), ops, keep)  # only the mapped allocations: the weights
+
+
+def _release_kept_weights(self: Any) -> str:
+    """collective_rpc target: release_kept on this worker (manager.sleep_keeps_weights: another model needs the
+    memory its sleeping model's weights hold, adr/0058)."""
+    from vllm.device_allocator.cumem import CuMemAllocator
+
+    allocator = CuMemAllocator.get_instance()
+    with _busy:
+        done = release_kept(allocator, _ops(allocator), keep_enabled())
+    if done is None:
+        return "nothing kept mapped"
+    return f"released {(done['copied'] + done['reused']) / 1024**3:.2f} GiB of weights"
+
+
 def _host_copy_staging(self: Any) -> str:
     """collective_rpc target: "busy" while a staging, sleep or wake holds the lock, else "idle" (answers at once)."""
     return "busy" if _busy.locked() else "idle"
@@ -391,7 +422,7 @@ def _discard_handed_back(method: Any) -> Any:
     return discard
 
 
-for _fn in (_sleep, _wake_up, _stage_host_copy, _host_copy_staging, _keep_weights_mapped):
+for _fn in (_sleep, _wake_up, _stage_host_copy, _host_copy_staging, _keep_weights_mapped, _release_kept_weights):
     setattr(_fn, MARK, "gpu-sleep-wake-at-bus-speed")
 
 
@@ -413,6 +444,7 @@ def apply() -> bool:
     setattr(WorkerWrapperBase, STAGE_METHOD, _stage_host_copy)  # reached by collective_rpc's method name
     setattr(WorkerWrapperBase, STAGING_METHOD, _host_copy_staging)
     setattr(WorkerWrapperBase, KEEP_WEIGHTS_METHOD, _keep_weights_mapped)
+    setattr(WorkerWrapperBase, RELEASE_WEIGHTS_METHOD, _release_kept_weights)
     if os.environ.get(SOCKET_ENV):  # before the allocator exists: it keeps its free callback bound at creation
         for name, wrap in (("_python_free_callback", _free_handed_back), ("discard", _discard_handed_back)):
             if hasattr(cls, name):
