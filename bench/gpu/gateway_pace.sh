@@ -73,11 +73,15 @@ bench() {  # TARGET PORT CONCURRENCY: the gateway on that port counted
   local pid=$gateway; [ "$2" = "$nport" ] && pid=$gatewayn
   bench_at "$1" "$2" "$3" "$pid"
 }
-# A warm-up through each target, then each concurrency direct and through the gateway, in alternating order.
+# A warm-up through each target, then each concurrency direct and through the gateway, in alternating order. With
+# workers, each concurrency of 64 or more starts with one wave at it, direct: on 2026-11-30 the first 256-stream run
+# (direct) answered its first tokens 1.8x later than the last (direct2), as the engine itself measured them (vLLM's
+# TTFT mean 530 vs 300 ms), after warm-ups of 16 streams only.
 bench warm-direct $eport 16; bench warm-gateway $gport 16
 if [ "$workers" -gt 1 ]; then
   bench "warm-gateway-w$workers" $nport 16
   for c in $concurrencies; do
+    [ "$c" -ge 64 ] && bench "warm-direct" $eport "$c"  # one wave at this concurrency first: see below
     bench direct $eport "$c"; bench gateway $gport "$c"; bench "gateway-w$workers" $nport "$c"; bench direct2 $eport "$c"
   done
 else

@@ -5,7 +5,8 @@
 # engine's API servers' when $engine is set (not EngineCore), and the SSE chunks per request
 # (vLLM's server folds tokens into one chunk when its reader falls behind, so a slow reader gets fewer chunks).
 # BENCH_PROMPTS=N sets the prompts of every measured run (default: 2 x the concurrency, 16 under 64 streams); a
-# warm-up (a target named warm-*) always sends 16 (BENCH_PROMPTS=768 once sent 768 at 16 streams: 265 s lost).
+# warm-up (a target named warm-*) sends one wave at its concurrency, 16 at least, whatever BENCH_PROMPTS says
+# (BENCH_PROMPTS=768 once sent 768 at 16 streams: 265 s lost).
 # BENCH_CLIENTS=N splits each measured run across N `vllm bench serve` processes at once (concurrency and prompts
 # divided, a seed each), merged into one result file (bench/gpu/serve_rows.py --merge): one client process tops out
 # near one core at ~25k streamed tok/s (2026-11-29, x2: 62-69 CPU-s a run), so past that it measures itself.
@@ -52,7 +53,7 @@ clients_run() {  # TARGET PORT CONCURRENCY PROMPTS CLIENTS: the run split across
 
 bench_at() {  # TARGET PORT CONCURRENCY PID: PID's CPU (with its children's) is counted for the run
   local n=${BENCH_PROMPTS:-$(( $3 < 64 ? 16 : $3 * 2 ))} clients=${BENCH_CLIENTS:-1}
-  case $1 in warm*) n=16; clients=1 ;; esac
+  case $1 in warm*) n=$(( $3 > 16 ? $3 : 16 )); clients=1 ;; esac  # one wave at its concurrency
   local before api_before client_cpu; before=$(cpu_s "$4"); api_before=$(cpu_api "${engine:-0}")
   local prom="" to_engine=""
   case $1 in *direct*) ;; *) prom="${TMPDIR:-/tmp}/vstack-metrics-$1-c$3"; curl -s "http://127.0.0.1:$2/metrics" > "$prom.before" ;; esac
