@@ -37,6 +37,7 @@ class FakeVmm:
         self.imported: set[int] = set()  # handles from import_fd: the driver refuses to export those
         self.mapped: dict[int, int] = {}  # address -> handle
         self.zeroed = 0
+        self.exports = 0
         self._next = 1
 
     def _new(self, block: int) -> int:
@@ -74,6 +75,7 @@ class FakeVmm:
     def export(self, handle: int) -> int:
         if handle in self.imported:  # as the driver answered on the H200 (suite run, 2026-11-24)
             raise CudaError("cuMemExportToShareableHandle failed with CUDA error 1")
+        self.exports += 1
         fd = os.memfd_create("piece")
         self.by_inode[os.fstat(fd).st_ino] = self.handles[handle]
         return fd
@@ -137,6 +139,23 @@ def test_b_wakes_in_the_memory_a_handed_over_with_its_weights_exact_and_its_kv_c
     assert gpu.vmm.zeroed == 66 * MIB
     assert gpu.broker.close_window() == 32 * MIB  # what B did not need is freed when the switch ends
     assert gpu.broker.held_bytes() == 0
+
+
+def test_pieces_a_wake_creates_are_exported_in_that_wake_so_the_sleep_that_hands_them_on_exports_none(gpu) -> None:
+    """The first switch after a start: the warm hand-over's wake created every piece (nothing was handed over);
+    the switch's sleep hands them on without exporting one (the H200 spent 0.07 s exporting 673 in that sleep)."""
+    fsw.sleep(gpu.b, ("weights",), gpu.ops_b, keep=True)  # B asleep, A's wake off the switch
+    fsw.sleep(gpu.a, ("weights",), gpu.ops_a, keep=True)
+    woke = fsw.wake_up(gpu.a, None, gpu.ops_a, keep=True)  # off the switch: the warm hand-over
+    pieces = sum(len(v) for v in gpu.ops_a.ours.values())
+    assert woke["handoff_created"] == 102 * MIB and gpu.vmm.exports == pieces
+    gpu.broker.open_window("gpu-0")  # the first switch
+    slept = fsw.sleep(gpu.a, ("weights",), gpu.ops_a, keep=True)
+    assert slept["handoff_handed"] == 102 * MIB and gpu.vmm.exports == pieces  # none in the switch's sleep
+    woke = fsw.wake_up(gpu.b, None, gpu.ops_b, keep=True)
+    assert woke["handoff_imported"] == 70 * MIB
+    assert gpu.vmm.zeroed == 66 * MIB  # the pieces A created and handed on still count as another engine's data
+    gpu.broker.close_window()
 
 
 def test_outside_a_window_a_sleep_frees_its_memory(gpu) -> None:
