@@ -368,16 +368,14 @@ def release_kept(allocator: Any, ops: Ops, keep: bool) -> dict[str, float] | Non
     """The weights a level-1 sleep left mapped (KEEP_WEIGHTS_METHOD), released as that sleep would have released
     them: to the kept host copy (spot-checked) or a new one, unmapped, handed over where a broker waits. None when
     nothing is mapped: the engine is awake (a release never wakes or sleeps anything else) or kept nothing."""
-    weights = [d for d in allocator.pointer_to_data.values() if d.tag == "weights"]
-    asleep = [d for d in allocator.pointer_to_data.values() if getattr(d, "is_asleep", False)]
-    if not asleep or all(getattr(d, "is_asleep", False) for d in weights):
+    asleep = {d.tag: getattr(d, "is_asleep", False) for d in allocator.pointer_to_data.values()}  # per tag: alike
+    if not any(asleep.values()) or asleep.get("weights", True):
         return None
     return sleep(allocator, ("weights",), ops, keep)  # only the mapped allocations: the weights
 
 
 def _release_kept_weights(self: Any) -> str:
-    """collective_rpc target: release_kept on this worker (manager.sleep_keeps_weights: another model needs the
-    memory its sleeping model's weights hold, adr/0058)."""
+    """collective_rpc target: release_kept on this worker (another model needs the memory, adr/0058)."""
     from vllm.device_allocator.cumem import CuMemAllocator
 
     allocator = CuMemAllocator.get_instance()
