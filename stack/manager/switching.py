@@ -161,7 +161,7 @@ class Switching(ManagerBase):
             return Order(False, "nothing to overlap")
         sleepers = [e.name for e in plan.evict if e.action == Evict.SLEEP]
         if len(sleepers) != len(plan.evict):
-            return Order(False, "a model is stopped, not put to sleep: sequential")
+            return Order(False, "a model is stopped or releases its kept weights, not only put to sleep: sequential")
         target = slot.view()  # capacity is per GPU: what the models on its GPUs hold
         views = [s.view() for s in self.slots.values()]
         free = self.capacity.total - sum(held(v, self.capacity) for v in views if shares_gpu(v, target))
