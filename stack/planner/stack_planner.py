@@ -15,6 +15,7 @@ then again from the files the download brought (exact weight bytes), which its n
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from stack.config.schema import ModelEntry, StackConfig
@@ -137,6 +138,18 @@ def refuse_data_parallel_on_ray(plans: list[ModelPlan]) -> None:
                                "data_parallel_size")  # fmt: skip
 
 
+def devices_taken(plan: ModelPlan) -> tuple[str, ...]:
+    """The devices an engine's ranks take, in rank order, as its CUDA_VISIBLE_DEVICES names them: its own, else the
+    gateway's it inherits, else the first GPUs by index. So an engine pinned to "0" and one left unpinned on an
+    unpinned gateway take the same GPU, and "0,1" for an engine of one GPU is "0". The handoff needs one device
+    that every sleeping engine takes (the broker hands a piece only to an engine on the GPU it came from)."""
+    count = gpus_per_engine(plan)
+    value = plan.env.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if value is None:
+        return tuple(str(i) for i in range(count))
+    return tuple(d.strip() for d in value.split(",") if d.strip())[:count]
+
+
 def decide_handoff(cfg: StackConfig, plans: list[ModelPlan], catalog: VllmCatalog
                    ) -> tuple[list[ModelPlan], str | None]:  # fmt: skip
     """manager.sleep_handoff: whether a sleeping engine's GPU memory goes to the engine waking in its place
@@ -147,10 +160,11 @@ def decide_handoff(cfg: StackConfig, plans: list[ModelPlan], catalog: VllmCatalo
     sleepers = [p for p in plans if p.can_sleep]
     if mode is False or cfg.manager.runtime != "local" or len(sleepers) < 2:
         return plans, None
-    pins = {p.env.get("CUDA_VISIBLE_DEVICES", "").replace(" ", "") for p in sleepers}
-    if len(pins) > 1:  # a piece of one GPU's memory cannot back another GPU's engine
+    pins = {devices_taken(p) for p in sleepers}
+    if not set.intersection(*(set(x) for x in pins)):  # a piece of one GPU's memory cannot back another GPU's engine
         return plans, ("sleep handoff off: the engines are pinned to different GPUs (CUDA_VISIBLE_DEVICES "
-                       f"{', '.join(sorted(repr(x) for x in pins))}); memory is handed over only on one GPU")
+                       f"{', '.join(sorted(repr(','.join(x)) for x in pins))}); memory is handed over only on one "
+                       "GPU")  # fmt: skip
     if mode == "auto" and (wide := [p.profile for p in sleepers if gpus_per_engine(p) > 1]):
         return plans, (f"sleep handoff off: {', '.join(wide)} run on several GPUs each (measured on one-GPU engines "
                        "only; manager.sleep_handoff: true turns it on)")  # fmt: skip

@@ -105,7 +105,7 @@ def test_the_socket_is_ours_alone(broker) -> None:
     assert not os.path.exists(broker.path)
 
 
-def test_the_plan_decides_the_handoff_and_the_gateway_opens_it_only_there(tmp_path) -> None:
+def test_the_plan_decides_the_handoff_and_the_gateway_opens_it_only_there(tmp_path, monkeypatch) -> None:
     from stack.assemble.planning import Launch
     from stack.assemble.runtimes import handoff_broker
     from stack.config import load_config
@@ -116,6 +116,7 @@ def test_the_plan_decides_the_handoff_and_the_gateway_opens_it_only_there(tmp_pa
     from stack.planner.stack_planner import decide_handoff
     from tests.conftest import load_catalog
 
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # the gateway unpinned: engines count from GPU 0
     catalog = load_catalog("0.32")
     base = plan_model(load_config(), "smollm2-135m-instruct", detect(), catalog, for_launch=False)
 
@@ -141,6 +142,12 @@ def test_the_plan_decides_the_handoff_and_the_gateway_opens_it_only_there(tmp_pa
     forced = load_config(text='{"manager": {"sleep_handoff": true}}')
     plans, note = decide_handoff(forced, pinned, catalog)  # one GPU's memory pieces cannot back another's engine
     assert [p.handoff for p in plans] == [False] * 3 and "pinned to different GPUs" in (note or "")
+    # One GPU named differently: pinned to "0", unpinned (the first GPU), " 0,1" for an engine of one GPU.
+    same = [pin(three()[0], "0"), three()[1], pin(three()[2], " 0,1")]
+    plans, note = decide_handoff(forced, same, catalog)
+    assert [p.handoff for p in plans] == [True, True, False] and note and "between 2 engines" in note
+    plans, note = decide_handoff(forced, [pin(three()[0], "1"), three()[1]], catalog)  # GPU 1 and the first GPU
+    assert not any(p.handoff for p in plans) and "'0', '1'" in (note or "")
     for cfg, given in ((auto, three()), (load_config(text='{"manager": {"sleep_handoff": true}}'), three(tp=2))):
         plans, note = decide_handoff(cfg, given, catalog)
         assert [p.handoff for p in plans] == [True, True, False] and note and "between 2 engines" in note
