@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 from bench.harness.waiting import first_token as _first_token  # noqa: E402
 from stack.assemble.planning import plan_up  # noqa: E402
 from stack.config import load_config  # noqa: E402
-from stack.engine.launch import free_port  # noqa: E402
 from stack.engine.phases import phase_starts  # noqa: E402
+from stack.engine.ports import free_port  # noqa: E402
 from stack.engine.process import stop_process_tree  # noqa: E402
 from stack.hardware import detect  # noqa: E402
 from stack.load.provenance import describe, machine_facts  # noqa: E402

@@ -21,7 +21,8 @@ from stack.engine.kept import (
     stop_leftovers,
     write_down_report,
 )
-from stack.engine.launch import engine_spec, free_port, log_path_for
+from stack.engine.launch import engine_spec, log_path_for
+from stack.engine.ports import free_port
 from stack.engine.process import EngineSpec
 from stack.engine.records import engine_records
 from stack.engine.runtime import LocalEngine, Runtime, with_port

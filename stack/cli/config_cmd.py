@@ -15,7 +15,7 @@ from stack.cli.every_command import ConfigOpt, cli_config, config_path, err, out
 from stack.config import load_config
 from stack.config.loader import display_path, read_yaml
 from stack.config.state_dir import check_state_dir
-from stack.engine.launch import free_port
+from stack.engine.ports import free_port
 from stack.errors import ConfigError, StackError
 from stack.hardware import detect
 from stack.planner.model_planner import plan_model

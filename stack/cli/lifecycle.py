@@ -112,7 +112,8 @@ def _start(cfg: StackConfig, profile: str | None, port: int, foreground: bool,
     gateway process this starts (background) is handed the plan, and plans nothing itself."""
     from stack.assemble.gateways import serve
     from stack.assemble.planning import Launch, plan_up
-    from stack.engine.launch import free_port, port_is_free
+    from stack.engine.launch import port_is_free
+    from stack.engine.ports import free_port
 
     check_state_dir(cfg)  # before anything is written there: a clear error, not a traceback
     store = RecordStore(cfg.state_dir)

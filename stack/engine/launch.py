@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from stack.config.schema import StackConfig
+from stack.engine.ports import free_port
 from stack.engine.process import EngineSpec
 from stack.engine.records import engine_records
 from stack.engine_env import engine_environ, new_engine_key
@@ -30,12 +31,6 @@ def engine_spec(plan: ModelPlan, log_path: Path, name: str | None = None, port: 
     return EngineSpec(name=name or plan.served_name, profile=plan.profile, argv=plan.argv(port), env=env,
                       host=plan.host, port=port, log_path=log_path, display_argv=plan.display(port).split(" "),
                       api_key=plan.given_key() or new_engine_key(), drop_env=plan.drop_env)  # fmt: skip
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -9,15 +9,14 @@ it, so a lost node never leaves an engine serving that nobody routes to or stops
 from __future__ import annotations
 
 import ctypes
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 
 from stack.engine.diagnose import log_size, log_tail
+from stack.engine.ports import free_port
 from stack.engine.process import stop_process_tree
 from stack.engine_env import ENGINE_KEY_ENV, engine_environ
 from stack.planner.disaggregation_args import SIDE_CHANNEL_HOST, SIDE_CHANNEL_PORT, side_channel
@@ -48,37 +47,6 @@ def node_ip(engine_host: str) -> str:
     return ray.util.get_node_ip_address()
 
 
-# Ports for a replica's sockets come from below the kernel's ephemeral range and above Ray's worker ports
-# (10002-19999 by default). A port the kernel hands out (bind to 0) is free only until the next socket that asks
-# for any port: vLLM's own ZMQ sockets and every outgoing connection draw from that range, and CI saw one take a
-# KV-event port between its pick and vLLM's bind (zmq "Address already in use", the replica failed to start).
-PORTS_FROM = 20000
-
-
-def _ephemeral_start() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
-def free_port_on(host: str, tries: int = 64) -> int:
-    """A port free on `host` now, drawn at random outside the ephemeral range (see PORTS_FROM); the kernel's
-    pick if none of `tries` is free there."""
-    top = _ephemeral_start()
-    for _ in range(tries if top > PORTS_FROM else 0):
-        port = random.randrange(PORTS_FROM, top)
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def kv_endpoints(host: str, engine_host: str) -> tuple[str, str, str, str | None]:
     """(publish, replay, where the gateway subscribes, a folder to remove at stop) for a replica's KV events.
     Loopback: Unix sockets in a folder of our own (mode 0700): the events carry prompts' token ids, and no
@@ -88,7 +56,7 @@ def kv_endpoints(host: str, engine_host: str) -> tuple[str, str, str, str | None
     if engine_host == "loopback":
         folder = tempfile.mkdtemp(prefix="vstack-kv-")
         return f"ipc://{folder}/events", f"ipc://{folder}/replay", f"ipc://{folder}/events", folder
-    port, replay = free_port_on(host), free_port_on(host)
+    port, replay = free_port(host), free_port(host)
     return f"tcp://*:{port}", f"tcp://{host}:{replay}", f"tcp://{host}:{port}", None
 
 
@@ -109,7 +77,7 @@ class EngineHost:
         import ray
 
         host = node_ip(engine_host)
-        port = free_port_on(host)
+        port = free_port(host)
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_start = log_size(self.log_path)
@@ -120,7 +88,7 @@ class EngineHost:
             argv = with_endpoints(argv, publish, replay)
             kv = {"kv_events": subscribe, "kv_replay": replay}
         if side_channel(argv):  # its NIXL handshake listener: a port of its own on its node (adr/0052)
-            env = {**env, SIDE_CHANNEL_HOST: host, SIDE_CHANNEL_PORT: str(free_port_on(host))}
+            env = {**env, SIDE_CHANNEL_HOST: host, SIDE_CHANNEL_PORT: str(free_port(host))}
             kv["side_channel"] = f"{host}:{env[SIDE_CHANNEL_PORT]}"
         with open(self.log_path, "ab") as log:
             log.write(f"\n==> vstack (ray node {ray.get_runtime_context().get_node_id()[:8]}): starting\n".encode())

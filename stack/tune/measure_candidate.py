@@ -10,7 +10,8 @@ from typing import Any
 
 from stack.config.schema import StackConfig
 from stack.config.slo import Clause
-from stack.engine.launch import engine_spec, free_port
+from stack.engine.launch import engine_spec
+from stack.engine.ports import free_port
 from stack.engine.process import EngineProcess, EngineSpec
 from stack.errors import StackError
 from stack.load.scenario import Scenario

@@ -26,7 +26,8 @@ from typing import Any
 import httpx
 
 from stack.config.schema import StackConfig
-from stack.engine.launch import engine_spec, free_port
+from stack.engine.launch import engine_spec
+from stack.engine.ports import free_port
 from stack.engine.process import EngineProcess
 from stack.errors import EngineError, StackError
 from stack.hardware import GIB, HardwareInfo

@@ -25,7 +25,8 @@ import pytest
 
 from stack.config import load_config
 from stack.engine import early_spawn
-from stack.engine.launch import early_payload, free_port
+from stack.engine.launch import early_payload
+from stack.engine.ports import free_port
 from stack.engine.records import engine_records
 from stack.hardware import HardwareInfo
 from stack.planner.stack_planner import plan_stack
