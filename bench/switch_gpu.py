@@ -51,7 +51,12 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen-7b": ("Qwen--Qwen2.5-7B-Instruct", {}),
     "mistral-7b": ("mistralai--Mistral-7B-v0.1", {}),
 }
-SCENARIOS = {"pair": ["llama-8b", "llama-3b"], "round": ["llama-8b", "llama-3b", "qwen-7b", "mistral-7b"]}
+SCENARIOS = {"pair": ["llama-8b", "llama-3b"], "round": ["llama-8b", "llama-3b", "qwen-7b", "mistral-7b"],
+             "trio": ["llama-8b", "llama-3b", "qwen-7b"]}  # fmt: skip
+# trio: the pair at the scenario's utilization and a 7B at 0.9, asked in turn. With the weights kept (adr/0058) the
+# 7B's 126 GiB of an H200 do not fit beside the 8B's kept weights and the 3B's residue: each of its starts and wakes
+# has the 8B's kept weights released (Evict.RELEASE), which the pair and the 4-model round never need.
+UTILIZATION_OF = {"trio": {"qwen-7b": 0.9}}
 
 # One client for every timed call, made before any clock starts: `httpx.post()` and `httpx.stream()` build a
 # client per call, SSL context included (27 ms each on a 2-core VM), which every first token and every raw
@@ -131,7 +136,8 @@ def first_token(base: str, served: str, timeout: float = 600) -> float:
 class Bench:
     """The manager in a thread with its own loop, over LocalEngines it starts (sleep mode on)."""
 
-    def __init__(self, models: dict[str, Path], utilization: float, max_len: int, logs: Path, launcher: list[str],
+    def __init__(self, models: dict[str, Path], utilization: dict[str, float], max_len: int, logs: Path,
+                 launcher: list[str],
                  patched: bool = True, handoff: bool = False, warm: bool = False,
                  keep: bool = False) -> None:  # fmt: skip
         import psutil
@@ -157,9 +163,9 @@ class Bench:
         # CUDA graphs: an eager first forward of an 8B takes 0.06-0.10 s awake (issue 58's probe), a floor under
         # every switch that the profiles' engines do not have.
         self.cuda_graphs = cuda_graphs()
-        engine = {"gpu_memory_utilization": utilization, "enforce_eager": not self.cuda_graphs,
-                  "max_model_len": max_len}
-        self.plans = {n: fit_model(cfg, str(p), hw.name, engine=engine) for n, p in models.items()}
+        engine = {"enforce_eager": not self.cuda_graphs, "max_model_len": max_len}
+        self.plans = {n: fit_model(cfg, str(p), hw.name, engine={**engine, "gpu_memory_utilization": utilization[n]})
+                      for n, p in models.items()}  # fmt: skip
         # warm: manager.warm_handoff (issue 58, adr/0053), each started engine slept and woken once after staging.
         # keep: manager.sleep_keeps_weights (adr/0058, the default since 2026-11-30), from the engines' start on;
         # off for every other side, which measure the switches that copy weights.
@@ -182,7 +188,7 @@ class Bench:
         for name, folder in models.items():
             argv = [*launcher, "serve", str(folder), "--host", "127.0.0.1", "--port", "0", "--served-model-name",
                     name, "--load-format", "dummy", *([] if self.cuda_graphs else ["--enforce-eager"]),
-                    "--max-model-len", str(max_len), "--gpu-memory-utilization", str(utilization),
+                    "--max-model-len", str(max_len), "--gpu-memory-utilization", str(utilization[name]),
                     "--enable-sleep-mode"]  # fmt: skip
             spec = EngineSpec(name, "bench", argv, env, "127.0.0.1", 0, logs / f"{tag}{name}.log", [])
             factory = lambda s=spec: LocalEngine(with_port(s, free_port()))  # noqa: E731
@@ -330,10 +336,11 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
     measured_bus = bus()
     print("bus:", measured_bus, flush=True)
     models = make_models(names, work / "models")
+    util = {n: UTILIZATION_OF.get(scenario, {}).get(n, utilization) for n in names}
     result: dict[str, Any] = {"scenario": scenario, "utilization": utilization, "bus": measured_bus,
-                              "cuda_graphs": cuda_graphs(),
+                              "utilization_of": util, "cuda_graphs": cuda_graphs(),
                               "sides": sorted(sides), "models": {}, "starts": [], "switches": []}  # fmt: skip
-    order = names if scenario == "round" else [names[0], names[1]]
+    order = names if scenario in ("round", "trio") else [names[0], names[1]]
     weights: dict[str, int] = {}
 
     def record(step: dict[str, Any], frm: str, to: str) -> None:
@@ -362,7 +369,7 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
 
     try:
         if "ours" in sides:
-            b = Bench(models, utilization, max_len, logs, launcher, patched=True)
+            b = Bench(models, util, max_len, logs, launcher, patched=True)
             try:
                 cur = start_all(b, "vstack")
                 for r in range(repeat):
@@ -379,7 +386,7 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
                 b.close()
         modes = [m for m in ("handoff", "handoff-overlap") if m in sides]
         if modes:  # the memory handed over (manager.sleep_handoff): sequential, and overlapped (adr/0035)
-            b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True)
+            b = Bench(models, util, max_len, logs, launcher, patched=True, handoff=True)
             try:
                 cur = start_all(b, "vstack-handoff")
                 for r in range(repeat):
@@ -393,7 +400,7 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
         if save is not None and result["switches"]:
             save(result)
         if "raw" in sides:
-            b = Bench(models, utilization, max_len, logs, launcher, patched=False)
+            b = Bench(models, util, max_len, logs, launcher, patched=False)
             try:
                 cur = start_all(b, "raw")
                 for r in range(repeat):
@@ -412,7 +419,7 @@ def run(scenario: str, repeat: int, utilization: float, max_len: int, work: Path
         if warm_modes or "handoff-kept" in sides:
             # handoff-kept alone: the stack's default since 2026-11-30, engines kept from their start on, so its
             # first switch after the start is the one a user gets.
-            b = Bench(models, utilization, max_len, logs, launcher, patched=True, handoff=True, warm=True,
+            b = Bench(models, util, max_len, logs, launcher, patched=True, handoff=True, warm=True,
                       keep=not warm_modes)  # fmt: skip
             try:
                 cur = start_all(b, f"vstack-{(warm_modes or ['handoff-kept'])[0]}")

@@ -8,7 +8,7 @@ vLLM doing the same, measured in one run (issue 4, item 7).
     resident A and B ready: request B after A -> first token   first token of B, straight to its engine
 
     python bench/switch_time.py --model-a DIR --model-b DIR [--through gateway|manager] [--out F.json]  (CPU)
-    python3 bench/switch_time.py --gpu --scenario pair|round [--repeat N] --out F.json                (GPU)
+    python3 bench/switch_time.py --gpu --scenario pair|round|trio [--repeat N] --out F.json           (GPU)
 
 Without --out, a CPU run lands in bench/results/<date>-cpu-switch-time/ with its manifest (bench.harness).
 
@@ -242,7 +242,8 @@ def main() -> None:
     ap.add_argument("--model-b", help="CPU: model B")
     ap.add_argument("--gpu", action="store_true", help="the GPU benchmark (bench/switch_gpu.py): dummy models of real "
                     "shapes, sleep mode, ours vs raw vLLM vs the bus")  # fmt: skip
-    ap.add_argument("--scenario", choices=["pair", "round"], default="pair", help="--gpu: 8B<->3B, or 4 models")
+    ap.add_argument("--scenario", choices=["pair", "round", "trio"], default="pair",
+                    help="--gpu: 8B<->3B, 4 models, or the pair and a 7B at 0.9 (kept weights released)")
     ap.add_argument("--utilization", type=float, default=0.7, help="--gpu: each engine's gpu_memory_utilization")
     ap.add_argument("--launcher", default=None, help="how to run vLLM (default: the stack's launcher on CPU, "
                     "python3 -m vllm.entrypoints.cli.main on GPU)")  # fmt: skip

@@ -225,3 +225,23 @@ def test_an_engine_that_released_its_weights_anyway_is_not_counted_as_keeping_th
     for name in ("a", "b"):
         run(serve(mgr, name))
     assert mgr.slots["a"].state == S.SLEEPING and not mgr.slots["a"].weights_kept and a.starts == 1
+
+
+def test_the_switch_benchs_trio_releases_the_8bs_kept_weights_for_the_larger_model_and_stops_none() -> None:
+    """bench/switch_gpu.py's `trio` as the manager plans it on an H200's 140 GiB: the 8B (98 GiB at 0.7, 15.5 of
+    weights) and the 3B (98, 6.6) keep their weights beside each other; the 7B at 0.9 (126) fits only once the 8B's
+    kept weights are released. In turn twice: every start and wake of the 7B releases, no model is stopped, and
+    the GPU is never over (a sleeping target's own kept weights were once counted twice: 141.75 GiB)."""
+    gpu = FakeGpu()
+    shapes = {"llama-8b": (98, 15.5), "llama-3b": (98, 6.6), "qwen-7b": (126, 14.9)}
+    engines = [KeepingStandIn(n, need=need * GIB, gpu=gpu) for n, (need, _w) in shapes.items()]
+    for e, (_need, weights) in zip(engines, shapes.values(), strict=True):
+        e.weights = int(weights * GIB)
+    mgr = gpu_manager(engines, gpu, capacity_gib=140, sleep_keeps_weights=True)
+    for name in ["llama-8b", "llama-3b", "qwen-7b"] * 2 + ["llama-8b"]:
+        run(serve(mgr, name))
+        assert mgr.slots[name].state == S.READY and gpu.used() <= 140 * GIB
+    releases = [d for d in mgr.decisions if "release llama-8b" in d["evict"]]
+    assert [d["model"] for d in releases] == ["qwen-7b", "qwen-7b"]
+    assert all(e.starts == 1 for e in engines)  # none stopped: every later switch woke a sleeper
+    assert mgr.slots["qwen-7b"].weights_kept  # the 7B's own weights stay beside the 8B's whole share
