@@ -66,12 +66,6 @@ class Runtime(Protocol):
         """After a level-2 sleep and a wake of the weights: load them again from the model's files."""
         ...
 
-    def release_kept_weights(self, timeout: float = 60) -> None:
-        """Have a sleeping engine that kept its weights mapped release them now, its host copy taken where it has
-        none (runtime patch gpu-sleep-wake-at-bus-speed; another model needs the memory): it stays asleep."""
-        control_post(self.spec.base_url, self.spec.name, "/collective_rpc", {}, timeout,
-                     body={"method": RELEASE_WEIGHTS_METHOD}, key=engine_key(self))  # fmt: skip
-
     def host_copy_busy(self, timeout: float = 10) -> bool:
         """True while the engine still stages its host buffers (or sleeps or wakes); False once idle or when it
         cannot say (SleepEndpoints.host_copy_busy)."""

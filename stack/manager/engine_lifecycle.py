@@ -147,11 +147,10 @@ class Lifecycle(ManagerBase):
         if victim.state not in (S.READY, S.SLEEPING):
             return
         self.metrics.evictions.labels(victim.name, str(action)).inc()
-        if action == Evict.RELEASE:
-            if victim.state == S.SLEEPING and victim.weights_kept and await self._release_kept(victim):
-                return
-            if victim.state == S.SLEEPING and not victim.weights_kept:
-                return  # nothing kept (NVML said so after its sleep): nothing to release
+        # A release: nothing to do where nothing is kept (NVML said so after its sleep); one that fails stops it below.
+        release = action == Evict.RELEASE and victim.state == S.SLEEPING
+        if release and (not victim.weights_kept or await self._release_kept(victim)):
+            return
         if action == Evict.SLEEP and victim.state == S.READY and victim.sleeps:
             before, handed = self.probe.used(), self._held()
             level = victim.tier.sleep_level or 1
