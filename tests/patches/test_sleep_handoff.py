@@ -39,6 +39,18 @@ class FakeVmm:
         self.zeroed = 0
         self.exports = 0
         self._next = 1
+        self.capacity: int | None = None  # bytes the "GPU" holds: create fails past it, as cuMemCreate does
+
+    def live(self) -> int:
+        """Bytes held: blocks a handle or an open descriptor (the broker's, an engine's) still refers to."""
+        inodes = set()
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                inodes.add(os.fstat(int(name)).st_ino)
+            except OSError:
+                continue
+        held = set(self.handles.values()) | {b for ino, b in self.by_inode.items() if ino in inodes}
+        return sum(len(self.blocks[b]) for b in held)
 
     def _new(self, block: int) -> int:
         self._next += 1
@@ -49,6 +61,8 @@ class FakeVmm:
         return next((d for d in self.devices if ptr in d.buffers), None)
 
     def create(self, size: int) -> int:
+        if self.capacity is not None and self.live() + size > self.capacity:
+            raise CudaError("cuMemCreate failed with CUDA error 2")  # out of memory
         block = len(self.blocks) + 1
         self.blocks[block] = bytearray(size)  # cleared by the driver
         return self._new(block)
@@ -137,8 +151,9 @@ def test_b_wakes_in_the_memory_a_handed_over_with_its_weights_exact_and_its_kv_c
     assert tagged(gpu.b, "weights") == weights_b  # the host copy overwrote A's bytes
     assert all(v == b"\0" * len(v) for v in tagged(gpu.b, "kv_cache").values())  # A's data is not readable in B
     assert gpu.vmm.zeroed == 66 * MIB
-    assert gpu.broker.close_window() == 32 * MIB  # what B did not need is freed when the switch ends
-    assert gpu.broker.held_bytes() == 0
+    # What B could not map (a 32 MiB piece) was freed before B created its 2 MiB: the window ends with nothing.
+    assert gpu.broker.held_bytes() == 0 and gpu.broker.stats["dropped"] == 1
+    assert gpu.broker.close_window() == 0
 
 
 def test_pieces_a_wake_creates_are_exported_in_that_wake_so_the_sleep_that_hands_them_on_exports_none(gpu) -> None:
@@ -255,3 +270,34 @@ def test_a_sleep_that_keeps_its_weights_mapped_hands_over_only_its_kv_cache(gpu)
     woke = fsw.wake_up(gpu.a, ["kv_cache"], gpu.ops_a, keep=True)
     assert woke["mapped"] == 64 * MIB and tagged(gpu.a, "weights") == weights_a
     gpu.broker.close_window()
+
+
+def test_a_wake_short_of_pieces_frees_the_ones_it_cannot_map_before_it_creates_memory() -> None:
+    """The trio on the H200 (2026-11-30): an 8B released its kept weights (986 pieces, mostly 2 MiB) for a 7B's
+    KV cache, which wants 512 and 32 MiB pieces; the 2 MiB ones stayed in the broker, held their memory, and the
+    7B's wake ran out of it (cold start instead). The switch's last wake now has the broker free what it cannot
+    give before the wake creates memory; a weights-only wake (another follows) leaves them."""
+    broker = HandoffBroker().start()
+    dev_r, dev_t = HostDevice(), HostDevice()
+    vmm = FakeVmm(dev_r, dev_t)
+    released = engine(dev_r, [("weights", 6 * MIB)] * 4 + [("weights", 32 * MIB)], fill=3)  # 12 x 2 + 1 x 32
+    target = engine(dev_t, [("weights", 64 * MIB), ("kv_cache", 64 * MIB)], fill=0x33)  # 2 x 32 each
+    ops_r, ops_t = HandoffOps(dev_r, vmm, broker.path, "gpu-0"), HandoffOps(dev_t, vmm, broker.path, "gpu-0")
+    try:
+        weights_t = tagged(target, "weights")
+        fsw.sleep(released, ("weights",), ops_r, keep=True)
+        fsw.sleep(target, ("weights",), ops_t, keep=True)
+        fsw.wake_up(released, None, ops_r, keep=True)
+        broker.open_window("gpu-0")
+        assert fsw.sleep(released, ("weights",), ops_r, keep=True)["handoff_handed"] == 56 * MIB
+        woke = fsw.wake_up(target, ["weights"], ops_t, keep=True)
+        assert woke["handoff_imported"] == 32 * MIB and woke["handoff_created"] == 32 * MIB
+        assert broker.held_bytes("gpu-0") == 24 * MIB  # another wake follows: its pieces may still serve
+        vmm.capacity = vmm.live() + 40 * MIB  # the KV cache's 64 MiB fit only once those 24 MiB are freed
+        woke = fsw.wake_up(target, ["kv_cache"], ops_t, keep=True)
+        assert woke["handoff_fallback"] == 0 and woke["handoff_created"] == 64 * MIB
+        assert broker.held_bytes() == 0 and broker.stats["dropped"] == 12
+        assert tagged(target, "weights") == weights_t
+        assert all(v == b"\0" * len(v) for v in tagged(target, "kv_cache").values())
+    finally:
+        broker.stop()

@@ -244,12 +244,20 @@ class HandoffBroker:
     def _take(self, conn: socket.socket, header: dict) -> None:
         device = str(header["device"])
         out: list[tuple[int, int]] = []
+        rest: dict[tuple[str, int], list[int]] = {}
         with self._lock:
+            short = False
             for size, count in header["want"].items():
                 stock = self._pieces.get((device, int(size)), [])
                 n = min(int(count), len(stock))
+                short |= n < int(count)
                 out += [(int(size), stock.pop()) for _ in range(n)]
             self.stats["handed"] += len(out)
+            if short and header.get("final"):  # see take_pieces
+                rest = {k: self._pieces.pop(k) for k in [k for k in self._pieces if k[0] == device]}
+                self.stats["dropped"] += sum(len(fds) for fds in rest.values())
+        if rest:  # freed before the reply: the wake creates its memory only after it
+            _close_pieces(rest, sum(size * len(fds) for (_dev, size), fds in rest.items()))
         try:
             _send_pieces(conn, {}, out)
         finally:
@@ -302,13 +310,20 @@ def put_pieces(path: str, device: str, pieces: Iterable[tuple[int, int]]) -> boo
         return False
 
 
-def take_pieces(path: str, device: str, want: dict[int, int]) -> list[tuple[int, int]]:
-    """Up to `want` {size: count} pieces from the broker as (size, fd); the caller owns the descriptors."""
+def take_pieces(path: str, device: str, want: dict[int, int], final: bool = False) -> list[tuple[int, int]]:
+    """Up to `want` {size: count} pieces from the broker as (size, fd); the caller owns the descriptors.
+
+    `final`: no other wake follows in this switch (the KV cache's, or the whole engine's). Where the broker
+    cannot give all of `want`, the wake creates the rest fresh, so it first frees every piece of the device
+    it holds: pieces of sizes nobody asked for would otherwise hold the memory the wake creates (2026-11-30,
+    H200: a 7B's KV cache wanted 512 and 32 MiB pieces; the 15.5 GiB an 8B had released came mostly as 2 MiB
+    ones, stayed held, and the wake ran out of memory)."""
     if not want:
         return []
     try:
         with _connect(path) as sock:
-            _send(sock, {"op": "take", "device": device, "want": {str(k): v for k, v in want.items()}})
+            _send(sock, {"op": "take", "device": device, "want": {str(k): v for k, v in want.items()},
+                         "final": final})  # fmt: skip
             return _recv_pieces(sock)
     except (OSError, ValueError, ConnectionError) as exc:
         log.warning("memory handoff: no pieces taken (%s); fresh memory instead", exc)

@@ -217,7 +217,7 @@ def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) ->
     pending = deferred_wake.take(allocator)  # an earlier weights-only wake's copies: waited for with this call's
     before_wake = getattr(ops, "before_wake", None)  # the memory handoff: pieces another engine handed over
     if before_wake:
-        before_wake([d.handle[1] for _p, d in chosen])
+        before_wake([d.handle[1] for _p, d in chosen], wanted is None or "kv_cache" in wanted)
     zero_if_reused = getattr(ops, "zero_if_reused", None)
     for ptr, data in chosen:
         ops.map(data.handle)
@@ -252,9 +252,6 @@ def wake_up(allocator: Any, tags: Iterable[str] | None, ops: Ops, keep: bool) ->
         t_issued - t0,
         "; copies left running, waited for by the next call" if getattr(allocator, deferred_wake.ATTR, None) else "",
     )
-    if handoff:
-        log.info("vstack wake: %.2f GiB mapped from pieces another engine handed over, %.2f GiB created, %d "
-                 "pieces left over", handoff["imported"] / gib, handoff["created"] / gib, handoff["left"])  # fmt: skip
     return {"mapped": mapped, "moved": moved, "seconds": done - t0,
             **{f"handoff_{k}": v for k, v in (handoff or {}).items()}}  # fmt: skip
 

@@ -72,9 +72,10 @@ class HandoffOps:
         self.base.collect()
 
     # -- wake ------------------------------------------------------------------------------------------
-    def before_wake(self, sizes: list[int]) -> None:
+    def before_wake(self, sizes: list[int], final: bool = True) -> None:
+        """Take the pieces `sizes` want; `final`: the switch's last wake (handoff.take_pieces)."""
         want = Counter(p for size in sizes for p in cover(size) or [])
-        for size, fd in take_pieces(self.path, self.device_id, dict(want)):
+        for size, fd in take_pieces(self.path, self.device_id, dict(want), final):
             self.stock[size].append(fd)
 
     def map(self, handle: Any) -> None:
@@ -145,8 +146,10 @@ class HandoffOps:
         for fd in left:
             os.close(fd)  # pieces this wake did not need: freed
         self.stock.clear()
-        done = {"imported": self.stats["imported"], "created": self.stats["created"], "left": len(left)}
-        self.stats["imported"] = self.stats["created"] = 0
+        done = {k: self.stats.pop(k, 0) for k in ("imported", "created", "fallback")} | {"left": len(left)}
+        log.info("vstack wake: %.2f GiB mapped from pieces another engine handed over, %.2f GiB created, %d pieces"
+                 " left over, %d allocations vLLM's own (pieces failed)", done["imported"] / 2**30,
+                 done["created"] / 2**30, done["left"], done["fallback"])  # fmt: skip
         return done
 
     # -- sleep -----------------------------------------------------------------------------------------
