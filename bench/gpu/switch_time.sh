@@ -9,7 +9,8 @@
 #   bash bench/gpu/switch_time.sh trio 2 handoff-kept   the pair and a 7B at 0.9 in turn: the 7B does not fit
 #                                                       beside the 8B's kept weights, so each of its starts and
 #                                                       wakes has them released (adr/0058's Evict.RELEASE; the
-#                                                       pair and the round never need it): not run yet
+#                                                       pair and the round never need it): ~4 min (H200,
+#                                                       2026-11-30: 228 s)
 #   bash bench/gpu/switch_time.sh pair 5 handoff,raw    the stack's default switch (the memory handoff,
 #                                                       manager.sleep_handoff) next to raw vLLM: ~4.5 min
 #   bash bench/gpu/switch_time.sh round 3 handoff       the same for 4 models (raw: round 3 raw, another call)
