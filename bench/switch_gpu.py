@@ -137,8 +137,7 @@ class Bench:
     """The manager in a thread with its own loop, over LocalEngines it starts (sleep mode on)."""
 
     def __init__(self, models: dict[str, Path], utilization: dict[str, float], max_len: int, logs: Path,
-                 launcher: list[str],
-                 patched: bool = True, handoff: bool = False, warm: bool = False,
+                 launcher: list[str], patched: bool = True, handoff: bool = False, warm: bool = False,
                  keep: bool = False) -> None:  # fmt: skip
         import psutil
 

@@ -72,7 +72,7 @@ class HandoffOps:
         self.base.collect()
 
     # -- wake ------------------------------------------------------------------------------------------
-    def before_wake(self, sizes: list[int], final: bool = True) -> None:
+    def before_wake(self, sizes: list[int], final: bool) -> None:
         """Take the pieces `sizes` want; `final`: the switch's last wake (handoff.take_pieces)."""
         want = Counter(p for size in sizes for p in cover(size) or [])
         for size, fd in take_pieces(self.path, self.device_id, dict(want), final):
